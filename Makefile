@@ -1,0 +1,37 @@
+# make sweep : install into .venv (created if missing) and run the quickstart sweep on this machine
+# make test  : install into .venv and run the test suite
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: sweep test test-all ui bench install clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+sweep: install
+	$(BIN)/sweeper run search_spaces/quickstart.yaml
+
+test: install
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+test-all: install
+	$(BIN)/python -m pytest -q tests
+
+ui: install
+	$(BIN)/sweeper ui
+
+bench: install
+	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) .sweeper .pytest_cache

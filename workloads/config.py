@@ -1,0 +1,316 @@
+"""Model and hardware descriptions: validated dataclasses, presets, YAML loading.
+
+Everything here is plain Python (no JAX), so the cost model, the CLI and the
+orchestration can import it cheaply. Bad input raises `ConfigError`, whose
+message is one line naming the file, the field, the value and what is accepted;
+the CLI prints it and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user-input error: one line, names file, field, value and what is accepted."""
+
+    def __init__(self, field: str, value: Any, accepted: str, source: str | None = None):
+        self.field, self.value, self.accepted, self.source = field, value, accepted, source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field}: got {value!r}; expected {accepted}")
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads `4.0e10`, `1e9` and `275e12` as floats.
+
+    YAML 1.1 (what PyYAML implements) requires a dot and a signed exponent, so
+    plain PyYAML reads `4.0e10` as the *string* '4.0e10'.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read a YAML file; a missing file or a syntax error becomes a ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("file", str(path), "an existing YAML file")
+    try:
+        return yaml.load(path.read_text(), Loader=_Loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "document"
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(where, problem, "valid YAML", source=str(path)) from None
+
+
+def loads_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
+_UNIT_PREFIX = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+                "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+_QUANTITY = re.compile(
+    r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*"
+    r"(K|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?\s*(B|FLOP|FLOPS|FLOPs)?\s*(/s)?\s*$"
+)
+
+
+def parse_quantity(value: Any, field: str, source: str | None = None) -> float:
+    """`4.0e10`, `32GiB`, `1.2 TB/s`, `275 TFLOP/s` -> float (bytes, bytes/s or FLOP/s)."""
+    if isinstance(value, bool):
+        raise ConfigError(field, value, "a number such as 4.0e10 or 32GiB", source)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        match = _QUANTITY.match(value)
+        if match:
+            return float(match.group(1)) * _UNIT_PREFIX[match.group(2) or ""]
+    raise ConfigError(field, value, "a number such as 4.0e10, 32GiB or 1.2TB/s", source)
+
+
+def check_keys(mapping: Mapping, allowed: list[str], where: str | None, prefix: str = "") -> None:
+    """Unknown keys are errors, with a 'did you mean' suggestion."""
+    for key in mapping:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{prefix}{key}", mapping[key],
+                              f"one of the known fields {sorted(allowed)}{hint}", where)
+
+
+def _positive_int(mapping: Mapping, key: str, where: str | None, prefix: str = "") -> int:
+    value = mapping[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{prefix}{key}", value, "a positive integer", where)
+    return value
+
+
+def _choice(mapping: Mapping, key: str, choices: tuple, where: str | None, prefix: str = ""):
+    value = mapping[key]
+    if value not in choices:
+        raise ConfigError(f"{prefix}{key}", value, f"one of {list(choices)}", where)
+    return value
+
+
+# --------------------------------------------------------------------------- model
+
+BLOCKS = ("parallel", "serial")
+MLPS = ("gelu", "swiglu")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only Transformer (paper §2 notation: E = d_model, F = d_ff, H, K = n_kv_heads)."""
+
+    name: str
+    d_model: int
+    d_ff: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    vocab: int
+    block: str = "parallel"      # paper §3.4: attention and MLP read the same normed input
+    mlp: str = "gelu"            # gelu: W_in, W_out; swiglu: W_gate, W_up, W_out
+    tie_embeddings: bool = True
+
+    @property
+    def attention_kind(self) -> str:
+        if self.n_kv_heads == self.n_heads:
+            return "multihead"
+        return "multiquery" if self.n_kv_heads == 1 else "grouped-query"
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.mlp == "swiglu" else 2
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "ModelConfig":
+        if not isinstance(data, Mapping):
+            raise ConfigError(prefix.rstrip(".") or "model", data, "a mapping of model fields", source)
+        fields = [f.name for f in dataclasses.fields(cls)]
+        check_keys(data, fields, source, prefix)
+        required = ["d_model", "d_ff", "n_layers", "n_heads", "d_head", "vocab"]
+        for key in required:
+            if key not in data:
+                raise ConfigError(f"{prefix}{key}", None, "a positive integer (required)", source)
+        values = {key: _positive_int(data, key, source, prefix) for key in required}
+        values["n_kv_heads"] = (_positive_int(data, "n_kv_heads", source, prefix)
+                                if "n_kv_heads" in data else values["n_heads"])
+        if values["n_heads"] % values["n_kv_heads"]:
+            raise ConfigError(f"{prefix}n_kv_heads", values["n_kv_heads"],
+                              f"a divisor of n_heads={values['n_heads']}", source)
+        values["block"] = _choice(data, "block", BLOCKS, source, prefix) if "block" in data else "parallel"
+        values["mlp"] = _choice(data, "mlp", MLPS, source, prefix) if "mlp" in data else "gelu"
+        tie = data.get("tie_embeddings", True)
+        if not isinstance(tie, bool):
+            raise ConfigError(f"{prefix}tie_embeddings", tie, "true or false", source)
+        values["tie_embeddings"] = tie
+        name = data.get("name", Path(source).stem if source else "custom")
+        return cls(name=str(name), **values)
+
+
+def _palm(name, e, layers, heads, kv=1, d_head=256):
+    # PaLM (Chowdhery et al. 2022, Table 1): SwiGLU MLP with F = 4E, multiquery, parallel
+    # block, d_head 256, 256k vocabulary, shared input/output embeddings.
+    return ModelConfig(name, e, 4 * e, layers, heads, kv, d_head, 256_000, "parallel", "swiglu", True)
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
+    _palm("palm-8b", 4096, 32, 16),
+    _palm("palm-62b", 8192, 64, 32),
+    _palm("palm-540b", 18432, 118, 48),
+    # Paper §4: "we padded the number of attention heads up from 48 to 64".
+    _palm("palm-540b-padded", 18432, 118, 64),
+    # Paper Table 1's multihead comparison: 64 heads x d_head 128, one KV head per query head.
+    _palm("palm-540b-multihead", 18432, 118, 64, kv=64, d_head=128),
+    # MT-NLG 530B (Smith et al. 2022): E 20480, 105 layers, 128 heads, GPT-style serial block.
+    ModelConfig("mt-nlg-530b", 20480, 81920, 105, 128, 128, 160, 51_200, "serial", "gelu", True),
+    # Llama 2 (Touvron et al. 2023, Table 1 and the released configs).
+    ModelConfig("llama2-13b", 5120, 13824, 40, 40, 40, 128, 32_000, "serial", "swiglu", False),
+    ModelConfig("llama2-70b", 8192, 28672, 80, 64, 8, 128, 32_000, "serial", "swiglu", False),
+    # Tiny models for tests and the quickstart (E <= 256; 8 heads so 8-way head sharding works).
+    ModelConfig("tiny", 128, 512, 2, 8, 1, 16, 256, "parallel", "gelu", True),
+    ModelConfig("tiny-mha", 128, 512, 2, 8, 8, 16, 256, "parallel", "gelu", True),
+    ModelConfig("tiny-gqa", 128, 512, 2, 8, 2, 16, 256, "parallel", "gelu", True),
+    ModelConfig("tiny-serial", 128, 512, 2, 8, 2, 16, 256, "serial", "swiglu", False),
+    ModelConfig("small", 256, 1024, 4, 8, 1, 32, 512, "parallel", "gelu", True),
+]}
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One chip's peak numbers (paper §2/§4). Calibrated profiles carry fitted constants too."""
+
+    name: str
+    peak_flops: float          # bf16 matmul FLOP/s per chip
+    hbm_bandwidth: float       # bytes/s per chip
+    hbm_bytes: float           # bytes per chip
+    ici_bandwidth: float       # interconnect bytes/s per chip
+    # Calibration constants (sweeper/calibrate.py fits them; defaults = the paper's ideal model).
+    collective_latency_s: float = 0.0   # fixed cost per collective op
+    op_overhead_s: float = 0.0          # fixed cost per layer-phase (dispatch, small ops)
+    overlap: float = 0.0                # 0 = additive times, 1 = max(compute, memory, comm)
+    measured: bool = False              # True for the `host` profile: numbers measured on this host
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "HardwareProfile":
+        if not isinstance(data, Mapping):
+            raise ConfigError(prefix.rstrip(".") or "hardware", data, "a mapping of hardware fields", source)
+        fields = [f.name for f in dataclasses.fields(cls)]
+        check_keys(data, fields, source, prefix)
+        values: dict[str, Any] = {}
+        for key in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "ici_bandwidth"):
+            if key not in data:
+                raise ConfigError(f"{prefix}{key}", None, "a positive number (required)", source)
+            values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
+            if not values[key] > 0:
+                raise ConfigError(f"{prefix}{key}", data[key], "a positive number", source)
+        for key in ("collective_latency_s", "op_overhead_s", "overlap"):
+            if key in data:
+                values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
+                if values[key] < 0 or (key == "overlap" and values[key] > 1):
+                    accepted = "a number in [0, 1]" if key == "overlap" else "a number >= 0"
+                    raise ConfigError(f"{prefix}{key}", data[key], accepted, source)
+        values["measured"] = bool(data.get("measured", False))
+        name = data.get("name", Path(source).stem if source else "custom")
+        return cls(name=str(name), **values)
+
+
+GiB = 2**30
+HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
+    # Paper §4: TPU v4, 275 TFLOP/s bf16, 32 GiB HBM at 1200 GB/s, 270 GB/s interconnect per chip.
+    HardwareProfile("tpu-v4", 275e12, 1.2e12, 32 * GiB, 270e9),
+    # Scaling book part 7 (and Google Cloud TPU v5e docs): 1.97e14 bf16 FLOP/s, 8.2e11 B/s HBM,
+    # 16 GiB; ICI 4.5e10 B/s one way per link, 4 links on a 2D torus -> ~1.8e11 B/s per chip.
+    HardwareProfile("tpu-v5e", 1.97e14, 8.2e11, 16 * GiB, 1.8e11),
+    # NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s dense bf16, 2.039 TB/s, NVLink 600 GB/s
+    # bidirectional = 300 GB/s each way.
+    HardwareProfile("a100-80g", 312e12, 2.039e12, 80e9, 300e9),
+    # NVIDIA H100 SXM datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB, NVLink 4
+    # 900 GB/s bidirectional = 450 GB/s each way.
+    HardwareProfile("h100", 989e12, 3.35e12, 80e9, 450e9),
+    # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 4.
+    HardwareProfile("h200", 989e12, 4.8e12, 141e9, 450e9),
+]}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _load(spec: Any, presets: Mapping, cls, kind: str, source: str | None, field: str):
+    if isinstance(spec, (ModelConfig, HardwareProfile)):
+        return spec
+    if isinstance(spec, Mapping):
+        return cls.from_dict(spec, source=source, prefix=f"{field}.")
+    if isinstance(spec, str):
+        if spec in presets:
+            return presets[spec]
+        if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
+            data = read_yaml(spec)
+            return cls.from_dict(data, source=spec)
+        close = difflib.get_close_matches(spec, list(presets), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(field, spec, f"a {kind} preset {sorted(presets)}, or a YAML file{hint}", source)
+    raise ConfigError(field, spec, f"a {kind} preset name, a YAML path or a mapping", source)
+
+
+def load_model(spec: Any, source: str | None = None, field: str = "model") -> ModelConfig:
+    """Preset name, path to a model YAML, or an inline mapping of model fields."""
+    return _load(spec, MODEL_PRESETS, ModelConfig, "model", source, field)
+
+
+def load_hardware(spec: Any, source: str | None = None, field: str = "hardware") -> HardwareProfile:
+    """Preset name (or `host`, measured once and cached), path to a hardware YAML, or a mapping."""
+    if spec == "host":
+        from workloads.hostprofile import host_profile  # measured lazily: needs JAX
+
+        return host_profile()
+    return _load(spec, HARDWARE_PRESETS, HardwareProfile, "hardware", source, field)
+
+
+def parse_topology(value: Any, chips: int | None, field: str = "topology",
+                   source: str | None = None) -> tuple[int, int, int]:
+    """'4x4x4', [4, 4, 4] or (4, 4, 4) -> (X, Y, Z); the product must be the chip count."""
+    parts: list[Any]
+    if isinstance(value, str):
+        parts = value.lower().replace("×", "x").split("x")
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        raise ConfigError(field, value, "XxYxZ such as 2x2x1", source)
+    try:
+        dims = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ConfigError(field, value, "XxYxZ with positive integers, such as 2x2x1", source) from None
+    if len(dims) != 3 or min(dims) <= 0:
+        raise ConfigError(field, value, "three positive integers XxYxZ, such as 2x2x1", source)
+    if chips is not None and math.prod(dims) != chips:
+        raise ConfigError(field, value, f"X*Y*Z equal to chips={chips}", source)
+    return dims  # type: ignore[return-value]

@@ -1,0 +1,299 @@
+"""The paper's partitioning layouts as plain data: vocabulary, shape rules, collectives.
+
+This module is the single source of truth shared by the cost model (which turns the
+collectives below into bytes and seconds) and the JAX engine (which issues exactly
+these collectives inside `shard_map` and is tested against this list on the compiled
+program). It imports no JAX.
+
+Notation (paper §3.1): mesh axes x, y, z of sizes X, Y, Z, n = XYZ chips. `BLE_x` means
+the E dimension of a [B, L, E] tensor is split over x. T = B*L tokens in the phase.
+
+Every FFN layout splits the mesh axes into
+  G = the axes weights are all-gathered over (and the batch is split over), and
+  R = the remaining axes (E, F and heads are split over them).
+  ws1d, ws2d: G = {}           wg_x: G = {x}    wg_xy: G = {x, y}    wg_xyz: G = {x, y, z}
+N = |G| chips, M = |R| = n / N chips.
+
+Stored weights (paper §3.2.3: "weights start in the same ExFyz layout as in 2D
+weight-stationary, so that we can use the same weight layout for weight-gathered
+(during prefill) and weight-stationary (during decoding)"):
+  W_in, W_gate: E_x F_yz    W_out: F_yz E_x    W_q: E_x (H D)_yz    W_o: (H D)_yz E_x
+  W_k, W_v:     E_x (K D)_yz when K is divisible by n, else E_x (K D) (replicated over yz)
+  embedding:    V_xyz E     (vocab-sharded; tied embeddings reuse it for the unembedding)
+A trial whose two phases both use ws1d stores the 1D layout instead (W_in: E F_xyz, ...),
+which is the same thing as the 2D layout with X = 1. Mixing ws1d with another layout
+therefore needs X = 1, so that switching phases moves no weights.
+
+Per layer, parallel block (paper §3.4 and Appendix A), elements per chip; an all-gather's
+size is its output, a reduce-scatter's its input (paper §3.1 / Fig. A.1):
+
+  ws1d (Fig. 2a)  AG_xyz(BLE_xyz -> BLE)                          T*E
+                  einsums: W_in E F_xyz, W_out F_xyz E; Q heads over xyz, local K/V
+                  RS_xyz(BLE partial -> BLE_xyz)                   T*E
+  ws2d (Fig. 2b)  AG_yz(BLE_xyz -> BLE_x)                          T*E/X
+                  RS_x (BLF_yz partial-x -> BLF_xyz)  [x (m-1) for swiglu: gate and up]
+                                                                   T*F/YZ (per matrix)
+                  RS_x (BL(HD)_yz partial-x -> BLH_xyzD)  (Q, fused with W_in) T*H*D/YZ
+                  K/V: RS_x like Q when K % n == 0, else AR_x of BL(2KD)     T*2*K*D[/YZ]
+                  AG_x (BLF_xyz -> BLF_yz)                         T*F/YZ
+                  AG_x (BLH_xyzD -> BL(HD)_yz)  (attention output, fused with W_out)
+                                                                   T*H*D/YZ
+                  RS_yz(BLE_x partial-yz -> BLE_xyz)               T*E/X
+  wg_* (Fig. A.2) AG_G(weights) for every weight matrix:           size/M  (int8 stays int8)
+                  AG_R(B_G L E_R -> B_G L E)                       T*E/N  (absent if M == 1)
+                  einsums local; heads over R; K/V computed locally
+                  RS_R(B_G L E partial-R -> B_G L E_R)             T*E/N  (absent if M == 1)
+Attention `batch` (Fig. 4c/5b) adds, in any FFN layout, all-to-alls over R that move the
+head-sharded Q into batch sharding over all n chips and the output back:
+                  A2A_R(Q), A2A_R(out)                             T*H*D/n each
+                  (+ A2A_R of K and V when they are head-sharded, i.e. K % n == 0)
+Serial block: the attention and the MLP each do their own input all-gather and output
+reduce-scatter over R (the paper's "two all-reduces per layer"), so the activation
+collectives of the residual stream appear twice.
+Per forward pass, outside the layers:
+  embedding:   RS over all axes of the vocab-partial lookup, BLE partial -> residual layout
+                                                                   T*E
+  unembedding: AG over all axes of the last position's residual to a replicated [B, E],
+               then logits B x V_xyz locally and a greedy argmax (the tiny (max, index)
+               gather that follows is left out of the model)       B*E
+Left out deliberately (tiny, and listed so the compiled-program check can skip them):
+the norm statistics (psum of T values per norm), the argmax's (max, index) gather.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from workloads.config import ConfigError, ModelConfig
+
+AXES = ("x", "y", "z")
+FFN_LAYOUTS = ("ws1d", "ws2d", "wg_x", "wg_xy", "wg_xyz")
+ATTN_LAYOUTS = ("head", "batch")
+WEIGHT_FORMATS = ("bf16", "int8")
+PHASES = ("prefill", "decode")
+
+# Axes the weights are all-gathered over (= axes the batch is split over), per FFN layout.
+GATHER_AXES: dict[str, tuple[str, ...]] = {
+    "ws1d": (),
+    "ws2d": (),
+    "wg_x": ("x",),
+    "wg_xy": ("x", "y"),
+    "wg_xyz": ("x", "y", "z"),
+}
+
+COLLECTIVE_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")
+
+
+@dataclass(frozen=True)
+class PhaseLayout:
+    """The layout one phase runs with (prefill and decode each have one)."""
+
+    ffn: str = "ws2d"
+    attn: str = "head"
+
+    def __str__(self) -> str:
+        return f"{self.ffn}/{self.attn}"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of one forward pass: `count` ops of `elements` per chip each."""
+
+    kind: str                 # one of COLLECTIVE_KINDS
+    axes: tuple[str, ...]     # mesh axes it runs over
+    elements: int             # per chip: AG output, RS input, AR tensor, A2A tensor
+    dtype_bytes: int          # 2 for bf16 activations/weights, 1 for int8 weights
+    count: int                # how many times per forward pass (n_layers for per-layer ops)
+    what: str                 # e.g. "ffn.in", "attn.q", "weights.W_in"
+
+    @property
+    def bytes_per_chip(self) -> int:
+        return self.elements * self.dtype_bytes * self.count
+
+
+def axis_sizes(topology: tuple[int, int, int]) -> dict[str, int]:
+    return dict(zip(AXES, topology))
+
+
+def split_axes(ffn: str, topology: tuple[int, int, int]) -> tuple[tuple[str, ...], tuple[str, ...], int, int]:
+    """(G, R, N, M): gathered axes, remaining axes and their sizes for an FFN layout."""
+    sizes = axis_sizes(topology)
+    gather = GATHER_AXES[ffn]
+    rest = tuple(a for a in AXES if a not in gather)
+    n_gather = math.prod(sizes[a] for a in gather)
+    return gather, rest, n_gather, math.prod(topology) // n_gather
+
+
+def stores_1d(prefill: PhaseLayout, decode: PhaseLayout) -> bool:
+    """Weights are stored `E F_xyz` only when both phases use ws1d."""
+    return prefill.ffn == "ws1d" and decode.ffn == "ws1d"
+
+
+def kv_heads_sharded(model: ModelConfig, shards: int) -> bool:
+    """KV heads are split like query heads only when they divide evenly; else replicated."""
+    return model.n_kv_heads % shards == 0
+
+
+def kv_heads_per_chip(model: ModelConfig, shards: int) -> int:
+    """Head-sharded attention: KV heads each chip holds (GQA chapter: replication at TP > K)."""
+    return max(model.n_kv_heads // shards, 1)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _reject(field: str, value, accepted: str, source: str | None):
+    raise ConfigError(field, value, accepted, source)
+
+
+def validate_phase(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
+                   batch: int, phase: str, source: str | None = None) -> None:
+    """Reject a layout that cannot run for this shape, naming the constraint (before compiling)."""
+    field = f"{phase}"
+    if layout.ffn not in FFN_LAYOUTS:
+        _reject(f"{field}.ffn", layout.ffn, f"one of {list(FFN_LAYOUTS)}", source)
+    if layout.attn not in ATTN_LAYOUTS:
+        _reject(f"{field}.attn", layout.attn, f"one of {list(ATTN_LAYOUTS)}", source)
+    n = math.prod(topology)
+    gather, rest, n_gather, m_rest = split_axes(layout.ffn, topology)
+    shards = f"{'·'.join(rest) or '1'}={m_rest}"
+    if batch % n_gather:
+        _reject("batch", batch, f"a multiple of {n_gather} ({layout.ffn} splits the batch over "
+                f"{'·'.join(gather)}={n_gather} chips in {phase})", source)
+    for dim, size in (("d_model", model.d_model), ("d_ff", model.d_ff), ("n_heads", model.n_heads)):
+        if size % m_rest:
+            _reject(f"model.{dim}", size, f"a multiple of {m_rest} ({layout.ffn} splits {dim} over "
+                    f"axes {shards} in {phase})", source)
+    k = model.n_kv_heads
+    if k % m_rest and m_rest % k:
+        _reject("model.n_kv_heads", k, f"a divisor or a multiple of {m_rest} ({layout.ffn} splits "
+                f"heads over axes {shards} in {phase})", source)
+    if layout.attn == "batch" and batch % n:
+        _reject("batch", batch, f"a multiple of chips={n} (batch-sharded attention splits the "
+                f"KV cache over all chips in {phase})", source)
+
+
+def validate_layouts(model: ModelConfig, topology: tuple[int, int, int], prefill: PhaseLayout,
+                     decode: PhaseLayout, batch: int, source: str | None = None) -> None:
+    """Both phases valid, and the stored weight layout serves both (no weight movement)."""
+    x, y, z = topology
+    if not stores_1d(prefill, decode):
+        for dim, size, div, axes in (("d_model", model.d_model, x, "x"),
+                                     ("d_ff", model.d_ff, y * z, "y·z"),
+                                     ("n_heads", model.n_heads, y * z, "y·z")):
+            if size % div:
+                _reject(f"model.{dim}", size, f"a multiple of {div} (weights are stored "
+                        f"{'E_x' if axes == 'x' else 'split over ' + axes} on topology {x}x{y}x{z})",
+                        source)
+        if "ws1d" in (prefill.ffn, decode.ffn) and x != 1:
+            _reject("topology", f"{x}x{y}x{z}", "X = 1 when ws1d is combined with another FFN "
+                    "layout (ws1d stores weights E F_xyz, the others E_x F_yz)", source)
+    n = x * y * z
+    if model.vocab % n:
+        _reject("model.vocab", model.vocab, f"a multiple of chips={n} (the embedding is stored "
+                "V_xyz E)", source)
+    validate_phase(model, topology, prefill, batch, "prefill", source)
+    validate_phase(model, topology, decode, batch, "decode", source)
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def layer_collectives(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
+                      tokens: int, weights: str = "bf16", one_d: bool = False) -> list[Collective]:
+    """Collectives of ONE layer for one forward pass over `tokens` = B*L tokens (count = 1).
+
+    `one_d`: the weights are stored in the 1D layout (both phases ws1d), which only matters
+    for the sizes of gathered weights (never gathered in ws1d) and is kept for clarity.
+    """
+    sizes = axis_sizes(topology)
+    n = math.prod(topology)
+    x, yz = sizes["x"], sizes["y"] * sizes["z"]
+    e, f, h, k, d = model.d_model, model.d_ff, model.n_heads, model.n_kv_heads, model.d_head
+    t = tokens
+    up_matrices = model.mlp_matrices - 1      # W_in (gelu) or W_gate + W_up (swiglu)
+    gather, rest, n_gather, m_rest = split_axes(layout.ffn, topology)
+    act = 2                                   # activations are bf16
+    wbytes = 1 if weights == "int8" else 2
+    out: list[Collective] = []
+
+    def add(kind, axes, elements, what, dtype_bytes=act):
+        if elements and axes and math.prod(sizes[a] for a in axes) > 1:
+            out.append(Collective(kind, tuple(axes), int(elements), dtype_bytes, 1, what))
+
+    blocks = 2 if model.block == "serial" else 1   # serial: attention and MLP each pay the E-side
+    kv_split = kv_heads_sharded(model, n)
+
+    if layout.ffn == "ws1d":
+        for _ in range(blocks):
+            add("all-gather", AXES, t * e, "resid.in")
+            add("reduce-scatter", AXES, t * e, "resid.out")
+    elif layout.ffn == "ws2d":
+        for _ in range(blocks):
+            add("all-gather", ("y", "z"), t * e // x, "resid.in")
+            add("reduce-scatter", ("y", "z"), t * e // x, "resid.out")
+        for _ in range(up_matrices):
+            add("reduce-scatter", ("x",), t * f // yz, "ffn.in")
+        add("all-gather", ("x",), t * f // yz, "ffn.out")
+        add("reduce-scatter", ("x",), t * h * d // yz, "attn.q")
+        if kv_split:
+            add("reduce-scatter", ("x",), 2 * t * k * d // yz, "attn.kv")
+        else:
+            add("all-reduce", ("x",), 2 * t * k * d, "attn.kv")
+        add("all-gather", ("x",), t * h * d // yz, "attn.out")
+    else:  # weight-gathered over G; activations B_G L E_R
+        for _ in range(blocks):
+            add("all-gather", rest, t * e // n_gather, "resid.in")
+            add("reduce-scatter", rest, t * e // n_gather, "resid.out")
+        ffn_weight = e * f // m_rest
+        for name in (["W_gate", "W_up"] if up_matrices == 2 else ["W_in"]) + ["W_out"]:
+            add("all-gather", gather, ffn_weight, f"weights.{name}", wbytes)
+        add("all-gather", gather, e * h * d // m_rest, "weights.W_q", wbytes)
+        add("all-gather", gather, e * h * d // m_rest, "weights.W_o", wbytes)
+        # W_k, W_v: stored E_x (KD)_yz when K splits over all chips, else E_x (KD) (only the
+        # x part is gathered then).
+        kv_axes = gather if kv_split else tuple(a for a in gather if a == "x")
+        add("all-gather", kv_axes, _kv_weight_gather_elements(model, topology, gather),
+            "weights.W_kv", wbytes)
+
+    if layout.attn == "batch":
+        add("all-to-all", rest, t * h * d // n, "attn.q_to_batch")
+        add("all-to-all", rest, t * h * d // n, "attn.out_to_heads")
+        if kv_split:  # K/V arrive head-sharded (see the stored layout above)
+            add("all-to-all", rest, 2 * t * k * d // n, "attn.kv_to_batch")
+    return out
+
+
+def _kv_weight_gather_elements(model: ModelConfig, topology: tuple[int, int, int],
+                               gather: tuple[str, ...]) -> int:
+    """Output size per chip of all-gathering W_k and W_v over the gathered axes."""
+    sizes = axis_sizes(topology)
+    n = math.prod(topology)
+    yz = sizes["y"] * sizes["z"]
+    full = 2 * model.d_model * model.n_kv_heads * model.d_head
+    if kv_heads_sharded(model, n):
+        # stored E_x (KD)_yz; after gathering over G, split over the axes not in G
+        return full // math.prod(sizes[a] for a in AXES if a not in gather)
+    # stored E_x (KD) replicated over yz: only the x part is gathered
+    return full if "x" in gather else full // sizes["x"]
+
+
+def forward_collectives(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
+                        batch: int, seq_len: int, weights: str = "bf16") -> list[Collective]:
+    """All collectives of one forward pass (prefill: seq_len = input_len; decode: seq_len = 1)."""
+    tokens = batch * seq_len
+    per_layer = layer_collectives(model, topology, layout, tokens, weights)
+    out = [Collective(c.kind, c.axes, c.elements, c.dtype_bytes, model.n_layers, c.what) for c in per_layer]
+    n = math.prod(topology)
+    if n > 1:
+        out.append(Collective("reduce-scatter", AXES, tokens * model.d_model, 2, 1, "embed"))
+        out.append(Collective("all-gather", AXES, batch * model.d_model, 2, 1, "unembed"))
+    return out
+
+
+# Ops the model leaves out on purpose (the compiled-program check skips them by size).
+LEFT_OUT = (
+    "norm statistics: one psum of T float32 values per norm (RMS over a sharded E)",
+    "greedy argmax: all-gather of (max, index) per vocab shard, B*n values",
+)

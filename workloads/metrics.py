@@ -1,0 +1,93 @@
+"""Measurement: the one definition of every metric (DESIGN.md "Metrics").
+
+The engine fills it with `source="measured"` (timings of the mesh it ran on: on an
+emulated mesh, this host), the cost model with `source="analytical"`. MLflow, Optuna
+and the reports read the same field names; they never mix the two sources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CollectiveStat:
+    """Collectives of one kind found in a compiled program (or predicted by the model)."""
+
+    kind: str                # all-gather | reduce-scatter | all-reduce | all-to-all
+    count: int
+    bytes_per_chip: int      # as run (on the XLA CPU backend bf16 collectives run in f32)
+    elements_per_chip: int
+    dtype: str               # dtype seen, e.g. "bf16", "f32", "s8"
+
+
+@dataclass
+class Measurement:
+    source: str                        # "measured" | "analytical"
+    hardware: str                      # profile name; "host" for an emulated mesh
+    # Latency (seconds): medians over `repeats`, with min and max.
+    prefill_s: float = math.nan
+    prefill_s_min: float = math.nan
+    prefill_s_max: float = math.nan
+    decode_step_s: float = math.nan
+    decode_step_s_min: float = math.nan
+    decode_step_s_max: float = math.nan
+    total_s: float = math.nan          # prefill + all decode steps: the user's end-to-end latency
+    compile_s: float = math.nan        # reported separately, never part of a latency
+    # Efficiency: mfu = model_flops / (n_chips * peak_flops_per_chip * seconds).
+    prefill_mfu: float = math.nan
+    decode_mfu: float = math.nan
+    # Cost: chip-seconds per token = n_chips * seconds / tokens processed (paper §4).
+    prefill_cost_chip_s_per_token: float = math.nan
+    decode_cost_chip_s_per_token: float = math.nan
+    prefill_tokens_per_s: float = math.nan
+    decode_tokens_per_s: float = math.nan
+    # Memory per chip (bytes).
+    weight_bytes_per_chip: float = math.nan
+    kv_bytes_per_chip: float = math.nan
+    peak_bytes_per_chip: float = math.nan
+    # Communication per chip per forward pass (bytes), all collectives together.
+    prefill_comm_bytes_per_chip: float = math.nan
+    decode_comm_bytes_per_chip: float = math.nan
+    # Analytical breakdown (cost model only; NaN when measured).
+    prefill_compute_s: float = math.nan
+    prefill_memory_s: float = math.nan
+    prefill_comm_s: float = math.nan
+    decode_compute_s: float = math.nan
+    decode_memory_s: float = math.nan
+    decode_comm_s: float = math.nan
+    # Verification (engine with --verify).
+    verify_max_abs_err: float = math.nan
+    tokens_match: bool | None = None
+    int8_max_logit_dev: float = math.nan
+    fits: bool | None = None
+    collectives: dict[str, list[CollectiveStat]] = field(default_factory=dict)  # per phase
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """Every finite numeric field, flat: what MLflow logs and tables show."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool):
+                out[f.name] = float(value)
+            elif isinstance(value, (int, float)) and math.isfinite(value):
+                out[f.name] = float(value)
+        return out
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Measurement":
+        data = dict(data)
+        data["collectives"] = {phase: [CollectiveStat(**c) for c in stats]
+                               for phase, stats in data.get("collectives", {}).items()}
+        return cls(**data)
+
+
+METRIC_NAMES = tuple(f.name for f in dataclasses.fields(Measurement)
+                     if f.type in ("float", "bool | None"))

@@ -1,0 +1,137 @@
+"""TrialConfig: one point of a sweep, plain data, identical for the engine and the cost model.
+
+Serialisable to and from YAML/JSON (`to_dict` / `from_dict`). Validation happens here,
+before any expensive work: every error is a `ConfigError` naming file, field, value and
+what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
+                              read_yaml)
+from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout,
+                               validate_layouts)
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    model: ModelConfig
+    chips: int
+    batch: int
+    input_len: int = 32
+    decode_steps: int = 8
+    topology: tuple[int, int, int] | None = None   # None: the cost model's best ws2d split
+    weights: str = "bf16"
+    prefill: PhaseLayout = field(default_factory=PhaseLayout)
+    decode: PhaseLayout = field(default_factory=PhaseLayout)
+    seed: int = 0
+    repeats: int = 3
+    warmup: int = 1
+
+    FIELDS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
+              "prefill", "decode", "seed", "repeats", "warmup")
+
+    @property
+    def context_len(self) -> int:
+        """KV-cache length: the prompt plus every generated token."""
+        return self.input_len + self.decode_steps
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        if self.topology is not None:
+            return self.topology
+        from workloads.costmodel import best_topology  # pure Python
+
+        return best_topology(self.model, self.chips)
+
+    def resolved(self) -> "TrialConfig":
+        """The same trial with its topology filled in."""
+        return dataclasses.replace(self, topology=self.mesh_shape)
+
+    def validate(self, source: str | None = None) -> "TrialConfig":
+        validate_layouts(self.model, self.mesh_shape, self.prefill, self.decode, self.batch, source)
+        return self
+
+    def to_dict(self) -> dict:
+        """Plain data; the model as a mapping so the dict alone reproduces the trial."""
+        return {
+            "model": self.model.to_dict(),
+            "chips": self.chips,
+            "batch": self.batch,
+            "input_len": self.input_len,
+            "decode_steps": self.decode_steps,
+            "topology": list(self.topology) if self.topology else None,
+            "weights": self.weights,
+            "prefill": dataclasses.asdict(self.prefill),
+            "decode": dataclasses.asdict(self.decode),
+            "seed": self.seed,
+            "repeats": self.repeats,
+            "warmup": self.warmup,
+        }
+
+    def flat_params(self) -> dict[str, Any]:
+        """Flat key/values for MLflow params and tables (one name per quantity across runs)."""
+        x, y, z = self.mesh_shape
+        return {
+            "model": self.model.name, "chips": self.chips, "batch": self.batch,
+            "input_len": self.input_len, "decode_steps": self.decode_steps,
+            "topology": f"{x}x{y}x{z}", "weights": self.weights,
+            "prefill_ffn": self.prefill.ffn, "prefill_attn": self.prefill.attn,
+            "decode_ffn": self.decode.ffn, "decode_attn": self.decode.attn,
+            "seed": self.seed, "repeats": self.repeats,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping, source: str | None = None, validate: bool = True) -> "TrialConfig":
+        if not isinstance(data, Mapping):
+            raise ConfigError("trial", data, "a mapping of trial fields", source)
+        check_keys(data, list(cls.FIELDS), source)
+        if "model" not in data:
+            raise ConfigError("model", None, "a preset name, a YAML path or a mapping (required)", source)
+        model = load_model(data["model"], source=source)
+        values: dict[str, Any] = {"model": model}
+        for key, default in (("chips", None), ("batch", None), ("input_len", 32),
+                             ("decode_steps", 8), ("seed", 0), ("repeats", 3), ("warmup", 1)):
+            value = data.get(key, default)
+            if value is None:
+                raise ConfigError(key, None, "a positive integer (required)", source)
+            minimum = 0 if key in ("seed", "warmup") else 1
+            if key == "decode_steps":
+                minimum = 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(key, value, f"an integer >= {minimum}", source)
+            values[key] = value
+        if data.get("topology") is not None:
+            values["topology"] = parse_topology(data["topology"], values["chips"], "topology", source)
+        weights = data.get("weights", "bf16")
+        if weights not in WEIGHT_FORMATS:
+            raise ConfigError("weights", weights, f"one of {list(WEIGHT_FORMATS)}", source)
+        values["weights"] = weights
+        for phase in ("prefill", "decode"):
+            values[phase] = parse_phase_layout(data.get(phase, {}), phase, source)
+        trial = cls(**values)
+        return trial.validate(source) if validate else trial
+
+    @classmethod
+    def from_yaml(cls, path: str) -> "TrialConfig":
+        return cls.from_dict(read_yaml(path), source=str(path))
+
+
+def parse_phase_layout(data: Any, phase: str, source: str | None = None) -> PhaseLayout:
+    if isinstance(data, PhaseLayout):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(phase, data, "a mapping {ffn: ..., attn: ...}", source)
+    check_keys(data, ["ffn", "attn"], source, prefix=f"{phase}.")
+    ffn = data.get("ffn", "ws2d")
+    attn = data.get("attn", "head")
+    if ffn not in FFN_LAYOUTS:
+        raise ConfigError(f"{phase}.ffn", ffn, f"one of {list(FFN_LAYOUTS)}", source)
+    if attn not in ATTN_LAYOUTS:
+        raise ConfigError(f"{phase}.attn", attn, f"one of {list(ATTN_LAYOUTS)}", source)
+    return PhaseLayout(ffn, attn)
