@@ -28,6 +28,9 @@ def print_json(obj) -> None:
 # ----------------------------------------------------------------- analytical (cost model)
 def _add_analytical_commands(sub) -> None:
     """max-context, predict, recommend: the paper's analytical model (workloads/costmodel.py)."""
+    from sweeper import analytical   # pure Python: no JAX import on this path
+
+    analytical.add_parsers(sub)
 
 
 # ----------------------------------------------------------------- engine
@@ -38,6 +41,14 @@ def _add_engine_commands(sub) -> None:
 # ----------------------------------------------------------------- sweeps
 def _add_sweep_commands(sub) -> None:
     """run, ui: Optuna controller over Ray workers, MLflow tracking (sweeper/controller.py)."""
+    from sweeper import run_cmd
+
+    p = sub.add_parser("run", help="run a sweep from a search-space YAML")
+    run_cmd.add_run_arguments(p)
+    p.set_defaults(handler=run_cmd.cmd_run)
+    p = sub.add_parser("ui", help="open the MLflow UI on the sweeps' tracking store")
+    run_cmd.add_ui_arguments(p)
+    p.set_defaults(handler=run_cmd.cmd_ui)
 
 
 # ----------------------------------------------------------------- analysis

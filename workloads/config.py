@@ -215,6 +215,9 @@ class HardwareProfile:
     op_overhead_s: float = 0.0          # fixed cost per layer-phase (dispatch, small ops)
     overlap: float = 0.0                # 0 = additive times, 1 = max(compute, memory, comm)
     measured: bool = False              # True for the `host` profile: numbers measured on this host
+    # Fitted fixed cost per collective op of one kind (all-gather, ...); a kind not listed
+    # costs `collective_latency_s`. Not hashed: a dict (frozen dataclass stays hashable).
+    collective_latency_s_by_kind: dict = dataclasses.field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -239,6 +242,21 @@ class HardwareProfile:
                     accepted = "a number in [0, 1]" if key == "overlap" else "a number >= 0"
                     raise ConfigError(f"{prefix}{key}", data[key], accepted, source)
         values["measured"] = bool(data.get("measured", False))
+        by_kind = data.get("collective_latency_s_by_kind") or {}
+        if not isinstance(by_kind, Mapping):
+            raise ConfigError(f"{prefix}collective_latency_s_by_kind", by_kind,
+                              "a mapping {all-gather: seconds, ...}", source)
+        from workloads.layouts import COLLECTIVE_KINDS  # layouts imports this module
+
+        values["collective_latency_s_by_kind"] = {}
+        for kind, seconds in by_kind.items():
+            where = f"{prefix}collective_latency_s_by_kind.{kind}"
+            if kind not in COLLECTIVE_KINDS:
+                raise ConfigError(where, kind, f"one of {list(COLLECTIVE_KINDS)}", source)
+            value = parse_quantity(seconds, where, source)
+            if value < 0:
+                raise ConfigError(where, seconds, "a number >= 0", source)
+            values["collective_latency_s_by_kind"][kind] = value
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
 

@@ -1,0 +1,242 @@
+"""Handlers of the analytical commands: max-context, predict, recommend.
+
+Thin: parse and check the arguments (bad input -> ConfigError, which the CLI turns into one
+line and exit code 2), call workloads.costmodel, print JSON or a table. Every number printed
+here is an analytical prediction from peak hardware numbers, and is labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Callable
+
+from sweeper.formatting import format_fields, format_table, human_bytes, human_seconds, percent
+from workloads import costmodel
+from workloads.config import ConfigError, load_hardware, load_model, parse_topology
+from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout
+
+HEADER = "analytical prediction (Pope et al. 2022 cost model from peak hardware numbers; not a measurement)"
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def add_parsers(sub) -> None:
+    """Register max-context, predict and recommend on the `sweeper` subparsers."""
+    p = sub.add_parser("max-context", help="longest context whose KV cache fits a fraction of HBM "
+                       "(paper Table 1)")
+    _common_args(p)
+    p.add_argument("--attn", required=True, help=f"attention layout: {' | '.join(ATTN_LAYOUTS)}")
+    p.add_argument("--kv-fraction", type=float, default=0.3,
+                   help="fraction of each chip's HBM reserved for the KV cache (default 0.3)")
+    p.set_defaults(handler=run_max_context)
+
+    p = sub.add_parser("predict", help="analytical latency, MFU, cost and memory of one phase")
+    _common_args(p)
+    _phase_args(p)
+    p.add_argument("--ffn", help=f"FFN layout: {' | '.join(FFN_LAYOUTS)} (default: recommended)")
+    p.add_argument("--attn", help=f"attention layout: {' | '.join(ATTN_LAYOUTS)} (default: recommended)")
+    p.add_argument("--weights", default="bf16", help="bf16 | int8 (default bf16)")
+    p.add_argument("--topology", help="XxYxZ with X*Y*Z = chips (default: the best ws2d split)")
+    p.set_defaults(handler=run_predict)
+
+    p = sub.add_parser("recommend", help="fastest FFN/attention layout for one phase, with alternatives")
+    _common_args(p)
+    _phase_args(p)
+    p.add_argument("--weights", default="bf16", help="bf16 | int8 (default bf16)")
+    p.add_argument("--topology", help="XxYxZ to choose on (default: the best ws2d split, as the "
+                   "paper keeps X, Y, Z of the stored weights)")
+    p.add_argument("--search-topology", action="store_true",
+                   help="also try every X*Y*Z factorisation of chips")
+    p.set_defaults(handler=run_recommend)
+
+
+def _common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model preset or YAML file")
+    p.add_argument("--hardware", required=True, help="hardware preset or YAML file")
+    p.add_argument("--chips", type=int, required=True, help="number of chips n")
+    p.add_argument("--batch", type=int, required=True, help="batch size B (sequences)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _phase_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--phase", required=True, help="prefill | decode")
+    p.add_argument("--input-len", type=int, default=2048,
+                   help="prefill: tokens per sequence in this pass (default 2048)")
+    p.add_argument("--context", type=int,
+                   help="keys attended / KV-cache length (default: --input-len)")
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _positive(name: str, value) -> int:
+    if value is None or value <= 0:
+        raise ConfigError(name, value, "a positive integer")
+    return value
+
+
+def _choice(name: str, value, choices):
+    if value not in choices:
+        raise ConfigError(name, value, f"one of {list(choices)}")
+    return value
+
+
+def _load(args):
+    model = load_model(args.model, field="--model")
+    hw = load_hardware(args.hardware, field="--hardware")
+    _positive("--chips", args.chips)
+    _positive("--batch", args.batch)
+    return model, hw
+
+
+def _phase_inputs(args) -> tuple[str, int, int]:
+    phase = _choice("--phase", args.phase, PHASES)
+    input_len = _positive("--input-len", args.input_len)
+    context = input_len if args.context is None else _positive("--context", args.context)
+    return phase, input_len, context
+
+
+def _topology(args):
+    return None if args.topology is None else parse_topology(args.topology, args.chips, "--topology")
+
+
+def _emit(args, payload: dict, text: Callable[[], str]) -> None:
+    try:
+        print(json.dumps(payload, indent=2, default=str) if args.json else text(), flush=True)
+    except BrokenPipeError:   # `sweeper ... | head` closed the pipe: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _title(model, hw, chips: int, batch: int, what: str) -> str:
+    return f"{HEADER}\n{what}: {model.name} on {chips} x {hw.name}, batch {batch}"
+
+
+# --------------------------------------------------------------------------- max-context
+
+
+def run_max_context(args) -> int:
+    model, hw = _load(args)
+    attn = _choice("--attn", args.attn, ATTN_LAYOUTS)
+    result = costmodel.max_context(model, hw, args.chips, args.batch, attn, args.kv_fraction)
+    payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
+               "chips": args.chips, "batch": args.batch, "attn": attn, **result}
+    _emit(args, payload, lambda: _max_context_text(model, hw, args, attn, result))
+    return 0
+
+
+def _max_context_text(model, hw, args, attn: str, r: dict) -> str:
+    heads = f"{model.n_kv_heads} KV head{'s' if model.n_kv_heads != 1 else ''}"
+    return format_fields([
+        ("max context", f"{r['max_context']:,} tokens"),
+        ("attention", f"{attn}-sharded, {model.attention_kind} ({heads} x d_head {model.d_head})"),
+        ("KV per token per chip", human_bytes(r["kv_bytes_per_token_per_chip"])),
+        ("KV heads per chip", r["kv_heads_per_chip"]),
+        ("sequences per chip", r["sequences_per_chip"]),
+        ("KV replication", f"{r['kv_replication']:g}x"),
+        ("KV budget per chip", f"{human_bytes(r['kv_budget_bytes_per_chip'])} "
+                               f"({percent(r['kv_fraction'], 0)} of {human_bytes(hw.hbm_bytes)})"),
+        ("weights per chip", human_bytes(r["weight_bytes_per_chip"])),
+    ], title=_title(model, hw, args.chips, args.batch, "max-context"))
+
+
+# --------------------------------------------------------------------------- predict
+
+
+def run_predict(args) -> int:
+    model, hw = _load(args)
+    phase, input_len, context = _phase_inputs(args)
+    weights = _choice("--weights", args.weights, WEIGHT_FORMATS)
+    ffn = None if args.ffn is None else _choice("--ffn", args.ffn, FFN_LAYOUTS)
+    attn = None if args.attn is None else _choice("--attn", args.attn, ATTN_LAYOUTS)
+    topology = _topology(args)
+    if ffn is not None and attn is not None:
+        pred = costmodel.predict_phase(model, hw, args.chips, args.batch, phase, input_len, context,
+                                       PhaseLayout(ffn, attn), weights, topology)
+        result, chosen = pred.to_dict(), "given"
+    else:   # fill in what was left out with the best layout consistent with what was given
+        result = costmodel.recommend(model, hw, args.chips, args.batch, phase, input_len, context,
+                                     weights, topology, ffn=ffn, attn=attn)
+        for key in ("alternatives", "candidates", "rejected", "gather_degree_continuous",
+                    "ws2d_crossover_chips"):
+            result.pop(key, None)
+        chosen = "recommended"
+    payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
+               "input_len": input_len, "layout_chosen_by": chosen, **result}
+    _emit(args, payload, lambda: _predict_text(model, hw, args, result, chosen))
+    return 0
+
+
+def _predict_text(model, hw, args, r: dict, chosen: str) -> str:
+    what = (f"{r['phase']} of {r['tokens']:,} tokens (context {r['context']:,})" if r["phase"] == "prefill"
+            else f"one decode step (context {r['context']:,})")
+    head = format_fields([
+        ("phase", what),
+        ("layout", f"ffn {r['ffn']}, attention {r['attn']}, topology "
+                   f"{'x'.join(map(str, r['topology']))}, weights {r['weights']} ({chosen})"),
+        ("latency", f"{human_seconds(r['latency_s'])}  ({r['bound']}-bound)"),
+        ("  compute", human_seconds(r["compute_s"])),
+        ("  memory", human_seconds(r["memory_s"])),
+        ("  communication", human_seconds(r["comm_s"])),
+        ("MFU", percent(r["mfu"])),
+        ("cost", f"{human_seconds(r['cost_chip_s_per_token'])} chip-time per token"),
+        ("weights per chip", human_bytes(r["weight_bytes_per_chip"])),
+        ("KV cache per chip", human_bytes(r["kv_bytes_per_chip"])),
+        ("peak per chip", f"{human_bytes(r['peak_bytes_per_chip'])} of {human_bytes(r['hbm_bytes'])}"
+                          f" -> {'fits' if r['fits'] else 'DOES NOT FIT'}"),
+        ("communication per chip", human_bytes(r["comm_bytes_per_chip"])),
+    ], title=_title(model, hw, args.chips, args.batch, "predict"))
+    rows = _collective_rows(r["collectives"])
+    table = format_table(rows, ["what", "kind", "axes", "count", "bytes per chip"],
+                         formats={"bytes per chip": human_bytes},
+                         title="collectives per forward pass (per chip)") if rows else \
+        "collectives per forward pass: none"
+    return f"{head}\n\n{table}"
+
+
+def _collective_rows(collectives: list[dict]) -> list[dict]:
+    return [{"what": c["what"], "kind": c["kind"], "axes": c["axes"], "count": c["count"],
+             "bytes per chip": c["bytes_per_chip"]} for c in collectives]
+
+
+# --------------------------------------------------------------------------- recommend
+
+
+def run_recommend(args) -> int:
+    model, hw = _load(args)
+    phase, input_len, context = _phase_inputs(args)
+    weights = _choice("--weights", args.weights, WEIGHT_FORMATS)
+    topology = _topology(args)
+    result = costmodel.recommend(model, hw, args.chips, args.batch, phase, input_len, context,
+                                 weights, topology, search_topology=args.search_topology)
+    payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
+               "input_len": input_len, **result}
+    _emit(args, payload, lambda: _recommend_text(model, hw, args, result))
+    return 0
+
+
+def _recommend_text(model, hw, args, r: dict) -> str:
+    head = format_fields([
+        ("phase", f"{r['phase']}, {r['tokens']:,} tokens in the pass, context {r['context']:,}"),
+        ("recommended", f"ffn {r['ffn']}, attention {r['attn']}, topology "
+                        f"{'x'.join(map(str, r['topology']))}"),
+        ("latency", f"{human_seconds(r['latency_s'])}  ({r['bound']}-bound), MFU {percent(r['mfu'])}"),
+        ("peak per chip", f"{human_bytes(r['peak_bytes_per_chip'])} of {human_bytes(r['hbm_bytes'])}"
+                          f" -> {'fits' if r['fits'] else 'DOES NOT FIT (nothing fits)'}"),
+        ("gather degree N*", f"{r['gather_degree_continuous']:.1f}  (sqrt(BL n / F), App. A.2.2)"),
+        ("ws2d beats ws1d", f"above {r['ws2d_crossover_chips']:g} chips (from the A.2.1 formulas)"),
+    ], title=_title(model, hw, args.chips, args.batch, "recommend"))
+    table = format_table(
+        r["alternatives"],
+        ["ffn", "attn", "topology", "latency_s", "compute_s", "memory_s", "comm_s", "mfu",
+         "peak_bytes_per_chip", "fits"],
+        headers={"latency_s": "latency", "compute_s": "compute", "memory_s": "memory",
+                 "comm_s": "comm", "mfu": "MFU", "peak_bytes_per_chip": "peak/chip"},
+        formats={"latency_s": human_seconds, "compute_s": human_seconds, "memory_s": human_seconds,
+                 "comm_s": human_seconds, "mfu": percent, "peak_bytes_per_chip": human_bytes},
+        title=f"alternatives, best per layout ({r['candidates']} valid candidates, "
+              f"{r['rejected']} rejected by layout constraints)")
+    return f"{head}\n\n{table}"

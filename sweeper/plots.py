@@ -1,0 +1,187 @@
+"""Figures of a sweep, in the style of the paper's Figures 1, 6 and 7, as PNG bytes.
+
+Matplotlib's object API only (no pyplot): nothing global is switched, no display needed.
+Every axis label says where its numbers come from (`source_label`: "measured on this host
+(emulated mesh)" or "analytical (tpu-v4)"), so emulated timings are never read as TPU numbers.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from sweeper import pareto
+
+PHASE_TITLES = {"prefill": "prefill (prompt processing)", "decode": "decode (generation)"}
+_MARKERS = "osD^v<>Pp*hX"
+
+
+def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _finite(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    ok = np.ones(len(df), dtype=bool)
+    for col in cols:
+        if col not in df.columns:
+            return df.iloc[0:0]
+        ok &= np.isfinite(pd.to_numeric(df[col], errors="coerce").to_numpy(float))
+    return df[ok]
+
+
+def _empty(ax, text: str = "no finished trials") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def pareto_figure(df: pd.DataFrame, source_label: str) -> Figure:
+    """Figure 1 style: cost vs latency, log-log, one panel per phase; frontier points labelled."""
+    fig = Figure(figsize=(12, 5))
+    axes = fig.subplots(1, 2)
+    done = pareto.finished(df)
+    for ax, phase in zip(axes, pareto.PHASES):
+        x, y = pareto.resolve_axes(phase)
+        pts = _finite(done, x, y)
+        if pts.empty:
+            _empty(ax)
+            continue
+        layouts = pts.apply(lambda r: pareto.layout_label(r, phase), axis=1)
+        for i, layout in enumerate(sorted(layouts.unique())):
+            sel = pts[layouts == layout]
+            ax.scatter(sel[x], sel[y], s=22, alpha=0.45, marker=_MARKERS[i % len(_MARKERS)],
+                       label=layout)
+        front = pareto.pareto_front(pts, phase=phase)
+        ax.plot(front[x], front[y], "-", color="black", lw=1.5, label="Pareto frontier")
+        ax.scatter(front[x], front[y], s=40, facecolors="none", edgecolors="black")
+        for _, row in front.iterrows():
+            ax.annotate(row["label"], (row[x], row[y]), fontsize=7, xytext=(4, 4),
+                        textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        unit = "per generated token" if phase == "decode" else "of the whole prompt"
+        ax.set_xlabel(f"{x} [s] — latency {unit}")
+        ax.set_ylabel(f"{y} [chip·s/token]")
+        ax.set_title(f"{PHASE_TITLES[phase]}\n{source_label}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Latency vs cost Pareto frontier (paper Fig. 1 style)")
+    return fig
+
+
+def tokens_per_batch(df: pd.DataFrame, phase: str) -> pd.Series:
+    """Tokens one forward pass processes: B*L for prefill, B for a decode step."""
+    batch = pd.to_numeric(df["batch"], errors="coerce")
+    if phase == "prefill":
+        return batch * pd.to_numeric(df["input_len"], errors="coerce")
+    return batch
+
+
+def mfu_figure(df: pd.DataFrame, source_label: str) -> Figure:
+    """Figure 7 style: MFU against tokens per batch, one line per FFN layout (best config each)."""
+    fig = Figure(figsize=(12, 4.5))
+    axes = fig.subplots(1, 2)
+    done = pareto.finished(df)
+    for ax, phase in zip(axes, pareto.PHASES):
+        mfu, ffn = f"{phase}_mfu", f"{phase}_ffn"
+        pts = _finite(done, mfu, "batch")
+        if pts.empty or ffn not in pts.columns:
+            _empty(ax)
+            continue
+        pts = pts.assign(tokens=tokens_per_batch(pts, phase))
+        for i, (layout, sel) in enumerate(sorted(pts.groupby(ffn), key=lambda kv: str(kv[0]))):
+            best = sel.groupby("tokens")[mfu].max().sort_index()
+            ax.plot(best.index, best.to_numpy() * 100, marker=_MARKERS[i % len(_MARKERS)],
+                    label=str(layout))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens per batch (B·L prefill, B decode)")
+        ax.set_ylabel("MFU [%] (best over chips, attention layout, topology)")
+        ax.set_title(f"{PHASE_TITLES[phase]}\n{source_label}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, title="FFN layout", title_fontsize=8)
+    fig.suptitle("MFU vs tokens per batch per FFN layout (paper Fig. 7 style)")
+    return fig
+
+
+def chips_batch(df: pd.DataFrame) -> int | None:
+    """The batch size covered by the most chip counts (ties: the largest): Figure 6 fixes B."""
+    pts = _finite(df, "batch", "chips")
+    if pts.empty:
+        return None
+    coverage = pts.groupby("batch")["chips"].nunique()
+    best = coverage[coverage == coverage.max()]
+    return int(max(best.index))
+
+
+def latency_figure(df: pd.DataFrame, source_label: str) -> Figure:
+    """Figure 6 style: latency against chip count per layout, at one batch size."""
+    fig = Figure(figsize=(12, 4.5))
+    axes = fig.subplots(1, 2)
+    done = pareto.finished(df)
+    batch = chips_batch(done)
+    for ax, phase in zip(axes, pareto.PHASES):
+        x, _ = pareto.resolve_axes(phase)
+        pts = _finite(done, x, "chips")
+        if batch is None or pts.empty:
+            _empty(ax)
+            continue
+        pts = pts[pd.to_numeric(pts["batch"]) == batch]
+        layouts = pts.apply(lambda r: pareto.layout_label(r, phase), axis=1)
+        for i, layout in enumerate(sorted(layouts.unique())):
+            best = pts[layouts == layout].groupby("chips")[x].min().sort_index()
+            ax.plot(best.index, best.to_numpy() * 1e3, marker=_MARKERS[i % len(_MARKERS)],
+                    label=layout)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("chips")
+        ax.set_ylabel(f"{x} [ms] (best over topology)")
+        ax.set_title(f"{PHASE_TITLES[phase]}, batch {batch}\n{source_label}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, title="FFN/attention layout", title_fontsize=8)
+    fig.suptitle("Latency vs chip count per layout (paper Fig. 6 style)")
+    return fig
+
+
+def predicted_vs_measured_figure(points: pd.DataFrame, title: str) -> Figure:
+    """Held-out prediction against measurement, log-log, with y = x and a ±10% band.
+
+    `points`: columns phase, layout, measured_s, predicted_s (one row per held-out point).
+    """
+    fig = Figure(figsize=(11, 5))
+    axes = fig.subplots(1, 2)
+    for ax, phase in zip(axes, pareto.PHASES):
+        sel = points[points["phase"] == phase] if len(points) else points
+        sel = _finite(sel, "measured_s", "predicted_s")
+        if sel.empty:
+            _empty(ax, "no points")
+            continue
+        for i, (layout, grp) in enumerate(sorted(sel.groupby("layout"), key=lambda kv: str(kv[0]))):
+            ax.scatter(grp["measured_s"] * 1e3, grp["predicted_s"] * 1e3, s=22, alpha=0.75,
+                       marker=_MARKERS[i % len(_MARKERS)], label=str(layout))
+        lo = min(sel["measured_s"].min(), sel["predicted_s"].min()) * 1e3 / 1.3
+        hi = max(sel["measured_s"].max(), sel["predicted_s"].max()) * 1e3 * 1.3
+        line = np.geomspace(lo, hi, 50)
+        ax.plot(line, line, "k-", lw=1, label="predicted = measured")
+        ax.fill_between(line, line / 1.1, line * 1.1, color="grey", alpha=0.15, label="±10%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        unit = "decode_step_s" if phase == "decode" else "prefill_s"
+        ax.set_xlabel(f"measured {unit} [ms]")
+        ax.set_ylabel(f"held-out prediction of {unit} [ms] (fitted model)")
+        ax.set_title(PHASE_TITLES[phase], fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def percent(value: float) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"

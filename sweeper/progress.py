@@ -1,0 +1,78 @@
+"""The live progress line of a sweep, on stderr.
+
+    [12/20] ok 9  failed 1  pruned 2  running 2 | best decode_step_s 3.1ms (#7) | ETA 0:41
+
+On a terminal the line is rewritten in place; otherwise (a log file, CI) one line is
+printed per finished trial. ETA = time per finished trial so far x trials left, where
+pruned trials (no run) are not counted as work.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+def format_value(metric: str, value: float) -> str:
+    """Seconds as s/ms/us, bytes as GiB/MiB, the rest with 4 significant digits."""
+    if metric.endswith("_s") or "_s_" in metric:
+        if abs(value) >= 1:
+            return f"{value:.3g}s"
+        if abs(value) >= 1e-3:
+            return f"{value * 1e3:.3g}ms"
+        return f"{value * 1e6:.3g}us"
+    if metric.endswith("_bytes_per_chip"):
+        return f"{value / 2**30:.3g}GiB" if value >= 2**30 else f"{value / 2**20:.3g}MiB"
+    return f"{value:.4g}"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class ProgressLine:
+    def __init__(self, total: int, enabled: bool = True, stream: TextIO | None = None,
+                 already_done: int = 0):
+        self.total = total
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = time.monotonic()
+        self.already_done = already_done     # finished before this process (resume)
+        self.ran = 0                         # trials this process ran to an end (not pruned)
+        self._last = ""
+
+    def update(self, complete: int, failed: int, pruned: int, running: int,
+               best: tuple[str, float, int] | None, ran: int, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        done = complete + failed + pruned
+        text = f"[{done}/{self.total}] ok {complete}  failed {failed}  pruned {pruned}"
+        if running:
+            text += f"  running {running}"
+        if best is not None:
+            metric, value, number = best
+            text += f" | best {metric} {format_value(metric, value)} (#{number})"
+        elapsed = time.monotonic() - self.start
+        left = self.total - done
+        if ran and left > 0:
+            text += f" | ETA {format_duration(elapsed / ran * left)}"
+        elif left <= 0:
+            text += f" | {format_duration(elapsed)}"
+        if text == self._last and not force:
+            return
+        self._last = text
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty and self._last:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,109 @@
+"""`sweeper run` and `sweeper ui`: the command-line side of sweeps (parsing lives in cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from workloads.config import ConfigError
+
+from sweeper import paths
+from sweeper.progress import format_value
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("space", help="search-space YAML, e.g. search_spaces/quickstart.yaml")
+    p.add_argument("--address", help="an existing Ray cluster (default: start a local one)")
+    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite under $SWEEPER_HOME)")
+    p.add_argument("--study", help="study name (default: <space name>-<date-time>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a study (--study, else the latest of this space)")
+    p.add_argument("--trials", type=int, help="override the space's trial count")
+    p.add_argument("--parallel", type=int, help="override the space's trials in flight")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sweeper.cli import print_json
+    from sweeper.controller import run_sweep
+    from sweeper.space import load_space
+
+    space = load_space(args.space)          # every input error exits 2 here, before any work
+    for flag in ("trials", "parallel"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag}", value, "a positive integer")
+    result = run_sweep(space, storage=args.storage, tracking_uri=args.tracking_uri,
+                       study_name=args.study, resume=args.resume, trials=args.trials,
+                       parallel=args.parallel, address=args.address, progress=True)
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print(render_result(result))
+    return 0
+
+
+def render_result(result) -> str:
+    """The Pareto table and where the study and the MLflow runs are."""
+    lines = []
+    objectives = ", ".join(f"{d} {m}" for m, d in result.objectives)
+    c = result.counts
+    lines.append(f"Pareto-optimal trials ({objectives}): {len(result.pareto)} of "
+                 f"{c['complete']} complete")
+    if result.pareto:
+        metrics = [m for m, _ in result.objectives]
+        header = ["#", *metrics, "batch", "chips", "topology", "weights", "prefill", "decode"]
+        rows = [[str(r["number"]), *[format_value(m, r[m]) for m in metrics], str(r["batch"]),
+                 str(r["chips"]), str(r["topology"]), str(r["weights"]),
+                 f"{r['prefill_ffn']}/{r['prefill_attn']}", f"{r['decode_ffn']}/{r['decode_attn']}"]
+                for r in result.pareto]
+        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+        lines.extend("  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows)
+    label = "host timings (emulated mesh)" if result.source == "measured" else "cost-model predictions"
+    lines.append("")
+    lines.append(f"study    {result.study_name}: {c['complete']} complete, {c['failed']} failed, "
+                 f"{c['pruned']} pruned ({label}) in {result.elapsed_s:.0f}s")
+    lines.append(f"optuna   {result.storage}")
+    lines.append(f"mlflow   {result.tracking_uri}  experiment '{result.experiment}', parent run "
+                 f"{result.parent_run_id}")
+    ui = "sweeper ui" if result.tracking_uri == paths.default_tracking_uri(create=False) else \
+        f"sweeper ui --tracking-uri {result.tracking_uri}"
+    lines.append(f"browse   {ui}   (then open http://127.0.0.1:5000)")
+    if result.tracking_errors:
+        lines.append(f"warning  {len(result.tracking_errors)} MLflow logging errors; first: "
+                     f"{result.tracking_errors[0]}")
+    return "\n".join(lines)
+
+
+def add_ui_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+    p.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    p.add_argument("--tracking-uri", help="MLflow store (default: sqlite under $SWEEPER_HOME)")
+
+
+def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri,
+           "--host", host, "--port", str(port)]
+    root = paths.artifact_root(tracking_uri)
+    if root:
+        cmd += ["--default-artifact-root", root]
+    return cmd
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise ConfigError("--port", args.port, "a TCP port 1-65535")
+    uri = args.tracking_uri or paths.default_tracking_uri(create=False)
+    db = paths.sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise ConfigError("--tracking-uri", uri, "an MLflow store with runs (run `sweeper run "
+                          "search_spaces/quickstart.yaml` first, or set SWEEPER_HOME)")
+    print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C to stop)", file=sys.stderr)
+    try:
+        return subprocess.call(ui_command(uri, args.host, args.port), env=dict(os.environ))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,172 @@
+"""MLflow tracking of a sweep: one parent run per sweep, one nested child run per trial.
+
+Parent run   params: the space's name, model, hardware, sampler, trials, parallel, objectives
+             tags:   study name, Optuna storage, git revision of the project, source
+             artifact: the space file as written
+Child run    params: every `TrialConfig.flat_params()` field (same names in every run)
+             metrics: every Measurement metric by its own name, and the cost model's
+                      prediction of each as `pred_<name>`
+             tags:   prefill_ffn, prefill_attn, decode_ffn, decode_attn, weights, hardware,
+                     source (measured | analytical), status (COMPLETE | PRUNED | FAIL), reason,
+                     trial_number, mlflow.parentRunId
+
+Measured and analytical sweeps log to different experiments (`sweeper/<space>` and
+`sweeper/<space> (analytical)`), so the two are never mixed in one table or plot.
+Everything goes through `MlflowClient` with explicit run ids: no global active run, so
+the controller can log from any thread. Default store: SQLite under $SWEEPER_HOME.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from sweeper.paths import artifact_root, default_tracking_uri
+
+PARENT_TAG = "mlflow.parentRunId"
+KIND_TAG = "sweeper.kind"
+SWEEP_KIND, TRIAL_KIND = "sweep", "trial"
+PRED_PREFIX = "pred_"
+LAYOUT_TAGS = ("prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "weights")
+# Optuna state -> MLflow run status (a pruned trial never ran: KILLED).
+RUN_STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "PRUNED": "KILLED"}
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def experiment_name(space_name: str, source: str) -> str:
+    """Measured and analytical runs of the same space live in separate experiments."""
+    return f"sweeper/{space_name}" + (" (analytical)" if source == "analytical" else "")
+
+
+def git_revision(root: Path = PROJECT_ROOT) -> str:
+    """The project's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _quiet_store_logs() -> None:
+    # Creating a SQLite store runs Alembic migrations that log a dozen INFO lines.
+    for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking._tracking_service.utils"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _finite(metrics: Mapping[str, float] | None) -> dict[str, float]:
+    return {k: float(v) for k, v in (metrics or {}).items()
+            if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+class Tracker:
+    """One MLflow store; creates the sweep's parent run and its trials' child runs."""
+
+    def __init__(self, tracking_uri: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        _quiet_store_logs()
+        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+
+    # ------------------------------------------------------------------ experiments
+    def experiment_id(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            if exp.lifecycle_stage == "deleted":
+                self.client.restore_experiment(exp.experiment_id)
+            return exp.experiment_id
+        root = artifact_root(self.tracking_uri)
+        location = f"{root}/{name.replace('/', '_').replace(' ', '_')}" if root else None
+        try:
+            return self.client.create_experiment(name, artifact_location=location)
+        except Exception:  # another process created it first
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    # ------------------------------------------------------------------ the sweep
+    def start_sweep(self, space, study_name: str, storage: str) -> str:
+        """Create the parent run of a sweep; returns its run id."""
+        from mlflow.entities import Param, RunTag
+
+        source = space.hardware.source
+        exp_id = self.experiment_id(experiment_name(space.name, source))
+        run = self.client.create_run(exp_id, run_name=study_name, tags={
+            KIND_TAG: SWEEP_KIND, "study": study_name, "storage": _redact(storage),
+            "git_revision": git_revision(), "source": source, "hardware": space.hardware.label,
+            "space_file": space.source or "", "mlflow.note.content": space.description})
+        summary = space.summary()
+        params = {"space": space.name, "model": space.model.name, "hardware": space.hardware.label,
+                  "sampler": space.sampler.type, "sampler_seed": space.sampler.seed,
+                  "trials": summary["trials"], "parallel": space.parallel,
+                  "timeout_s": space.timeout_s, "objectives": ", ".join(summary["objectives"]),
+                  "constraints": "; ".join(summary["constraints"]) or "none",
+                  "memory_budget_bytes": space.memory_budget_bytes,
+                  "searched": ", ".join(summary["params"])}
+        self.client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()],
+                              tags=[RunTag("mlflow.runName", study_name)])
+        if space.text is not None:
+            name = Path(space.source).name if space.source else f"{space.name}.yaml"
+            self.client.log_text(run.info.run_id, space.text, name)
+        return run.info.run_id
+
+    def resume_sweep(self, run_id: str) -> None:
+        self.client.update_run(run_id, status="RUNNING")
+
+    def finish_sweep(self, run_id: str, counts: Mapping[str, int], status: str = "FINISHED") -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(f"trials_{k}", float(v), now, 0)
+                                               for k, v in counts.items()])
+        self.client.set_terminated(run_id, status=status)
+
+    def experiment_of(self, run_id: str) -> str:
+        return self.client.get_run(run_id).info.experiment_id
+
+    # ------------------------------------------------------------------ trials
+    def log_trial(self, parent_run_id: str, experiment_id: str, *, number: int,
+                  params: Mapping[str, Any], metrics: Mapping[str, float] | None,
+                  prediction: Mapping[str, float] | None, state: str, reason: str | None,
+                  source: str, hardware: str, extra_tags: Mapping[str, str] | None = None) -> str:
+        """One child run for a finished trial (any state); returns its run id."""
+        from mlflow.entities import Metric, Param
+
+        tags = {PARENT_TAG: parent_run_id, KIND_TAG: TRIAL_KIND, "trial_number": str(number),
+                "source": source, "hardware": hardware, "status": state}
+        tags.update({k: str(params.get(k)) for k in LAYOUT_TAGS})
+        if reason:
+            tags["reason"] = reason[:5000]
+        tags.update(extra_tags or {})
+        run = self.client.create_run(experiment_id, tags=tags, run_name=_run_name(number, params))
+        now = int(time.time() * 1000)
+        logged = [Metric(k, v, now, 0) for k, v in _finite(metrics).items()]
+        logged += [Metric(PRED_PREFIX + k, v, now, 0) for k, v in _finite(prediction).items()]
+        self.client.log_batch(run.info.run_id, metrics=logged,
+                              params=[Param(k, str(v)) for k, v in params.items()])
+        self.client.set_terminated(run.info.run_id, status=RUN_STATUS.get(state, "FAILED"))
+        return run.info.run_id
+
+
+def _run_name(number: int, params: Mapping[str, Any]) -> str:
+    return (f"{number:04d} B{params.get('batch')} {params.get('chips')}c "
+            f"{params.get('prefill_ffn')}/{params.get('prefill_attn')} > "
+            f"{params.get('decode_ffn')}/{params.get('decode_attn')} {params.get('weights')}")
+
+
+def _redact(url: str) -> str:
+    """A storage URL without its password (postgresql://user:secret@host/db)."""
+    if "://" in url and "@" in url.split("://", 1)[1]:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.split("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+    return url

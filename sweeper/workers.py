@@ -1,0 +1,301 @@
+"""Where trials run: a pool of Ray actors, each owning one mesh for its whole life.
+
+Emulated mesh (`hardware: host`): an actor's process is started with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N` (Ray `runtime_env` env_vars: the
+device count is fixed when JAX starts, so one process serves one chip count) and pins
+itself to its slot's CPU cores with `os.sched_setaffinity` before JAX is imported. The
+pool splits this process's cores into `parallel` disjoint slots and never runs two trials
+in one slot at once, so concurrent trials do not share cores or pollute each other's
+timings (2 cores, parallel 2: one core each). An actor whose chip count a trial does not
+match is not reused; the slot starts (or reuses) one for that count, keeping a few alive.
+
+Real devices (`hardware: devices`): an actor asks Ray for the space's `resources` (e.g.
+{GPU: 1}, {TPU: 4}); no device-count flag, no pinning.
+
+Every actor keeps an engine/compile cache (`run_trial(engine_cache=...)`) across its
+trials, so a repeated shape and layout is not compiled again.
+
+Analytical (`hardware: analytical:*`): `LocalPool` evaluates the cost model in this process
+(microseconds; no Ray), behind the same interface, so the controller does not care.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from workloads.config import ConfigError, HardwareProfile
+from workloads.metrics import Measurement
+from workloads.trial import TrialConfig
+
+
+@dataclass
+class Outcome:
+    """What one trial returned, and where and when it ran."""
+
+    measurement: Measurement
+    started: float                 # time.time() on the worker when the trial began
+    finished: float
+    worker: dict[str, Any] = field(default_factory=dict)   # pid, slot, cores, cache stats
+
+
+class WorkerLost(RuntimeError):
+    """The worker process died under a trial (crash, out of memory, killed)."""
+
+
+class TrialError(RuntimeError):
+    """The trial raised; `reason` is one line (type and message)."""
+
+    def __init__(self, reason: str, config_error: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.config_error = config_error
+
+
+def one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}"[:2000]
+
+
+# ----------------------------------------------------------------------------- cores
+
+
+def split_cores(parallel: int, available: list[int] | None = None) -> list[list[int]]:
+    """`parallel` disjoint groups of this process's cores (overlapping only if too few)."""
+    cores = sorted(available if available is not None else os.sched_getaffinity(0))
+    if parallel >= len(cores):
+        return [[cores[i % len(cores)]] for i in range(parallel)]
+    size, extra = divmod(len(cores), parallel)
+    groups, start = [], 0
+    for i in range(parallel):
+        end = start + size + (1 if i < extra else 0)
+        groups.append(cores[start:end])
+        start = end
+    return groups
+
+
+def host_share(host: HardwareProfile, cores: int, total: int) -> HardwareProfile:
+    """The part of the host a worker pinned to `cores` of its `total` cores owns.
+
+    The host profile is the whole machine (DESIGN.md "Emulated mesh"); a pinned worker gets
+    its cores' share of compute and bandwidth. Still named `host`: `run_trial` and
+    `hostprofile.per_chip` split it evenly over the worker's n virtual chips.
+    """
+    import dataclasses
+
+    fraction = min(1.0, cores / max(total, 1))
+    return dataclasses.replace(host, peak_flops=host.peak_flops * fraction,
+                               hbm_bandwidth=host.hbm_bandwidth * fraction,
+                               ici_bandwidth=host.ici_bandwidth * fraction)
+
+
+# ----------------------------------------------------------------------------- the actor
+
+
+class MeshWorker:
+    """Owns one mesh (N emulated or real devices) and an engine cache; runs trials on it."""
+
+    def __init__(self, slot: int, chips: int | None, cores: list[int] | None):
+        self.slot, self.chips = slot, chips
+        self.cores: list[int] | None = None
+        if cores:
+            mine = os.sched_getaffinity(0)
+            wanted = set(cores) & mine if mine else set(cores)
+            if wanted:   # on another node of a cluster the driver's core ids may not exist
+                os.sched_setaffinity(0, wanted)
+                self.cores = sorted(wanted)
+        self.engine_cache: dict = {}
+        self.trials_run = 0
+
+    def info(self) -> dict[str, Any]:
+        import jax
+
+        return {"pid": os.getpid(), "slot": self.slot, "chips": self.chips,
+                "cores": sorted(os.sched_getaffinity(0)), "devices": len(jax.devices()),
+                "xla_flags": os.environ.get("XLA_FLAGS", ""), "cache_entries": len(self.engine_cache),
+                "trials_run": self.trials_run}
+
+    def run(self, config: dict, hardware: dict | None) -> dict[str, Any]:
+        from workloads.measure import run_trial
+
+        trial = TrialConfig.from_dict(config, validate=False)
+        profile = HardwareProfile.from_dict(hardware) if hardware else None
+        before = set(self.engine_cache)
+        started = time.time()
+        measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile)
+        finished = time.time()
+        self.trials_run += 1
+        new_entries = len(set(self.engine_cache) - before)
+        return {"measurement": measurement.to_dict(), "started": started, "finished": finished,
+                "worker": {"pid": os.getpid(), "slot": self.slot, "chips": self.chips,
+                           "cores": sorted(os.sched_getaffinity(0)),
+                           "cache_entries": len(self.engine_cache),
+                           "new_cache_entries": new_entries,
+                           "cache_hit": bool(measurement.extra.get(
+                               "compile_cache_hit", bool(before) and new_entries == 0)),
+                           "trials_run": self.trials_run}}
+
+
+# ----------------------------------------------------------------------------- pools
+
+
+@dataclass
+class _Handle:
+    slot: int
+    key: Any
+    ref: Any = None                 # Ray ObjectRef (RayPool) or the finished result (LocalPool)
+    error: BaseException | None = None
+
+
+class RayPool:
+    """`parallel` slots; each slot runs one trial at a time on an actor it owns."""
+
+    local = False
+
+    def __init__(self, hardware_kind: str, parallel: int, resources: dict[str, float] | None = None,
+                 env: dict[str, str] | None = None, max_workers_per_slot: int = 3):
+        import ray
+
+        self.ray = ray
+        self.kind = hardware_kind
+        self.parallel = parallel
+        self.resources = dict(resources or {})
+        self.env = dict(env or {})
+        self.max_workers_per_slot = max_workers_per_slot
+        self.emulated = hardware_kind == "host"
+        self.slot_cores = split_cores(parallel) if self.emulated else [[] for _ in range(parallel)]
+        self.total_cores = len(os.sched_getaffinity(0))
+        self.shares_cores = self.emulated and parallel > self.total_cores
+        self._actors: list[OrderedDict] = [OrderedDict() for _ in range(parallel)]
+        self._remote = ray.remote(MeshWorker)
+
+    # chips -> actor, per slot (emulated: one process per device count; devices: one per slot)
+    def _actor_key(self, chips: int):
+        return chips if self.emulated else "devices"
+
+    def _options(self, chips: int) -> dict[str, Any]:
+        env = dict(self.env)
+        if self.emulated:
+            env["XLA_FLAGS"] = " ".join(filter(None, [
+                os.environ.get("XLA_FLAGS", ""),
+                f"--xla_force_host_platform_device_count={chips}"]))
+            # Our own pinning decides the cores, not Ray's CPU accounting.
+            opts: dict[str, Any] = {"num_cpus": 0}
+        else:
+            res = dict(self.resources)
+            opts = {"num_cpus": res.pop("CPU", 0), "num_gpus": res.pop("GPU", 0)}
+            if res:
+                opts["resources"] = res
+        opts["runtime_env"] = {"env_vars": env}
+        opts["max_restarts"] = 0
+        opts["max_concurrency"] = 1
+        return opts
+
+    def actor(self, slot: int, chips: int):
+        actors = self._actors[slot]
+        key = self._actor_key(chips)
+        if key in actors:
+            actors.move_to_end(key)
+            return actors[key]
+        while len(actors) >= self.max_workers_per_slot:
+            _, old = actors.popitem(last=False)        # least recently used
+            self.ray.kill(old)
+        cores = self.slot_cores[slot] if self.emulated else None
+        actors[key] = self._remote.options(**self._options(chips)).remote(slot, chips, cores)
+        return actors[key]
+
+    def warm_slot(self, slot: int, chips: int) -> bool:
+        return self._actor_key(chips) in self._actors[slot]
+
+    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None) -> _Handle:
+        actor = self.actor(slot, trial.chips)
+        ref = actor.run.remote(trial.to_dict(), hardware.to_dict() if hardware else None)
+        return _Handle(slot, self._actor_key(trial.chips), ref)
+
+    def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
+        if not handles:
+            return []
+        by_ref = {h.ref: h for h in handles}
+        done, _ = self.ray.wait(list(by_ref), num_returns=1, timeout=max(timeout, 0.0))
+        if done:  # collect everything already finished, not just one
+            done, _ = self.ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
+        return [by_ref[r] for r in done]
+
+    def outcome(self, handle: _Handle) -> Outcome:
+        ray = self.ray
+        try:
+            data = ray.get(handle.ref)
+        except ray.exceptions.RayActorError as err:
+            self.discard(handle)
+            raise WorkerLost(one_line(err)) from None
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None) or err
+            raise TrialError(one_line(cause), isinstance(cause, ConfigError)) from None
+        return Outcome(Measurement.from_dict(data["measurement"]), data["started"],
+                       data["finished"], data["worker"])
+
+    def discard(self, handle: _Handle) -> None:
+        """Kill the worker a trial ran on (timeout, crash): the slot starts a fresh one."""
+        actor = self._actors[handle.slot].pop(handle.key, None)
+        if actor is not None:
+            self.ray.kill(actor)
+
+    def workers(self) -> list[dict]:
+        refs = [a.info.remote() for slot in self._actors for a in slot.values()]
+        return self.ray.get(refs) if refs else []
+
+    def close(self) -> None:
+        for slot in self._actors:
+            for actor in slot.values():
+                self.ray.kill(actor)
+            slot.clear()
+
+
+class LocalPool:
+    """The analytical backend: the cost model, evaluated in this process."""
+
+    shares_cores = False
+    local = True
+    total_cores = 1
+
+    def __init__(self, parallel: int = 1):
+        self.parallel = parallel
+        self.slot_cores = [[] for _ in range(parallel)]
+
+    def warm_slot(self, slot: int, chips: int) -> bool:
+        return True
+
+    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None) -> _Handle:
+        from workloads.costmodel import predict
+
+        started = time.time()
+        handle = _Handle(slot, None)
+        try:
+            measurement = predict(trial, hardware)
+            handle.ref = Outcome(measurement, started, time.time(),
+                                 {"pid": os.getpid(), "slot": slot, "local": True})
+        except Exception as err:  # noqa: BLE001 - a failed trial is data
+            handle.error = err
+            handle.ref = traceback.format_exc(limit=3)
+        return handle
+
+    def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
+        return list(handles)
+
+    def outcome(self, handle: _Handle) -> Outcome:
+        if handle.error is not None:
+            raise TrialError(one_line(handle.error), isinstance(handle.error, ConfigError))
+        return handle.ref
+
+    def discard(self, handle: _Handle) -> None:
+        pass
+
+    def workers(self) -> list[dict]:
+        return []
+
+    def close(self) -> None:
+        pass

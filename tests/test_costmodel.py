@@ -1,0 +1,318 @@
+"""The analytical cost model against the public numbers of the references.
+
+Sources (../shared/reference/): esti-paper-summary.txt (Pope et al. 2022: Table 1, §3.2,
+Appendix A), scaling-book-part7-inference.txt (pop quiz and worked questions),
+tensor-parallelism-gqa.txt (Llama-2-70B on 8 and 16 GPUs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+
+import pytest
+
+from workloads import costmodel as cm
+from workloads.config import ConfigError, ModelConfig, load_hardware, load_model
+from workloads.layouts import Collective, PhaseLayout, forward_collectives
+from workloads.trial import TrialConfig
+
+TPU_V4 = load_hardware("tpu-v4")
+TPU_V5E = load_hardware("tpu-v5e")
+
+
+def within(value: float, expected: float, rel: float) -> bool:
+    return abs(value - expected) <= rel * abs(expected)
+
+
+def test_import_does_not_pull_in_jax():
+    code = "import sys, workloads.costmodel; assert 'jax' not in sys.modules, 'jax imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --------------------------------------------------------------------------- Table 1 (§4.2)
+
+
+@pytest.mark.parametrize("preset, attn, batch, expected", [
+    ("palm-540b-multihead", "head", 128, 1320),
+    ("palm-540b-multihead", "head", 512, 330),
+    ("palm-540b", "head", 128, 660),        # baseline multiquery: the one KV head replicated
+    ("palm-540b", "head", 512, 165),
+    ("palm-540b", "batch", 128, 43_000),    # optimized multiquery: batch-sharded KV cache
+    ("palm-540b", "batch", 512, 10_700),
+])
+def test_table1_max_context(preset, attn, batch, expected):
+    result = cm.max_context(load_model(preset), TPU_V4, 64, batch, attn, kv_fraction=0.3)
+    assert within(result["max_context"], expected, 0.03), result
+
+
+def test_table1_head_sharded_multiquery_replicates_the_kv_head_on_every_chip():
+    result = cm.max_context(load_model("palm-540b"), TPU_V4, 64, 128, "head")
+    assert result["kv_heads_per_chip"] == 1 and result["kv_replication"] == 64
+
+
+def test_max_context_rejects_a_batch_that_does_not_split_over_the_chips():
+    with pytest.raises(ConfigError, match="batch"):
+        cm.max_context(load_model("palm-540b"), TPU_V4, 64, 100, "batch")
+
+
+# --------------------------------------------------------------------------- GQA chapter
+
+
+def test_llama2_70b_block_parameters():
+    # "855,638,016 params per layer, times 80 layers = 68,451,041,280 params total"
+    assert cm.block_params(load_model("llama2-70b")) == 68_451_041_280
+
+
+@pytest.mark.parametrize("tp, expected_gb", [(8, 17.11), (16, 8.56)])
+def test_llama2_70b_weights_per_gpu(tp, expected_gb):
+    weights = cm.weight_bytes_per_chip(load_model("llama2-70b"), tp, "bf16", embeddings=False)
+    assert round(weights / 1e9, 2) == expected_gb
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_llama2_70b_kv_cache_per_gpu_hits_the_replication_ceiling(tp):
+    kv = cm.kv_bytes_per_chip(load_model("llama2-70b"), tp, 32, 4096, "head")
+    assert round(kv / 1e9, 2) == 5.37
+
+
+def test_llama2_70b_batch_sharding_halves_the_kv_cache_at_tp16():
+    model = load_model("llama2-70b")
+    head = cm.kv_bytes_per_chip(model, 16, 32, 4096, "head")
+    batch = cm.kv_bytes_per_chip(model, 16, 32, 4096, "batch")
+    assert batch == pytest.approx(head / 2)
+
+
+def test_stored_layout_replicates_kv_projections_when_kv_heads_do_not_split():
+    # Stored W_k, W_v are E_x (KD) when K (8) does not split over 16 chips: replicated over y*z.
+    model = load_model("llama2-70b")
+    even = cm.weight_bytes_per_chip(model, 16, embeddings=False)
+    stored = cm.weight_bytes_per_chip(model, 16, topology=(1, 16, 1), embeddings=False)
+    kv_weights = 2 * model.d_model * model.n_kv_heads * model.d_head * model.n_layers * 2
+    assert stored - even == pytest.approx(kv_weights * (1 - 1 / 16))
+
+
+# --------------------------------------------------------------------------- parameters, FLOPs
+
+
+def test_palm_540b_has_540b_parameters():
+    assert within(cm.param_count(load_model("palm-540b")), 540e9, 0.01)
+
+
+def test_model_flops_per_token_definition():
+    model = load_model("tiny-serial")   # untied: the unembedding is a separate matmul
+    e, f, h, k, d, v = (model.d_model, model.d_ff, model.n_heads, model.n_kv_heads,
+                        model.d_head, model.vocab)
+    blocks = model.n_layers * (3 * e * f + 2 * e * h * d + 2 * e * k * d)
+    assert cm.param_count(model) == blocks + 2 * v * e
+    assert cm.matmul_params(model) == blocks + v * e
+    expected = 2 * (blocks + v * e) + 4 * model.n_layers * h * d * 100
+    assert cm.model_flops_per_token(model, 100) == expected
+
+
+def test_int8_weights_are_one_byte_plus_bf16_output_channel_scales():
+    model = load_model("tiny")
+    e, f, h, k, d = model.d_model, model.d_ff, model.n_heads, model.n_kv_heads, model.d_head
+    elements = model.n_layers * (2 * e * f + 2 * e * h * d + 2 * e * k * d)
+    out_channels = model.n_layers * (f + e + h * d + e + 2 * k * d)
+    embedding = model.vocab * e * 2
+    assert cm.weight_bytes_per_chip(model, 1, "int8") == elements + 2 * out_channels + embedding
+    assert cm.weight_bytes_per_chip(model, 1, "bf16") == 2 * elements + embedding
+
+
+# --------------------------------------------------------------------------- 1D vs 2D (§3.2, A.2.1)
+
+# The paper's pure formula needs a GELU MLP (two matrices) and F = 4E.
+GELU_4E = ModelConfig("gelu-4e", d_model=1024, d_ff=4096, n_layers=2, n_heads=64, n_kv_heads=64,
+                      d_head=16, vocab=1024, block="parallel", mlp="gelu")
+
+
+def _ffn_activation_bytes(model, topology, ffn, tokens=8):
+    collectives = forward_collectives(model, topology, PhaseLayout(ffn, "head"), tokens, 1)
+    return cm.comm_bytes([c for c in collectives if c.count == model.n_layers], ("resid", "ffn"))
+
+
+def test_ws2d_on_64_chips_splits_x4_yz16_and_halves_ws1d_communication():
+    topology = cm.best_topology(GELU_4E, 64)
+    assert topology[0] == 4 and topology[1] * topology[2] == 16
+    ws1d = _ffn_activation_bytes(GELU_4E, topology, "ws1d")
+    ws2d = _ffn_activation_bytes(GELU_4E, topology, "ws2d")
+    assert ws2d * 2 == ws1d
+
+
+def test_ws2d_equals_ws1d_at_16_chips():
+    topology = cm.best_topology(GELU_4E, 16)
+    assert _ffn_activation_bytes(GELU_4E, topology, "ws2d") == _ffn_activation_bytes(GELU_4E, topology, "ws1d")
+    assert cm.ws2d_crossover_chips(GELU_4E) == 16
+
+
+def test_best_topology_is_a_deterministic_factorisation():
+    model = load_model("palm-540b")
+    for chips in (1, 2, 4, 6, 8, 12, 16, 32, 64, 128, 256):
+        topology = cm.best_topology(model, chips)
+        assert math.prod(topology) == chips
+        assert cm.best_topology(model, chips) == topology
+    assert cm.best_topology(model, 64) == (4, 4, 4)
+
+
+# --------------------------------------------------------------------------- weight-gathered (A.2.2)
+
+PALM = load_model("palm-540b-padded")   # the paper padded 48 heads to 64 for 64 chips
+
+
+def test_best_gather_degree_for_palm_540b_prefill():
+    result = cm.best_gather_degree(PALM, 64, 512, 2048)
+    assert 29 <= result["continuous"] <= 31      # sqrt(BL n / F) = sqrt(2^20 * 64 / 73728)
+    # On the 4x4x4 torus the discrete choices bracketing N* = 30 are xy (16) and xyz (64).
+    assert result["layout"] in ("wg_xy", "wg_xyz")
+    # Twice the tokens (2M): all-gathering over all 64 chips moves the least.
+    assert cm.best_gather_degree(PALM, 64, 512, 4096)["layout"] == "wg_xyz"
+
+
+def test_large_batch_prefill_recommends_weight_gathered_over_most_chips():
+    result = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048)
+    assert result["ffn"] in ("wg_xy", "wg_xyz") and result["fits"]
+    # The paper's choice (Table 2) is within 2% of the best by the formulas; see notes/costmodel.md.
+    xyz = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="wg_xyz")
+    assert xyz["latency_s"] <= 1.02 * result["latency_s"]
+    ws2d = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="ws2d")
+    assert ws2d["comm_s"] > 4 * result["comm_s"]
+
+
+@pytest.mark.parametrize("batch, input_len", [(1, 2048), (64, 1)])
+def test_small_token_count_prefill_recommends_weight_stationary(batch, input_len):
+    result = cm.recommend(PALM, TPU_V4, 64, batch, "prefill", input_len)
+    assert result["ffn"] in ("ws1d", "ws2d")
+
+
+def test_unpadded_palm_540b_cannot_shard_48_heads_over_64_chips_but_xyz_gathered_runs():
+    model = load_model("palm-540b")
+    with pytest.raises(ConfigError, match="n_heads"):
+        cm.predict_phase(model, TPU_V4, 64, 64, "decode", 1, 2048, PhaseLayout("ws2d", "head"))
+    pred = cm.predict_phase(model, TPU_V4, 64, 512, "prefill", 2048, None, PhaseLayout("wg_xyz", "head"))
+    assert pred.fits
+
+
+def test_decode_with_a_long_context_recommends_batch_sharded_attention():
+    result = cm.recommend(PALM, TPU_V4, 64, 512, "decode", 1, 2048)
+    assert (result["ffn"], result["attn"]) == ("ws2d", "batch")
+
+
+# --------------------------------------------------------------------------- scaling book part 7
+
+
+def test_scaling_book_pop_quiz_decode_lower_bound():
+    # 30B params in int8 on a TPU v5e 4x4 (16 chips), 8192 context, 100 kB of KV per token.
+    def bound(batch):
+        return cm.decode_step_lower_bound(param_bytes=30e9, kv_bytes_per_token=100e3, context=8192,
+                                          batch=batch, chips=16, hw=TPU_V5E, param_count=30e9)
+    assert within(bound(4), 2.5e-3, 0.05)
+    assert within(bound(256), 21e-3, 0.05)
+
+
+def test_scaling_book_18b_model_has_262kb_of_int8_kv_per_token():
+    model = ModelConfig("sb-18b", d_model=4096, d_ff=16384, n_layers=64, n_heads=32, n_kv_heads=8,
+                        d_head=256, vocab=32128, block="parallel", mlp="swiglu", tie_embeddings=True)
+    assert round(cm.kv_bytes_per_token(model, dtype_bytes=1) / 1e3) == 262
+    assert within(cm.param_count(model), 18.4e9, 0.01)
+
+
+# --------------------------------------------------------------------------- parallel block (§3.4)
+
+
+def _activation_bytes(model, ffn, topology=(4, 4, 4)):
+    collectives = forward_collectives(model, topology, PhaseLayout(ffn, "head"), 64, 1)
+    return cm.comm_bytes([c for c in collectives if c.count == model.n_layers], ("resid", "ffn"))
+
+
+def test_parallel_block_halves_ws1d_activation_communication():
+    parallel = load_model("palm-62b")
+    serial = dataclasses.replace(parallel, block="serial")
+    assert _activation_bytes(serial, "ws1d") == 2 * _activation_bytes(parallel, "ws1d")
+
+
+def test_parallel_block_reduces_ws2d_activation_communication():
+    parallel = load_model("palm-62b")
+    serial = dataclasses.replace(parallel, block="serial")
+    assert _activation_bytes(parallel, "ws2d") < _activation_bytes(serial, "ws2d")
+
+
+# --------------------------------------------------------------------------- time model (§3.1)
+
+
+def test_all_reduce_costs_twice_its_bytes_and_each_op_pays_the_latency():
+    hw = dataclasses.replace(TPU_V4, collective_latency_s=1e-6)
+    collectives = [Collective("all-reduce", ("x",), 1000, 2, 3, "a"),
+                   Collective("all-gather", ("y",), 500, 2, 1, "b")]
+    expected = (2 * 6000 + 1000) / hw.ici_bandwidth + 4 * 1e-6
+    assert cm.comm_time_s(collectives, hw) == pytest.approx(expected)
+
+
+def test_latency_is_additive_or_overlapped_plus_per_layer_overhead():
+    layout = PhaseLayout("ws2d", "batch")
+    additive = cm.predict_phase(PALM, TPU_V4, 64, 64, "decode", 1, 2048, layout)
+    assert additive.compute_s == pytest.approx(additive.flops / (64 * TPU_V4.peak_flops))
+    assert additive.latency_s == pytest.approx(additive.compute_s + additive.memory_s + additive.comm_s)
+    hw = dataclasses.replace(TPU_V4, overlap=1.0, op_overhead_s=1e-5)
+    overlapped = cm.predict_phase(PALM, hw, 64, 64, "decode", 1, 2048, layout)
+    terms = (overlapped.compute_s, overlapped.memory_s, overlapped.comm_s)
+    assert overlapped.latency_s == pytest.approx(max(terms) + 1e-5 * PALM.n_layers)
+    assert overlapped.mfu == pytest.approx(overlapped.flops / (64 * hw.peak_flops * overlapped.latency_s))
+
+
+def test_int8_weights_halve_small_batch_decode_memory_time():
+    layout = PhaseLayout("ws2d", "batch")
+    bf16 = cm.predict_phase(PALM, TPU_V4, 64, 64, "decode", 1, 128, layout, "bf16")
+    int8 = cm.predict_phase(PALM, TPU_V4, 64, 64, "decode", 1, 128, layout, "int8")
+    # half, plus the bf16 scales and the bf16 embedding
+    assert 0.5 < int8.weight_bytes_per_chip / bf16.weight_bytes_per_chip < 0.52
+    assert int8.memory_s < 0.6 * bf16.memory_s
+
+
+# --------------------------------------------------------------------------- trials
+
+
+def _trial(**overrides) -> TrialConfig:
+    data = {"model": "tiny", "chips": 8, "batch": 8, "input_len": 16, "decode_steps": 4,
+            "prefill": {"ffn": "wg_xyz", "attn": "head"}, "decode": {"ffn": "ws2d", "attn": "batch"}}
+    data.update(overrides)
+    return TrialConfig.from_dict(data, validate=False)
+
+
+def test_predict_trial_is_an_analytical_measurement():
+    trial = _trial()
+    m = cm.predict(trial, TPU_V4)
+    assert m.source == "analytical"
+    assert m.total_s == pytest.approx(m.prefill_s + trial.decode_steps * m.decode_step_s)
+    assert m.prefill_s == pytest.approx(m.prefill_compute_s + m.prefill_memory_s + m.prefill_comm_s)
+    assert m.fits is True and m.prefill_mfu > 0 and m.decode_cost_chip_s_per_token > 0
+    assert m.kv_bytes_per_chip == cm.kv_bytes_per_chip(trial.model, 8, 8, trial.context_len, "batch",
+                                                        trial.mesh_shape, "ws2d")
+    assert {s.kind for s in m.collectives["prefill"]} >= {"all-gather"}
+
+
+def test_predicted_flops_match_the_shared_definition_used_for_measured_mfu():
+    trial = _trial(decode_steps=5)   # odd: the mean decode context is not an integer
+    m = cm.predict(trial, TPU_V4)
+    ctx = cm.decode_context(trial)
+    assert ctx == trial.input_len + 2.5
+    assert m.extra["decode_flops"] == cm.phase_model_flops(trial.model, 8, "decode", 16, ctx)
+    assert m.extra["prefill_flops"] == cm.phase_model_flops(trial.model, 8, "prefill", 16)
+    assert m.decode_mfu == pytest.approx(m.extra["decode_flops"] / (8 * TPU_V4.peak_flops * m.decode_step_s))
+
+
+def test_feasibility_names_the_layout_constraint():
+    reason = cm.feasibility(_trial(model="palm-540b", chips=64, batch=64,
+                                   prefill={"ffn": "ws2d"}, decode={"ffn": "ws2d"}), TPU_V4)
+    assert reason is not None and "n_heads" in reason
+
+
+def test_feasibility_reports_memory():
+    assert cm.feasibility(_trial(), TPU_V4) is None
+    reason = cm.feasibility(_trial(), TPU_V4, memory_budget_bytes=1e5)
+    assert reason is not None and reason.startswith("memory:")
+    big = _trial(model="palm-540b-padded", chips=8, batch=64, input_len=2048, decode_steps=64,
+                 prefill={"ffn": "ws2d"}, decode={"ffn": "ws2d"})
+    assert "memory" in cm.feasibility(big, TPU_V4)

@@ -1,0 +1,156 @@
+"""Every layout gives the reference's logits (bf16 tolerance) and its greedy tokens.
+
+The engine runs on an emulated mesh of 8 CPU devices; the reference runs the same
+(dequantised, for int8) weights unsharded on one device without a KV cache. The default
+run covers every layout function, each attention kind, both blocks, int8, a phase switch
+with a KV-cache handoff and a 2x2x2 mesh; the full matrix is marked `slow`.
+"""
+
+import os
+
+# Emulated chips: must be set before JAX is imported (the lead may move this to conftest).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import itertools  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from workloads.config import MODEL_PRESETS, ConfigError  # noqa: E402
+from workloads.engine import Engine  # noqa: E402
+from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS, PhaseLayout, validate_layouts  # noqa: E402
+from workloads.model import init_params, prompt_tokens  # noqa: E402
+from workloads.quant import dequantize_params, max_logit_deviation, quantize_params  # noqa: E402
+from workloads.reference import reference_generate  # noqa: E402
+from workloads.trial import TrialConfig  # noqa: E402
+
+BATCH, INPUT_LEN, STEPS = 8, 8, 8
+# Logits have std ~1.1 and top-1 margins ~3 (see model.init_params); a layout's bf16
+# rounding differs from the reference's by ~0.03, a wrong layout by O(1).
+ATOL = 0.1
+TOPOLOGIES = [(1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2)]
+KINDS = {"multiquery": "tiny", "multihead": "tiny-mha", "grouped-query": "tiny-gqa"}
+
+
+def model_for(kind: str, block: str):
+    """Parallel: the gelu, tied-embedding preset; serial: the same attention with swiglu and
+    untied embeddings (as tiny-serial), so both MLPs and both embeddings are covered."""
+    model = MODEL_PRESETS[KINDS[kind]]
+    if block == "serial":
+        model = dataclasses.replace(model, name=f"{model.name}-serial", block="serial",
+                                    mlp="swiglu", tie_embeddings=False)
+    return model
+
+
+def trial_for(model, topology, prefill, decode, weights):
+    return TrialConfig(model=model, chips=int(np.prod(topology)), batch=BATCH, input_len=INPUT_LEN,
+                       decode_steps=STEPS, topology=topology, weights=weights,
+                       prefill=PhaseLayout(*prefill), decode=PhaseLayout(*decode), seed=0)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(model, weights: str):
+    """Reference logits and tokens; the same for every layout of one model and weight format."""
+    params = init_params(model, seed=0)
+    if weights == "int8":
+        params = dequantize_params(quantize_params(params))
+    return reference_generate(model, params, prompt_tokens(model, BATCH, INPUT_LEN, seed=0), STEPS)
+
+
+def assert_matches_reference(trial):
+    engine = Engine(trial)
+    logits, tokens = engine.generate()
+    ref_logits, ref_tokens = reference(trial.model, trial.weights)
+    err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(logits, ref_logits))
+    assert len(logits) == STEPS + 1
+    assert err <= ATOL, f"max |logit - reference| = {err:.4f} > {ATOL}"
+    np.testing.assert_array_equal(tokens, ref_tokens)
+    return err
+
+
+def is_valid(trial) -> bool:
+    try:
+        validate_layouts(trial.model, trial.topology, trial.prefill, trial.decode, trial.batch)
+    except ConfigError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- default subset
+
+REPRESENTATIVE = [
+    # kind, block, weights, topology, prefill, decode
+    ("multiquery", "parallel", "bf16", (2, 2, 2), ("ws2d", "head"), ("ws2d", "batch")),
+    ("multihead", "parallel", "int8", (2, 2, 1), ("wg_xy", "head"), ("ws2d", "batch")),
+    ("grouped-query", "serial", "bf16", (2, 2, 2), ("wg_xyz", "batch"), ("wg_x", "head")),
+    ("grouped-query", "parallel", "int8", (1, 2, 2), ("ws1d", "batch"), ("ws2d", "head")),
+    ("multiquery", "serial", "bf16", (2, 1, 1), ("ws1d", "head"), ("ws1d", "batch")),
+]
+
+
+def test_representative_subset_covers_every_layout():
+    """The default subset exercises every FFN and attention layout, in both phases."""
+    seen_ffn = {layout[0] for case in REPRESENTATIVE for layout in case[4:]}
+    seen_attn = {layout[1] for case in REPRESENTATIVE for layout in case[4:]}
+    assert seen_ffn == set(FFN_LAYOUTS) and seen_attn == set(ATTN_LAYOUTS)
+    assert {c[0] for c in REPRESENTATIVE} == set(KINDS) and {c[1] for c in REPRESENTATIVE} == {"parallel", "serial"}
+    assert "int8" in {c[2] for c in REPRESENTATIVE} and (2, 2, 2) in {c[3] for c in REPRESENTATIVE}
+
+
+@pytest.mark.parametrize("kind,block,weights,topology,prefill,decode", REPRESENTATIVE,
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) and isinstance(v[0], int)
+                         else "/".join(v) if isinstance(v, tuple) else str(v))
+def test_layout_matches_reference(kind, block, weights, topology, prefill, decode):
+    trial = trial_for(model_for(kind, block), topology, prefill, decode, weights)
+    assert_matches_reference(trial)
+
+
+def test_int8_logit_deviation_is_reported_and_small():
+    model = MODEL_PRESETS["tiny"]
+    params = init_params(model, seed=0)
+    tokens = prompt_tokens(model, BATCH, INPUT_LEN, seed=0)
+    deviation = max_logit_deviation(model, params, tokens)
+    # Quantisation changes the weights (so the logits) but by little: per-channel int8 keeps
+    # ~0.4% relative weight error; the logits' std is ~1.1.
+    assert 0.0 < deviation < 0.25, deviation
+
+
+# --------------------------------------------------------------------------- full matrix
+
+def _full_matrix():
+    for topology, kind, block, weights in itertools.product(TOPOLOGIES, KINDS, ("parallel", "serial"),
+                                                            ("bf16", "int8")):
+        for ffn, attn in itertools.product(FFN_LAYOUTS, ATTN_LAYOUTS):
+            trial = trial_for(model_for(kind, block), topology, (ffn, attn), (ffn, attn), weights)
+            if is_valid(trial):
+                yield pytest.param(trial, id=f"{'x'.join(map(str, topology))}-{kind}-{block}-{weights}-{ffn}-{attn}")
+
+
+def _phase_switches():
+    """Every prefill layout with every decode layout, on one mesh that allows ws1d mixing."""
+    model = model_for("grouped-query", "parallel")
+    layouts = list(itertools.product(FFN_LAYOUTS, ATTN_LAYOUTS))
+    for pre, dec in itertools.product(layouts, layouts):
+        if pre != dec:
+            trial = trial_for(model, (1, 2, 2), pre, dec, "bf16")
+            if is_valid(trial):
+                yield pytest.param(trial, id=f"{'/'.join(pre)}->{'/'.join(dec)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", list(_full_matrix()))
+def test_full_matrix_matches_reference(trial):
+    assert_matches_reference(trial)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", list(_phase_switches()))
+def test_phase_switch_matches_reference(trial):
+    assert_matches_reference(trial)
+
+
+def test_emulated_devices_available():
+    assert len(jax.devices()) >= 8

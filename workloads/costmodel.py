@@ -1,0 +1,721 @@
+"""The paper's analytical cost model (Pope et al. 2022, §2-§3 and Appendix A). Pure Python.
+
+Every number here is *analytical*: a prediction from peak hardware numbers, never a
+measurement. Communication comes from `workloads.layouts` (the collectives of each layout
+as data, shared with the engine), so the model and the engine cannot drift apart.
+
+Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
+  compute_s = model FLOPs / (n * peak_flops)                                  (§2, DESIGN.md)
+  memory_s  = (weights read + KV cache read) per chip / hbm_bandwidth          (§2.1)
+  comm_s    = sum over collectives of bytes * factor / ici_bandwidth           (§3.1)
+              factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
+              like the paper we drop the ring's (K-1)/K; plus hw.collective_latency_s per op
+  latency_s = (1 - overlap) * (compute + memory + comm) + overlap * max(...)
+              + hw.op_overhead_s * n_layers
+  (overlap, collective_latency_s and op_overhead_s default to 0: the paper's additive model;
+  sweeper/calibrate.py fits them to measurements without changing this structure.)
+
+Conventions that are choices, stated once:
+- KV cache is bf16. Activations are bf16.
+- int8 weights: 1 byte per element plus one bf16 scale per output channel (per-output-channel
+  symmetric quantisation, as in quant.py); embeddings stay bf16 (a lookup table and the
+  unembedding are small next to the blocks, and the paper quantises the matmul weights).
+- Model FLOPs count every matmul parameter including the unembedding for every token
+  (DESIGN.md), and attention as 4 * n_layers * n_heads * d_head * keys_attended with
+  keys_attended = the full context (no causal halving: PaLM's MFU convention, and what a
+  dense masked attention computes).
+- Weight-gathered layouts read the *gathered* weights (size / M per chip) from HBM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from workloads.config import ConfigError, HardwareProfile, ModelConfig
+from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS,
+                               Collective, PhaseLayout, forward_collectives, kv_heads_per_chip,
+                               kv_heads_sharded, split_axes, stores_1d, validate_layouts,
+                               validate_phase)
+
+BF16 = 2                      # bytes per bf16 element (activations, KV cache, scales)
+SOURCE = "analytical"
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _positive_int(field_name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(field_name, value, "a positive integer")
+    return value
+
+
+def _positive_number(field_name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(field_name, value, "a positive number")
+    return value
+
+
+def _choice(field_name: str, value: Any, choices) -> Any:
+    if value not in choices:
+        raise ConfigError(field_name, value, f"one of {list(choices)}")
+    return value
+
+
+def _check_topology(topology, chips: int) -> tuple[int, int, int]:
+    dims = tuple(int(t) for t in topology)
+    if len(dims) != 3 or min(dims) <= 0 or math.prod(dims) != chips:
+        x = "x".join(str(t) for t in topology)
+        raise ConfigError("topology", x, f"three positive integers XxYxZ with X*Y*Z equal to chips={chips}")
+    return dims  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def param_breakdown(model: ModelConfig) -> dict[str, int]:
+    """Matmul parameters by group (paper §2 notation: E, F, H heads, K KV heads, D head dim)."""
+    e, f, h, k, d, layers = (model.d_model, model.d_ff, model.n_heads, model.n_kv_heads,
+                             model.d_head, model.n_layers)
+    per_layer = {"W_q": e * h * d, "W_kv": 2 * e * k * d, "W_o": h * d * e,
+                 "mlp": model.mlp_matrices * e * f}
+    blocks = layers * sum(per_layer.values())
+    embedding = model.vocab * e
+    return {**{f"{name}_per_layer": v for name, v in per_layer.items()},
+            "per_layer": sum(per_layer.values()), "blocks": blocks,
+            "embedding": embedding, "unembedding": 0 if model.tie_embeddings else embedding}
+
+
+def block_params(model: ModelConfig) -> int:
+    """Parameters of the Transformer blocks only (no embeddings; norms are not matmuls)."""
+    return param_breakdown(model)["blocks"]
+
+
+def param_count(model: ModelConfig) -> int:
+    """All matmul parameters including embeddings; tied input/output embeddings count once."""
+    parts = param_breakdown(model)
+    return parts["blocks"] + parts["embedding"] + parts["unembedding"]
+
+
+def matmul_params(model: ModelConfig) -> int:
+    """Parameters that take part in a matmul for every token: blocks + the unembedding.
+
+    The unembedding is a V x E matmul whether or not it shares storage with the input
+    embedding, whose lookup is not a matmul (DESIGN.md FLOPs definition)."""
+    return block_params(model) + model.vocab * model.d_model
+
+
+def model_flops_per_token(model: ModelConfig, keys_attended: float) -> float:
+    """DESIGN.md: 2 * matmul params (incl. unembedding) + 4 * n_layers * n_heads * d_head * keys."""
+    return 2.0 * matmul_params(model) + 4.0 * model.n_layers * model.n_heads * model.d_head * keys_attended
+
+
+def phase_model_flops(model: ModelConfig, batch: int, phase: str, input_len: int,
+                      context: int | None = None) -> float:
+    """Model FLOPs of one forward pass: prefill over batch*input_len tokens, or one decode step.
+
+    keys_attended = context (default input_len): every query can see the whole context."""
+    context = input_len if context is None else context
+    tokens = batch * (input_len if phase == "prefill" else 1)
+    return tokens * model_flops_per_token(model, context)
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _weight_matrices(model: ModelConfig) -> list[tuple[str, int, int, str, str]]:
+    """(name, in_dim, out_dim, in_split, out_split) of each matrix of ONE layer, stored layout.
+
+    Stored layout (layouts.py): E_x F_yz / F_yz E_x; W_q E_x (HD)_yz; W_o (HD)_yz E_x;
+    W_k, W_v E_x (KD)_yz when K splits over all chips, else E_x (KD) (replicated over yz)."""
+    e, f, h, k, d = model.d_model, model.d_ff, model.n_heads, model.n_kv_heads, model.d_head
+    ups = ["W_gate", "W_up"] if model.mlp == "swiglu" else ["W_in"]
+    mats = [(name, e, f, "x", "yz") for name in ups]
+    mats.append(("W_out", f, e, "yz", "x"))
+    mats.append(("W_q", e, h * d, "x", "yz"))
+    mats.append(("W_o", h * d, e, "yz", "x"))
+    mats += [("W_k", e, k * d, "x", "kv"), ("W_v", e, k * d, "x", "kv")]
+    return mats
+
+
+def weight_bytes_per_chip(model: ModelConfig, chips: int, weights: str = "bf16",
+                          topology: tuple[int, int, int] | None = None, one_d: bool = False,
+                          embeddings: bool = True) -> float:
+    """Stored weight bytes per chip.
+
+    topology=None: the even split the references count with (every matrix / chips; the GQA
+    chapter's "weights split as finely as you like"). With a topology: the stored layout,
+    where W_k/W_v are replicated over y*z when the KV heads do not split over all chips.
+    `one_d`: both phases ws1d, weights stored E F_xyz (the 2D layout with X = 1).
+    int8: 1 byte per element + bf16 per-output-channel scales; embeddings stay bf16."""
+    _positive_int("chips", chips)
+    _choice("weights", weights, WEIGHT_FORMATS)
+    if topology is not None:
+        x, y, z = _check_topology(topology, chips)
+        if one_d:
+            x, y, z = 1, chips, 1
+        yz = y * z
+        split = {"x": x, "yz": yz, "kv": yz if kv_heads_sharded(model, chips) else 1}
+    else:
+        split = {"x": 1, "yz": chips, "kv": chips}   # even split: one axis carries it all
+    total = 0.0
+    for _name, n_in, n_out, s_in, s_out in _weight_matrices(model):
+        elements = n_in * n_out / (split[s_in] * split[s_out])
+        if weights == "int8":
+            total += elements * 1 + (n_out / split[s_out]) * BF16   # scales follow the outputs
+        else:
+            total += elements * BF16
+    total *= model.n_layers
+    if embeddings:
+        tables = 1 if model.tie_embeddings else 2
+        total += tables * model.vocab * model.d_model * BF16 / chips   # stored V_xyz E
+    return total
+
+
+def _gathered_weight_read_bytes(model: ModelConfig, chips: int, weights: str, m_rest: int) -> float:
+    """HBM bytes one chip reads per forward pass in a weight-gathered layout: every matrix
+    after the all-gather is size / M (M = chips the weights stay split over)."""
+    wbytes = 1 if weights == "int8" else BF16
+    per_layer = sum(n_in * n_out for _, n_in, n_out, _, _ in _weight_matrices(model))
+    blocks = model.n_layers * per_layer * wbytes / m_rest
+    return blocks + model.vocab * model.d_model * BF16 / chips   # unembedding stays V_xyz
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+def kv_bytes_per_token(model: ModelConfig, dtype_bytes: int = BF16) -> int:
+    """Whole-model KV cache per token: 2 (K and V) * n_layers * K heads * d_head * bytes."""
+    return 2 * model.n_layers * model.n_kv_heads * model.d_head * dtype_bytes
+
+
+def kv_placement(model: ModelConfig, chips: int, batch: int, attn: str = "head",
+                 topology: tuple[int, int, int] | None = None, ffn: str = "ws2d") -> dict:
+    """How the KV cache is spread: (sequence, KV head) pairs per chip and the replication.
+
+    head:  heads split over the R axes of the FFN layout (all chips for ws1d/ws2d), batch
+           over the gathered axes G; a chip holds max(K / M, 1) KV heads, so when K < M the
+           heads are replicated M / K times (paper Fig. 4b; GQA chapter's ceiling at TP > K).
+    batch: (sequence, KV head) pairs split over all chips, no replication (paper Fig. 4c)."""
+    _positive_int("chips", chips)
+    _positive_int("batch", batch)
+    _choice("attn", attn, ATTN_LAYOUTS)
+    _choice("ffn", ffn, FFN_LAYOUTS)
+    if attn == "batch":
+        pairs = math.ceil(batch * model.n_kv_heads / chips)
+        return {"kv_heads_per_chip": min(model.n_kv_heads, pairs), "sequences_per_chip": batch / chips,
+                "pairs_per_chip": pairs, "replication": 1.0}
+    if topology is None:
+        topology = (1, chips, 1) if ffn in ("ws1d", "ws2d") else best_topology(model, chips)
+    topology = _check_topology(topology, chips)
+    _, _, n_gather, m_rest = split_axes(ffn, topology)
+    heads = kv_heads_per_chip(model, m_rest)
+    seqs = math.ceil(batch / n_gather)
+    replication = heads * m_rest / model.n_kv_heads
+    return {"kv_heads_per_chip": heads, "sequences_per_chip": seqs, "pairs_per_chip": heads * seqs,
+            "replication": replication}
+
+
+def kv_bytes_per_chip(model: ModelConfig, chips: int, batch: int, context: int, attn: str = "head",
+                      topology: tuple[int, int, int] | None = None, ffn: str = "ws2d") -> float:
+    """KV-cache bytes per chip (bf16) for `batch` sequences of `context` tokens."""
+    place = kv_placement(model, chips, batch, attn, topology, ffn)
+    per_pair_token = 2 * model.n_layers * model.d_head * BF16
+    return float(place["pairs_per_chip"] * per_pair_token * context)
+
+
+def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, attn: str = "head",
+                kv_fraction: float = 0.3, topology: tuple[int, int, int] | None = None,
+                ffn: str = "ws2d") -> dict:
+    """Longest context whose KV cache fits in kv_fraction of each chip's HBM (paper §4.2, Table 1).
+
+    Table 1 reserves 30% of 32 GiB per chip for the KV cache on 64 TPU v4 chips."""
+    if isinstance(kv_fraction, bool) or not isinstance(kv_fraction, (int, float)) \
+            or not 0 < kv_fraction <= 1:
+        raise ConfigError("kv_fraction", kv_fraction, "a number in (0, 1]")
+    _positive_int("chips", chips)
+    _positive_int("batch", batch)
+    if attn == "batch" and batch % chips:
+        raise ConfigError("batch", batch, f"a multiple of chips={chips} (batch-sharded attention "
+                          "splits the KV cache over all chips)")
+    place = kv_placement(model, chips, batch, attn, topology, ffn)
+    per_token = kv_bytes_per_chip(model, chips, batch, 1, attn, topology, ffn)
+    budget = kv_fraction * hw.hbm_bytes
+    return {
+        "source": SOURCE,
+        "max_context": int(budget // per_token),
+        "kv_bytes_per_token_per_chip": per_token,
+        "kv_budget_bytes_per_chip": budget,
+        "kv_fraction": kv_fraction,
+        "kv_heads_per_chip": place["kv_heads_per_chip"],
+        "sequences_per_chip": place["sequences_per_chip"],
+        "kv_replication": place["replication"],
+        "weight_bytes_per_chip": weight_bytes_per_chip(model, chips),
+        "attention_kind": model.attention_kind,
+    }
+
+
+# --------------------------------------------------------------------------- communication
+
+
+def collective_factor(kind: str) -> float:
+    """Paper §3.1: an all-reduce costs two all-gathers; the others move their size once."""
+    return 2.0 if kind == "all-reduce" else 1.0
+
+
+def comm_time_s(collectives: list[Collective], hw: HardwareProfile) -> float:
+    """Bytes * factor / interconnect bandwidth, plus a fixed latency per collective op."""
+    seconds = 0.0
+    for c in collectives:
+        seconds += c.bytes_per_chip * collective_factor(c.kind) / hw.ici_bandwidth
+        # per-kind fitted latency where calibrate.py set one (HardwareProfile field)
+        seconds += c.count * hw.collective_latency_s_by_kind.get(c.kind, hw.collective_latency_s)
+    return seconds
+
+
+def comm_bytes(collectives: list[Collective], what: tuple[str, ...] | None = None) -> int:
+    """Bytes per chip of the collectives (optionally only those whose `what` starts with one of `what`)."""
+    return sum(c.bytes_per_chip for c in collectives if what is None or c.what.startswith(what))
+
+
+# --------------------------------------------------------------------------- torus split (A.2.1)
+
+
+@functools.lru_cache(maxsize=None)
+def factorizations(chips: int) -> tuple[tuple[int, int, int], ...]:
+    """Every ordered (X, Y, Z) with X*Y*Z = chips (axes play different roles)."""
+    out = []
+    for x in range(1, chips + 1):
+        if chips % x:
+            continue
+        for y in range(1, chips // x + 1):
+            if (chips // x) % y == 0:
+                out.append((x, y, chips // x // y))
+    return tuple(out)
+
+
+def _ws2d_ops(model: ModelConfig) -> tuple[int, int]:
+    """Collectives of one ws2d layer on the E side (over y,z) and the F side (over x).
+
+    E side: AG + RS of BLE/X per block (twice for a serial block). F side: one RS of BLF/YZ per
+    up-projection (2 for SwiGLU) and one AG of BLF/YZ before W_out (layouts.py). For the
+    paper's parallel GELU block this is (2, 2), i.e. 2BL(E/X + F/YZ) of Appendix A.2.1."""
+    blocks = 2 if model.block == "serial" else 1
+    return 2 * blocks, model.mlp_matrices
+
+
+def ws2d_comm_per_token(model: ModelConfig, x: int, yz: int) -> float:
+    """Appendix A.2.1 FFN activation elements per chip per token: e_ops*E/X + f_ops*F/YZ."""
+    e_ops, f_ops = _ws2d_ops(model)
+    return e_ops * model.d_model / x + f_ops * model.d_ff / yz
+
+
+def ws2d_optimal_x(model: ModelConfig, chips: int) -> float:
+    """Continuous optimum of A.2.1: X = sqrt(e_ops E n / (f_ops F)) (= sqrt(E n / F) for GELU)."""
+    e_ops, f_ops = _ws2d_ops(model)
+    return math.sqrt(e_ops * model.d_model * chips / (f_ops * model.d_ff))
+
+
+def ws2d_crossover_chips(model: ModelConfig) -> float:
+    """Chip count above which ws2d (at its optimal X) moves less than ws1d.
+
+    From the formulas: ws1d moves e_ops*E per token, ws2d 2*sqrt(e_ops f_ops E F / n), so
+    ws2d wins when n > 4 f_ops F / (e_ops E) = 4 F/E for the paper's GELU block. The summary
+    states the rule as sqrt(n) > F/E; both give n > 16 at F = 4E but they differ for other
+    ratios (F = 2E: 8 chips by the formulas, 4 by the stated rule); we trust the formulas."""
+    e_ops, f_ops = _ws2d_ops(model)
+    return 4.0 * f_ops * model.d_ff / (e_ops * model.d_model)
+
+
+def _stores_cleanly(model: ModelConfig, topology: tuple[int, int, int]) -> bool:
+    x, y, z = topology
+    return (model.d_model % x == 0 and model.d_ff % (y * z) == 0 and model.n_heads % (y * z) == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def best_topology(model: ModelConfig, chips: int) -> tuple[int, int, int]:
+    """Best X x Y x Z for ws2d: minimise 2BL(E/X + F/YZ) over integer factorisations (App. A.2.1).
+
+    Only splits under which the weights can be stored (E % X, F % YZ, n_heads % YZ) are
+    considered when any exists. Ties, in order: the ring's exact cost with its (k-1)/k
+    factors, then the smaller X, then the most balanced Y >= Z (a torus-like Y x Z)."""
+    _positive_int("chips", chips)
+    candidates = [t for t in factorizations(chips) if t[1] >= t[2]]
+    clean = [t for t in candidates if _stores_cleanly(model, t)]
+    candidates = clean or candidates
+    e_ops, f_ops = _ws2d_ops(model)
+
+    def key(t):
+        x, y, z = t
+        yz = y * z
+        exact = e_ops * model.d_model / x * (yz - 1) / yz + f_ops * model.d_ff / yz * (x - 1) / x
+        return (round(ws2d_comm_per_token(model, x, yz), 9), round(exact, 9), x, y - z)
+
+    return min(candidates, key=key)
+
+
+# --------------------------------------------------------------------------- gather degree (A.2.2)
+
+
+def best_gather_degree(model: ModelConfig, chips: int, batch: int, seq_len: int,
+                       topology: tuple[int, int, int] | None = None, weights: str = "bf16") -> dict:
+    """Appendix A.2.2: the all-gather degree N that minimises weight + activation communication.
+
+    `continuous`: the paper's N = sqrt(BL n / F) (2 matrices of E x F, activations 2BLE/N).
+    `layout` / `degree`: the best discrete choice among ws2d (N = 1), wg_x, wg_xy, wg_xyz on
+    the topology (best_topology if None), by the per-layer communication bytes of
+    layouts.py (all matrices, gathered int8 weights stay int8); `best_weight_gathered`: the
+    best of the three wg layouts alone.
+
+    The cost is a*N + b/N, so neighbouring degrees N1 < N2 cost the same where the continuous
+    optimum is sqrt(N1 * N2). For PaLM 540B at 512 x 2048 tokens on 4x4x4, N* = 30.2 sits just
+    below sqrt(16 * 64) = 32: the formulas pick xy (16) by a small margin where the summary
+    argues "29 is closer to 64" for xyz (the paper's Table 2 choice); xyz wins from ~1.5M
+    tokens. We trust the formulas (notes/costmodel.md)."""
+    _positive_int("chips", chips)
+    _positive_int("batch", batch)
+    _positive_int("seq_len", seq_len)
+    topology = best_topology(model, chips) if topology is None else _check_topology(topology, chips)
+    tokens = batch * seq_len
+    per_layout = {}
+    for ffn in ("ws2d", "wg_x", "wg_xy", "wg_xyz"):
+        _, _, n_gather, _ = split_axes(ffn, topology)
+        colls = forward_collectives(model, topology, PhaseLayout(ffn, "head"), batch, seq_len, weights)
+        per_layout[ffn] = {"degree": n_gather, "comm_bytes_per_chip": comm_bytes(colls),
+                           "batch_divisible": batch % n_gather == 0}
+    eligible = {k: v for k, v in per_layout.items() if v["batch_divisible"]}
+    def cheapest(names):
+        return min(names, key=lambda k: (eligible[k]["comm_bytes_per_chip"], eligible[k]["degree"]))
+
+    best = cheapest(eligible)
+    gathered = [k for k in eligible if k.startswith("wg")]
+    return {"continuous": math.sqrt(tokens * chips / model.d_ff), "tokens": tokens,
+            "topology": list(topology), "layout": best, "degree": per_layout[best]["degree"],
+            "best_weight_gathered": cheapest(gathered) if gathered else None,
+            "layouts": per_layout}
+
+
+# --------------------------------------------------------------------------- one phase
+
+
+@dataclass
+class PhasePrediction:
+    """Analytical prediction of one phase (a prefill pass or one decode step)."""
+
+    phase: str
+    ffn: str
+    attn: str
+    weights: str
+    chips: int
+    batch: int
+    tokens: int                    # tokens processed in this pass
+    context: float                 # keys attended / KV length (a trial's decode uses the mean)
+    topology: tuple[int, int, int]
+    latency_s: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    flops: float
+    mfu: float
+    cost_chip_s_per_token: float
+    weight_bytes_per_chip: float   # stored
+    kv_bytes_per_chip: float       # at `context`
+    working_set_bytes_per_chip: float
+    peak_bytes_per_chip: float     # weights + KV + working set
+    memory_read_bytes_per_chip: float
+    comm_bytes_per_chip: float
+    fits: bool
+    hbm_bytes: float
+    collectives: list[Collective] = field(default_factory=list)
+    source: str = SOURCE
+
+    @property
+    def bound(self) -> str:
+        """The largest of the three terms: what limits this phase."""
+        terms = {"compute": self.compute_s, "memory": self.memory_s, "communication": self.comm_s}
+        return max(terms, key=terms.get)
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "collectives"}
+        out["topology"] = list(self.topology)
+        out["bound"] = self.bound
+        out["collectives"] = [{"what": c.what, "kind": c.kind, "axes": "".join(c.axes),
+                               "count": c.count, "bytes_per_chip": c.bytes_per_chip}
+                              for c in self.collectives]
+        return out
+
+
+def working_set_bytes(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
+                      batch: int, seq_len: int, weights: str = "bf16") -> float:
+    """Rough per-chip working set of one layer beyond weights and KV cache (an estimate).
+
+    Residual stream in and out, the MLP's up-projections, Q/K/V/out, and in weight-gathered
+    layouts the largest gathered matrix (dequantised to bf16); int8 weight-stationary
+    layouts hold one dequantised matrix. Attention scores are assumed computed in chunks
+    (not materialised whole). Calibration compares this with the compiled program's peak."""
+    x, y, z = topology
+    n = x * y * z
+    _, _, n_gather, m_rest = split_axes(layout.ffn, topology)
+    e, f, h, d = model.d_model, model.d_ff, model.n_heads, model.d_head
+    if layout.ffn == "ws1d":
+        t_loc, e_loc, f_loc, h_loc = batch * seq_len, e, f / n, h / n
+    elif layout.ffn == "ws2d":
+        t_loc, e_loc, f_loc, h_loc = batch * seq_len, e / x, f / (y * z), h / n
+    else:
+        t_loc, e_loc, f_loc, h_loc = math.ceil(batch / n_gather) * seq_len, e, f / m_rest, h / m_rest
+    k_loc = kv_heads_per_chip(model, m_rest if layout.ffn.startswith("wg") else n)
+    elements = t_loc * (2 * e_loc + (model.mlp_matrices - 1) * f_loc + 2 * h_loc * d + 2 * k_loc * d)
+    largest = max(e * f, e * h * d)
+    if layout.ffn.startswith("wg"):
+        elements += largest / m_rest
+    elif weights == "int8":
+        elements += largest / n
+    return elements * BF16
+
+
+def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
+                  input_len: int = 1, context: int | None = None,
+                  layout: PhaseLayout = PhaseLayout(), weights: str = "bf16",
+                  topology: tuple[int, int, int] | None = None, one_d: bool | None = None,
+                  validate: bool = True) -> PhasePrediction:
+    """Analytical latency of one phase: prefill of batch x input_len tokens, or one decode step.
+
+    context: keys attended and the KV cache read (default input_len). A prefill on top of a
+    history (paper Table 2: 64 new tokens after 1920) passes input_len=64, context=1984."""
+    _positive_int("chips", chips)
+    _positive_int("batch", batch)
+    _positive_int("input_len", input_len)
+    _choice("phase", phase, PHASES)
+    _choice("weights", weights, WEIGHT_FORMATS)
+    _choice("ffn", layout.ffn, FFN_LAYOUTS)
+    _choice("attn", layout.attn, ATTN_LAYOUTS)
+    context = input_len if context is None else _positive_number("context", context)
+    topology = best_topology(model, chips) if topology is None else _check_topology(topology, chips)
+    one_d = (layout.ffn == "ws1d") if one_d is None else one_d
+    if validate:   # this phase's constraints first (so the message names it), then storage
+        validate_phase(model, topology, layout, batch, phase)
+        validate_layouts(model, topology, layout, layout, batch)
+    seq_len = input_len if phase == "prefill" else 1
+    tokens = batch * seq_len
+
+    flops = tokens * model_flops_per_token(model, context)
+    compute_s = flops / (chips * hw.peak_flops)
+
+    stored = weight_bytes_per_chip(model, chips, weights, topology, one_d)
+    _, _, _, m_rest = split_axes(layout.ffn, topology)
+    if layout.ffn.startswith("wg"):
+        weights_read = _gathered_weight_read_bytes(model, chips, weights, m_rest)
+    else:   # the blocks and the unembedding; the input embedding is a lookup of B*L rows
+        weights_read = (weight_bytes_per_chip(model, chips, weights, topology, one_d, embeddings=False)
+                        + model.vocab * model.d_model * BF16 / chips)
+    kv = kv_bytes_per_chip(model, chips, batch, context, layout.attn, topology, layout.ffn)
+    memory_read = weights_read + kv     # prefill: the KV it writes; decode: the cache it reads
+    memory_s = memory_read / hw.hbm_bandwidth
+
+    collectives = forward_collectives(model, topology, layout, batch, seq_len, weights)
+    comm_s = comm_time_s(collectives, hw)
+
+    terms = (compute_s, memory_s, comm_s)
+    latency_s = ((1 - hw.overlap) * sum(terms) + hw.overlap * max(terms)
+                 + hw.op_overhead_s * model.n_layers)
+    working = working_set_bytes(model, topology, layout, batch, seq_len, weights)
+    peak = stored + kv + working
+    return PhasePrediction(
+        phase=phase, ffn=layout.ffn, attn=layout.attn, weights=weights, chips=chips, batch=batch,
+        tokens=tokens, context=context, topology=tuple(topology), latency_s=latency_s,
+        compute_s=compute_s, memory_s=memory_s, comm_s=comm_s, flops=flops,
+        mfu=flops / (chips * hw.peak_flops * latency_s),
+        cost_chip_s_per_token=chips * latency_s / tokens,
+        weight_bytes_per_chip=stored, kv_bytes_per_chip=kv, working_set_bytes_per_chip=working,
+        peak_bytes_per_chip=peak, memory_read_bytes_per_chip=memory_read,
+        comm_bytes_per_chip=float(comm_bytes(collectives)), fits=peak <= hw.hbm_bytes,
+        hbm_bytes=hw.hbm_bytes, collectives=collectives)
+
+
+# --------------------------------------------------------------------------- a whole trial
+
+
+def _collective_stats(collectives: list[Collective]):
+    from workloads.metrics import CollectiveStat   # plain dataclasses, no JAX
+
+    by_kind: dict[str, Any] = {}
+    for c in collectives:
+        dtype = "s8" if c.dtype_bytes == 1 else "bf16"
+        key = (c.kind, dtype)
+        stat = by_kind.setdefault(key, CollectiveStat(c.kind, 0, 0, 0, dtype))
+        stat.count += c.count
+        stat.bytes_per_chip += c.bytes_per_chip
+        stat.elements_per_chip += c.elements * c.count
+    return list(by_kind.values())
+
+
+def decode_context(trial) -> float:
+    """The mean KV length over the decode steps: input_len + decode_steps / 2."""
+    return trial.input_len + trial.decode_steps / 2
+
+
+def predict(trial, hw: HardwareProfile):
+    """A TrialConfig's analytical Measurement (source="analytical"): both phases, total, memory."""
+    from workloads.metrics import Measurement
+
+    topology = trial.mesh_shape
+    one_d = stores_1d(trial.prefill, trial.decode)
+    validate_layouts(trial.model, topology, trial.prefill, trial.decode, trial.batch)
+    pre = predict_phase(trial.model, hw, trial.chips, trial.batch, "prefill", trial.input_len,
+                        trial.input_len, trial.prefill, trial.weights, topology, one_d, validate=False)
+    ctx = decode_context(trial)
+    dec = predict_phase(trial.model, hw, trial.chips, trial.batch, "decode", trial.input_len,
+                        ctx, trial.decode, trial.weights, topology, one_d, validate=False)
+    kv_full = max(kv_bytes_per_chip(trial.model, trial.chips, trial.batch, trial.context_len,
+                                    layout.attn, topology, layout.ffn)
+                  for layout in (trial.prefill, trial.decode))
+    peak = pre.weight_bytes_per_chip + kv_full + max(pre.working_set_bytes_per_chip,
+                                                     dec.working_set_bytes_per_chip)
+    m = Measurement(source=SOURCE, hardware=hw.name)
+    m.prefill_s = pre.latency_s
+    m.decode_step_s = dec.latency_s
+    m.total_s = pre.latency_s + trial.decode_steps * dec.latency_s
+    m.prefill_mfu, m.decode_mfu = pre.mfu, dec.mfu
+    m.prefill_cost_chip_s_per_token = pre.cost_chip_s_per_token
+    m.decode_cost_chip_s_per_token = dec.cost_chip_s_per_token
+    m.prefill_tokens_per_s = pre.tokens / pre.latency_s
+    m.decode_tokens_per_s = dec.tokens / dec.latency_s
+    m.weight_bytes_per_chip = pre.weight_bytes_per_chip
+    m.kv_bytes_per_chip = kv_full
+    m.peak_bytes_per_chip = peak
+    m.prefill_comm_bytes_per_chip = pre.comm_bytes_per_chip
+    m.decode_comm_bytes_per_chip = dec.comm_bytes_per_chip
+    m.prefill_compute_s, m.prefill_memory_s, m.prefill_comm_s = pre.compute_s, pre.memory_s, pre.comm_s
+    m.decode_compute_s, m.decode_memory_s, m.decode_comm_s = dec.compute_s, dec.memory_s, dec.comm_s
+    m.fits = peak <= hw.hbm_bytes
+    m.collectives = {"prefill": _collective_stats(pre.collectives),
+                     "decode": _collective_stats(dec.collectives)}
+    m.extra = {"topology": list(topology), "decode_context": ctx,
+               "prefill_bound": pre.bound, "decode_bound": dec.bound,
+               "prefill_flops": pre.flops, "decode_flops": dec.flops}
+    return m
+
+
+def feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float | None = None) -> str | None:
+    """None when the trial can run; else a one-line reason (layout constraint or memory)."""
+    try:
+        topology = trial.mesh_shape
+        validate_layouts(trial.model, topology, trial.prefill, trial.decode, trial.batch)
+    except ConfigError as err:
+        return str(err)
+    budget = hw.hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
+    m = predict(trial, hw)
+    if m.peak_bytes_per_chip > budget:
+        working = m.peak_bytes_per_chip - m.weight_bytes_per_chip - m.kv_bytes_per_chip
+        return (f"memory: weights {_bytes_text(m.weight_bytes_per_chip)} + KV cache "
+                f"{_bytes_text(m.kv_bytes_per_chip)} + working set {_bytes_text(working)} = "
+                f"{_bytes_text(m.peak_bytes_per_chip)} per chip exceeds the budget of {_bytes_text(budget)}")
+    return None
+
+
+def _bytes_text(value: float) -> str:
+    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if value >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+# --------------------------------------------------------------------------- recommendation
+
+
+def _topology_candidates(model: ModelConfig, chips: int) -> list[tuple[int, int, int]]:
+    """best_topology first (so ties keep the paper's split), then the rest in a fixed order."""
+    first = best_topology(model, chips)
+    return [first] + [t for t in factorizations(chips) if t != first]
+
+
+def _significant(value: float, digits: int = 9) -> float:
+    """Round to significant digits, so float noise in a sum never decides a ranking."""
+    return float(f"{value:.{digits}g}")
+
+
+def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
+              input_len: int = 1, context: int | None = None, weights: str = "bf16",
+              topology: tuple[int, int, int] | None = None, ffn: str | None = None,
+              attn: str | None = None, search_topology: bool = False) -> dict:
+    """The fastest valid (ffn, attn, topology) for one phase, with the ranked alternatives.
+
+    Every candidate that passes layouts.validate_layouts (as both phases' layout, so the
+    stored weights serve it) is predicted; those that fit in HBM rank before those that do
+    not, then by latency. No hand-written rule decides: the crossovers the paper states
+    (ws2d over ws1d above 4F/E chips, weight-gathered once B*L is large, batch-sharded
+    attention when the KV cache dominates) come out of the formulas.
+
+    Topology: the paper fixes X, Y, Z by the 2D weight-stationary optimum and chooses the
+    weight-gathered variant among the axis subsets x, xy, xyz of that torus (§3.2.3, A.2.2),
+    so the default candidate is best_topology(model, chips) (what TrialConfig uses);
+    `topology` fixes another, `search_topology=True` tries every factorisation.
+    `ffn`, `attn` restrict the search. Alternatives: the best candidate per (ffn, attn)."""
+    _positive_int("chips", chips)
+    _positive_int("batch", batch)
+    _choice("phase", phase, PHASES)
+    _choice("weights", weights, WEIGHT_FORMATS)
+    ffns = FFN_LAYOUTS if ffn is None else (_choice("ffn", ffn, FFN_LAYOUTS),)
+    attns = ATTN_LAYOUTS if attn is None else (_choice("attn", attn, ATTN_LAYOUTS),)
+    if topology is not None:
+        topologies = [_check_topology(topology, chips)]
+    elif search_topology:
+        topologies = _topology_candidates(model, chips)
+    else:
+        topologies = [best_topology(model, chips)]
+    results: list[PhasePrediction] = []
+    rejected: list[ConfigError] = []
+    for f in ffns:
+        for a in attns:
+            for t in topologies:
+                layout = PhaseLayout(f, a)
+                try:
+                    results.append(predict_phase(model, hw, chips, batch, phase, input_len, context,
+                                                 layout, weights, t))
+                except ConfigError as err:
+                    rejected.append(err)
+    if not results:   # nothing can run: the first constraint that failed says why
+        raise rejected[0]
+    order = {t: i for i, t in enumerate(topologies)}
+    results.sort(key=lambda p: (not p.fits, _significant(p.latency_s), order[p.topology]))
+    best = results[0]
+    per_pair: dict[tuple[str, str], PhasePrediction] = {}
+    for p in results:
+        per_pair.setdefault((p.ffn, p.attn), p)
+    seq_len = input_len if phase == "prefill" else 1
+    gather = best_gather_degree(model, chips, batch, seq_len, best.topology, weights)
+    out = best.to_dict()
+    out.update({
+        "source": SOURCE,
+        "alternatives": [{"ffn": p.ffn, "attn": p.attn, "topology": list(p.topology),
+                          "latency_s": p.latency_s, "compute_s": p.compute_s,
+                          "memory_s": p.memory_s, "comm_s": p.comm_s, "mfu": p.mfu,
+                          "peak_bytes_per_chip": p.peak_bytes_per_chip, "fits": p.fits,
+                          "bound": p.bound}
+                         for p in per_pair.values()],
+        "candidates": len(results),
+        "rejected": len(rejected),
+        "gather_degree_continuous": gather["continuous"],
+        "ws2d_crossover_chips": ws2d_crossover_chips(model),
+    })
+    return out
+
+
+# --------------------------------------------------------------------------- scaling-book roofline
+
+
+def decode_step_lower_bound(param_bytes: float, kv_bytes_per_token: float, context: int, batch: int,
+                            chips: int, hw: HardwareProfile, param_count: float) -> float:
+    """Scaling book part 7, "Theoretical Step Time (General)": the attention is always
+    bandwidth-bound, the MLP takes the max of its FLOPs and its parameter load:
+
+      step >= B * KV_bytes(context) / (n * W_hbm) + max(2 * B * P / (n * C), P_bytes / (n * W_hbm))
+    """
+    total_bw = chips * hw.hbm_bandwidth
+    attention = batch * kv_bytes_per_token * context / total_bw
+    mlp = max(2.0 * batch * param_count / (chips * hw.peak_flops), param_bytes / total_bw)
+    return attention + mlp

@@ -1,0 +1,281 @@
+"""The sharded inference engine: a mesh, weights in their stored layout, and jitted
+`shard_map` programs for prefill, decode and the KV-cache handoff between them.
+
+    engine = Engine(trial)                       # validates the trial before compiling
+    logits, cache = engine.prefill(engine.params, engine.input_tokens())
+    cache = engine.handoff(cache)                # identity unless decode shards attention differently
+    logits, cache = engine.decode(engine.params, cache, token, pos)
+
+Each phase runs its own `PhaseLayout` (workloads/partitioning.py has one function per
+layout); the weights keep one stored layout, so switching phases moves no weights
+(paper §3.2.3). The mesh axes are always x, y, z.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from workloads import partitioning as part
+from workloads.config import ConfigError, ModelConfig
+from workloads.layouts import AXES, WEIGHT_FORMATS, PhaseLayout, stores_1d, validate_layouts
+from workloads.model import check_model, init_params, prompt_tokens
+from workloads.partitioning import Plan
+from workloads.quant import dequantize_params, quantize_params
+from workloads.trial import TrialConfig
+
+
+def make_mesh(topology: tuple[int, int, int], devices=None) -> Mesh:
+    """Mesh(devices.reshape(X, Y, Z), ('x', 'y', 'z')) over the first X·Y·Z devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    n = math.prod(topology)
+    if n > len(devices):
+        x, y, z = topology
+        raise ConfigError("topology", f"{x}x{y}x{z}", f"at most {len(devices)} chips on this host "
+                          f"(emulate more with XLA_FLAGS=--xla_force_host_platform_device_count={n} "
+                          "set before JAX is imported)")
+    return Mesh(np.array(devices[:n]).reshape(topology), AXES)
+
+
+# --------------------------------------------------------------------------- one layer
+
+
+_FFN = {  # FFN layout -> (gather_input, qkv, ffn, attn_out, scatter_output)
+    "ws1d": (part.ws1d_gather_input, part.ws1d_qkv, part.ws1d_ffn, part.ws1d_attn_out,
+             part.ws1d_scatter_output),
+    "ws2d": (part.ws2d_gather_input, part.ws2d_qkv, part.ws2d_ffn, part.ws2d_attn_out,
+             part.ws2d_scatter_output),
+}
+for _wg in ("wg_x", "wg_xy", "wg_xyz"):
+    _FFN[_wg] = (part.wg_gather_input, part.wg_qkv, part.weight_gathered_ffn, part.wg_attn_out,
+                 part.wg_scatter_output)
+_ATTN = {"head": part.head_sharded_attention, "batch": part.batch_sharded_attention}
+
+
+def _layer(plan: Plan, x, w, cache, i: int, pos, prefill: bool):
+    """One Transformer layer on the residual stream x (B_G L E_R). Parallel block (§3.4):
+    one input all-gather and one output reduce-scatter shared by attention and MLP."""
+    gather_input, qkv, ffn, attn_out, scatter_output = _FFN[plan.layout.ffn]
+    attention = _ATTN[plan.layout.attn]
+
+    def attn_branch(h, cache):
+        q, kv = qkv(plan, h, w)
+        o, cache = attention(plan, q, kv, cache, i, pos, prefill)
+        return attn_out(plan, o, w), cache
+
+    if plan.model.block == "parallel":
+        h = gather_input(plan, x, w["norm"])
+        a, cache = attn_branch(h, cache)
+        return x + scatter_output(plan, a + ffn(plan, h, w)), cache
+    a, cache = attn_branch(gather_input(plan, x, w["attn_norm"]), cache)
+    x = x + scatter_output(plan, a)
+    return x + scatter_output(plan, ffn(plan, gather_input(plan, x, w["mlp_norm"]), w)), cache
+
+
+def _forward(plan: Plan, params, tokens, cache, pos, prefill: bool):
+    """Embedding, layers (unrolled: the compiled program lists every layer's collectives),
+    unembedding of the last position. Runs per chip inside shard_map."""
+    x = part.embed(plan, tokens, params["embed"])
+    for i, w in enumerate(params["layers"]):
+        x, cache = _layer(plan, x, w, cache, i, pos, prefill)
+    tied = "unembed" not in params
+    table = params["embed"] if tied else params["unembed"]
+    return part.unembed(plan, x[:, -1], params["final_norm"], table, tied), cache
+
+
+# --------------------------------------------------------------------------- programs
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shapes:
+    batch: int
+    input_len: int
+    context_len: int
+
+
+@functools.lru_cache(maxsize=64)
+def _programs(mesh: Mesh, prefill_plan: Plan, decode_plan: Plan, shapes: _Shapes, specs_key):
+    """Jitted prefill / decode / handoff, shared by every Engine with the same key (the jit
+    objects keep their compiled executables, so a second Engine does not recompile)."""
+    specs = specs_key.specs
+    logits_spec = P(None, AXES)                  # logits B V_xyz
+    b, ctx = shapes.batch, shapes.context_len
+    slot_p = prefill_plan.kv_slots()
+
+    def prefill_body(params, tokens):
+        local = prefill_plan.cache_shape(b, ctx)
+        cache = jnp.zeros(_local_shape(mesh, local, prefill_plan.cache_spec()), jnp.bfloat16)
+        return _forward(prefill_plan, params, tokens, cache, 0, prefill=True)
+
+    def decode_body(params, cache, token, pos):
+        return _forward(decode_plan, params, token[:, None], cache, pos, prefill=False)
+
+    prefill = jax.jit(jax.shard_map(prefill_body, mesh=mesh, in_specs=(specs, P()),
+                                    out_specs=(logits_spec, prefill_plan.cache_spec())))
+    decode = jax.jit(jax.shard_map(decode_body, mesh=mesh, in_specs=(specs, decode_plan.cache_spec(), P(), P()),
+                                   out_specs=(logits_spec, decode_plan.cache_spec())),
+                     donate_argnums=1)
+
+    # Handoff: slot s of the decode cache reads the prefill slot holding the same KV head,
+    # then the array is resharded into decode's attention sharding (one explicit step).
+    first = {int(kv): s for s, kv in reversed(list(enumerate(slot_p)))}
+    take = np.array([first[int(kv)] for kv in decode_plan.kv_slots()])
+    same_slots = len(take) == len(slot_p) and bool((take == np.arange(len(slot_p))).all())
+    identity = same_slots and prefill_plan.cache_spec() == decode_plan.cache_spec()
+    decode_cache = NamedSharding(mesh, decode_plan.cache_spec())
+    handoff = jax.jit(lambda c: c if same_slots else jnp.take(c, take, axis=4),
+                      out_shardings=decode_cache)
+    return prefill, decode, handoff, identity
+
+
+def _local_shape(mesh: Mesh, shape, spec: P):
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    out = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        axes = (axes,) if isinstance(axes, str) else (axes or ())
+        out.append(dim // math.prod(sizes[a] for a in axes))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SpecsKey:
+    """Hashable wrapper of a PartitionSpec pytree (for the program cache)."""
+    specs: object
+
+    def __hash__(self):
+        return hash(str(self.specs))
+
+    def __eq__(self, other):
+        return isinstance(other, _SpecsKey) and str(self.specs) == str(other.specs)
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def _engine_pytree(params: dict) -> dict:
+    """Model pytree -> stored pytree: W_k and W_v stacked as w_kv [2, E, K·D] (one
+    collective moves both, as the paper fuses them)."""
+    def layer(w):
+        w = dict(w)
+        k, v = w.pop("w_k"), w.pop("w_v")
+        w["w_kv"] = jax.tree.map(lambda a, b: jnp.stack([a, b]), k, v)
+        return w
+    return {**params, "layers": [layer(w) for w in params["layers"]]}
+
+
+class Engine:
+    """A trial's model on a mesh: stored weights, and prefill/decode/handoff programs."""
+
+    def __init__(self, trial: TrialConfig, mesh: Mesh | None = None, params: dict | None = None):
+        topology = tuple(mesh.devices.shape) if mesh is not None else trial.mesh_shape
+        _validate(trial, topology)
+        self.trial = dataclasses.replace(trial, topology=topology)
+        self.model: ModelConfig = trial.model
+        self.mesh = mesh if mesh is not None else make_mesh(topology)
+        one_d = stores_1d(trial.prefill, trial.decode)
+        self.prefill_plan = Plan(self.model, topology, trial.prefill, one_d)
+        self.decode_plan = Plan(self.model, topology, trial.decode, one_d)
+
+        source = init_params(self.model, trial.seed) if params is None else params
+        self._model_params = quantize_params(source) if trial.weights == "int8" else source
+        stored = _engine_pytree(self._model_params)
+        specs = part.param_specs(self.model, stored, one_d, self.prefill_plan.kv_split)
+        self.params = jax.device_put(stored, jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs,
+                                                          is_leaf=lambda s: isinstance(s, P)))
+        shapes = _Shapes(trial.batch, trial.input_len, trial.context_len)
+        self._prefill, self._decode, self._handoff, self._handoff_is_identity = _programs(
+            self.mesh, self.prefill_plan, self.decode_plan, shapes, _SpecsKey(specs))
+
+    # ---- the three programs
+
+    def prefill(self, params, tokens):
+        """tokens [B, input_len] -> (logits of the last position [B, V] f32, KV cache)."""
+        return self._prefill(params, tokens)
+
+    def handoff(self, kv_cache):
+        """Reshard the KV cache from prefill's attention sharding to decode's (not part of
+        either phase's timing). The same array when both phases shard it alike."""
+        return kv_cache if self._handoff_is_identity else self._handoff(kv_cache)
+
+    def decode(self, params, kv_cache, token, pos):
+        """token [B] int32 at position pos -> (logits [B, V] f32, KV cache). The cache is donated."""
+        return self._decode(params, kv_cache, jnp.asarray(token, jnp.int32), jnp.asarray(pos, jnp.int32))
+
+    # ---- conveniences
+
+    def input_tokens(self) -> jax.Array:
+        """The trial's deterministic prompt [B, input_len] (from trial.seed)."""
+        t = self.trial
+        tokens = prompt_tokens(self.model, t.batch, t.input_len, t.seed)
+        return jax.device_put(tokens, NamedSharding(self.mesh, P()))
+
+    def generate(self, tokens=None, steps: int | None = None):
+        """Greedy: (logits per step [steps + 1 of [B, V]], tokens [B, steps + 1])."""
+        steps = self.trial.decode_steps if steps is None else steps
+        if steps > self.trial.decode_steps:
+            raise ConfigError("steps", steps, f"at most decode_steps={self.trial.decode_steps} "
+                              "(the KV cache holds input_len + decode_steps positions)")
+        tokens = self.input_tokens() if tokens is None else tokens
+        logits, cache = self.prefill(self.params, tokens)
+        cache = self.handoff(cache)
+        all_logits = [logits]
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        generated = [token]
+        for i in range(steps):
+            logits, cache = self.decode(self.params, cache, token, self.trial.input_len + i)
+            token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            all_logits.append(logits)
+            generated.append(token)
+        return all_logits, np.stack([np.asarray(t) for t in generated], axis=1)
+
+    def reference_params(self) -> dict:
+        """Unsharded bf16 weights the engine computes with (dequantised for int8): run the
+        reference with these to compare like with like."""
+        if self.trial.weights == "int8":
+            return dequantize_params(self._model_params)
+        return self._model_params
+
+    def cache_sharding(self, phase: str) -> NamedSharding:
+        plan = self.prefill_plan if phase == "prefill" else self.decode_plan
+        return NamedSharding(self.mesh, plan.cache_spec())
+
+    def cache_struct(self, phase: str) -> jax.ShapeDtypeStruct:
+        plan = self.prefill_plan if phase == "prefill" else self.decode_plan
+        shape = plan.cache_shape(self.trial.batch, self.trial.context_len)
+        return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=self.cache_sharding(phase))
+
+    def lowered(self) -> dict:
+        """{"prefill", "decode", "handoff"}: jax.stages.Lowered, for compiled-program analysis."""
+        t, replicated = self.trial, NamedSharding(self.mesh, P())
+        tokens = jax.ShapeDtypeStruct((t.batch, t.input_len), jnp.int32, sharding=replicated)
+        token = jax.ShapeDtypeStruct((t.batch,), jnp.int32, sharding=replicated)
+        pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+        return {
+            "prefill": self._prefill.lower(self.params, tokens),
+            "decode": self._decode.lower(self.params, self.cache_struct("decode"), token, pos),
+            "handoff": self._handoff.lower(self.cache_struct("prefill")),
+        }
+
+
+def _validate(trial: TrialConfig, topology: tuple[int, int, int]) -> None:
+    """Everything that can be wrong with a trial, before any compilation."""
+    x, y, z = topology
+    if trial.topology is not None and tuple(trial.topology) != tuple(topology):
+        raise ConfigError("topology", "x".join(map(str, trial.topology)),
+                          f"the mesh's topology {x}x{y}x{z}")
+    if x * y * z != trial.chips:
+        raise ConfigError("topology", f"{x}x{y}x{z}", f"X*Y*Z equal to chips={trial.chips}")
+    if trial.weights not in WEIGHT_FORMATS:
+        raise ConfigError("weights", trial.weights, f"one of {list(WEIGHT_FORMATS)}")
+    for phase in ("prefill", "decode"):
+        if not isinstance(getattr(trial, phase), PhaseLayout):
+            raise ConfigError(phase, getattr(trial, phase), "a PhaseLayout(ffn, attn)")
+    validate_layouts(trial.model, topology, trial.prefill, trial.decode, trial.batch)
+    check_model(trial.model)

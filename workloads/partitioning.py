@@ -1,0 +1,477 @@
+"""The paper's layouts as code: one small function per figure, run inside `jax.shard_map`.
+
+Every collective is written out (`all_gather`, `psum_scatter`, `psum`, `all_to_all`) and
+is the one `workloads/layouts.py` lists for the layout, over the same axes, with the same
+per-chip size. Notation (paper §3.1): `BLE_x` = E split over mesh axis x; G = the axes
+weights are gathered over (= the batch's axes), R = the other axes (E, F, heads).
+
+Order of split axes (the paper leaves it open; these choices make the layouts compose):
+  * the residual stream is B_G L E_R with G and R in mesh order (x, y, z); ws1d/ws2d
+    are the G = {} case, BLE_xyz;
+  * the F, H·D and K·D columns of stored weights are split z-major: F_yz is stored as
+    `P('x', ('z', 'y'))`, so gathering over y (wg_xy) leaves a contiguous F_z, and the
+    1D layout E F_xyz is `P(None, ('z', 'y', 'x'))`;
+  * so every chip's query heads are one contiguous chunk, indexed z-major over R
+    (`Plan.head_axes`), and GQA groups never straddle chips.
+A collective over axes of total size 1 is skipped (it moves nothing; layouts.py skips it too).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from workloads.config import ModelConfig
+from workloads.layouts import AXES, PhaseLayout, kv_heads_sharded, split_axes
+from workloads.model import NORM_EPS, ROPE_BASE
+from workloads.quant import is_quantized
+
+f32, bf16 = jnp.float32, jnp.bfloat16
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One phase's layout resolved on a topology: which axes do what."""
+
+    model: ModelConfig
+    topology: tuple[int, int, int]
+    layout: PhaseLayout
+    one_d: bool = False          # weights stored 1D (E F_xyz): both phases use ws1d
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(zip(AXES, self.topology))
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.topology)
+
+    @property
+    def gather(self) -> tuple[str, ...]:          # G
+        return split_axes(self.layout.ffn, self.topology)[0]
+
+    @property
+    def rest(self) -> tuple[str, ...]:            # R
+        return split_axes(self.layout.ffn, self.topology)[1]
+
+    @property
+    def n_gather(self) -> int:                    # N = |G|
+        return split_axes(self.layout.ffn, self.topology)[2]
+
+    @property
+    def n_rest(self) -> int:                      # M = |R|
+        return split_axes(self.layout.ffn, self.topology)[3]
+
+    @property
+    def head_axes(self) -> tuple[str, ...]:
+        """Axes the query heads are split over, major first (z-major, see the module doc)."""
+        return tuple(reversed(self.rest))
+
+    @property
+    def kv_split(self) -> bool:
+        """K/V weights stored head-split (E_x (KD)_yz) rather than replicated over yz."""
+        return kv_heads_sharded(self.model, self.n)
+
+    @property
+    def batch_attention(self) -> bool:
+        return self.layout.attn == "batch"
+
+    def live(self, axes) -> tuple[str, ...]:
+        return tuple(a for a in axes if self.sizes[a] > 1)
+
+    def size(self, axes) -> int:
+        return math.prod(self.sizes[a] for a in axes)
+
+    # ---- shardings of what crosses the shard_map boundary
+
+    def residual_spec(self) -> P:                 # B_G L E_R
+        return P(self.gather or None, None, self.rest or None)
+
+    def kv_slots(self) -> np.ndarray:
+        """Logical KV head held in each slot of the cache's head dimension.
+
+        Batch-sharded attention: every chip holds all K heads of its sequences. Head-
+        sharded: chip c (of M) holds the heads its queries read, max(K/M, 1) of them, so a
+        KV head is replicated over M/K chips when K < M (paper Fig. 4b; the GQA ceiling).
+        """
+        m = self.model
+        if self.batch_attention:
+            return np.arange(m.n_kv_heads)
+        chips, per_chip = self.n_rest, max(m.n_kv_heads // self.n_rest, 1)
+        group = m.n_heads // m.n_kv_heads
+        starts = [(c * (m.n_heads // chips)) // group for c in range(chips)]
+        return np.array([s + j for s in starts for j in range(per_chip)])
+
+    def cache_shape(self, batch: int, context: int) -> tuple[int, ...]:
+        """[layers, B, context, 2 (K and V), slots, D]."""
+        m = self.model
+        return (m.n_layers, batch, context, 2, len(self.kv_slots()), m.d_head)
+
+    def cache_spec(self) -> P:
+        if self.batch_attention:                  # KV cache B_xyz (Fig. 5b)
+            return P(None, AXES, None, None, None, None)
+        return P(None, self.gather or None, None, None, self.head_axes or None, None)
+
+
+# --------------------------------------------------------------------------- stored weights
+
+
+def weight_dims(name: str, one_d: bool, kv_split: bool) -> tuple[tuple[str, ...], ...]:
+    """Mesh axes of each dimension of a stored weight, major first (paper §3.2.3:
+    E_x F_yz for ws2d and the weight-gathered layouts; E F_xyz when both phases are ws1d)."""
+    e_axes = () if one_d else ("x",)
+    f_axes = ("z", "y", "x") if one_d else ("z", "y")
+    if name in ("w_q", "w_in", "w_gate", "w_up"):
+        return (e_axes, f_axes)
+    if name == "w_kv":          # [2 (K and V), E, K*D]; replicated over yz unless K % n == 0
+        return ((), e_axes, f_axes if kv_split else ())
+    if name in ("w_o", "w_out"):
+        return (f_axes, e_axes)
+    raise KeyError(name)
+
+
+def param_specs(model: ModelConfig, params: dict, one_d: bool, kv_split: bool) -> dict:
+    """PartitionSpecs of the engine's stored pytree (int8 scales are replicated: tiny)."""
+    def weight(name, leaf):
+        spec = P(*[axes or None for axes in weight_dims(name, one_d, kv_split)])
+        return {"q": spec, "scale": P()} if is_quantized(leaf) else spec
+
+    specs = {"embed": P(AXES, None), "final_norm": P()}      # embedding V_xyz E
+    if "unembed" in params:
+        specs["unembed"] = P(None, AXES)
+    specs["layers"] = [{name: P() if name.endswith("norm") else weight(name, leaf)
+                        for name, leaf in layer.items()} for layer in params["layers"]]
+    return specs
+
+
+# --------------------------------------------------------------------------- collectives
+# Thin wrappers that skip axes of size 1 (and the whole op when nothing is left).
+
+
+def all_gather(plan: Plan, x, axes, axis: int, tiled: bool = True):
+    axes = plan.live(axes)
+    if not axes:
+        return x if tiled else jnp.expand_dims(x, axis)
+    return jax.lax.all_gather(x, axes, axis=axis, tiled=tiled)
+
+
+def psum_scatter(plan: Plan, x, axes, axis: int, tiled: bool = True):
+    axes = plan.live(axes)
+    if not axes:
+        return x if tiled else jnp.squeeze(x, axis)
+    return jax.lax.psum_scatter(x, axes, scatter_dimension=axis, tiled=tiled)
+
+
+def psum(plan: Plan, x, axes):
+    axes = plan.live(axes)
+    return jax.lax.psum(x, axes) if axes else x
+
+
+def all_to_all(plan: Plan, x, axes, split_axis: int, concat_axis: int):
+    axes = plan.live(axes)
+    return jax.lax.all_to_all(x, axes, split_axis, concat_axis, tiled=True) if axes else x
+
+
+def axis_index(plan: Plan, axes):
+    axes = plan.live(axes)
+    return jax.lax.axis_index(axes) if axes else 0
+
+
+def local_chunk(plan: Plan, x, axes, axis: int):
+    """This chip's chunk of a replicated array split over `axes` (major first)."""
+    size = x.shape[axis] // plan.size(axes)
+    if size == x.shape[axis]:
+        return x
+    return jax.lax.dynamic_slice_in_dim(x, axis_index(plan, axes) * size, size, axis)
+
+
+# --------------------------------------------------------------------------- weights in use
+
+
+def _dequantize(plan: Plan, leaf, out_axes):
+    """bf16 weight from a bf16 leaf or an int8 leaf (scale sliced to the local columns)."""
+    if not is_quantized(leaf):
+        return leaf
+    scale = local_chunk(plan, leaf["scale"], out_axes, axis=-1)
+    return (leaf["q"].astype(f32) * scale[..., None, :]).astype(bf16)
+
+
+def stationary_weight(plan: Plan, leaf, name: str):
+    """Weight-stationary: use the local shard as stored (dequantised if int8)."""
+    dims = weight_dims(name, plan.one_d, plan.kv_split)
+    return _dequantize(plan, leaf, dims[-1])
+
+
+def gathered_weight(plan: Plan, leaf, name: str):
+    """Weight-gathered (Fig. A.2): ONE all-gather over G of the stored E_x F_yz shard, in
+    its stored dtype (int8 stays int8), then dequantise. Gathered axes are always the minor
+    axes of their dimension, so the result is a contiguous block, split over R only."""
+    dims = weight_dims(name, plan.one_d, plan.kv_split)
+    gather = tuple(a for a in plan.live(plan.gather) if any(a in d for d in dims))
+    q = leaf["q"] if is_quantized(leaf) else leaf
+    if gather:
+        full = all_gather(plan, q, gather, axis=0, tiled=False)          # [N, *local]
+        full = full.reshape(tuple(plan.sizes[a] for a in gather) + q.shape)
+        order = []
+        for d, axes in enumerate(dims):   # put each gathered axis just before its dimension
+            order += [gather.index(a) for a in axes if a in gather] + [len(gather) + d]
+        q = full.transpose(order).reshape(
+            tuple(s * plan.size([a for a in dims[d] if a in gather]) for d, s in enumerate(q.shape)))
+    remaining_out = tuple(a for a in dims[-1] if a not in gather)
+    return _dequantize(plan, {"q": q, "scale": leaf["scale"]} if is_quantized(leaf) else q,
+                       remaining_out)
+
+
+def matmul(x, w):
+    return jnp.einsum("...i,io->...o", x, w, preferred_element_type=f32).astype(bf16)
+
+
+def activation(model: ModelConfig, up):
+    """gelu(W_in x), or silu(W_gate x) * (W_up x) for swiglu; `up` = (in,) or (gate, up)."""
+    if model.mlp == "swiglu":
+        return (jax.nn.silu(up[0].astype(f32)) * up[1].astype(f32)).astype(bf16)
+    return jax.nn.gelu(up[0].astype(f32)).astype(bf16)
+
+
+def rms_norm(plan: Plan, x, scale, e_axes=()):
+    """RMSNorm of x whose E dimension is split over `e_axes` (statistics psum-ed over them;
+    layouts.py leaves this T-element psum out on purpose)."""
+    x32 = x.astype(f32)
+    mean_sq = psum(plan, jnp.sum(x32 * x32, axis=-1, keepdims=True), e_axes) / plan.model.d_model
+    scale = local_chunk(plan, scale, e_axes, axis=0).astype(f32)
+    return (x32 * jax.lax.rsqrt(mean_sq + NORM_EPS) * scale).astype(bf16)
+
+
+def _up_names(model: ModelConfig):
+    return ("w_gate", "w_up") if model.mlp == "swiglu" else ("w_in",)
+
+
+# --------------------------------------------------------------------------- embedding
+
+
+def embed(plan: Plan, tokens, table):
+    """Vocab-sharded lookup (table V_xyz E), then ONE reduce-scatter over all axes of the
+    B L E partial sums into the residual layout B_G L E_R."""
+    v_local = table.shape[0]
+    local = tokens - axis_index(plan, AXES) * v_local
+    hit = (local >= 0) & (local < v_local)
+    x = jnp.where(hit[..., None], table[jnp.clip(local, 0, v_local - 1)], 0).astype(bf16)
+    b, l, e = x.shape
+    n_g, m_r = plan.n_gather, plan.n_rest
+    # [B, L, E] -> [N·M, B/N, L, E/M] so chip (g, r) receives batch chunk g, E chunk r.
+    x = x.reshape(n_g, b // n_g, l, m_r, e // m_r).transpose(0, 3, 1, 2, 4)
+    x = x.reshape(n_g * m_r, b // n_g, l, e // m_r)
+    return psum_scatter(plan, x, AXES, axis=0, tiled=False)
+
+
+def unembed(plan: Plan, x_last, final_norm, table, tied: bool):
+    """ONE all-gather over all axes of the last position's residual (B_G E_R -> B E), then
+    logits B V_xyz locally (f32). The greedy argmax happens outside the program."""
+    full = all_gather(plan, x_last, AXES, axis=0, tiled=False)            # [N·M, B/N, E/M]
+    bn, em = x_last.shape
+    full = full.reshape(plan.n_gather, plan.n_rest, bn, em).transpose(0, 2, 1, 3)
+    h = rms_norm(plan, full.reshape(plan.n_gather * bn, plan.n_rest * em), final_norm)
+    eq = "be,ve->bv" if tied else "be,ev->bv"
+    return jnp.einsum(eq, h, table, preferred_element_type=f32) * plan.model.d_model ** -0.5
+
+
+# --------------------------------------------------------------------------- FFN: ws1d
+# Figure 2(a), §3.2.1: weights E F_xyz / F_xyz E; activations all-gathered to a full BLE
+# before the layer and reduce-scattered back to BLE_xyz after it (Megatron, no comm inside).
+
+
+def ws1d_gather_input(plan: Plan, x, norm_scale):
+    h = all_gather(plan, x, AXES, axis=2)                       # AG_xyz: BLE_xyz -> BLE
+    return rms_norm(plan, h, norm_scale)
+
+
+def ws1d_ffn(plan: Plan, h, w):
+    up = [matmul(h, stationary_weight(plan, w[n], n)) for n in _up_names(plan.model)]   # BLF_xyz
+    return matmul(activation(plan.model, up), stationary_weight(plan, w["w_out"], "w_out"))  # BLE partial-xyz
+
+
+def ws1d_qkv(plan: Plan, h, w):
+    q = matmul(h, stationary_weight(plan, w["w_q"], "w_q"))    # heads over xyz, local
+    kv = _project_kv(plan, h, stationary_weight(plan, w["w_kv"], "w_kv"))   # local K/V
+    return _heads(plan, q), kv
+
+
+def ws1d_attn_out(plan: Plan, o, w):
+    return matmul(_flat(o), stationary_weight(plan, w["w_o"], "w_o"))    # BLE partial-xyz
+
+
+def ws1d_scatter_output(plan: Plan, y):
+    return psum_scatter(plan, y, AXES, axis=2)                  # RS_xyz: BLE partial -> BLE_xyz
+
+
+# --------------------------------------------------------------------------- FFN: ws2d
+# Figure 2(b), §3.2.2 / App. A.2.1: weights E_x F_yz / F_yz E_x; residual BLE_xyz.
+
+
+def ws2d_gather_input(plan: Plan, x, norm_scale):
+    h = all_gather(plan, x, ("y", "z"), axis=2)                 # AG_yz: BLE_xyz -> BLE_x
+    return rms_norm(plan, h, norm_scale, e_axes=("x",))
+
+
+def ws2d_ffn(plan: Plan, h, w):
+    up = [psum_scatter(plan, matmul(h, stationary_weight(plan, w[n], n)), ("x",), axis=2)
+          for n in _up_names(plan.model)]                       # RS_x: BLF_yz partial-x -> BLF_xyz
+    act = all_gather(plan, activation(plan.model, up), ("x",), axis=2)   # AG_x: BLF_xyz -> BLF_yz
+    return matmul(act, stationary_weight(plan, w["w_out"], "w_out"))    # BLE_x partial-yz
+
+
+def ws2d_qkv(plan: Plan, h, w):
+    q = matmul(h, stationary_weight(plan, w["w_q"], "w_q"))    # BL(HD)_yz partial-x
+    q = psum_scatter(plan, _heads(plan, q), ("x",), axis=2)  # RS_x -> BLH_xyzD
+    kv = _project_kv(plan, h, stationary_weight(plan, w["w_kv"], "w_kv"))   # BL 2 K D, partial-x
+    if plan.kv_split:
+        kv = psum_scatter(plan, kv, ("x",), axis=3)             # RS_x: like Q
+    else:
+        kv = psum(plan, kv, ("x",))                             # AR_x: every chip gets all K heads
+    return q, kv
+
+
+def ws2d_attn_out(plan: Plan, o, w):
+    o = all_gather(plan, o, ("x",), axis=2)                     # AG_x: BLH_xyzD -> BL(HD)_yz
+    return matmul(_flat(o), stationary_weight(plan, w["w_o"], "w_o"))   # BLE_x partial-yz
+
+
+def ws2d_scatter_output(plan: Plan, y):
+    return psum_scatter(plan, y, ("y", "z"), axis=2)            # RS_yz: BLE_x partial -> BLE_xyz
+
+
+# --------------------------------------------------------------------------- FFN: weight-gathered
+# Figure A.2, §3.2.3 / App. A.2.2: wg_x, wg_xy, wg_xyz gather the stored E_x F_yz weights
+# over G = x, xy, xyz; activations stay B_G L E_R; heads and F are split over R.
+
+
+def wg_gather_input(plan: Plan, x, norm_scale):
+    h = all_gather(plan, x, plan.rest, axis=2)                  # AG_R: B_G L E_R -> B_G L E
+    return rms_norm(plan, h, norm_scale)
+
+
+def weight_gathered_ffn(plan: Plan, h, w):
+    up = [matmul(h, gathered_weight(plan, w[n], n)) for n in _up_names(plan.model)]  # AG_G(W_in)
+    return matmul(activation(plan.model, up), gathered_weight(plan, w["w_out"], "w_out"))  # AG_G(W_out); partial-R
+
+
+def wg_qkv(plan: Plan, h, w):
+    q = matmul(h, gathered_weight(plan, w["w_q"], "w_q"))      # AG_G(W_q); heads over R
+    kv = _project_kv(plan, h, gathered_weight(plan, w["w_kv"], "w_kv"))   # AG_G(W_k, W_v), one op
+    return _heads(plan, q), kv
+
+
+def wg_attn_out(plan: Plan, o, w):
+    return matmul(_flat(o), gathered_weight(plan, w["w_o"], "w_o"))    # AG_G(W_o); partial-R
+
+
+def wg_scatter_output(plan: Plan, y):
+    return psum_scatter(plan, y, plan.rest, axis=2)             # RS_R: B_G L E partial -> B_G L E_R
+
+
+# --------------------------------------------------------------------------- attention
+# Figure 4 / 5, §3.3. q: [b, L, heads, D] head-sharded (this chip's chunk, Plan.head_axes);
+# kv: [b, L, 2, kv heads, D], head-sharded like q when K % n == 0, else all K heads.
+# cache: [layers, b, context, 2, slots, D] (this chip's part); `layer` indexes it.
+
+
+def head_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: bool):
+    """Fig. 4a (multihead) / 4b (multiquery baseline): attention where the heads are; when
+    K/V are replicated, each chip keeps the KV heads its query heads read, for all its
+    sequences (so head-sharded multiquery holds the whole cache on every chip)."""
+    if not plan.kv_split:
+        m = plan.model
+        c = axis_index(plan, plan.head_axes)
+        first = (c * (m.n_heads // plan.n_rest)) // (m.n_heads // m.n_kv_heads)
+        kv = jax.lax.dynamic_slice_in_dim(kv, first, cache.shape[4], axis=3)
+    return attend(q, kv, cache, layer, pos, prefill)
+
+
+def batch_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: bool):
+    """Fig. 4c / 5b: all-to-all the small Q (and K/V) from head- to batch-sharding over R,
+    attend against a KV cache sharded over batch on all n chips, all-to-all the output back."""
+    rest = plan.rest
+    q = _heads_in_head_order(plan, all_to_all(plan, q, rest, split_axis=0, concat_axis=2), axis=2)
+    if plan.kv_split:
+        kv = _heads_in_head_order(plan, all_to_all(plan, kv, rest, split_axis=0, concat_axis=3), axis=3)
+    else:   # every chip computed all K heads: keep this chip's sequences, no communication
+        kv = local_chunk(plan, kv, rest, axis=0)
+    out, cache = attend(q, kv, cache, layer, pos, prefill)
+    out = all_to_all(plan, _heads_in_mesh_order(plan, out, axis=2), rest, split_axis=2, concat_axis=0)
+    return out, cache
+
+
+def attend(q, kv, cache, layer: int, pos, prefill: bool):
+    """Local causal attention with RoPE; writes this step's K/V into the cache at `pos`.
+    Prefill attends to its own fresh K/V, decode to the cache (masked beyond `pos`)."""
+    b, lq, hq, d = q.shape
+    positions = pos + jnp.arange(lq)
+    q = rope(q, positions)
+    kv = jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2)
+    cache = jax.lax.dynamic_update_slice(cache, kv[None].astype(cache.dtype), (layer, 0, pos, 0, 0, 0))
+    keys = kv if prefill else cache[layer]
+    hk = keys.shape[3]
+    key_pos = jnp.arange(keys.shape[1])
+    qg = q.reshape(b, lq, hk, hq // hk, d)          # query head i reads KV head i // (hq/hk)
+    scores = jnp.einsum("bqgrd,bkgd->bgrqk", qg, keys[:, :, 0], preferred_element_type=f32) * d ** -0.5
+    mask = key_pos[None, :] <= positions[:, None]
+    probs = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
+    out = jnp.einsum("bgrqk,bkgd->bqgrd", probs.astype(bf16), keys[:, :, 1], preferred_element_type=f32)
+    return out.astype(bf16).reshape(b, lq, hq, d), cache
+
+
+def rope(x, positions):
+    """Rotate-half RoPE on [b, L, heads, D] (same formula as the reference)."""
+    d = x.shape[-1]
+    freqs = ROPE_BASE ** (-jnp.arange(0, d // 2, dtype=f32) / (d // 2))
+    angles = positions.astype(f32)[:, None] * freqs[None, :]
+    cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
+    x1, x2 = jnp.split(x.astype(f32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(bf16)
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _heads(plan: Plan, x):
+    """[b, L, heads·D] -> [b, L, heads, D]."""
+    return x.reshape(x.shape[:-1] + (-1, plan.model.d_head))
+
+
+def _flat(o):
+    return o.reshape(o.shape[:-2] + (-1,))
+
+
+def _project_kv(plan: Plan, h, w_kv):
+    """h @ [W_k, W_v] -> [b, L, 2, heads, D] (K and V travel together: one collective)."""
+    kv = jnp.einsum("bli,sio->blso", h, w_kv, preferred_element_type=f32).astype(bf16)
+    return kv.reshape(kv.shape[:3] + (-1, plan.model.d_head))
+
+
+def _heads_in_head_order(plan: Plan, x, axis: int):
+    """After an all-to-all over R the head chunks arrive in mesh order of their source chip;
+    reorder them to head order (z-major, Plan.head_axes). A local transpose."""
+    return _permute_chunks(plan, x, axis, plan.live(plan.rest), reverse=True)
+
+
+def _heads_in_mesh_order(plan: Plan, x, axis: int):
+    return _permute_chunks(plan, x, axis, plan.live(plan.head_axes), reverse=True)
+
+
+def _permute_chunks(plan: Plan, x, axis: int, axes, reverse: bool):
+    if len(axes) < 2:
+        return x
+    sizes = [plan.sizes[a] for a in axes]
+    shape = x.shape
+    x = x.reshape(shape[:axis] + tuple(sizes) + (shape[axis] // math.prod(sizes),) + shape[axis + 1:])
+    order = list(range(axis)) + [axis + i for i in reversed(range(len(sizes)))] + \
+        list(range(axis + len(sizes), x.ndim))
+    return x.transpose(order).reshape(shape)
