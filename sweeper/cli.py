@@ -36,6 +36,23 @@ def _add_analytical_commands(sub) -> None:
 # ----------------------------------------------------------------- engine
 def _add_engine_commands(sub) -> None:
     """trial, host-profile: the sharded JAX engine (workloads/engine.py, workloads/measure.py)."""
+    from sweeper import trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
+
+    p = sub.add_parser("trial", help="run one trial on an emulated mesh (or real devices) and "
+                       "print its Measurement")
+    p.add_argument("--config", required=True, metavar="TRIAL.yaml",
+                   help="trial YAML (model, chips, topology, batch, input_len, decode_steps, "
+                   "weights, prefill, decode, seed, repeats); see examples/trial.yaml")
+    p.add_argument("--verify", action="store_true",
+                   help="also run the unsharded reference: verify_max_abs_err, tokens_match")
+    p.add_argument("--json", action="store_true", help="print the Measurement as JSON")
+    p.set_defaults(handler=trial_cmd.trial)
+
+    p = sub.add_parser("host-profile", help="this host's measured peak FLOP/s and bandwidths "
+                       "(the `host` hardware profile; cached under $SWEEPER_HOME)")
+    p.add_argument("--json", action="store_true", help="print as JSON")
+    p.add_argument("--refresh", action="store_true", help="measure again, replacing the cache")
+    p.set_defaults(handler=trial_cmd.host_profile)
 
 
 # ----------------------------------------------------------------- sweeps
@@ -54,6 +71,63 @@ def _add_sweep_commands(sub) -> None:
 # ----------------------------------------------------------------- analysis
 def _add_analysis_commands(sub) -> None:
     """fit, pareto, report: calibration, Pareto frontiers, HTML report."""
+
+    def study_args(p, mlflow: bool = True):
+        p.add_argument("--study", required=True, help="study name (as `sweeper run` printed it)")
+        p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
+        if mlflow:
+            p.add_argument("--no-mlflow", action="store_true",
+                           help="do not log to the sweep's MLflow parent run")
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def fit(args):
+        from sweeper.calibrate import run_fit
+        return run_fit(args)
+
+    def pareto(args):
+        from sweeper.pareto import run_pareto
+        return run_pareto(args)
+
+    def report(args):
+        from sweeper.report import run_report
+        return run_report(args)
+
+    p = sub.add_parser("fit", help="fit the cost model's hardware constants to a study's "
+                       "measured trials; report held-out prediction error")
+    study_args(p)
+    p.add_argument("--holdout", choices=["kfold", "layout", "chips", "all"], default="kfold",
+                   help="held-out points: k-fold over trials, leave-one-layout-out, "
+                   "leave-one-chip-count-out, or all three (the first gives the headline)")
+    p.add_argument("--out", metavar="FITTED.yaml", help="where to write the fitted hardware "
+                   "profile (default: $SWEEPER_HOME/fits/<study>/<profile>-fitted.yaml)")
+    p.add_argument("--hardware", help="starting profile (default: the one the sweep used)")
+    p.add_argument("--loss", choices=["linear", "soft_l1", "huber"], default="linear",
+                   help="least-squares loss on relative errors (default linear)")
+    p.add_argument("--artifacts-dir", help="folder for the error table and plot")
+    p.set_defaults(handler=fit)
+
+    p = sub.add_parser("pareto", help="latency/cost Pareto frontier of a study and its hypervolume")
+    study_args(p, mlflow=False)
+    p.add_argument("--phase", choices=["prefill", "decode"], default="decode")
+    p.add_argument("--x", default="latency_per_token", help="metric on x (default: decode_step_s "
+                   "for decode, prefill_s for prefill)")
+    p.add_argument("--y", default="cost_chip_s_per_token", help="metric on y (default: the "
+                   "phase's chip-seconds per token)")
+    p.add_argument("--source", choices=["optuna", "mlflow"], default="optuna",
+                   help="read the trials from Optuna storage or from the MLflow runs")
+    p.add_argument("--tracking-uri", help="MLflow store for --source mlflow")
+    p.add_argument("--reference", metavar="X,Y", help="hypervolume reference point "
+                   "(default: 1.1 x the worst finished value on each axis)")
+    p.add_argument("--csv", metavar="FILE", help="write the frontier as CSV")
+    p.add_argument("--png", metavar="FILE", help="draw the frontier (log-log) as PNG")
+    p.set_defaults(handler=pareto)
+
+    p = sub.add_parser("report", help="one self-contained HTML report of a study (figures, "
+                       "held-out error, recommended layouts)")
+    study_args(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for report.html")
+    p.add_argument("--no-fit", action="store_true", help="leave out the calibration section")
+    p.set_defaults(handler=report)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `sweeper ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -189,7 +189,8 @@ class Controller:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         space = self.space
-        study = optuna.create_study(storage=self.storage, study_name=self.study_name,
+        study = optuna.create_study(storage=paths.open_optuna_storage(self.storage),
+                                    study_name=self.study_name,
                                     sampler=space.make_sampler(), directions=space.directions,
                                     load_if_exists=exists)
         if exists:
@@ -278,12 +279,14 @@ class Controller:
         self.progress = ProgressLine(self.target, self.show_progress)
         status = "FINISHED"
         try:
-            self.profile = self._hardware()
             self.study = self._open_study(self.resume)
             done_before = self._finished_before() if self.resume else 0
             self.remaining = max(0, self.target - done_before)
             self._start_tracking()
             self.pool = self._start_pool()
+            # After Ray and git have forked their processes: measuring `host` imports JAX
+            # (multithreaded) into this process.
+            self.profile = self._hardware()
             if self.pool.shares_cores:
                 print(f"sweeper: parallel {self.parallel} > {self.pool.total_cores} cores: "
                       "concurrent trials share cores and disturb each other's timings",
@@ -451,9 +454,15 @@ class Controller:
                 prediction: dict, *, worker: dict | None = None,
                 measurement_obj: Measurement | None = None, interrupted: bool = False) -> None:
         """user_attrs -> MLflow child run -> constraints -> tell (Optuna state last)."""
-        hardware = measurement_obj.hardware if measurement_obj else self.space.hardware.label
+        # One hardware label per sweep (host, devices:<profile>, analytical:<profile>); what the
+        # engine reported (e.g. the accelerator's device kind) is kept as `device`.
+        hardware = self.space.hardware.label
         attrs: dict[str, Any] = {"flat_params": flat, "source": self.source, "hardware": hardware,
                                  "prediction": prediction, "measurement": metrics or {}}
+        extra_tags: dict[str, str] = {}
+        if measurement_obj is not None:
+            attrs["device"] = measurement_obj.hardware
+            extra_tags["device"] = str(measurement_obj.hardware)
         if config is not None:
             attrs["config"] = config.to_dict()
         if reason:
@@ -479,7 +488,8 @@ class Controller:
                 self.parent_run_id, self.experiment_id, number=trial.number, params=flat,
                 metrics=metrics, prediction=prediction, state=state.name, reason=reason,
                 source=self.source, hardware=hardware,
-                extra_tags={"feasible": str(feasible).lower()} if state.name == "COMPLETE" else None)
+                extra_tags={**extra_tags, "feasible": str(feasible).lower()}
+                if state.name == "COMPLETE" else extra_tags)
             trial.set_user_attr("mlflow_run_id", run_id)
         except Exception as err:  # noqa: BLE001 - tracking trouble must not lose the trial
             self.tracking_errors.append(one_line(err))

@@ -205,3 +205,75 @@ def analyse(df: pd.DataFrame, phase: str = "decode", x: str | None = None, y: st
     hv = hypervolume(pts, np.asarray(ref) * signs) if not (signs < 0).any() else math.nan
     sources = sorted(str(s) for s in done["source"].dropna().unique()) if "source" in done else []
     return ParetoResult(phase, x, y, front, n_points, ref, hv, sources)
+
+
+# ----------------------------------------------------------------------------- reading a study
+
+
+def mlflow_parent_run(study_name: str, tracking_uri: str) -> str:
+    """The parent run of the sweep whose tag `study` is this name (newest if several)."""
+    from mlflow.tracking import MlflowClient
+
+    from sweeper.tracking import KIND_TAG, SWEEP_KIND
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, filter_string=f"tags.study = '{study_name}' and "
+                              f"tags.`{KIND_TAG}` = '{SWEEP_KIND}'",
+                              order_by=["attributes.start_time DESC"], max_results=1) if experiments else []
+    if not runs:
+        raise ConfigError("--study", study_name, f"a sweep with MLflow runs in {tracking_uri}")
+    return runs[0].info.run_id
+
+
+def load_points(study_name: str, source: str = "optuna", storage: str | None = None,
+                tracking_uri: str | None = None) -> pd.DataFrame:
+    """A study's trials from Optuna storage or from its MLflow runs (same columns)."""
+    from sweeper import results
+    from sweeper.paths import default_storage, default_tracking_uri
+
+    if source == "optuna":
+        return results.load_trials(study_name, storage or default_storage(create=False))
+    if source == "mlflow":
+        uri = tracking_uri or default_tracking_uri(create=False)
+        return results.load_runs(uri, parent_run_id=mlflow_parent_run(study_name, uri))
+    raise ConfigError("--source", source, "optuna or mlflow")
+
+
+def run_pareto(args) -> int:
+    """`sweeper pareto`: the frontier table (or JSON), optionally as CSV and PNG."""
+    from sweeper import plots
+
+    reference = None
+    if args.reference:
+        try:
+            reference = tuple(float(v) for v in args.reference.split(","))
+            assert len(reference) == 2
+        except (ValueError, AssertionError):
+            raise ConfigError("--reference", args.reference, "two numbers X,Y") from None
+    df = load_points(args.study, args.source, args.storage, args.tracking_uri)
+    result = analyse(df, args.phase, args.x, args.y, reference)
+    if args.csv:
+        result.table().to_csv(args.csv, index=False)
+    if args.png:
+        label = plots.source_label_of(df)
+        with open(args.png, "wb") as fh:
+            fh.write(plots.png_bytes(plots.pareto_phase_figure(df, args.phase, result.x,
+                                                               result.y, label)))
+    if args.json:
+        from sweeper.cli import print_json
+
+        out = result.to_dict()
+        out.update({"study": args.study, "read_from": args.source})
+        print_json(out)
+        return 0
+    print(f"study {args.study} ({args.source}), {args.phase}: {len(result.front)} of "
+          f"{result.n_points} finished trials on the frontier of {result.x} vs {result.y} "
+          f"(both minimised unless maximised metrics); hypervolume {result.hypervolume:.4g} "
+          f"against reference ({result.reference[0]:.4g}, {result.reference[1]:.4g})")
+    if len(result.front):
+        print(result.table().to_string(index=False))
+    for path, what in ((args.csv, "csv"), (args.png, "png")):
+        if path:
+            print(f"{what}: {path}")
+    return 0

@@ -52,3 +52,54 @@ def artifact_root(tracking_uri: str) -> str | None:
     root = db.parent / "mlartifacts"
     root.mkdir(parents=True, exist_ok=True)
     return root.resolve().as_uri()
+
+
+def tune_sqlite(engine) -> None:
+    """WAL journal + synchronous=NORMAL on a SQLAlchemy SQLite engine.
+
+    A sweep commits a handful of small transactions per trial (Optuna user attrs, MLflow
+    params and metrics). SQLite's default rollback journal fsyncs several times per commit
+    (~20 ms each here); in WAL mode with synchronous=NORMAL a commit is an append, still
+    safe against a crash of the process (only an OS crash may lose the last commits), and
+    readers (`sweeper ui`, optuna-dashboard) do not block the running sweep.
+    """
+    if engine is None or getattr(engine.dialect, "name", "") != "sqlite":
+        return
+    from sqlalchemy import event
+
+    def _pragmas(dbapi_connection, _record):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    if not event.contains(engine, "connect", _pragmas):
+        event.listen(engine, "connect", _pragmas)
+    engine.dispose()      # pooled connections were opened before the listener: reopen
+
+
+def precreate_sqlite_wal(url: str) -> None:
+    """Create an empty SQLite file in WAL mode (a file setting) before a tool migrates it:
+    MLflow's first-time schema migration makes ~100 commits, 3x faster in WAL."""
+    import sqlite3
+
+    db = sqlite_path(url)
+    if db is None or db.exists() or str(db) in ("", ":memory:"):
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(db)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+    finally:
+        connection.close()
+
+
+def open_optuna_storage(url: str):
+    """An Optuna storage for `url` (SQLite tuned as in `tune_sqlite`; other URLs as they are)."""
+    import optuna
+
+    if sqlite_path(url) is None:
+        return url
+    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+    tune_sqlite(storage.engine)
+    return storage

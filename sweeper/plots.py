@@ -9,15 +9,33 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 
 import numpy as np
 import pandas as pd
+from matplotlib import ticker
 from matplotlib.figure import Figure
 
 from sweeper import pareto
 
 PHASE_TITLES = {"prefill": "prefill (prompt processing)", "decode": "decode (generation)"}
 _MARKERS = "osD^v<>Pp*hX"
+
+
+def _figure(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _log(ax, x: bool = True, y: bool = True, base: int = 10) -> None:
+    """Log axes labelled at 1-2-5 steps as plain numbers (no overlapping minor labels)."""
+    for on, axis, setter in ((x, ax.xaxis, ax.set_xscale), (y, ax.yaxis, ax.set_yscale)):
+        if not on:
+            continue
+        setter("log", base=base)
+        if base == 10:
+            axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
@@ -41,37 +59,64 @@ def _empty(ax, text: str = "no finished trials") -> None:
     ax.set_yticks([])
 
 
+def source_label(source: str, hardware: str | None) -> str:
+    """How a figure says where its numbers come from."""
+    hardware = hardware or "host"
+    if source == "analytical":
+        return f"analytical (cost model, {hardware.split(':', 1)[-1]})"
+    if hardware.startswith("devices"):
+        return f"measured on this machine's devices ({hardware})"
+    return "measured on this host (emulated mesh)"
+
+
+def source_label_of(df: pd.DataFrame) -> str:
+    """`source_label` from a study table's `source` and `hardware` columns."""
+    def first(col, default):
+        values = df[col].dropna() if col in df else []
+        return str(values.iloc[0]) if len(values) else default
+    return source_label(first("source", "measured"), first("hardware", "host"))
+
+
+def _pareto_axes(ax, df: pd.DataFrame, phase: str, x: str, y: str, source_label: str) -> None:
+    pts = _finite(pareto.finished(df), x, y)
+    if pts.empty:
+        _empty(ax)
+        return
+    layouts = pts.apply(lambda r: pareto.layout_label(r, phase), axis=1)
+    for i, layout in enumerate(sorted(layouts.unique())):
+        sel = pts[layouts == layout]
+        ax.scatter(sel[x], sel[y], s=22, alpha=0.45, marker=_MARKERS[i % len(_MARKERS)],
+                   label=layout)
+    front = pareto.pareto_front(pts, x, y, phase=phase)
+    ax.plot(front[x], front[y], "-", color="black", lw=1.5, label="Pareto frontier")
+    ax.scatter(front[x], front[y], s=40, facecolors="none", edgecolors="black")
+    for _, row in front.iterrows():
+        ax.annotate(row["label"], (row[x], row[y]), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points")
+    _log(ax, x=bool((pts[x] > 0).all()), y=bool((pts[y] > 0).all()))
+    default_x, default_y = pareto.DEFAULT_AXES[phase]
+    unit = "per generated token" if phase == "decode" else "of the whole prompt"
+    ax.set_xlabel(f"{x} [s] — latency {unit}" if x == default_x else x)
+    ax.set_ylabel(f"{y} [chip·s/token]" if y == default_y else y)
+    ax.set_title(f"{PHASE_TITLES[phase]}\n{source_label}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+
+
 def pareto_figure(df: pd.DataFrame, source_label: str) -> Figure:
     """Figure 1 style: cost vs latency, log-log, one panel per phase; frontier points labelled."""
-    fig = Figure(figsize=(12, 5))
-    axes = fig.subplots(1, 2)
-    done = pareto.finished(df)
-    for ax, phase in zip(axes, pareto.PHASES):
+    fig = _figure(12, 5)
+    for ax, phase in zip(fig.subplots(1, 2), pareto.PHASES):
         x, y = pareto.resolve_axes(phase)
-        pts = _finite(done, x, y)
-        if pts.empty:
-            _empty(ax)
-            continue
-        layouts = pts.apply(lambda r: pareto.layout_label(r, phase), axis=1)
-        for i, layout in enumerate(sorted(layouts.unique())):
-            sel = pts[layouts == layout]
-            ax.scatter(sel[x], sel[y], s=22, alpha=0.45, marker=_MARKERS[i % len(_MARKERS)],
-                       label=layout)
-        front = pareto.pareto_front(pts, phase=phase)
-        ax.plot(front[x], front[y], "-", color="black", lw=1.5, label="Pareto frontier")
-        ax.scatter(front[x], front[y], s=40, facecolors="none", edgecolors="black")
-        for _, row in front.iterrows():
-            ax.annotate(row["label"], (row[x], row[y]), fontsize=7, xytext=(4, 4),
-                        textcoords="offset points")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        unit = "per generated token" if phase == "decode" else "of the whole prompt"
-        ax.set_xlabel(f"{x} [s] — latency {unit}")
-        ax.set_ylabel(f"{y} [chip·s/token]")
-        ax.set_title(f"{PHASE_TITLES[phase]}\n{source_label}", fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        _pareto_axes(ax, df, phase, x, y, source_label)
     fig.suptitle("Latency vs cost Pareto frontier (paper Fig. 1 style)")
+    return fig
+
+
+def pareto_phase_figure(df: pd.DataFrame, phase: str, x: str, y: str, source_label: str) -> Figure:
+    """One phase, any two metrics (`sweeper pareto --png`)."""
+    fig = _figure(7, 5)
+    _pareto_axes(fig.subplots(1, 1), df, phase, x, y, source_label)
     return fig
 
 
@@ -85,7 +130,7 @@ def tokens_per_batch(df: pd.DataFrame, phase: str) -> pd.Series:
 
 def mfu_figure(df: pd.DataFrame, source_label: str) -> Figure:
     """Figure 7 style: MFU against tokens per batch, one line per FFN layout (best config each)."""
-    fig = Figure(figsize=(12, 4.5))
+    fig = _figure(12, 4.5)
     axes = fig.subplots(1, 2)
     done = pareto.finished(df)
     for ax, phase in zip(axes, pareto.PHASES):
@@ -99,7 +144,7 @@ def mfu_figure(df: pd.DataFrame, source_label: str) -> Figure:
             best = sel.groupby("tokens")[mfu].max().sort_index()
             ax.plot(best.index, best.to_numpy() * 100, marker=_MARKERS[i % len(_MARKERS)],
                     label=str(layout))
-        ax.set_xscale("log", base=2)
+        _log(ax, x=True, y=False, base=2)
         ax.set_xlabel("tokens per batch (B·L prefill, B decode)")
         ax.set_ylabel("MFU [%] (best over chips, attention layout, topology)")
         ax.set_title(f"{PHASE_TITLES[phase]}\n{source_label}", fontsize=9)
@@ -121,7 +166,7 @@ def chips_batch(df: pd.DataFrame) -> int | None:
 
 def latency_figure(df: pd.DataFrame, source_label: str) -> Figure:
     """Figure 6 style: latency against chip count per layout, at one batch size."""
-    fig = Figure(figsize=(12, 4.5))
+    fig = _figure(12, 4.5)
     axes = fig.subplots(1, 2)
     done = pareto.finished(df)
     batch = chips_batch(done)
@@ -137,8 +182,8 @@ def latency_figure(df: pd.DataFrame, source_label: str) -> Figure:
             best = pts[layouts == layout].groupby("chips")[x].min().sort_index()
             ax.plot(best.index, best.to_numpy() * 1e3, marker=_MARKERS[i % len(_MARKERS)],
                     label=layout)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        _log(ax, x=True, y=False, base=2)
+        _log(ax, x=False, y=True)
         ax.set_xlabel("chips")
         ax.set_ylabel(f"{x} [ms] (best over topology)")
         ax.set_title(f"{PHASE_TITLES[phase]}, batch {batch}\n{source_label}", fontsize=9)
@@ -153,7 +198,7 @@ def predicted_vs_measured_figure(points: pd.DataFrame, title: str) -> Figure:
 
     `points`: columns phase, layout, measured_s, predicted_s (one row per held-out point).
     """
-    fig = Figure(figsize=(11, 5))
+    fig = _figure(11, 5.5)
     axes = fig.subplots(1, 2)
     for ax, phase in zip(axes, pareto.PHASES):
         sel = points[points["phase"] == phase] if len(points) else points
@@ -169,8 +214,7 @@ def predicted_vs_measured_figure(points: pd.DataFrame, title: str) -> Figure:
         line = np.geomspace(lo, hi, 50)
         ax.plot(line, line, "k-", lw=1, label="predicted = measured")
         ax.fill_between(line, line / 1.1, line * 1.1, color="grey", alpha=0.15, label="±10%")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _log(ax)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         unit = "decode_step_s" if phase == "decode" else "prefill_s"
@@ -179,7 +223,7 @@ def predicted_vs_measured_figure(points: pd.DataFrame, title: str) -> Figure:
         ax.set_title(PHASE_TITLES[phase], fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 110), fontsize=10)
     return fig
 
 

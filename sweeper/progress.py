@@ -45,6 +45,7 @@ class ProgressLine:
         self.already_done = already_done     # finished before this process (resume)
         self.ran = 0                         # trials this process ran to an end (not pruned)
         self._last = ""
+        self._key = ""
 
     def update(self, complete: int, failed: int, pruned: int, running: int,
                best: tuple[str, float, int] | None, ran: int, force: bool = False) -> None:
@@ -52,7 +53,7 @@ class ProgressLine:
             return
         done = complete + failed + pruned
         text = f"[{done}/{self.total}] ok {complete}  failed {failed}  pruned {pruned}"
-        if running:
+        if running and self.tty:
             text += f"  running {running}"
         if best is not None:
             metric, value, number = best
@@ -63,8 +64,11 @@ class ProgressLine:
             text += f" | ETA {format_duration(elapsed / ran * left)}"
         elif left <= 0:
             text += f" | {format_duration(elapsed)}"
-        if text == self._last and not force:
+        # Not a terminal: one line per finished trial, not one per second of ETA.
+        key = text if self.tty else text.split(" | ETA")[0]
+        if key == self._key and not force:
             return
+        self._key = key
         self._last = text
         if self.tty:
             self.stream.write("\r\033[K" + text)

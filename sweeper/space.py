@@ -9,7 +9,8 @@ parameters to search, what to optimise and under which constraints:
     input_len: 32                    # any TrialConfig field not searched is fixed here
     decode_steps: 8
     params:                          # searched: batch chips topology weights input_len decode_steps
-      batch: [4, 8, 16]              #   prefill_ffn prefill_attn decode_ffn decode_attn
+      batch: [4, 8, 16]              #   prefill_ffn prefill_attn decode_ffn decode_attn, and
+                                     #   ffn / attn (the same layout in both phases)
       chips: {choices: [1, 2, 4]}    # categorical (a list is shorthand for choices)
       input_len: {low: 16, high: 256, log: true}   # integer range (optional log, step)
       decode_ffn: [ws1d, ws2d]
@@ -51,11 +52,14 @@ from workloads.metrics import METRIC_NAMES, Measurement
 from workloads.trial import TrialConfig, parse_phase_layout
 
 # What can be searched, and which of those are integers.
+# `ffn` / `attn` set the layout of both phases at once (e.g. Figure 6 compares ws1d and ws2d
+# with the same layout in prefill and decode).
 PARAM_NAMES = ("batch", "chips", "topology", "prefill_ffn", "prefill_attn", "decode_ffn",
-               "decode_attn", "weights", "input_len", "decode_steps")
+               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps")
 INT_PARAMS = ("batch", "chips", "input_len", "decode_steps")
 LAYOUT_PARAMS = {"prefill_ffn": FFN_LAYOUTS, "prefill_attn": ATTN_LAYOUTS,
-                 "decode_ffn": FFN_LAYOUTS, "decode_attn": ATTN_LAYOUTS}
+                 "decode_ffn": FFN_LAYOUTS, "decode_attn": ATTN_LAYOUTS,
+                 "ffn": FFN_LAYOUTS, "attn": ATTN_LAYOUTS}
 AUTO_TOPOLOGY = "auto"   # the cost model's best split (TrialConfig.topology = None)
 
 # Trial fields that a space file may fix (TrialConfig.FIELDS without the model).
@@ -289,9 +293,16 @@ class SamplerSpec:
 def _sampler_class(kind: str):
     import optuna
 
+    class GridSampler(optuna.samplers.GridSampler):
+        """Optuna's grid sampler calls `study.stop()` once the grid is used up, which only
+        works inside `study.optimize`; our ask/tell loop stops by trial count instead."""
+
+        def after_trial(self, study, trial, state, values) -> None:
+            pass
+
     return {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
             "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,
-            "grid": optuna.samplers.GridSampler}[kind]
+            "grid": GridSampler}[kind]
 
 
 def _sampler_arguments(kind: str) -> list[str]:
@@ -415,8 +426,9 @@ class SearchSpace:
         for phase in ("prefill", "decode"):
             layout = dict(data.get(phase) or {})
             for part in ("ffn", "attn"):
-                if f"{phase}_{part}" in params:
-                    layout[part] = params[f"{phase}_{part}"]
+                for name in (part, f"{phase}_{part}"):
+                    if name in params:
+                        layout[part] = params[name]
             data[phase] = layout
         for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology"):
             if name in params:
@@ -610,5 +622,12 @@ def _parse_params(spec: Any, fixed: Mapping[str, Any], source: str | None) -> tu
             raise ConfigError(f"params.{name}", param_spec, f"a field that is not also fixed "
                               f"(remove the fixed {name if name in fixed else phase + '.' + part})",
                               source)
+        if name in ("ffn", "attn"):
+            clash = [f"params.{p}_{name}" for p in ("prefill", "decode") if f"{p}_{name}" in spec]
+            clash += [f"{p}.{name}" for p in ("prefill", "decode") if name in (fixed.get(p) or {})]
+            if clash:
+                raise ConfigError(f"params.{name}", param_spec, f"either {name} (both phases) or "
+                                  f"the per-phase field, not both (also set: {', '.join(clash)})",
+                                  source)
         params.append(Param.parse(name, param_spec, source))
     return tuple(params)

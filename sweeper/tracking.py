@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from sweeper.paths import artifact_root, default_tracking_uri
+from sweeper.paths import artifact_root, default_tracking_uri, precreate_sqlite_wal, tune_sqlite
 
 PARENT_TAG = "mlflow.parentRunId"
 KIND_TAG = "sweeper.kind"
@@ -74,7 +74,10 @@ class Tracker:
 
         _quiet_store_logs()
         self.tracking_uri = tracking_uri or default_tracking_uri()
+        precreate_sqlite_wal(self.tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
+        tune_sqlite(getattr(store, "engine", None))   # see paths.tune_sqlite
 
     # ------------------------------------------------------------------ experiments
     def experiment_id(self, name: str) -> str:

@@ -87,7 +87,7 @@ def test_unknown_metric_is_a_config_error():
 
 
 def test_hypervolume_of_a_known_set():
-    # Staircase (1,3) (2,2) (3,1) with reference (4,4): 3*1 + 2*1 + 1*1 strips... computed by hand:
+    # Staircase (1,3) (2,2) (3,1) with reference (4,4), in vertical strips:
     # x in [1,2): height 4-3=1; [2,3): 4-2=2; [3,4): 4-1=3  -> 1 + 2 + 3 = 6.
     assert pareto.hypervolume([(1, 3), (2, 2), (3, 1)], (4, 4)) == pytest.approx(6.0)
     # Dominated points, duplicates and points outside the reference add nothing.
@@ -120,3 +120,83 @@ def test_analyse_reports_reference_and_hypervolume():
     assert default.reference == pytest.approx((3.3, 3.3))
     as_dict = result.to_dict()
     assert as_dict["n_front"] == 3 and as_dict["front"][0]["label"].startswith("B")
+
+
+# ----------------------------------------------------------------------------- a real sweep
+
+SPACE = """
+name: pareto-test
+model: tiny
+hardware: analytical:tpu-v4
+input_len: 32
+decode_steps: 8
+params:
+  batch: [4, 16]
+  chips: [2, 4]
+  prefill_ffn: [ws2d, wg_xyz]
+  decode_ffn: [ws2d]
+  decode_attn: [head, batch]
+objectives:
+  - {metric: decode_step_s, direction: minimize}
+  - {metric: decode_cost_chip_s_per_token, direction: minimize}
+sampler: {type: grid, seed: 0}
+trials: 16
+parallel: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    from sweeper.controller import run_sweep
+
+    root = tmp_path_factory.mktemp("pareto")
+    (root / "space.yaml").write_text(SPACE)
+    storage, tracking = f"sqlite:///{root}/optuna.db", f"sqlite:///{root}/mlflow.db"
+    result = run_sweep(str(root / "space.yaml"), storage=storage, tracking_uri=tracking,
+                       study_name="p", progress=False)
+    assert result.counts["complete"] == 16
+    return root, storage, tracking, result
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_same_front_from_optuna_and_from_mlflow(sweep, phase):
+    _, storage, tracking, _ = sweep
+    from_optuna = pareto.analyse(pareto.load_points("p", "optuna", storage, tracking), phase)
+    from_mlflow = pareto.analyse(pareto.load_points("p", "mlflow", storage, tracking), phase)
+    assert from_optuna.n_points == from_mlflow.n_points == 16
+    assert len(from_optuna.front) >= 2
+    pd.testing.assert_frame_equal(from_optuna.table().reset_index(drop=True),
+                                  from_mlflow.table().reset_index(drop=True), check_dtype=False)
+    assert from_optuna.hypervolume == pytest.approx(from_mlflow.hypervolume, rel=1e-12)
+    assert from_optuna.hypervolume > 0
+
+
+def test_front_matches_the_controllers_pareto_rows(sweep):
+    _, storage, tracking, result = sweep
+    front = pareto.analyse(pareto.load_points("p", "optuna", storage), "decode").front
+    assert sorted(front["number"]) == sorted(r["number"] for r in result.pareto)
+
+
+def test_pareto_cli_json_csv_png_and_errors(sweep, capsys):
+    import json
+
+    from sweeper.cli import main
+
+    root, storage, tracking, _ = sweep
+    capsys.readouterr()
+    outputs = {}
+    for source in ("optuna", "mlflow"):
+        assert main(["pareto", "--study", "p", "--storage", storage, "--tracking-uri", tracking,
+                     "--source", source, "--phase", "prefill", "--json"]) == 0
+        outputs[source] = json.loads(capsys.readouterr().out)
+    assert outputs["optuna"]["front"] == outputs["mlflow"]["front"]
+    assert outputs["optuna"]["x"] == "prefill_s"
+    csv, png = root / "front.csv", root / "front.png"
+    assert main(["pareto", "--study", "p", "--storage", storage, "--csv", str(csv),
+                 "--png", str(png), "--y", "decode_mfu"]) == 0
+    assert "decode_mfu" in capsys.readouterr().out
+    assert pd.read_csv(csv)["label"].str.match(r"B\d+/\dc/").all()
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert main(["pareto", "--study", "p", "--storage", storage, "--x", "latency"]) == 2
+    assert "metric" in capsys.readouterr().err
+    assert main(["pareto", "--study", "nope", "--storage", storage]) == 2

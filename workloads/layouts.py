@@ -23,6 +23,11 @@ weight-stationary, so that we can use the same weight layout for weight-gathered
 A trial whose two phases both use ws1d stores the 1D layout instead (W_in: E F_xyz, ...),
 which is the same thing as the 2D layout with X = 1. Mixing ws1d with another layout
 therefore needs X = 1, so that switching phases moves no weights.
+Order of a multi-axis split (the engine's choice; sizes above do not depend on it): the
+F / H·D / K·D columns are split z-major (F_yz = chunk z·Y + y; 1D F_xyz = chunk
+(z·Y + y)·X + x), so gathering over y (wg_xy) leaves a contiguous F_z and every chip's
+query heads form one contiguous chunk; the residual stream B_G L E_R and the vocabulary
+V_xyz are split in mesh order (x, y, z).
 
 Per layer, parallel block (paper §3.4 and Appendix A), elements per chip; an all-gather's
 size is its output, a reduce-scatter's its input (paper §3.1 / Fig. A.1):

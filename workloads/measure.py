@@ -144,10 +144,15 @@ def _place(args: tuple, compiled) -> tuple:
         if len(shard_leaves) != len(leaves):
             placed.append(arg)
             continue
-        moved = [leaf if getattr(leaf, "sharding", None) == s else jax.device_put(leaf, s)
+        moved = [leaf if _placed_as(leaf, s) else jax.device_put(leaf, s)
                  for leaf, s in zip(leaves, shard_leaves)]
         placed.append(jax.tree.unflatten(tree, moved))
     return tuple(placed)
+
+
+def _placed_as(leaf, sharding) -> bool:
+    current = getattr(leaf, "sharding", None)
+    return current is not None and current.is_equivalent_to(sharding, leaf.ndim)
 
 
 # --------------------------------------------------------------------------- analysis
@@ -294,7 +299,7 @@ def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: boo
     m.decode_step_s, m.decode_step_s_min, m.decode_step_s_max = _stats(
         [s for r in runs for s in r.decode_steps_s])
     m.total_s = statistics.median(r.total_s for r in runs)
-    m.compile_s = entry.compile_s
+    m.compile_s = 0.0 if hit else entry.compile_s     # this trial compiled nothing on a hit
 
     prefill_tokens, decode_tokens = b * trial.input_len, b
     prefill_flops = costmodel.phase_model_flops(trial.model, b, "prefill", trial.input_len)
@@ -320,6 +325,7 @@ def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: boo
     handoff = [r.handoff_s for r in runs]
     m.extra = {
         "compile_cache_hit": hit,
+        "compile_s_when_built": entry.compile_s,
         "topology": "x".join(str(v) for v in trial.mesh_shape),
         "handoff_s": statistics.median(handoff),
         "handoff_comm_bytes_per_chip": analysis["comm_bytes"].get("handoff", 0.0),
@@ -344,17 +350,19 @@ def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: boo
 
 
 def verify_trial(entry: CompiledTrial, trial: TrialConfig, m: Measurement) -> None:
-    """Run the engine once more keeping logits, and the reference with the same weights."""
+    """Run the engine once more keeping logits, and the unsharded reference on weights and
+    prompt rebuilt from the seed (not taken from the engine), dequantised for int8."""
     import jax.numpy as jnp
     import numpy as np
 
     from workloads import quant
-    from workloads.model import init_params
+    from workloads.model import init_params, prompt_tokens
     from workloads.reference import reference_generate
 
     run = run_once(entry, trial, keep_logits=True)
-    weights = entry.engine.reference_params()       # dequantised for int8: like with like
-    tokens = np.asarray(entry.engine.input_tokens())
+    raw = init_params(trial.model, trial.seed)
+    weights = quant.dequantize_params(quant.quantize_params(raw)) if trial.weights == "int8" else raw
+    tokens = prompt_tokens(trial.model, trial.batch, trial.input_len, trial.seed)
     ref_logits, ref_tokens = reference_generate(trial.model, weights, tokens, trial.decode_steps)
     errors = [float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(r, jnp.float32))))
               for a, r in zip(run.logits, ref_logits)]
@@ -366,5 +374,4 @@ def verify_trial(entry: CompiledTrial, trial: TrialConfig, m: Measurement) -> No
         # Teacher-forced over the prompt and every generated token, so the number is the
         # quantisation error alone, not a diverged greedy path.
         seq = np.concatenate([tokens, engine_tokens[:, :trial.decode_steps]], axis=1)
-        raw = init_params(trial.model, trial.seed)
         m.int8_max_logit_dev = quant.max_logit_deviation(trial.model, raw, jnp.asarray(seq))

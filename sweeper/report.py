@@ -1,0 +1,336 @@
+"""The sweep report: one self-contained HTML page (figures inlined as base64 PNG).
+
+    sweeper report --study NAME --out DIR      -> DIR/report.html (+ the PNGs beside it)
+
+Sections: the Pareto frontier per phase (paper Fig. 1 style, log-log, frontier points
+labelled batch/chips/layout), MFU against tokens per batch per FFN layout (Fig. 7 style),
+latency against chips per layout (Fig. 6 style), held-out predicted vs measured with the
+error table (sweeper/calibrate.py), and the recommended layout per regime. Every measured
+number is labelled "measured on this host (emulated mesh)" (or the devices it ran on) and
+every cost-model number "analytical". The template is `dashboards/report.html.j2`.
+
+`summarize_sweep` is what `sweeper run` calls at the end: Pareto tables, held-out error,
+report path; each part that cannot be computed says why instead of failing the sweep.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sweeper import calibrate as cal
+from sweeper import pareto, plots
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"
+TEMPLATE = "report.html.j2"
+REPORT_FILE = "report.html"
+FIGURES = ("pareto", "mfu", "latency", "predicted")
+
+
+def _source_sentence(source: str, hardware: str) -> str:
+    if source == "analytical":
+        return (f"predictions of the analytical cost model for the profile <code>{hardware}</code>; "
+                "nothing here was run.")
+    if hardware.startswith("devices"):
+        return f"wall-clock medians measured on this machine's accelerators ({hardware})."
+    return ("wall-clock medians measured on <b>this host</b>: an emulated mesh of virtual XLA CPU "
+            "devices sharing its cores. They are timings of this machine, not of a TPU or GPU; "
+            "MFU is relative to this host's measured peak.")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "—"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _table(df: pd.DataFrame, columns: list[str] | None = None) -> dict[str, Any]:
+    columns = columns or list(df.columns)
+    return {"columns": columns, "rows": [[_fmt(row[c]) for c in columns] for _, row in df.iterrows()]}
+
+
+def regimes_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per phase, frontier points for three regimes (paper Tables 2 and 3)."""
+    rows = []
+    for phase in pareto.PHASES:
+        x, y = pareto.resolve_axes(phase)
+        front = pareto.pareto_front(pareto.finished(df), phase=phase)
+        if front.empty:
+            continue
+        picks = {"lowest latency": front[x].idxmin(), "lowest cost": front[y].idxmin(),
+                 "knee (min latency x cost)": (front[x] * front[y]).idxmin()}
+        for regime, i in picks.items():
+            r = front.loc[i]
+            rows.append({"phase": phase, "regime": regime,
+                         "layout": pareto.layout_label(r, phase), "batch": r.get("batch"),
+                         "chips": r.get("chips"), "topology": r.get("topology"),
+                         "weights": r.get("weights"), x: r[x], y: r[y], "trial": r.get("number")})
+    return pd.DataFrame(rows)
+
+
+def best_layouts_table(df: pd.DataFrame, held: pd.DataFrame | None) -> pd.DataFrame:
+    """Measured-best layout per (phase, chips, batch); the held-out model's pick beside it."""
+    rows = []
+    done = pareto.finished(df)
+    for phase in pareto.PHASES:
+        x, _ = pareto.resolve_axes(phase)
+        ffn, attn = pareto.layout_columns(phase)
+        pts = done[pd.to_numeric(done[x], errors="coerce").notna()] if x in done else done.iloc[0:0]
+        if pts.empty:
+            continue
+        pts = pts.assign(key=pts[ffn].astype(str) + "/" + pts[attn].astype(str)
+                         + "@" + pts["topology"].astype(str))
+        for (chips, batch), grp in pts.groupby(["chips", "batch"]):
+            per = grp.groupby("key")[x].median().sort_values()
+            row = {"phase": phase, "chips": int(chips), "batch": int(batch),
+                   "best layout (measured)": per.index[0], x: float(per.iloc[0]),
+                   "layouts compared": len(per),
+                   "runner-up": per.index[1] if len(per) > 1 else "—",
+                   "margin": float(per.iloc[1] / per.iloc[0] - 1) if len(per) > 1 else math.nan}
+            if held is not None and len(held):
+                sel = held[(held["phase"] == phase) & (held["chips"] == chips) & (held["batch"] == batch)]
+                if len(sel):
+                    model = sel.assign(key=sel["layout"] + "@" + sel["topology"]) \
+                        .groupby("key")["predicted_s"].median().sort_values()
+                    row["model's pick (held-out)"] = model.index[0]
+                    row["agree"] = "yes" if model.index[0] == per.index[0] else "no"
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    if "margin" in out:
+        out["margin"] = out["margin"].map(lambda m: plots.percent(m))
+    return out
+
+
+def _fit_context(result: cal.Calibration) -> dict[str, Any]:
+    schemes = []
+    for name, ho in result.holdouts.items():
+        tau = f"{ho.kendall_tau:.2f}" if math.isfinite(ho.kendall_tau) else "—"
+        schemes.append({"name": name if not ho.skipped else f"{name} (skipped: {ho.skipped})",
+                        "n_points": len(ho.points), "mape": plots.percent(ho.mape),
+                        "median": plots.percent(ho.median_ape), "max": plots.percent(ho.max_ape),
+                        "top1": plots.percent(ho.top1_agreement),
+                        "top1_tol": plots.percent(ho.top1_within_tolerance), "tau": tau,
+                        "groups": ho.groups})
+    errors = result.main.errors.copy()
+    for col in ("mape", "median_ape", "max_ape"):
+        errors[col] = errors[col].map(plots.percent)
+    constants = []
+    for key in ("peak_flops", "hbm_bandwidth", "ici_bandwidth", "collective_latency_s",
+                "op_overhead_s", "overlap"):
+        constants.append((key, _fmt(float(getattr(result.base, key))),
+                          _fmt(float(getattr(result.fitted, key)))))
+    for kind, value in (getattr(result.fitted, "collective_latency_s_by_kind", {}) or {}).items():
+        constants.append((f"collective latency [{kind}] (s)", "0", _fmt(float(value))))
+    table = _table(errors)
+    return {"holdout_desc": "; ".join(cal.HOLDOUT_TEXT[n] for n in result.holdouts),
+            "n_points": len(result.points), "n_trials": len({p.trial for p in result.points}),
+            "schemes": schemes, "table_scheme": cal.HOLDOUT_TEXT[result.headline],
+            "error_columns": table["columns"], "error_rows": table["rows"],
+            "constants": constants}
+
+
+def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
+           calibration: cal.Calibration | None, fit_error: str | None,
+           parent_run_id: str | None = None) -> tuple[str, dict[str, bytes]]:
+    """The HTML text and the PNG bytes of every figure."""
+    import jinja2
+
+    source = str(attrs.get("source") or (df["source"].dropna().iloc[0] if df["source"].notna().any()
+                                          else "measured"))
+    hardware = str(attrs.get("hardware") or (df["hardware"].dropna().iloc[0]
+                                             if df["hardware"].notna().any() else "host"))
+    label = plots.source_label(source, hardware)
+    pngs = {"pareto": plots.png_bytes(plots.pareto_figure(df, label)),
+            "mfu": plots.png_bytes(plots.mfu_figure(df, label)),
+            "latency": plots.png_bytes(plots.latency_figure(df, label))}
+    if calibration is not None:
+        title = (f"held-out predictions ({cal.HOLDOUT_TEXT[calibration.headline]}): analytical, "
+                 f"fitted, against {label}; MAPE {plots.percent(calibration.main.mape)}")
+        pngs["predicted"] = plots.png_bytes(plots.predicted_vs_measured_figure(
+            calibration.main.points, title))
+    pareto_ctx = []
+    for phase in pareto.PHASES:
+        res = pareto.analyse(df, phase)
+        table = _table(res.table()) if len(res.front) else {"columns": [], "rows": []}
+        pareto_ctx.append({"phase": phase, "n_front": len(res.front), "n_points": res.n_points,
+                           "hypervolume": res.hypervolume, "reference": res.reference, **table})
+    states = df["state"].astype(str).str.upper()
+    counts = {"total": len(df), "complete": int((states == "COMPLETE").sum()),
+              "pruned": int((states == "PRUNED").sum()), "failed": int((states == "FAIL").sum())}
+    held = calibration.main.points if calibration is not None else None
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             undefined=jinja2.StrictUndefined)
+    html = env.get_template(TEMPLATE).render(
+        study=study, generated=time.strftime("%Y-%m-%d %H:%M:%S"), counts=counts,
+        models=", ".join(sorted(df["model"].dropna().astype(str).unique())) or "—",
+        hardware=hardware, parent_run_id=parent_run_id,
+        source_tag="analytical" if source == "analytical" else "measured",
+        source_class="analytical" if source == "analytical" else "measured",
+        source_sentence=jinja2.utils.markupsafe.Markup(_source_sentence(source, hardware)),
+        pareto_note=("x: latency (decode: decode_step_s per generated token; prefill: prefill_s "
+                     "for the whole prompt), y: chip-seconds per token, both minimised; "
+                     "hypervolume against 1.1 x the worst finished value on each axis."),
+        images={k: base64.b64encode(v).decode("ascii") for k, v in pngs.items()},
+        pareto=pareto_ctx, fit=_fit_context(calibration) if calibration else None,
+        fit_error=fit_error or "", regimes=_table(regimes_table(df)) if len(df) else _table(pd.DataFrame()),
+        best_layouts=_table(best_layouts_table(df, held)))
+    return html, pngs
+
+
+@dataclass
+class Report:
+    path: Path
+    figures: dict[str, Path]
+    calibration: cal.Calibration | None
+    fit_error: str | None
+    logged: bool = False
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def write_report(data: cal.StudyData, out_dir: str | Path, calibration: cal.Calibration | None = None,
+                 fit_error: str | None = None) -> Report:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    html, pngs = render(data.frame, study=data.name, attrs=data.attrs, calibration=calibration,
+                        fit_error=fit_error, parent_run_id=data.parent_run_id)
+    figures = {}
+    for name, blob in pngs.items():
+        figures[name] = out_dir / f"{name}.png"
+        figures[name].write_bytes(blob)
+    path = out_dir / REPORT_FILE
+    path.write_text(html, encoding="utf-8")
+    return Report(path, figures, calibration, fit_error)
+
+
+def try_calibrate(data: cal.StudyData) -> tuple[cal.Calibration | None, str | None]:
+    """All three hold-out schemes; a study that cannot be fitted gives the reason instead."""
+    try:
+        return cal.calibrate_study(data, cal.HOLDOUTS), None
+    except cal.CalibrationError as err:
+        return None, str(err)
+
+
+def log_report(report: Report, data: cal.StudyData) -> bool:
+    """The HTML and its figures as artifacts of the sweep's parent run (`report/`)."""
+    if not (data.parent_run_id and data.tracking_uri):
+        return False
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=data.tracking_uri)
+    client.log_artifact(data.parent_run_id, str(report.path), artifact_path="report")
+    for path in report.figures.values():
+        client.log_artifact(data.parent_run_id, str(path), artifact_path="report")
+    return True
+
+
+def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | None = None,
+                    out_dir: str | Path | None = None, log: bool = True) -> dict[str, Any]:
+    """What `sweeper run` prints at the end: Pareto tables, held-out error, report path.
+
+    Calibrates (all three hold-out schemes) when the study has enough measured trials,
+    writes the fitted profile and the report under `out_dir` (default
+    $SWEEPER_HOME/reports/<study>) and logs both to the sweep's MLflow parent run.
+    """
+    from sweeper.paths import sweeper_home
+
+    data = cal.load_study_data(study, storage)
+    if tracking_uri and not data.attrs.get("tracking_uri"):
+        data.attrs["tracking_uri"] = tracking_uri
+    out_dir = Path(out_dir) if out_dir else sweeper_home(create=True) / "reports" / study
+    calibration, fit_error = try_calibrate(data)
+    errors: list[str] = []
+    if calibration is not None:
+        files = cal.write_outputs(calibration, out_dir / "calibration")
+        if log:
+            try:
+                cal.log_to_mlflow(calibration, files)
+            except Exception as err:  # noqa: BLE001 - the numbers are computed; say why
+                errors.append(f"MLflow (calibration): {err}")
+    report = write_report(data, out_dir, calibration, fit_error)
+    if log:
+        try:
+            report.logged = log_report(report, data)
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"MLflow (report): {err}")
+    fronts = {phase: pareto.analyse(data.frame, phase).to_dict() for phase in pareto.PHASES}
+    return {"study": study, "pareto": fronts,
+            "heldout": cal._jsonable(calibration.summary()) if calibration else {"skipped": fit_error},
+            "fitted_yaml": calibration.artifacts.get("fitted_yaml") if calibration else None,
+            "report": str(report.path), "logged_to_mlflow": report.logged,
+            "parent_run_id": data.parent_run_id, "errors": errors}
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Readable lines for the end of `sweeper run`."""
+    lines = []
+    for phase, front in summary["pareto"].items():
+        lines.append(f"{phase} Pareto frontier ({front['x']} vs {front['y']}): "
+                     f"{front['n_front']} of {front['n_points']} trials, hypervolume "
+                     f"{_fmt(front['hypervolume'])}")
+        for row in front["front"]:
+            lines.append(f"  #{row.get('number')}  {row['label']:<28} {front['x']}={_fmt(row[front['x']])}"
+                         f"  {front['y']}={_fmt(row[front['y']])}")
+    held = summary["heldout"]
+    if "skipped" in held:
+        lines.append(f"held-out prediction error: not computed ({held['skipped']})")
+    else:
+        for name, ho in held["holdouts"].items():
+            if ho.get("skipped"):
+                lines.append(f"held-out ({name}): skipped, {ho['skipped']}")
+                continue
+            lines.append(f"held-out ({name}): MAPE {plots.percent(_num(ho['mape_heldout']))}, median "
+                         f"{plots.percent(_num(ho['median_ape_heldout']))}, max "
+                         f"{plots.percent(_num(ho['max_ape_heldout']))}, top-1 layout agreement "
+                         f"{plots.percent(_num(ho['top1_agreement']))} over {ho['ranking_groups']} groups")
+        lines.append(f"fitted profile: {summary['fitted_yaml']}")
+    lines.append(f"report: {summary['report']}")
+    for err in summary.get("errors", []):
+        lines.append(f"warning: {err}")
+    return "\n".join(lines)
+
+
+def _num(value) -> float:
+    return math.nan if value is None else float(value)
+
+
+def run_report(args) -> int:
+    """`sweeper report`."""
+    data = cal.load_study_data(args.study, args.storage)
+    calibration, fit_error = (None, "skipped (--no-fit)") if args.no_fit else try_calibrate(data)
+    if calibration is not None:
+        files = cal.write_outputs(calibration, Path(args.out) / "calibration")
+        if not args.no_mlflow:
+            try:
+                cal.log_to_mlflow(calibration, files)
+            except Exception as err:  # noqa: BLE001
+                print(f"sweeper report: MLflow logging failed: {err}", file=sys.stderr)
+    report = write_report(data, args.out, calibration, fit_error)
+    if not args.no_mlflow:
+        try:
+            report.logged = log_report(report, data)
+        except Exception as err:  # noqa: BLE001
+            print(f"sweeper report: MLflow logging failed: {err}", file=sys.stderr)
+    if args.json:
+        from sweeper.cli import print_json
+
+        print_json({"report": str(report.path), "figures": {k: str(v) for k, v in report.figures.items()},
+                    "calibrated": calibration is not None, "fit_error": fit_error,
+                    "logged_to_mlflow": report.logged, "parent_run_id": data.parent_run_id})
+    else:
+        print(f"report: {report.path}" + (f" (also on MLflow run {data.parent_run_id}, artifacts/report)"
+                                          if report.logged else ""))
+        if fit_error:
+            print(f"calibration: {fit_error}")
+    return 0

@@ -1,0 +1,139 @@
+"""The HTML report: every figure inlined, provenance labels, the tables; `summarize_sweep` on a
+real (analytical) sweep and `sweeper report` on a measured study, both logged to MLflow."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+
+from sweeper import calibrate as cal
+from sweeper import report
+
+from test_calibrate import START, TRUTH, grid, store_measured_study
+
+ANALYTICAL_SPACE = """
+name: report-test
+model: tiny
+hardware: analytical:tpu-v4
+input_len: 32
+decode_steps: 8
+params:
+  batch: [8, 16]
+  chips: [2, 4]
+  decode_ffn: [ws1d, ws2d]
+  decode_attn: [head, batch]
+objectives:
+  - {metric: decode_step_s, direction: minimize}
+  - {metric: decode_cost_chip_s_per_token, direction: minimize}
+sampler: {type: grid, seed: 0}
+trials: 16
+parallel: 1
+"""
+
+
+def images(html: str) -> dict[str, bytes]:
+    """id -> PNG bytes of every inlined image."""
+    found = re.findall(r'<img alt="[^"]*" id="([^"]+)" src="data:image/png;base64,([^"]+)"', html)
+    return {name: base64.b64decode(data) for name, data in found}
+
+
+@pytest.fixture(scope="module")
+def synthetic_calibrated():
+    configs = grid(chips=(2, 4, 8), batches=(4, 16))
+    frame = cal.synthetic_trials(configs, TRUTH, START, noise=0.02, seed=2)
+    points = cal.points_from_frame(frame, START)
+    return frame, cal.calibrate(points, START, cal.HOLDOUTS, "synthetic")
+
+
+def test_report_contains_every_figure_and_table(synthetic_calibrated):
+    frame, calibration = synthetic_calibrated
+    html, pngs = report.render(frame, study="synthetic", attrs={"source": "measured", "hardware": "host"},
+                               calibration=calibration, fit_error=None)
+    inlined = images(html)
+    assert set(inlined) == {"fig-pareto", "fig-mfu", "fig-latency", "fig-predicted"}
+    for blob in inlined.values():
+        assert blob.startswith(b"\x89PNG\r\n\x1a\n") and len(blob) > 10_000
+    assert set(pngs) == set(report.FIGURES)
+    # Self-contained: nothing fetched from elsewhere.
+    assert not re.search(r'(src|href)="(http|//)', html)
+    for section in ('id="pareto"', 'id="mfu"', 'id="latency"', 'id="calibration"', 'id="recommend"',
+                    'class="error-table"', 'class="summary-table"', 'class="regime-table"',
+                    'class="best-layout-table"', 'class="pareto-table"', 'class="fitted-table"'):
+        assert section in html
+    # Provenance: measured numbers say where they were measured; the model says analytical.
+    assert "measured on <b>this host</b>" in html and "emulated mesh" in html
+    assert 'class="tag analytical"' in html
+    # The error table lists every (phase, layout) that was measured, with held-out numbers.
+    for phase, layout in {(p.phase, p.layout_key) for p in calibration.points}:
+        assert re.search(rf"<td class=\"text\">{phase}</td><td class=\"text\">{re.escape(layout)}</td>", html)
+    assert "leave-one-chip-count-out" in html
+    # Frontier points are labelled batch/chips/layout in the table.
+    assert re.search(r"B\d+/\dc/ws[12]d/(head|batch)", html)
+
+
+def test_regimes_come_from_the_frontier(synthetic_calibrated):
+    frame, _ = synthetic_calibrated
+    table = report.regimes_table(frame)
+    decode = table[table["phase"] == "decode"].set_index("regime")
+    assert decode.loc["lowest latency", "decode_step_s"] == pytest.approx(frame["decode_step_s"].min())
+    assert decode.loc["lowest cost", "decode_cost_chip_s_per_token"] == pytest.approx(
+        frame["decode_cost_chip_s_per_token"].min())
+
+
+@pytest.fixture(scope="module")
+def analytical_sweep(tmp_path_factory):
+    from sweeper.controller import run_sweep
+
+    root = tmp_path_factory.mktemp("analytical")
+    space = root / "space.yaml"
+    space.write_text(ANALYTICAL_SPACE)
+    storage, tracking = f"sqlite:///{root}/optuna.db", f"sqlite:///{root}/mlflow.db"
+    result = run_sweep(str(space), storage=storage, tracking_uri=tracking, study_name="an",
+                       progress=False)
+    assert result.counts["complete"] == 16
+    return root, storage, tracking, result.parent_run_id
+
+
+def test_summarize_sweep_on_an_analytical_sweep(analytical_sweep, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    root, storage, tracking, parent = analytical_sweep
+    monkeypatch.setenv("SWEEPER_HOME", str(root / "home"))
+    summary = report.summarize_sweep("an", storage, tracking, root / "out")
+    assert set(summary["pareto"]) == {"prefill", "decode"}
+    assert summary["pareto"]["decode"]["n_points"] == 16 and summary["pareto"]["decode"]["front"]
+    assert "measured" in summary["heldout"]["skipped"]           # nothing to calibrate against
+    html = (root / "out" / "report.html").read_text()
+    assert {"fig-pareto", "fig-mfu", "fig-latency"} <= set(images(html))
+    assert re.search(r'id="pareto">Pareto frontier per phase <span class="tag analytical">analytical',
+                     html)                                     # not labelled as measured
+    assert 'class="tag measured"' not in html
+    assert 'id="no-fit"' in html and "predictions of the analytical cost model" in html
+    assert summary["logged_to_mlflow"]
+    arts = {a.path for a in MlflowClient(tracking_uri=tracking).list_artifacts(parent, "report")}
+    assert "report/report.html" in arts and "report/pareto.png" in arts
+    text = report.format_summary(summary)
+    assert "decode Pareto frontier" in text and "held-out prediction error: not computed" in text
+    assert str(root / "out" / "report.html") in text
+
+
+def test_report_cli_on_a_measured_study(tmp_path, capsys, monkeypatch):
+    import json
+
+    from sweeper.cli import main
+
+    configs = grid(chips=(2, 4), batches=(4, 16))
+    frame = cal.synthetic_trials(configs, TRUTH, START, noise=0.02, seed=3)
+    storage, tracking, parent = store_measured_study(tmp_path / "m", frame, configs, name="m")
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
+    capsys.readouterr()
+    assert main(["report", "--study", "m", "--storage", storage, "--out", str(tmp_path / "r"),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["calibrated"] and out["logged_to_mlflow"]
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert set(images(html)) == {"fig-pareto", "fig-mfu", "fig-latency", "fig-predicted"}
+    assert (tmp_path / "r" / "calibration" / "errors.csv").is_file()
+    assert main(["report", "--study", "missing", "--storage", storage, "--out", str(tmp_path)]) == 2
