@@ -39,6 +39,7 @@ import dataclasses
 import json
 import math
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -442,8 +443,12 @@ def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | N
 
 
 def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
-            space: ParamSpace | None = None, loss: str = "linear", seed: int = 0) -> Holdout:
-    """Predict every point from a fit on the other folds; score only those predictions."""
+            space: ParamSpace | None = None, loss: str = "linear", seed: int = 0,
+            tie_reference: np.ndarray | None = None) -> Holdout:
+    """Predict every point from a fit on the other folds; score only those predictions.
+
+    `tie_reference`: one model's predictions of all points (the fit on everything), used only
+    to tell which layouts the formulas make equal; without it, the held-out predictions."""
     splits = folds(points, scheme, seed=seed)
     predicted = np.full(len(points), math.nan)
     fold_id = np.full(len(points), -1)
@@ -462,6 +467,7 @@ def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
             predicted[j] = predict_point(points[j], fitted)
             fold_id[j] = i
     df = point_frame(points, predicted, fold_id)
+    df["tie_s"] = tie_reference if tie_reference is not None else df["predicted_s"]
     top1, top1_tol, tau, groups = ranking_agreement(df)
     ape = df["ape"]
     return Holdout(scheme, df, float(ape.mean()), float(ape.median()), float(ape.max()),
@@ -496,9 +502,12 @@ def layout_rankings(df: pd.DataFrame) -> list[pd.DataFrame]:
     predicted time of each (ffn, attn, topology), for groups with at least two layouts."""
     out = []
     ok = df.dropna(subset=["predicted_s", "measured_s"])
+    if "tie_s" not in ok:
+        ok = ok.assign(tie_s=ok["predicted_s"])
     for _, grp in ok.groupby(GROUP_COLUMNS):
         per_layout = grp.groupby(["layout", "topology"], as_index=False).agg(
-            measured_s=("measured_s", "median"), predicted_s=("predicted_s", "median"))
+            measured_s=("measured_s", "median"), predicted_s=("predicted_s", "median"),
+            tie_s=("tie_s", "median"))
         if len(per_layout) >= 2:
             for col in GROUP_COLUMNS:
                 per_layout[col] = grp[col].iloc[0]
@@ -509,9 +518,11 @@ def layout_rankings(df: pd.DataFrame) -> list[pd.DataFrame]:
 def ranking_agreement(df: pd.DataFrame) -> tuple[float, float, float, int]:
     """(top-1 agreement, top-1 within 5% of the best, mean Kendall tau, groups counted).
 
-    Groups where the model predicts every layout equal (one chip: no collectives, the same
-    program) are left out: the model makes no pick there. Where it ties some layouts at the
-    top, the measured best being among them is agreement."""
+    Ties are the formulas' (column `tie_s`: one model's predictions): groups where it
+    predicts every layout equal (one chip: no collectives, the same program) are left out,
+    the model makes no pick there; when its pick is tied with other layouts (ws1d and ws2d
+    on an X = 1 torus are the same program), the measured best being among them is
+    agreement. The pick itself is the held-out prediction's."""
     from scipy.stats import kendalltau
 
     groups = layout_rankings(df)
@@ -519,12 +530,11 @@ def ranking_agreement(df: pd.DataFrame) -> tuple[float, float, float, int]:
         return math.nan, math.nan, math.nan, 0
     hits, near, taus = [], [], []
     for g in groups:
-        if g["predicted_s"].max() <= g["predicted_s"].min() * (1 + PREDICTED_TIE):
-            continue   # the model predicts every layout equal (1 chip): it makes no pick
+        if g["tie_s"].max() <= g["tie_s"].min() * (1 + PREDICTED_TIE):
+            continue   # every layout predicted equal: no pick to score
         best_measured = g["measured_s"].idxmin()
-        # Layouts the model predicts equal (ws1d and ws2d on an X = 1 torus are the same
-        # program) are all its pick: which of them the noise made fastest is not its call.
-        tied = g.index[g["predicted_s"] <= g["predicted_s"].min() * (1 + PREDICTED_TIE)]
+        pick = g["predicted_s"].idxmin()
+        tied = g.index[abs(g["tie_s"] / g.loc[pick, "tie_s"] - 1) <= PREDICTED_TIE]
         hits.append(best_measured in tied)
         worst_pick = g.loc[tied, "measured_s"].max()
         near.append(worst_pick <= (1 + TOP1_TOLERANCE) * g["measured_s"].min())
@@ -604,7 +614,9 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
     space = default_space(points)
     fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted")
     insample = point_frame(points, np.array([predict_point(p, fit.profile) for p in points]))
-    results = {scheme: heldout(points, base, scheme, None, loss) for scheme in holdouts}
+    reference = insample["predicted_s"].to_numpy()
+    results = {scheme: heldout(points, base, scheme, None, loss, tie_reference=reference)
+               for scheme in holdouts}
     return Calibration(study, base, fit.profile, points, insample, results, holdouts[0], fit)
 
 
@@ -613,7 +625,10 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
 
 def study_base_profile(attrs: Mapping[str, Any]) -> HardwareProfile:
     """The profile the sweep predicted with: `host` (this host, measured and cached), a
-    preset or a YAML (relative to the space file), from the study's `hardware` label."""
+    preset or a YAML (relative to the space file), from the study's `hardware` label.
+    A study that stored the profile itself (user attr `hardware_profile`) gives that one."""
+    if isinstance(attrs.get("hardware_profile"), Mapping):
+        return HardwareProfile.from_dict(attrs["hardware_profile"], source="study user_attrs")
     label = str(attrs.get("hardware") or "host")
     kind, _, profile = label.partition(":")
     spec = profile or "host"
@@ -660,13 +675,15 @@ def load_study_data(study_name: str, storage: str | None = None) -> StudyData:
 
 
 def calibrate_study(data: StudyData, holdouts: Iterable[str] = ("kfold",),
-                    base: HardwareProfile | None = None, loss: str = "linear") -> Calibration:
+                    start: HardwareProfile | None = None, loss: str = "linear") -> Calibration:
+    """Calibrate a study's measured trials. Each trial's share of the hardware is taken
+    relative to the profile the sweep used; `start` only changes where the fit begins."""
     if data.source != "measured":
         raise CalibrationError("study", data.name, "a study of measured trials (this one is "
                                f"{data.source}: the cost model fitted to itself says nothing)")
-    base = base or study_base_profile(data.attrs)
-    points = points_from_frame(data.frame, base, data.configs)
-    result = calibrate(points, base, holdouts, data.name, loss)
+    swept = study_base_profile(data.attrs)
+    points = points_from_frame(data.frame, swept, data.configs)
+    result = calibrate(points, start or swept, holdouts, data.name, loss)
     result.parent_run_id, result.tracking_uri = data.parent_run_id, data.tracking_uri
     return result
 
@@ -742,7 +759,7 @@ def log_to_mlflow(result: Calibration, files: Mapping[str, str]) -> bool:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=result.tracking_uri)
-    now = int(__import__("time").time() * 1000)
+    now = int(time.time() * 1000)
     metrics = []
     for name, ho in result.holdouts.items():
         for key, value in (("mape", ho.mape), ("median_ape", ho.median_ape), ("max_ape", ho.max_ape),

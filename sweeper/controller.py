@@ -54,6 +54,7 @@ class SweepResult:
     tracking_uri: str
     parent_run_id: str | None
     experiment: str
+    experiment_id: str | None
     source: str                          # measured | analytical
     counts: dict[str, int]               # complete, failed, pruned (the whole study)
     pareto: list[dict[str, Any]]         # non-dominated feasible trials
@@ -66,7 +67,8 @@ class SweepResult:
                 "trials_failed": self.counts["failed"], "trials_pruned": self.counts["pruned"],
                 "pareto": self.pareto, "parent_run_id": self.parent_run_id,
                 "tracking_uri": self.tracking_uri, "storage": self.storage,
-                "experiment": self.experiment, "source": self.source,
+                "experiment": self.experiment, "experiment_id": self.experiment_id,
+                "source": self.source,
                 "elapsed_s": round(self.elapsed_s, 3)}
 
 
@@ -93,9 +95,31 @@ def _positive(value: Any, name: str) -> int:
 
 
 def _study_summaries(storage: str):
+    db = paths.sqlite_path(storage)
+    if db is not None and not db.exists():
+        return []          # nothing to list; do not create the database just to look
     import optuna
 
     return optuna.study.get_all_study_summaries(storage, include_best_trial=False)
+
+
+def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on an address nothing listens on (ray.init would retry for minutes)."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError("--address", address, "HOST:PORT of a Ray cluster's head (e.g. "
+                          "10.0.0.1:6379), ray://HOST:10001 or auto")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise ConfigError("--address", address, f"the address of a running Ray cluster head "
+                          f"(nothing answers there: {err.strerror or err})") from None
 
 
 def choose_study(space: SearchSpace, storage: str, study_name: str | None, resume: bool) -> tuple[str, bool]:
@@ -109,6 +133,8 @@ def choose_study(space: SearchSpace, storage: str, study_name: str | None, resum
         if resume and study_name not in existing:
             raise ConfigError("--study", study_name, f"an existing study to resume in {storage} "
                               f"(have {sorted(existing)[-10:]})")
+        if study_name in existing:
+            _check_resumable(space, existing[study_name])
         return study_name, study_name in existing
     if resume:
         mine = [s for s in summaries if s.user_attrs.get("space") == space.name
@@ -117,6 +143,7 @@ def choose_study(space: SearchSpace, storage: str, study_name: str | None, resum
             raise ConfigError("--resume", space.name, f"a space with a study in {storage} to "
                               "resume (none found; run without --resume to start one)")
         latest = max(mine, key=lambda s: (s.datetime_start or 0, s._study_id))
+        _check_resumable(space, latest)
         return latest.study_name, True
     base = f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     name, i = base, 1
@@ -124,6 +151,19 @@ def choose_study(space: SearchSpace, storage: str, study_name: str | None, resum
         i += 1
         name = f"{base}-{i}"
     return name, False
+
+
+def _check_resumable(space: SearchSpace, summary) -> None:
+    """A study continues only with the hardware and objectives it was started with."""
+    attrs = summary.user_attrs
+    if attrs.get("hardware") not in (None, space.hardware.label):
+        raise ConfigError("hardware", space.hardware.label, f"{attrs['hardware']!r}, the hardware "
+                          f"study {summary.study_name!r} was run on", space.source)
+    if attrs.get("objectives") not in (None, space.metric_names) or \
+            attrs.get("directions") not in (None, space.directions):
+        raise ConfigError("objectives", space.metric_names, f"the objectives of study "
+                          f"{summary.study_name!r}: {attrs.get('objectives')} "
+                          f"{attrs.get('directions')}", space.source)
 
 
 # ----------------------------------------------------------------------------- the controller
@@ -193,16 +233,7 @@ class Controller:
                                     study_name=self.study_name,
                                     sampler=space.make_sampler(), directions=space.directions,
                                     load_if_exists=exists)
-        if exists:
-            attrs = study.user_attrs
-            if attrs.get("hardware") not in (None, space.hardware.label):
-                raise ConfigError("hardware", space.hardware.label, f"{attrs['hardware']!r}, the "
-                                  f"hardware study {self.study_name!r} was run on", space.source)
-            if [d.name.lower() for d in study.directions] != space.directions or \
-                    attrs.get("objectives", space.metric_names) != space.metric_names:
-                raise ConfigError("objectives", space.metric_names, f"the objectives of study "
-                                  f"{self.study_name!r}: {attrs.get('objectives')}", space.source)
-        else:
+        if not exists:   # (a resumed study was checked against the space by choose_study)
             for key, value in {"space": space.name, "hardware": space.hardware.label,
                                "source": self.source, "objectives": space.metric_names,
                                "directions": space.directions, "space_file": space.source,
@@ -241,11 +272,18 @@ class Controller:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "logging_level": logging.WARNING}
             if self.address:
+                check_ray_address(self.address)
                 kwargs["address"] = self.address
                 # Remote nodes import the project from here, installed or not.
                 root = Path(__file__).resolve().parents[1]
                 kwargs["runtime_env"] = {"py_modules": [str(root / "sweeper"), str(root / "workloads")]}
-            ray.init(**kwargs)
+            try:
+                ray.init(**kwargs)
+            except (ConnectionError, TimeoutError, ValueError, RuntimeError) as err:
+                if not self.address:
+                    raise
+                raise ConfigError("--address", self.address, f"the address of a running Ray "
+                                  f"cluster, e.g. 10.0.0.1:6379 ({one_line(err)})") from None
             self._ray_started = True
         env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
         return RayPool(hw.kind, self.parallel, self.space.resources, env=env)
@@ -279,11 +317,11 @@ class Controller:
         self.progress = ProgressLine(self.target, self.show_progress)
         status = "FINISHED"
         try:
+            self.pool = self._start_pool()     # first: a bad --address creates no study or run
             self.study = self._open_study(self.resume)
             done_before = self._finished_before() if self.resume else 0
             self.remaining = max(0, self.target - done_before)
             self._start_tracking()
-            self.pool = self._start_pool()
             # After Ray and git have forked their processes: measuring `host` imports JAX
             # (multithreaded) into this process.
             self.profile = self._hardware()
@@ -305,7 +343,8 @@ class Controller:
         return SweepResult(
             study=self.study, study_name=self.study_name, storage=self.storage,
             tracking_uri=self.tracking_uri, parent_run_id=self.parent_run_id,
-            experiment=self.experiment, source=self.source, counts=self._study_counts(),
+            experiment=self.experiment, experiment_id=self.experiment_id, source=self.source,
+            counts=self._study_counts(),
             pareto=pareto_rows(self.study, self.space),
             objectives=[(o.metric, o.direction) for o in self.space.objectives],
             elapsed_s=time.monotonic() - start, tracking_errors=self.tracking_errors)
@@ -558,10 +597,14 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
                          key=lambda t: t.values[0] * (1 if space.directions[0] == "minimize" else -1))
         numbers = [t.number for t in ordered]
     by_number = {t.number: t for t in trials}
-    rows = []
+    rows, seen = [], set()
     for number in numbers:
         t = by_number[number]
         flat = t.user_attrs.get("flat_params") or {}
+        key = tuple(sorted((k, str(v)) for k, v in flat.items()))
+        if key in seen:      # the sampler revisited a point: list each configuration once
+            continue
+        seen.add(key)
         row: dict[str, Any] = {"number": number}
         row.update({m: v for m, v in zip(metrics, t.values)})
         row.update({k: flat.get(k) for k in ROW_PARAMS})

@@ -167,17 +167,18 @@ class ParetoResult:
         rows = self.table().to_dict(orient="records")
         return {
             "phase": self.phase, "x": self.x, "y": self.y, "n_points": self.n_points,
-            "n_front": len(self.front), "reference": list(self.reference),
-            "hypervolume": self.hypervolume, "sources": self.sources,
+            "n_front": len(self.front), "reference": [_plain(v) for v in self.reference],
+            "hypervolume": _plain(self.hypervolume), "sources": self.sources,
             "front": [{k: _plain(v) for k, v in row.items()} for row in rows],
         }
 
 
 def _plain(value):
+    """JSON-ready: numpy scalars to Python, NaN to None."""
     if isinstance(value, (np.integer,)):
         return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
     return value
 
 
@@ -267,10 +268,13 @@ def run_pareto(args) -> int:
         out.update({"study": args.study, "read_from": args.source})
         print_json(out)
         return 0
-    print(f"study {args.study} ({args.source}), {args.phase}: {len(result.front)} of "
-          f"{result.n_points} finished trials on the frontier of {result.x} vs {result.y} "
-          f"(both minimised unless maximised metrics); hypervolume {result.hypervolume:.4g} "
-          f"against reference ({result.reference[0]:.4g}, {result.reference[1]:.4g})")
+    goal = {m: "max" if m in MAXIMISED else "min" for m in (result.x, result.y)}
+    hv = (f"hypervolume {result.hypervolume:.4g} against reference ({result.reference[0]:.4g}, "
+          f"{result.reference[1]:.4g})" if math.isfinite(result.hypervolume)
+          else "no hypervolume (defined here for two minimised metrics)")
+    print(f"study {args.study} (read from {args.source}), {args.phase}: {len(result.front)} of "
+          f"{result.n_points} finished trials on the frontier of {result.x} ({goal[result.x]}) "
+          f"vs {result.y} ({goal[result.y]}); {hv}")
     if len(result.front):
         print(result.table().to_string(index=False))
     for path, what in ((args.csv, "csv"), (args.png, "png")):

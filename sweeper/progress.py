@@ -3,8 +3,9 @@
     [12/20] ok 9  failed 1  pruned 2  running 2 | best decode_step_s 3.1ms (#7) | ETA 0:41
 
 On a terminal the line is rewritten in place; otherwise (a log file, CI) one line is
-printed per finished trial. ETA = time per finished trial so far x trials left, where
-pruned trials (no run) are not counted as work.
+printed per finished trial. ETA = time per trial since the first one finished x trials
+left (the first trial also pays for starting Ray and the workers; pruned trials never
+ran and are not counted as work).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class ProgressLine:
         self.ran = 0                         # trials this process ran to an end (not pruned)
         self._last = ""
         self._key = ""
+        self._first_ran: float | None = None
 
     def update(self, complete: int, failed: int, pruned: int, running: int,
                best: tuple[str, float, int] | None, ran: int, force: bool = False) -> None:
@@ -58,9 +60,16 @@ class ProgressLine:
         if best is not None:
             metric, value, number = best
             text += f" | best {metric} {format_value(metric, value)} (#{number})"
-        elapsed = time.monotonic() - self.start
+        now = time.monotonic()
+        elapsed = now - self.start
         left = self.total - done
-        if ran and left > 0:
+        if ran and self._first_ran is None:
+            self._first_ran = now
+        if ran >= 2 and left > 0:
+            # from the first finished trial on: start-up (Ray, workers, JAX) is not per-trial
+            per_trial = (now - self._first_ran) / (ran - 1)
+            text += f" | ETA {format_duration(per_trial * left)}"
+        elif ran and left > 0:
             text += f" | ETA {format_duration(elapsed / ran * left)}"
         elif left <= 0:
             text += f" | {format_duration(elapsed)}"

@@ -60,6 +60,10 @@ def _table(df: pd.DataFrame, columns: list[str] | None = None) -> dict[str, Any]
     return {"columns": columns, "rows": [[_fmt(row[c]) for c in columns] for _, row in df.iterrows()]}
 
 
+LATENCY_COL = "latency [s]"
+COST_COL = "cost [chip·s/token]"
+
+
 def regimes_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per phase, frontier points for three regimes (paper Tables 2 and 3)."""
     rows = []
@@ -69,18 +73,36 @@ def regimes_table(df: pd.DataFrame) -> pd.DataFrame:
         if front.empty:
             continue
         picks = {"lowest latency": front[x].idxmin(), "lowest cost": front[y].idxmin(),
-                 "knee (min latency x cost)": (front[x] * front[y]).idxmin()}
+                 "knee (min latency × cost)": (front[x] * front[y]).idxmin()}
         for regime, i in picks.items():
             r = front.loc[i]
             rows.append({"phase": phase, "regime": regime,
                          "layout": pareto.layout_label(r, phase), "batch": r.get("batch"),
                          "chips": r.get("chips"), "topology": r.get("topology"),
-                         "weights": r.get("weights"), x: r[x], y: r[y], "trial": r.get("number")})
+                         "weights": r.get("weights"), "latency metric": x, LATENCY_COL: r[x],
+                         COST_COL: r[y], "trial": r.get("number")})
     return pd.DataFrame(rows)
 
 
+def _model_pick(held: pd.DataFrame, phase: str, chips, batch) -> tuple[str, set[str]] | None:
+    """The held-out model's pick for a group and the layouts the formulas tie with it."""
+    sel = held[(held["phase"] == phase) & (held["chips"] == chips) & (held["batch"] == batch)]
+    if sel.empty:
+        return None
+    sel = sel.assign(key=sel["layout"] + "@" + sel["topology"])
+    if "tie_s" not in sel:
+        sel = sel.assign(tie_s=sel["predicted_s"])
+    per = sel.groupby("key").agg(predicted_s=("predicted_s", "median"), tie_s=("tie_s", "median"))
+    pick = per["predicted_s"].idxmin()
+    tied = set(per.index[abs(per["tie_s"] / per.loc[pick, "tie_s"] - 1) <= cal.PREDICTED_TIE])
+    return pick, tied
+
+
 def best_layouts_table(df: pd.DataFrame, held: pd.DataFrame | None) -> pd.DataFrame:
-    """Measured-best layout per (phase, chips, batch); the held-out model's pick beside it."""
+    """Measured-best layout per (phase, chips, batch); the held-out model's pick beside it.
+
+    The pick counts as agreeing when the measured best is among the layouts the formulas
+    predict equal to it (as in calibrate.ranking_agreement)."""
     rows = []
     done = pareto.finished(df)
     for phase in pareto.PHASES:
@@ -94,22 +116,31 @@ def best_layouts_table(df: pd.DataFrame, held: pd.DataFrame | None) -> pd.DataFr
         for (chips, batch), grp in pts.groupby(["chips", "batch"]):
             per = grp.groupby("key")[x].median().sort_values()
             row = {"phase": phase, "chips": int(chips), "batch": int(batch),
-                   "best layout (measured)": per.index[0], x: float(per.iloc[0]),
+                   "best layout (measured)": per.index[0], LATENCY_COL: float(per.iloc[0]),
                    "layouts compared": len(per),
                    "runner-up": per.index[1] if len(per) > 1 else "—",
-                   "margin": float(per.iloc[1] / per.iloc[0] - 1) if len(per) > 1 else math.nan}
+                   "margin": plots.percent(float(per.iloc[1] / per.iloc[0] - 1)) if len(per) > 1 else "—"}
             if held is not None and len(held):
-                sel = held[(held["phase"] == phase) & (held["chips"] == chips) & (held["batch"] == batch)]
-                if len(sel):
-                    model = sel.assign(key=sel["layout"] + "@" + sel["topology"]) \
-                        .groupby("key")["predicted_s"].median().sort_values()
-                    row["model's pick (held-out)"] = model.index[0]
-                    row["agree"] = "yes" if model.index[0] == per.index[0] else "no"
+                found = _model_pick(held, phase, chips, batch)
+                if found is not None:
+                    pick, tied = found
+                    row["model's pick (held-out, analytical)"] = pick
+                    if len(per) < 2:
+                        row["agree"] = "—"
+                    elif tied >= set(per.index):
+                        row["agree"] = "tie: all predicted equal"
+                    elif per.index[0] in tied:
+                        row["agree"] = "yes" if len(tied) == 1 else f"yes (tied with {len(tied) - 1})"
+                    else:
+                        row["agree"] = "no"
             rows.append(row)
-    out = pd.DataFrame(rows)
-    if "margin" in out:
-        out["margin"] = out["margin"].map(lambda m: plots.percent(m))
-    return out
+    return pd.DataFrame(rows)
+
+
+def _varying(table: pd.DataFrame, keep: tuple[str, ...]) -> pd.DataFrame:
+    """Drop columns with one value across the study (model, lengths...), keep the metrics."""
+    cols = [c for c in table.columns if c in keep or table[c].astype(str).nunique() > 1]
+    return table[cols]
 
 
 def _fit_context(result: cal.Calibration) -> dict[str, Any]:
@@ -162,7 +193,8 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
     pareto_ctx = []
     for phase in pareto.PHASES:
         res = pareto.analyse(df, phase)
-        table = _table(res.table()) if len(res.front) else {"columns": [], "rows": []}
+        table = (_table(_varying(res.table(), ("number", "batch", "chips", res.x, res.y, "label")))
+                 if len(res.front) else {"columns": [], "rows": []})
         pareto_ctx.append({"phase": phase, "n_front": len(res.front), "n_points": res.n_points,
                            "hypervolume": res.hypervolume, "reference": res.reference, **table})
     states = df["state"].astype(str).str.upper()
@@ -280,7 +312,7 @@ def format_summary(summary: dict[str, Any]) -> str:
                      f"{front['n_front']} of {front['n_points']} trials, hypervolume "
                      f"{_fmt(front['hypervolume'])}")
         for row in front["front"]:
-            lines.append(f"  #{row.get('number')}  {row['label']:<28} {front['x']}={_fmt(row[front['x']])}"
+            lines.append(f"  #{row.get('number')!s:<4} {row['label']:<28} {front['x']}={_fmt(row[front['x']])}"
                          f"  {front['y']}={_fmt(row[front['y']])}")
     held = summary["heldout"]
     if "skipped" in held:

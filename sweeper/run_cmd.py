@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 from workloads.config import ConfigError
@@ -72,11 +71,19 @@ def render_result(result) -> str:
                  f"{result.parent_run_id}")
     ui = "sweeper ui" if result.tracking_uri == paths.default_tracking_uri(create=False) else \
         f"sweeper ui --tracking-uri {result.tracking_uri}"
-    lines.append(f"browse   {ui}   (then open http://127.0.0.1:5000)")
+    lines.append(f"browse   {ui}   then open {experiment_url(result.experiment_id)}")
     if result.tracking_errors:
         lines.append(f"warning  {len(result.tracking_errors)} MLflow logging errors; first: "
                      f"{result.tracking_errors[0]}")
     return "\n".join(lines)
+
+
+def experiment_url(experiment_id: str | None, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """The experiment's runs table in the MLflow UI (MLflow 3 opens a GenAI view otherwise)."""
+    base = f"http://{host}:{port}"
+    if not experiment_id:
+        return base
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def add_ui_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,8 +109,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if db is not None and not db.is_file():
         raise ConfigError("--tracking-uri", uri, "an MLflow store with runs (run `sweeper run "
                           "search_spaces/quickstart.yaml` first, or set SWEEPER_HOME)")
-    print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C to stop)", file=sys.stderr)
-    try:
-        return subprocess.call(ui_command(uri, args.host, args.port), env=dict(os.environ))
-    except KeyboardInterrupt:
-        return 0
+    print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C to stop); runs of an "
+          f"experiment: {experiment_url('<id>', args.host, args.port)}", file=sys.stderr)
+    sys.stderr.flush()
+    cmd = ui_command(uri, args.host, args.port)
+    os.execv(cmd[0], cmd)      # become the server: signals (Ctrl-C, kill) reach it directly

@@ -35,6 +35,9 @@ LAYOUT_TAGS = ("prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "weig
 # Optuna state -> MLflow run status (a pruned trial never ran: KILLED).
 RUN_STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "PRUNED": "KILLED"}
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# MLflow 3's UI opens an experiment in its GenAI (traces) view unless told it holds model
+# runs; ours are runs to compare in the table and charts.
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def experiment_name(space_name: str, source: str) -> str:
@@ -89,7 +92,8 @@ class Tracker:
         root = artifact_root(self.tracking_uri)
         location = f"{root}/{name.replace('/', '_').replace(' ', '_')}" if root else None
         try:
-            return self.client.create_experiment(name, artifact_location=location)
+            return self.client.create_experiment(name, artifact_location=location,
+                                                 tags=EXPERIMENT_TAGS)
         except Exception:  # another process created it first
             exp = self.client.get_experiment_by_name(name)
             if exp is None:

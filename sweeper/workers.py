@@ -22,6 +22,7 @@ Analytical (`hardware: analytical:*`): `LocalPool` evaluates the cost model in t
 from __future__ import annotations
 
 import os
+import re
 import time
 import traceback
 from collections import OrderedDict
@@ -180,9 +181,11 @@ class RayPool:
     def _options(self, chips: int) -> dict[str, Any]:
         env = dict(self.env)
         if self.emulated:
-            env["XLA_FLAGS"] = " ".join(filter(None, [
-                os.environ.get("XLA_FLAGS", ""),
-                f"--xla_force_host_platform_device_count={chips}"]))
+            # This process's own XLA flags pass on, minus any device count of its own.
+            inherited = re.sub(r"--xla_force_host_platform_device_count=\S*", "",
+                               os.environ.get("XLA_FLAGS", "")).split()
+            env["XLA_FLAGS"] = " ".join(
+                [*inherited, f"--xla_force_host_platform_device_count={chips}"])
             # Our own pinning decides the cores, not Ray's CPU accounting.
             opts: dict[str, Any] = {"num_cpus": 0}
         else:

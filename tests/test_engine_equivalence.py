@@ -152,5 +152,27 @@ def test_phase_switch_matches_reference(trial):
     assert_matches_reference(trial)
 
 
+@pytest.mark.parametrize("kind", ["multiquery", "grouped-query", "multihead"])
+@pytest.mark.parametrize("ffn", ["ws2d", "wg_x", "wg_xy"])
+def test_kv_cache_placement(kind, ffn):
+    """Per-chip KV cache of each attention layout (from its sharding; nothing is compiled):
+    batch-sharded holds 1/n of the cache, head-sharded multiquery all of it, and both agree
+    with the cost model's placement."""
+    from workloads.costmodel import kv_bytes_per_chip
+
+    model, topology = model_for(kind, "parallel"), (2, 2, 2)
+    engine = Engine(trial_for(model, topology, (ffn, "head"), (ffn, "batch"), "bf16"))
+    whole = 2 * model.n_layers * BATCH * engine.trial.context_len * model.n_kv_heads * model.d_head * 2
+    per_chip = {}
+    for phase, attn in (("prefill", "head"), ("decode", "batch")):
+        struct = engine.cache_struct(phase)
+        per_chip[attn] = int(np.prod(struct.sharding.shard_shape(struct.shape))) * 2   # bf16
+        assert per_chip[attn] == kv_bytes_per_chip(model, 8, BATCH, engine.trial.context_len, attn,
+                                                   topology, ffn)
+    assert per_chip["batch"] == whole // 8
+    if kind == "multiquery" and ffn == "ws2d":
+        assert per_chip["head"] == whole
+
+
 def test_emulated_devices_available():
     assert len(jax.devices()) >= 8

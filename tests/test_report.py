@@ -77,9 +77,13 @@ def test_regimes_come_from_the_frontier(synthetic_calibrated):
     frame, _ = synthetic_calibrated
     table = report.regimes_table(frame)
     decode = table[table["phase"] == "decode"].set_index("regime")
-    assert decode.loc["lowest latency", "decode_step_s"] == pytest.approx(frame["decode_step_s"].min())
-    assert decode.loc["lowest cost", "decode_cost_chip_s_per_token"] == pytest.approx(
+    assert (decode["latency metric"] == "decode_step_s").all()
+    assert decode.loc["lowest latency", report.LATENCY_COL] == pytest.approx(frame["decode_step_s"].min())
+    assert decode.loc["lowest cost", report.COST_COL] == pytest.approx(
         frame["decode_cost_chip_s_per_token"].min())
+    knee = decode.loc["knee (min latency × cost)"]
+    products = frame["decode_step_s"] * frame["decode_cost_chip_s_per_token"]
+    assert knee[report.LATENCY_COL] * knee[report.COST_COL] == pytest.approx(products.min())
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +141,52 @@ def test_report_cli_on_a_measured_study(tmp_path, capsys, monkeypatch):
     assert set(images(html)) == {"fig-pareto", "fig-mfu", "fig-latency", "fig-predicted"}
     assert (tmp_path / "r" / "calibration" / "errors.csv").is_file()
     assert main(["report", "--study", "missing", "--storage", storage, "--out", str(tmp_path)]) == 2
+
+
+def test_best_layout_agreement_uses_the_formulas_ties():
+    import pandas as pd
+
+    df = pd.DataFrame([
+        {"number": i, "state": "COMPLETE", "chips": 2, "batch": 8, "topology": "1x2x1",
+         "decode_ffn": ffn, "decode_attn": "head", "decode_step_s": t,
+         "decode_cost_chip_s_per_token": 2 * t / 8}
+        for i, (ffn, t) in enumerate([("ws1d", 1.0), ("ws2d", 1.1), ("wg_x", 2.0)])])
+    held = pd.DataFrame([
+        {"phase": "decode", "chips": 2, "batch": 8, "topology": "1x2x1", "layout": f"{ffn}/head",
+         "predicted_s": p, "tie_s": tie}
+        for ffn, p, tie in [("ws1d", 1.01, 1.0), ("ws2d", 1.0, 1.0), ("wg_x", 3.0, 3.0)]])
+    row = report.best_layouts_table(df, held).iloc[0]
+    assert row["best layout (measured)"] == "ws1d/head@1x2x1"
+    assert row["model's pick (held-out, analytical)"] == "ws2d/head@1x2x1"
+    assert row["agree"] == "yes (tied with 1)"          # ws1d and ws2d: equal formulas here
+    held.loc[held["layout"] == "ws1d/head", "tie_s"] = 1.2
+    assert report.best_layouts_table(df, held).iloc[0]["agree"] == "no"
+
+
+@pytest.mark.slow
+def test_fit_pareto_report_on_a_real_host_sweep(tmp_path, monkeypatch, capsys):
+    """The whole chain on measured trials: a small host sweep, then fit, pareto, report."""
+    import json
+    from pathlib import Path
+
+    from sweeper.cli import main
+    from sweeper.controller import run_sweep
+
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
+    space = Path(__file__).resolve().parents[1] / "search_spaces" / "quickstart.yaml"
+    result = run_sweep(str(space), trials=8, parallel=1, study_name="qs", progress=False)
+    assert result.counts["complete"] >= cal.MIN_TRIALS
+    capsys.readouterr()
+    assert main(["fit", "--study", "qs", "--holdout", "all", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert fit["n_points"] == 2 * result.counts["complete"] and fit["mlflow_logged"]
+    assert fit["mape_heldout"] is not None and fit["fitted"]["peak_flops"] > 0
+    outputs = []
+    for source in ("optuna", "mlflow"):
+        assert main(["pareto", "--study", "qs", "--source", source, "--json"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["front"])
+    assert outputs[0] == outputs[1] and outputs[0]
+    assert main(["report", "--study", "qs", "--out", str(tmp_path / "r")]) == 0
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert set(images(html)) == {"fig-pareto", "fig-mfu", "fig-latency", "fig-predicted"}
+    assert "measured on <b>this host</b>" in html

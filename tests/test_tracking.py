@@ -275,3 +275,18 @@ def test_nan_free_metrics_only(sweep):
     runs = client.search_runs([client.get_run(result.parent_run_id).info.experiment_id])
     for run in runs:
         assert all(math.isfinite(v) for v in run.data.metrics.values())
+
+
+def test_resume_records_trials_left_running_as_interrupted_and_runs_them_again(stores, space_file):
+    first = run_sweep(str(space_file), storage=stores["storage"], tracking_uri=stores["tracking_uri"],
+                      study_name="stale", trials=2, progress=False)
+    study = optuna.load_study(study_name="stale", storage=first.storage)
+    stale = study.ask()            # a trial the controller started and never finished (it died)
+    more = run_sweep(str(space_file), storage=stores["storage"], tracking_uri=stores["tracking_uri"],
+                     study_name="stale", resume=True, trials=3, progress=False)
+    trials = optuna.load_study(study_name="stale", storage=first.storage).trials
+    assert trials[stale.number].state == optuna.trial.TrialState.FAIL
+    assert trials[stale.number].user_attrs["reason"].startswith("interrupted")
+    counted = [t for t in trials if not t.user_attrs.get("interrupted")]
+    assert len(counted) == 3 and all(t.state.is_finished() for t in counted)
+    assert more.parent_run_id == first.parent_run_id

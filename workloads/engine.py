@@ -101,10 +101,10 @@ class _Shapes:
 
 
 @functools.lru_cache(maxsize=64)
-def _programs(mesh: Mesh, prefill_plan: Plan, decode_plan: Plan, shapes: _Shapes, specs_key):
+def _programs(mesh: Mesh, prefill_plan: Plan, decode_plan: Plan, shapes: _Shapes, int8: bool):
     """Jitted prefill / decode / handoff, shared by every Engine with the same key (the jit
     objects keep their compiled executables, so a second Engine does not recompile)."""
-    specs = specs_key.specs
+    specs = part.param_specs(prefill_plan.model, prefill_plan.one_d, prefill_plan.kv_split, int8)
     logits_spec = P(None, AXES)                  # logits B V_xyz
     b, ctx = shapes.batch, shapes.context_len
     slot_p = prefill_plan.kv_slots()
@@ -144,24 +144,12 @@ def _local_shape(mesh: Mesh, shape, spec: P):
     return tuple(out)
 
 
-@dataclasses.dataclass(frozen=True)
-class _SpecsKey:
-    """Hashable wrapper of a PartitionSpec pytree (for the program cache)."""
-    specs: object
-
-    def __hash__(self):
-        return hash(str(self.specs))
-
-    def __eq__(self, other):
-        return isinstance(other, _SpecsKey) and str(self.specs) == str(other.specs)
-
-
 # --------------------------------------------------------------------------- engine
 
 
-def _engine_pytree(params: dict) -> dict:
-    """Model pytree -> stored pytree: W_k and W_v stacked as w_kv [2, E, K·D] (one
-    collective moves both, as the paper fuses them)."""
+def stored_params(params: dict) -> dict:
+    """Model pytree (bf16 or int8) -> the engine's pytree: W_k and W_v stacked as
+    w_kv [2, E, K·D], so one collective moves both (the paper fuses them, §3.4)."""
     def layer(w):
         w = dict(w)
         k, v = w.pop("w_k"), w.pop("w_v")
@@ -185,13 +173,14 @@ class Engine:
 
         source = init_params(self.model, trial.seed) if params is None else params
         self._model_params = quantize_params(source) if trial.weights == "int8" else source
-        stored = _engine_pytree(self._model_params)
-        specs = part.param_specs(self.model, stored, one_d, self.prefill_plan.kv_split)
-        self.params = jax.device_put(stored, jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs,
-                                                          is_leaf=lambda s: isinstance(s, P)))
+        int8 = trial.weights == "int8"
+        specs = part.param_specs(self.model, one_d, self.prefill_plan.kv_split, int8)
+        self.params = jax.device_put(stored_params(self._model_params),
+                                     jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs,
+                                                  is_leaf=lambda s: isinstance(s, P)))
         shapes = _Shapes(trial.batch, trial.input_len, trial.context_len)
         self._prefill, self._decode, self._handoff, self._handoff_is_identity = _programs(
-            self.mesh, self.prefill_plan, self.decode_plan, shapes, _SpecsKey(specs))
+            self.mesh, self.prefill_plan, self.decode_plan, shapes, int8)
 
     # ---- the three programs
 
@@ -203,6 +192,11 @@ class Engine:
         """Reshard the KV cache from prefill's attention sharding to decode's (not part of
         either phase's timing). The same array when both phases shard it alike."""
         return kv_cache if self._handoff_is_identity else self._handoff(kv_cache)
+
+    @property
+    def handoff_is_identity(self) -> bool:
+        """True when both phases shard the KV cache alike: `handoff` returns its argument."""
+        return self._handoff_is_identity
 
     def decode(self, params, kv_cache, token, pos):
         """token [B] int32 at position pos -> (logits [B, V] f32, KV cache). The cache is donated."""

@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from workloads.config import ModelConfig
 from workloads.layouts import AXES, PhaseLayout, kv_heads_sharded, split_axes
-from workloads.model import NORM_EPS, ROPE_BASE
+from workloads.model import NORM_EPS, ROPE_BASE, layer_shapes
 from workloads.quant import is_quantized
 
 f32, bf16 = jnp.float32, jnp.bfloat16
@@ -138,17 +138,18 @@ def weight_dims(name: str, one_d: bool, kv_split: bool) -> tuple[tuple[str, ...]
     raise KeyError(name)
 
 
-def param_specs(model: ModelConfig, params: dict, one_d: bool, kv_split: bool) -> dict:
-    """PartitionSpecs of the engine's stored pytree (int8 scales are replicated: tiny)."""
-    def weight(name, leaf):
+def param_specs(model: ModelConfig, one_d: bool, kv_split: bool, int8: bool) -> dict:
+    """PartitionSpecs of the engine's stored pytree (`engine.stored_params`); int8 scales
+    are replicated (tiny; each chip slices the columns it holds)."""
+    def weight(name):
         spec = P(*[axes or None for axes in weight_dims(name, one_d, kv_split)])
-        return {"q": spec, "scale": P()} if is_quantized(leaf) else spec
+        return {"q": spec, "scale": P()} if int8 else spec
 
-    specs = {"embed": P(AXES, None), "final_norm": P()}      # embedding V_xyz E
-    if "unembed" in params:
-        specs["unembed"] = P(None, AXES)
-    specs["layers"] = [{name: P() if name.endswith("norm") else weight(name, leaf)
-                        for name, leaf in layer.items()} for layer in params["layers"]]
+    names = [n for n in layer_shapes(model) if n not in ("w_k", "w_v")] + ["w_kv"]
+    layer = {n: P() if n.endswith("norm") else weight(n) for n in names}
+    specs = {"embed": P(AXES, None), "final_norm": P(), "layers": [layer] * model.n_layers}
+    if not model.tie_embeddings:
+        specs["unembed"] = P(None, AXES)                     # unembedding E V_xyz
     return specs
 
 
@@ -457,16 +458,19 @@ def _project_kv(plan: Plan, h, w_kv):
 
 
 def _heads_in_head_order(plan: Plan, x, axis: int):
-    """After an all-to-all over R the head chunks arrive in mesh order of their source chip;
-    reorder them to head order (z-major, Plan.head_axes). A local transpose."""
-    return _permute_chunks(plan, x, axis, plan.live(plan.rest), reverse=True)
+    """After an all-to-all over R the head chunks arrive in mesh order of their source chip
+    (x-major); head order is z-major (Plan.head_axes). A local transpose."""
+    return _reverse_chunk_axes(plan, x, axis, plan.live(plan.rest))
 
 
 def _heads_in_mesh_order(plan: Plan, x, axis: int):
-    return _permute_chunks(plan, x, axis, plan.live(plan.head_axes), reverse=True)
+    """The inverse, before sending the attention output back over R."""
+    return _reverse_chunk_axes(plan, x, axis, plan.live(plan.head_axes))
 
 
-def _permute_chunks(plan: Plan, x, axis: int, axes, reverse: bool):
+def _reverse_chunk_axes(plan: Plan, x, axis: int, axes):
+    """Dimension `axis` holds chunks indexed by `axes` (major first); reindex them by the
+    same axes in reverse order."""
     if len(axes) < 2:
         return x
     sizes = [plan.sizes[a] for a in axes]
