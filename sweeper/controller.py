@@ -59,6 +59,7 @@ class SweepResult:
     counts: dict[str, int]               # complete, failed, pruned (the whole study)
     pareto: list[dict[str, Any]]         # non-dominated feasible trials
     objectives: list[tuple[str, str]]    # (metric, direction)
+    searched: list[str] = field(default_factory=list)   # the space's searched params
     elapsed_s: float = 0.0
     tracking_errors: list[str] = field(default_factory=list)
 
@@ -347,6 +348,7 @@ class Controller:
             counts=self._study_counts(),
             pareto=pareto_rows(self.study, self.space),
             objectives=[(o.metric, o.direction) for o in self.space.objectives],
+            searched=[p.name for p in self.space.params],
             elapsed_s=time.monotonic() - start, tracking_errors=self.tracking_errors)
 
     def _close(self, status: str) -> None:

@@ -16,7 +16,7 @@ from typing import TextIO
 
 
 def format_value(metric: str, value: float) -> str:
-    """Seconds as s/ms/us, bytes as GiB/MiB, the rest with 4 significant digits."""
+    """Seconds as s/ms/us, bytes as GiB/MiB/KiB, the rest with 4 significant digits."""
     if metric.endswith("_s") or "_s_" in metric:
         if abs(value) >= 1:
             return f"{value:.3g}s"
@@ -24,7 +24,10 @@ def format_value(metric: str, value: float) -> str:
             return f"{value * 1e3:.3g}ms"
         return f"{value * 1e6:.3g}us"
     if metric.endswith("_bytes_per_chip"):
-        return f"{value / 2**30:.3g}GiB" if value >= 2**30 else f"{value / 2**20:.3g}MiB"
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if abs(value) >= size:
+                return f"{value / size:.3g}{unit}"
+        return f"{value:.0f}B"
     return f"{value:.4g}"
 
 

@@ -38,10 +38,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = run_sweep(space, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study, resume=args.resume, trials=args.trials,
                        parallel=args.parallel, address=args.address, progress=True)
+    # End of sweep: Pareto frontiers, held-out prediction error of the fitted cost model,
+    # and the HTML report (also logged on the parent MLflow run).
+    from sweeper.report import format_summary, summarize_sweep
+
+    summary = summarize_sweep(result.study_name, result.storage, result.tracking_uri)
     if args.json:
-        print_json(result.to_json())
+        print_json({**result.to_json(), "analysis": summary})
     else:
         print(render_result(result))
+        print()
+        print(format_summary(summary))
     return 0
 
 
@@ -54,10 +61,13 @@ def render_result(result) -> str:
                  f"{c['complete']} complete")
     if result.pareto:
         metrics = [m for m, _ in result.objectives]
-        header = ["#", *metrics, "batch", "chips", "topology", "weights", "prefill", "decode"]
+        lengths = [k for k in ("input_len", "decode_steps") if k in result.searched]
+        header = ["#", *metrics, "batch", "chips", *lengths, "topology", "weights", "prefill",
+                  "decode"]
         rows = [[str(r["number"]), *[format_value(m, r[m]) for m in metrics], str(r["batch"]),
-                 str(r["chips"]), str(r["topology"]), str(r["weights"]),
-                 f"{r['prefill_ffn']}/{r['prefill_attn']}", f"{r['decode_ffn']}/{r['decode_attn']}"]
+                 str(r["chips"]), *[str(r[k]) for k in lengths], str(r["topology"]),
+                 str(r["weights"]), f"{r['prefill_ffn']}/{r['prefill_attn']}",
+                 f"{r['decode_ffn']}/{r['decode_attn']}"]
                 for r in result.pareto]
         widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
         lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))

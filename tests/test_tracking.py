@@ -19,12 +19,10 @@ from mlflow.tracking import MlflowClient
 
 from sweeper.controller import run_sweep
 from sweeper.results import COLUMNS, METRIC_COLUMNS, PARAM_COLUMNS, load_runs, load_trials
-from sweeper.space import load_space
 from sweeper.tracking import experiment_name
 from workloads.config import ConfigError
 from workloads.metrics import METRIC_NAMES
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # PaLM 62B on TPU v4: some points fit, some do not (memory, divisibility): both show up.
 SPACE = {

@@ -92,9 +92,6 @@ class Plan:
 
     # ---- shardings of what crosses the shard_map boundary
 
-    def residual_spec(self) -> P:                 # B_G L E_R
-        return P(self.gather or None, None, self.rest or None)
-
     def kv_slots(self) -> np.ndarray:
         """Logical KV head held in each slot of the cache's head dimension.
 
