@@ -57,7 +57,7 @@ def _add_engine_commands(sub) -> None:
 
 # ----------------------------------------------------------------- sweeps
 def _add_sweep_commands(sub) -> None:
-    """run, ui: Optuna controller over Ray workers, MLflow tracking (sweeper/controller.py)."""
+    """run, ui, sync: Optuna controller over Ray workers, MLflow tracking (sweeper/controller.py)."""
     from sweeper import run_cmd
 
     p = sub.add_parser("run", help="run a sweep from a search-space YAML")
@@ -66,6 +66,13 @@ def _add_sweep_commands(sub) -> None:
     p = sub.add_parser("ui", help="open the MLflow UI on the sweeps' tracking store")
     run_cmd.add_ui_arguments(p)
     p.set_defaults(handler=run_cmd.cmd_ui)
+
+    from sweeper import sync   # imports no MLflow/Optuna until it runs
+
+    p = sub.add_parser("sync", help="log a study's trials that MLflow missed (tracking server "
+                       "down) and remove duplicate runs; finish its parent run")
+    sync.add_sync_arguments(p)
+    p.set_defaults(handler=sync.cmd_sync)
 
 
 # ----------------------------------------------------------------- analysis

@@ -11,16 +11,36 @@ divisibility, memory against the hardware's HBM or, for `host`, the space's per-
 slot of the pool. `ray.wait` returns finished trials; each is told to Optuna (values
 of the objectives, constraint values through `Trial.set_constraint`, which every Optuna
 5 sampler reads — the successor of `constraints_func`) and logged as an MLflow child
-run. A trial that raises is FAIL with its reason, a trial past `timeout_s` is FAIL and
-its worker replaced, a worker that dies is retried up to `max_retries` times; the sweep
-goes on in every case.
+run.
 
 Each Optuna trial carries user_attrs: `config` (TrialConfig.to_dict()), `flat_params`,
 `measurement` (Measurement.metrics()), `prediction` (the cost model's, also for measured
-trials), `source`, `hardware`, `reason`, `worker` (pid, cores, slot, start/end time,
-cache stats), `constraints`, `mlflow_run_id`. Storage is an Optuna RDB (SQLite under
+trials), `source`, `hardware`, `reason`, `worker` (pid, Ray node id and IP, the resources
+it held, cores, slot, start/end time, cache stats, attempts; written as soon as the worker
+is up, so a running trial shows where it runs), `worker_lost` (earlier attempts whose
+worker died), `constraints`, `mlflow_run_id`, `outcome` (the state being recorded),
+`retry_of` (the interrupted trial it re-runs). Storage is an Optuna RDB (SQLite under
 $SWEEPER_HOME by default), so `--resume` continues a study and Optuna's own tools
 (optuna-dashboard, `optuna.load_study`) read it.
+
+What happens when things fail (each case has a test in tests/test_faults.py):
+
+- A trial raises: FAIL with `Type: message` as its reason; the sweep goes on.
+- Its worker process dies (crash, OOM, kill -9, node lost): the trial runs again on a
+  fresh worker of the same slot, up to `max_retries` times (`worker_lost` lists the dead
+  attempts), then FAIL with reason `worker died: N attempts ...`. Nothing is logged to
+  MLflow for a dead attempt: a trial has one child run, written when it finishes.
+- Past `timeout_s`: its worker is killed and replaced, FAIL with reason `timeout: ...`.
+- The controller dies: every trial is recorded in Optuna (attrs, then MLflow, then tell)
+  as it finishes, so completed trials survive. `--resume` tells trials that were fully
+  recorded but not yet told, marks the ones left running FAIL (`interrupted`), enqueues
+  their parameters again (`retry_of`), reuses the MLflow parent run and reconciles the
+  child runs (`sweeper.sync`). A study whose controller is alive cannot be resumed twice
+  (`sweeper.lease`).
+- MLflow is unreachable: trials are still told to Optuna (attr `mlflow_error`); the
+  controller stops calling MLflow for a growing backoff (2 s .. 60 s), then tries again,
+  and when it answers, backfills every missing run (`sweeper.sync.reconcile`); at the end
+  of the sweep it tries once more, else prints the `sweeper sync` command to run later.
 """
 
 from __future__ import annotations
@@ -37,13 +57,16 @@ from typing import Any, Callable
 from workloads.config import ConfigError, HardwareProfile
 from workloads.metrics import Measurement
 
-from sweeper import paths
+from sweeper import lease, paths
 from sweeper.progress import ProgressLine
 from sweeper.space import SearchSpace, load_space
 from sweeper.workers import LocalPool, RayPool, TrialError, WorkerLost, host_share, one_line
 
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted: the controller stopped before this trial finished"
+STATE_KEYS = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned"}
+RUN_STATUS_OF = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+MAX_TRACKING_BACKOFF_S = 60.0
 
 
 @dataclass
@@ -62,14 +85,18 @@ class SweepResult:
     searched: list[str] = field(default_factory=list)   # the space's searched params
     elapsed_s: float = 0.0
     tracking_errors: list[str] = field(default_factory=list)
+    interrupted: int = 0                 # of `failed`: left running by a controller that died
+    mlflow_missing: int = 0              # finished trials with no MLflow run yet (sweeper sync)
 
     def to_json(self) -> dict[str, Any]:
         return {"study": self.study_name, "trials_complete": self.counts["complete"],
                 "trials_failed": self.counts["failed"], "trials_pruned": self.counts["pruned"],
+                "trials_interrupted": self.interrupted,
                 "pareto": self.pareto, "parent_run_id": self.parent_run_id,
                 "tracking_uri": self.tracking_uri, "storage": self.storage,
                 "experiment": self.experiment, "experiment_id": self.experiment_id,
-                "source": self.source,
+                "source": self.source, "mlflow_missing": self.mlflow_missing,
+                "tracking_errors": len(self.tracking_errors),
                 "elapsed_s": round(self.elapsed_s, 3)}
 
 
@@ -84,6 +111,8 @@ class _InFlight:
     handle: Any
     deadline: float
     attempt: int = 0
+    placement: dict | None = None        # where the current attempt's worker runs
+    lost: list[dict] = field(default_factory=list)   # earlier attempts whose worker died
 
 
 def _positive(value: Any, name: str) -> int:
@@ -101,7 +130,12 @@ def _study_summaries(storage: str):
         return []          # nothing to list; do not create the database just to look
     import optuna
 
-    return optuna.study.get_all_study_summaries(storage, include_best_trial=False)
+    try:
+        return optuna.study.get_all_study_summaries(paths.open_optuna_storage(storage),
+                                                    include_best_trial=False)
+    except Exception as err:  # noqa: BLE001 - a bad URL, an unreachable database server
+        raise ConfigError("--storage", storage, f"a reachable Optuna RDB storage "
+                          f"({one_line(err)[:300]})") from None
 
 
 def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
@@ -146,16 +180,20 @@ def choose_study(space: SearchSpace, storage: str, study_name: str | None, resum
         latest = max(mine, key=lambda s: (s.datetime_start or 0, s._study_id))
         _check_resumable(space, latest)
         return latest.study_name, True
-    base = f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return _free_name(f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}", existing), False
+
+
+def _free_name(base: str, taken) -> str:
     name, i = base, 1
-    while name in existing:
+    while name in taken:
         i += 1
         name = f"{base}-{i}"
-    return name, False
+    return name
 
 
 def _check_resumable(space: SearchSpace, summary) -> None:
-    """A study continues only with the hardware and objectives it was started with."""
+    """A study continues only with the hardware and objectives it was started with, and
+    only when no live controller is running it."""
     attrs = summary.user_attrs
     if attrs.get("hardware") not in (None, space.hardware.label):
         raise ConfigError("hardware", space.hardware.label, f"{attrs['hardware']!r}, the hardware "
@@ -165,6 +203,7 @@ def _check_resumable(space: SearchSpace, summary) -> None:
         raise ConfigError("objectives", space.metric_names, f"the objectives of study "
                           f"{summary.study_name!r}: {attrs.get('objectives')} "
                           f"{attrs.get('directions')}", space.source)
+    lease.check_free(attrs, summary.study_name, "--resume")
 
 
 # ----------------------------------------------------------------------------- the controller
@@ -173,11 +212,14 @@ def _check_resumable(space: SearchSpace, summary) -> None:
 class Controller:
     def __init__(self, space: SearchSpace, *, storage: str, tracking_uri: str, study_name: str,
                  resume: bool, trials: int, parallel: int, address: str | None, progress: bool,
-                 on_trial: Callable[[dict], None] | None = None):
+                 on_trial: Callable[[dict], None] | None = None, generated_name: bool = False):
+        from sweeper.tracking import experiment_name
+
         self.space = space
         self.storage = storage
         self.tracking_uri = tracking_uri
         self.study_name = study_name
+        self.generated_name = generated_name     # a clash with a concurrent sweep: pick another
         self.resume = resume
         self.target = trials
         self.parallel = parallel
@@ -190,10 +232,21 @@ class Controller:
         self.tracking_errors: list[str] = []
         self.in_flight: dict[int, _InFlight] = {}
         self.ran = 0
+        self.interrupted = 0
+        self.retry_params: list[tuple[int, dict]] = []   # interrupted trials to run again
+        self.unlogged: set[int] = set()          # finished here, no MLflow run yet
         self._ray_started = False
         self.pool = None
+        self.study = None
+        self.lease: dict | None = None
         self.tracker = None
         self.parent_run_id: str | None = None
+        self.experiment = experiment_name(space.name, self.source)
+        self.experiment_id: str | None = None
+        self._tracking_up = True
+        self._tracking_backoff = 0.0
+        self._tracking_retry_at = 0.0
+        self._next_heartbeat = 0.0
 
     # ------------------------------------------------------------------ setup
     def _hardware(self) -> HardwareProfile | None:
@@ -230,10 +283,21 @@ class Controller:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         space = self.space
-        study = optuna.create_study(storage=paths.open_optuna_storage(self.storage),
-                                    study_name=self.study_name,
-                                    sampler=space.make_sampler(), directions=space.directions,
-                                    load_if_exists=exists)
+        base = self.study_name
+        for _ in range(1000):
+            try:
+                study = optuna.create_study(storage=paths.open_optuna_storage(self.storage),
+                                            study_name=self.study_name,
+                                            sampler=space.make_sampler(),
+                                            directions=space.directions, load_if_exists=exists)
+                break
+            except optuna.exceptions.DuplicatedStudyError:
+                # Another sweep created this name since choose_study looked (two sweeps of
+                # one space started in the same second): a generated name moves on.
+                if not self.generated_name:
+                    raise ConfigError("--study", self.study_name, "a new study name (another "
+                                      "sweep has just created this one), or --resume") from None
+                self.study_name = _free_name(base, set(_names(self.storage)))
         if not exists:   # (a resumed study was checked against the space by choose_study)
             for key, value in {"space": space.name, "hardware": space.hardware.label,
                                "source": self.source, "objectives": space.metric_names,
@@ -241,27 +305,6 @@ class Controller:
                                "constraints": [c.text for c in space.constraints]}.items():
                 study.set_user_attr(key, value)
         return study
-
-    def _start_tracking(self):
-        from sweeper.tracking import Tracker, experiment_name
-
-        self.tracker = Tracker(self.tracking_uri)
-        self.experiment = experiment_name(self.space.name, self.source)
-        parent = self.study.user_attrs.get("mlflow_parent_run_id")
-        same_store = self.study.user_attrs.get("tracking_uri") == self.tracking_uri
-        if parent and same_store:
-            try:
-                self.tracker.resume_sweep(parent)
-            except Exception:   # noqa: BLE001 - a deleted parent run: start a new one
-                parent = None
-        else:
-            parent = None
-        if parent is None:
-            parent = self.tracker.start_sweep(self.space, self.study_name, self.storage)
-            self.study.set_user_attr("mlflow_parent_run_id", parent)
-            self.study.set_user_attr("tracking_uri", self.tracking_uri)
-        self.parent_run_id = parent
-        self.experiment_id = self.tracker.experiment_of(parent)
 
     def _start_pool(self):
         hw = self.space.hardware
@@ -273,7 +316,6 @@ class Controller:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "logging_level": logging.WARNING}
             if self.address:
-                check_ray_address(self.address)
                 kwargs["address"] = self.address
                 # Remote nodes import the project from here, installed or not.
                 root = Path(__file__).resolve().parents[1]
@@ -290,25 +332,150 @@ class Controller:
         return RayPool(hw.kind, self.parallel, self.space.resources, env=env)
 
     def _finished_before(self) -> int:
-        """Trials of a resumed study that count toward `trials`; stale RUNNING ones -> FAIL."""
+        """Trials of a resumed study that count toward `trials`.
+
+        A RUNNING trial was left by a controller that died: if it had been fully recorded
+        (`outcome` stored) it is told now with its result; otherwise it is FAIL
+        (`interrupted`, not counted) and its parameters are queued to run again.
+        """
         import optuna
 
+        TrialState = optuna.trial.TrialState
+        trials = self.study.get_trials(deepcopy=False)
+        retried = {t.user_attrs.get("retry_of") for t in trials}
         done = 0
-        for t in self.study.get_trials(deepcopy=False):
-            if t.state == optuna.trial.TrialState.RUNNING:
-                self.study._storage.set_trial_user_attr(t._trial_id, "reason", INTERRUPTED)
-                self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        for t in trials:
+            attrs = t.user_attrs
+            state = t.state
+            if state == TrialState.RUNNING:
+                state = self._tell_recorded(t)
+                if state is None:
+                    self.study._storage.set_trial_user_attr(t._trial_id, "reason", INTERRUPTED)
+                    self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+                    self.study.tell(t.number, state=TrialState.FAIL)
+                    attrs = {**attrs, "interrupted": True}
+            if attrs.get("interrupted"):
+                self.interrupted += 1
+                if t.number not in retried:
+                    self.retry_params.append((t.number, dict(t.params)))
                 continue
-            if t.user_attrs.get("interrupted"):
-                continue
-            if t.state.is_finished():
+            if state.is_finished():
                 done += 1
-                key = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned"}[t.state.name]
-                self.counts[key] += 1
-                if t.state.name == "COMPLETE" and t.user_attrs.get("feasible", True):
-                    self._update_best(t.number, t.user_attrs.get("measurement") or {})
+                self.counts[STATE_KEYS[state.name]] += 1
+                if state.name == "COMPLETE" and attrs.get("feasible", True):
+                    self._update_best(t.number, attrs.get("measurement") or {})
         return done
+
+    def _tell_recorded(self, t):
+        """Tell a trial whose record was complete when its controller died; its state or None."""
+        import optuna
+
+        outcome = t.user_attrs.get("outcome")
+        if outcome not in STATE_KEYS:
+            return None
+        state = optuna.trial.TrialState[outcome]
+        values = None
+        if outcome == "COMPLETE":
+            measured = t.user_attrs.get("measurement") or {}
+            values = [measured.get(m) for m in self.space.metric_names]
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                return None
+        self.study.tell(t.number, values=values, state=state)
+        return state
+
+    def _enqueue_retries(self) -> None:
+        """Interrupted trials run again first, with the same parameters (`retry_of`)."""
+        searched = set(self.space.distributions())
+        for number, params in self.retry_params[:self.remaining]:
+            # (the controller asks every parameter at once; a trial without them has no point)
+            if searched and set(params) >= searched:
+                self.study.enqueue_trial(params, user_attrs={"retry_of": number})
+
+    # ------------------------------------------------------------------ tracking
+    def _start_tracking(self) -> None:
+        from sweeper.tracking import Tracker
+
+        self.tracker = Tracker(self.tracking_uri)
+        self._tracking_call("parent run", self._ensure_parent, force=True)
+
+    def _ensure_parent(self) -> None:
+        """Reuse the study's parent run in this store (resume) or create one."""
+        if self.parent_run_id is not None and self.experiment_id is not None:
+            return
+        attrs = self.study.user_attrs
+        parent = attrs.get("mlflow_parent_run_id")
+        if parent and attrs.get("tracking_uri") == self.tracking_uri:
+            if self.tracker.parent_state(parent) == "active":
+                self.tracker.resume_sweep(parent)
+            else:        # deleted from the store: a new parent; reconcile relogs the trials
+                parent = None
+        else:
+            parent = None
+        if parent is None:
+            parent = self.tracker.start_sweep(self.space, self.study_name, self.storage)
+            self.study.set_user_attr("mlflow_parent_run_id", parent)
+            self.study.set_user_attr("tracking_uri", self.tracking_uri)
+        self.experiment_id = self.tracker.experiment_of(parent)
+        self.parent_run_id = parent
+
+    def _tracking_call(self, what: str, call: Callable[[], Any], force: bool = False) -> bool:
+        """call() against MLflow unless it is down and its next try has not come (True: done).
+
+        The first success after a failure backfills every trial MLflow missed.
+        """
+        if not self._tracking_up and not force and time.monotonic() < self._tracking_retry_at:
+            return False
+        try:
+            call()
+        except Exception as err:  # noqa: BLE001 - tracking trouble must not lose the trial
+            self._tracking_failed(what, err)
+            return False
+        if not self._tracking_up:
+            self._tracking_up, self._tracking_backoff = True, 0.0
+            print(f"sweeper: MLflow answers again; backfilling the {len(self.unlogged)} trials "
+                  "it missed", file=sys.stderr)
+            self._backfill()
+        return True
+
+    def _tracking_failed(self, what: str, err: BaseException) -> None:
+        self.tracking_errors.append(f"{what}: {one_line(err)}")
+        if self._tracking_up:
+            print(f"sweeper: MLflow logging failed ({what}: {one_line(err)[:300]}); trials are "
+                  f"still stored in Optuna and are logged when {self.tracking_uri} answers "
+                  "again", file=sys.stderr)
+        self._tracking_up = False
+        self._tracking_backoff = min(MAX_TRACKING_BACKOFF_S, max(2.0, 2 * self._tracking_backoff))
+        self._tracking_retry_at = time.monotonic() + self._tracking_backoff
+
+    def _backfill(self) -> None:
+        from sweeper.sync import reconcile
+
+        try:
+            self._ensure_parent()
+            reconcile(self.study, self.tracker, self.parent_run_id, self.experiment_id)
+            self.unlogged.clear()
+        except Exception as err:  # noqa: BLE001
+            self._tracking_failed("backfill", err)
+
+    def _finish_tracking(self, status: str) -> None:
+        """Reconcile when anything may be missing or doubled; the parent's counts and status."""
+        if self.tracker is None or self.study is None:
+            return
+        from sweeper.sync import reconcile
+
+        def finish():
+            self._ensure_parent()
+            if self.unlogged or self.resume or self.tracking_errors or \
+                    self.tracking_uri.startswith(("http://", "https://")):
+                reconcile(self.study, self.tracker, self.parent_run_id, self.experiment_id)
+                self.unlogged.clear()
+            self.tracker.finish_sweep(self.parent_run_id, self._study_counts(),
+                                      RUN_STATUS_OF.get(status, "FAILED"))
+
+        if not self._tracking_call("end of sweep", finish, force=True):
+            print(f"sweeper: MLflow is unreachable: {len(self.unlogged)} trials of this run are "
+                  f"stored in Optuna only; when {self.tracking_uri} answers, run: sweeper sync "
+                  f"--study {self.study_name} --storage {self.storage}", file=sys.stderr)
 
     # ------------------------------------------------------------------ running
     def run(self) -> SweepResult:
@@ -316,12 +483,14 @@ class Controller:
 
         start = time.monotonic()
         self.progress = ProgressLine(self.target, self.show_progress)
-        status = "FINISHED"
+        status = "finished"
         try:
             self.pool = self._start_pool()     # first: a bad --address creates no study or run
             self.study = self._open_study(self.resume)
+            self.lease = lease.claim(self.study)
             done_before = self._finished_before() if self.resume else 0
             self.remaining = max(0, self.target - done_before)
+            self._enqueue_retries()
             self._start_tracking()
             # After Ray and git have forked their processes: measuring `host` imports JAX
             # (multithreaded) into this process.
@@ -332,7 +501,7 @@ class Controller:
                       file=sys.stderr)
             self._loop()
         except BaseException as err:
-            status = "FAILED" if isinstance(err, Exception) else "KILLED"
+            status = "failed" if isinstance(err, Exception) else "killed"
             for flight in list(self.in_flight.values()):
                 self._record(flight.trial, optuna.trial.TrialState.FAIL, INTERRUPTED, flight.config,
                              flight.flat, None, flight.prediction, interrupted=True)
@@ -349,7 +518,8 @@ class Controller:
             pareto=pareto_rows(self.study, self.space),
             objectives=[(o.metric, o.direction) for o in self.space.objectives],
             searched=[p.name for p in self.space.params],
-            elapsed_s=time.monotonic() - start, tracking_errors=self.tracking_errors)
+            elapsed_s=time.monotonic() - start, tracking_errors=self.tracking_errors,
+            interrupted=self.interrupted, mlflow_missing=len(self.unlogged))
 
     def _close(self, status: str) -> None:
         try:
@@ -357,22 +527,21 @@ class Controller:
                 self.pool.close()
         finally:
             try:
-                if self.tracker is not None and self.parent_run_id:
-                    self.tracker.finish_sweep(self.parent_run_id, self._study_counts(), status)
-            except Exception as err:  # noqa: BLE001
-                self.tracking_errors.append(one_line(err))
-            if self._ray_started:
-                import ray
+                self._finish_tracking(status)
+            finally:
+                try:
+                    if self.study is not None and self.lease is not None:
+                        lease.release(self.study, self.lease, status)
+                finally:
+                    if self._ray_started:
+                        import ray
 
-                ray.shutdown()
+                        ray.shutdown()
 
     def _study_counts(self) -> dict[str, int]:
-        counts = {"complete": 0, "failed": 0, "pruned": 0}
-        names = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned"}
-        for t in self.study.get_trials(deepcopy=False):
-            if t.state.name in names:
-                counts[names[t.state.name]] += 1
-        return counts
+        from sweeper.sync import study_counts
+
+        return study_counts(self.study)
 
     def _loop(self) -> None:
         asked = 0
@@ -388,22 +557,46 @@ class Controller:
                 continue
             now = time.monotonic()
             next_deadline = min(f.deadline for f in self.in_flight.values())
-            wait = min(1.0, max(0.0, next_deadline - now))
+            wait = min(0.5, max(0.0, next_deadline - now))
             handles = [f.handle for f in self.in_flight.values()]
             for handle in self.pool.ready(handles, wait):
                 flight = self.in_flight.pop(id(handle))
                 if self._finish(flight):
                     free.append(flight.slot)
+            self._note_placements()
             now = time.monotonic()
             for key, flight in list(self.in_flight.items()):
                 if now > flight.deadline:
                     del self.in_flight[key]
+                    placement = flight.placement or self.pool.placement(flight.handle, 1.0)
                     self.pool.discard(flight.handle)      # the worker is killed and replaced
+                    worker = {**(placement or {}), "attempts": flight.attempt + 1,
+                              "killed": "timeout"}
+                    if flight.lost:
+                        worker["lost"] = flight.lost
                     self._fail(flight, f"timeout: still running after {self.space.timeout_s:g}s "
-                                       "(timeout_s); its worker was restarted")
+                                       "(timeout_s); its worker was restarted", worker)
                     free.append(flight.slot)
+            self._heartbeat()
             self._show()
         self._show()
+
+    def _note_placements(self) -> None:
+        """Record where each running trial's worker is, as soon as the worker is up."""
+        for flight in self.in_flight.values():
+            if flight.placement is None:
+                placement = self.pool.placement(flight.handle)
+                if placement:
+                    flight.placement = placement
+                    flight.trial.set_user_attr("worker", {**placement, "running": True,
+                                                          "attempts": flight.attempt + 1})
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + lease.HEARTBEAT_S
+            if self.lease is not None:
+                lease.heartbeat(self.study, self.lease)
 
     def _dispatch(self, free: list[int]) -> None:
         """Ask one point; prune it or start it on a free slot (removed from `free`)."""
@@ -435,7 +628,8 @@ class Controller:
                 return
         free.remove(slot)
         # The analytical pool evaluates the per-chip profile; a worker gets the whole share.
-        handle = self.pool.submit(slot, config, chip_profile if self.pool.local else hardware)
+        hardware = chip_profile if self.pool.local else hardware
+        handle = self.pool.submit(slot, config, hardware, trial.number)
         self.in_flight[id(handle)] = _InFlight(trial, config, flat, prediction, hardware, slot,
                                                handle, time.monotonic() + self.space.timeout_s)
 
@@ -453,13 +647,21 @@ class Controller:
         try:
             outcome = self.pool.outcome(flight.handle)
         except WorkerLost as err:
+            flight.lost.append({**(flight.placement or {}), "attempt": flight.attempt + 1,
+                                "reason": str(err)})
             if flight.attempt < self.space.max_retries:
                 flight.attempt += 1
-                flight.handle = self.pool.submit(flight.slot, flight.config, flight.hardware)
+                flight.trial.set_user_attr("worker_lost", flight.lost)
+                flight.handle = self.pool.submit(flight.slot, flight.config, flight.hardware,
+                                                 flight.trial.number)
                 flight.deadline = time.monotonic() + self.space.timeout_s
+                flight.placement = None
                 self.in_flight[id(flight.handle)] = flight
                 return False
-            self._fail(flight, f"worker died ({flight.attempt + 1} attempts): {err}")
+            worker = {**(flight.placement or {}), "attempts": flight.attempt + 1,
+                      "lost": flight.lost}
+            self._fail(flight, f"worker died: {flight.attempt + 1} attempts (max_retries "
+                               f"{self.space.max_retries}); last: {err}", worker)
             return True
         except TrialError as err:
             state = optuna.trial.TrialState.PRUNED if err.config_error else optuna.trial.TrialState.FAIL
@@ -472,6 +674,8 @@ class Controller:
         metrics = outcome.measurement.metrics()
         worker = dict(outcome.worker, started=outcome.started, finished=outcome.finished,
                       attempts=flight.attempt + 1)
+        if flight.lost:
+            worker["lost"] = flight.lost
         missing = [m for m in self.space.metric_names if not math.isfinite(metrics.get(m, math.nan))]
         if missing:
             self._record(flight.trial, optuna.trial.TrialState.FAIL, f"objective not reported: "
@@ -483,27 +687,31 @@ class Controller:
                      measurement_obj=outcome.measurement)
         return True
 
-    def _fail(self, flight: _InFlight, reason: str) -> None:
+    def _fail(self, flight: _InFlight, reason: str, worker: dict | None = None) -> None:
         import optuna
 
         self.ran += 1
         self._record(flight.trial, optuna.trial.TrialState.FAIL, reason, flight.config, flight.flat,
-                     None, flight.prediction)
+                     None, flight.prediction, worker=worker)
 
     # ------------------------------------------------------------------ recording
     def _record(self, trial, state, reason: str | None, config, flat: dict, metrics: dict | None,
                 prediction: dict, *, worker: dict | None = None,
                 measurement_obj: Measurement | None = None, interrupted: bool = False) -> None:
-        """user_attrs -> MLflow child run -> constraints -> tell (Optuna state last)."""
+        """user_attrs (`outcome` last) -> MLflow child run -> tell (Optuna state last).
+
+        A controller killed in between leaves a RUNNING trial: with `outcome` stored,
+        `--resume` tells it with its result; without, it re-runs it.
+        """
+        from sweeper.tracking import trial_run_fields
+
         # One hardware label per sweep (host, devices:<profile>, analytical:<profile>); what the
         # engine reported (e.g. the accelerator's device kind) is kept as `device`.
         hardware = self.space.hardware.label
         attrs: dict[str, Any] = {"flat_params": flat, "source": self.source, "hardware": hardware,
                                  "prediction": prediction, "measurement": metrics or {}}
-        extra_tags: dict[str, str] = {}
         if measurement_obj is not None:
             attrs["device"] = measurement_obj.hardware
-            extra_tags["device"] = str(measurement_obj.hardware)
         if config is not None:
             attrs["config"] = config.to_dict()
         if reason:
@@ -522,26 +730,28 @@ class Controller:
             for i, value in enumerate(constraint_values.values()):
                 trial.set_constraint(str(i), value)
             values = [metrics[m] for m in self.space.metric_names]
+        attrs["outcome"] = state.name
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
-        try:
-            run_id = self.tracker.log_trial(
-                self.parent_run_id, self.experiment_id, number=trial.number, params=flat,
-                metrics=metrics, prediction=prediction, state=state.name, reason=reason,
-                source=self.source, hardware=hardware,
-                extra_tags={**extra_tags, "feasible": str(feasible).lower()}
-                if state.name == "COMPLETE" else extra_tags)
-            trial.set_user_attr("mlflow_run_id", run_id)
-        except Exception as err:  # noqa: BLE001 - tracking trouble must not lose the trial
-            self.tracking_errors.append(one_line(err))
-            trial.set_user_attr("mlflow_error", one_line(err))
-            if len(self.tracking_errors) == 1:
-                print(f"sweeper: MLflow logging failed (trials are still stored in Optuna): "
-                      f"{one_line(err)}", file=sys.stderr)
+        logged: list[str] = []
+
+        def log() -> None:
+            self._ensure_parent()
+            logged.append(self.tracker.log_trial(
+                self.parent_run_id, self.experiment_id,
+                **trial_run_fields(trial.number, state.name, trial.user_attrs)))
+
+        if self.tracker is not None and self._tracking_call(f"trial {trial.number}", log):
+            trial.set_user_attr("mlflow_run_id", logged[0])
+        else:
+            error = self.tracking_errors[-1] if self.tracking_errors else "not logged yet"
+            trial.set_user_attr("mlflow_error", error)
+            self.unlogged.add(trial.number)
         self.study.tell(trial, values=values, state=state)
-        key = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned"}[state.name]
-        if not interrupted:
-            self.counts[key] += 1
+        if interrupted:
+            self.interrupted += 1
+        else:
+            self.counts[STATE_KEYS[state.name]] += 1
         if state.name == "COMPLETE" and feasible:
             self._update_best(trial.number, metrics)
         if self.on_trial is not None:
@@ -562,6 +772,10 @@ class Controller:
         c = self.counts
         self.progress.update(c["complete"], c["failed"], c["pruned"], len(self.in_flight),
                              self.best, self.ran)
+
+
+def _names(storage: str) -> list[str]:
+    return [s.study_name for s in _study_summaries(storage)]
 
 
 # ----------------------------------------------------------------------------- Pareto rows
@@ -598,6 +812,9 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
         ordered = sorted((t for t in trials if t.number in best),
                          key=lambda t: t.values[0] * (1 if space.directions[0] == "minimize" else -1))
         numbers = [t.number for t in ordered]
+    from sweeper.sync import mlflow_run_ids
+
+    run_ids = mlflow_run_ids(study)
     by_number = {t.number: t for t in trials}
     rows, seen = [], set()
     for number in numbers:
@@ -610,7 +827,7 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"number": number}
         row.update({m: v for m, v in zip(metrics, t.values)})
         row.update({k: flat.get(k) for k in ROW_PARAMS})
-        row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id")
+        row["mlflow_run_id"] = run_ids.get(number)
         rows.append(row)
     return rows
 
@@ -624,8 +841,10 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
               progress: bool = True, on_trial: Callable[[dict], None] | None = None) -> SweepResult:
     """Run (or resume) a sweep; returns counts, the Pareto trials and where everything is.
 
-    Bad input (space file, arguments, a study name clash) raises ConfigError before Ray,
-    Optuna's storage or MLflow are touched, apart from listing the studies that exist.
+    Bad input (space file, arguments, store URLs, a Ray address nothing answers at, a study
+    name clash, a study another live controller runs) raises ConfigError before Ray,
+    Optuna's storage or MLflow are touched, apart from listing the studies that exist;
+    nothing is created on disk before that.
     """
     space = load_space(space if not isinstance(space, os.PathLike) else str(space))
     if trials is not None:
@@ -634,14 +853,18 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
         _positive(parallel, "--parallel")
     if study_name is not None and not study_name.strip():
         raise ConfigError("--study", study_name, "a non-empty study name")
+    if address is not None:
+        check_ray_address(address)
+    storage = paths.check_storage_url(storage) if storage else paths.default_storage(create=False)
+    tracking_uri = (paths.check_tracking_uri(tracking_uri) if tracking_uri
+                    else paths.default_tracking_uri(create=False))
     target = trials if trials is not None else space.planned_trials()
     if space.sampler.type == "grid":
         target = min(target, space.grid_size())
-    storage = storage or paths.default_storage()
-    tracking_uri = tracking_uri or paths.default_tracking_uri()
     name, exists = choose_study(space, storage, study_name, resume)
     controller = Controller(space, storage=storage, tracking_uri=tracking_uri, study_name=name,
                             resume=exists, trials=target,
                             parallel=parallel if parallel is not None else space.parallel,
-                            address=address, progress=progress, on_trial=on_trial)
+                            address=address, progress=progress, on_trial=on_trial,
+                            generated_name=study_name is None and not exists)
     return controller.run()

@@ -10,10 +10,18 @@ Flags (`--storage`, `--tracking-uri`) override these; a server URL needs no loca
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from pathlib import Path
 
+from workloads.config import ConfigError
+
 HOME_ENV = "SWEEPER_HOME"
+# MLflow stores a sweep can log to (database URLs as SQLAlchemy writes them, or a server).
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file",
+                    "databricks")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9]*)(\+[A-Za-z0-9_]+)?://")
 
 
 def sweeper_home(create: bool = False) -> Path:
@@ -94,12 +102,75 @@ def precreate_sqlite_wal(url: str) -> None:
         connection.close()
 
 
+@contextlib.contextmanager
+def sqlite_creation_lock(url: str):
+    """Serialise opening (and so creating) a SQLite store across processes of this machine.
+
+    Optuna creates its tables and MLflow runs its schema migrations the first time a store
+    is opened, and neither is safe against a second process doing the same at that moment
+    (two sweeps started together on a fresh $SWEEPER_HOME): one fails with "table already
+    exists" or a half-migrated schema. An exclusive `flock` on `<db>.lock` makes the second
+    wait until the first has finished. Other URLs (a database server) are left as they are.
+    """
+    db = sqlite_path(url)
+    if db is None or str(db) in ("", ":memory:"):
+        yield
+        return
+    import fcntl
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def open_optuna_storage(url: str):
     """An Optuna storage for `url` (SQLite tuned as in `tune_sqlite`; other URLs as they are)."""
     import optuna
 
     if sqlite_path(url) is None:
         return url
-    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+    with sqlite_creation_lock(url):
+        storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
     tune_sqlite(storage.engine)
     return storage
+
+
+def check_storage_url(url: str, field: str = "--storage") -> str:
+    """An Optuna RDB URL (dialect[+driver]://...); a SQLite file's folder must exist.
+
+    Checked before anything starts: nothing is created here.
+    """
+    match = _URL.match(url or "")
+    if not match or match.group(1) in ("http", "https", "file"):
+        raise ConfigError(field, url, "an Optuna RDB URL such as sqlite:///path/optuna.db or "
+                          "postgresql://user@host/db")
+    _check_sqlite_folder(url, field)
+    return url
+
+
+def check_tracking_uri(uri: str, field: str = "--tracking-uri") -> str:
+    """An MLflow tracking URI: a database URL, http(s)://server:port, file:, databricks."""
+    match = _URL.match(uri or "") or re.match(r"^(databricks|file)(:)", uri or "")
+    if not match or match.group(1) not in TRACKING_SCHEMES:
+        raise ConfigError(field, uri, "an MLflow tracking URI such as sqlite:///path/mlflow.db "
+                          "or http://mlflow-server:5000")
+    _check_sqlite_folder(uri, field)
+    return uri
+
+
+def _check_sqlite_folder(url: str, field: str) -> None:
+    db = sqlite_path(url)
+    if db is None or str(db) in ("", ":memory:"):
+        return
+    if db.is_dir():
+        raise ConfigError(field, url, "a SQLite file, not a folder")
+    existing = db.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(field, url, f"a SQLite file in a folder this user can create or "
+                          f"write ({existing} is not writable)")

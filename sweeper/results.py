@@ -80,8 +80,11 @@ def load_trials(study_name: str, storage: str | None = None) -> pd.DataFrame:
     """Every trial of an Optuna study (as `sweeper run` stored it) as a table of COLUMNS."""
     from sweeper.paths import default_storage
 
+    from sweeper.sync import mlflow_run_ids
+
     storage = storage or default_storage(create=False)
     study = load_study(study_name, storage)
+    run_ids = mlflow_run_ids(study)
     rows = []
     for trial in study.get_trials(deepcopy=False):
         attrs = trial.user_attrs
@@ -89,27 +92,36 @@ def load_trials(study_name: str, storage: str | None = None) -> pd.DataFrame:
             number=trial.number, state=trial.state.name, reason=attrs.get("reason"),
             source=attrs.get("source"), hardware=attrs.get("hardware"),
             params=attrs.get("flat_params") or {}, metrics=attrs.get("measurement") or {},
-            prediction=attrs.get("prediction") or {}, mlflow_run_id=attrs.get("mlflow_run_id")))
+            prediction=attrs.get("prediction") or {}, mlflow_run_id=run_ids.get(trial.number)))
     return frame(rows)
 
 
 def study_names(storage: str) -> list[str]:
     import optuna
 
-    return [s.study_name for s in optuna.study.get_all_study_summaries(storage, include_best_trial=False)]
+    from sweeper.paths import open_optuna_storage
+
+    return [s.study_name for s in optuna.study.get_all_study_summaries(
+        open_optuna_storage(storage), include_best_trial=False)]
 
 
 def load_study(study_name: str, storage: str):
     """optuna.load_study, with a one-line ConfigError (and a suggestion) for an unknown name."""
     import optuna
 
+    from sweeper.paths import open_optuna_storage, sqlite_path
+
+    db = sqlite_path(storage)
+    if db is not None and not db.is_file():      # do not create an empty store just to look
+        raise ConfigError("--storage", storage, "an Optuna storage with studies (no such file; "
+                          "run `sweeper run` first, or set SWEEPER_HOME / --storage)")
     names = study_names(storage)
     if study_name not in names:
         close = difflib.get_close_matches(study_name, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         listed = names if len(names) <= 10 else names[-10:] + ["..."]
         raise ConfigError("study", study_name, f"a study in {storage}: {listed}{hint}")
-    return optuna.load_study(study_name=study_name, storage=storage)
+    return optuna.load_study(study_name=study_name, storage=open_optuna_storage(storage))
 
 
 # ----------------------------------------------------------------------------- MLflow

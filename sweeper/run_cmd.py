@@ -23,6 +23,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, help="override the space's trial count")
     p.add_argument("--parallel", type=int, help="override the space's trials in flight")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--no-analysis", action="store_true",
+                   help="skip the end-of-sweep analysis (calibration, report)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -35,21 +37,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag}", value, "a positive integer")
+    # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts)
     result = run_sweep(space, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study, resume=args.resume, trials=args.trials,
                        parallel=args.parallel, address=args.address, progress=True)
-    # End of sweep: Pareto frontiers, held-out prediction error of the fitted cost model,
-    # and the HTML report (also logged on the parent MLflow run).
-    from sweeper.report import format_summary, summarize_sweep
-
-    summary = summarize_sweep(result.study_name, result.storage, result.tracking_uri)
+    summary = None
+    if not args.no_analysis:
+        summary = end_of_sweep_analysis(result)
     if args.json:
-        print_json({**result.to_json(), "analysis": summary})
+        print_json({**result.to_json(), **({"analysis": summary} if summary else {})})
     else:
         print(render_result(result))
-        print()
-        print(format_summary(summary))
+        if summary:
+            from sweeper.report import format_summary
+
+            print()
+            print(format_summary(summary))
     return 0
+
+
+def end_of_sweep_analysis(result) -> dict | None:
+    """Pareto frontiers, held-out prediction error of the fitted cost model and the HTML
+    report (also logged on the parent MLflow run). The sweep's results are stored already:
+    a failure here is reported on stderr and does not fail the command."""
+    from sweeper.report import summarize_sweep
+
+    try:
+        return summarize_sweep(result.study_name, result.storage, result.tracking_uri)
+    except Exception as err:  # noqa: BLE001
+        from sweeper.workers import one_line
+
+        print(f"sweeper: end-of-sweep analysis failed ({one_line(err)[:300]}); the trials are "
+              f"stored: sweeper report --study {result.study_name} --out DIR", file=sys.stderr)
+        return None
 
 
 def render_result(result) -> str:
@@ -74,7 +94,10 @@ def render_result(result) -> str:
         lines.extend("  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows)
     label = "host timings (emulated mesh)" if result.source == "measured" else "cost-model predictions"
     lines.append("")
-    lines.append(f"study    {result.study_name}: {c['complete']} complete, {c['failed']} failed, "
+    failed = f"{c['failed']} failed"
+    if result.interrupted:
+        failed += f" ({result.interrupted} interrupted and run again)"
+    lines.append(f"study    {result.study_name}: {c['complete']} complete, {failed}, "
                  f"{c['pruned']} pruned ({label}) in {result.elapsed_s:.0f}s")
     lines.append(f"optuna   {result.storage}")
     lines.append(f"mlflow   {result.tracking_uri}  experiment '{result.experiment}', parent run "
@@ -85,6 +108,9 @@ def render_result(result) -> str:
     if result.tracking_errors:
         lines.append(f"warning  {len(result.tracking_errors)} MLflow logging errors; first: "
                      f"{result.tracking_errors[0]}")
+    if result.mlflow_missing:
+        lines.append(f"warning  {result.mlflow_missing} trials are in Optuna but not yet in MLflow: "
+                     f"sweeper sync --study {result.study_name} --storage {result.storage}")
     return "\n".join(lines)
 
 

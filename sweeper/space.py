@@ -70,7 +70,7 @@ SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objective
                 "memory_budget_bytes", "resources")
 
 HARDWARE_KINDS = ("host", "devices", "analytical")
-SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
+SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/guided.py
 DIRECTIONS = ("minimize", "maximize")
 # Numeric metrics an objective or constraint may name (booleans like `fits` are not targets).
 NUMERIC_METRICS = tuple(f for f in METRIC_NAMES
@@ -300,9 +300,11 @@ def _sampler_class(kind: str):
         def after_trial(self, study, trial, state, values) -> None:
             pass
 
+    from sweeper.guided import GuidedSampler
+
     return {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
             "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,
-            "grid": GridSampler}[kind]
+            "grid": GridSampler, "guided": GuidedSampler}[kind]
 
 
 def _sampler_arguments(kind: str) -> list[str]:
@@ -416,6 +418,8 @@ class SearchSpace:
         kwargs = dict(self.sampler.options)
         if self.sampler.type == "grid":
             return cls(self.grid(), seed=self.sampler.seed, **kwargs)
+        if self.sampler.type == "guided":     # seeds from the cost model need the space
+            return cls(self, seed=self.sampler.seed, **kwargs)
         return cls(seed=self.sampler.seed, **kwargs)
 
     # --------------------------------------------------------------- trials
@@ -585,7 +589,32 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
     except (TypeError, ValueError) as err:
         raise ConfigError("sampler.options", dict(sampler.options), f"arguments "
                           f"{type(err).__name__} accepts ({err})", source) from None
+    _check_some_point_runs(space)
     return space
+
+
+MAX_CHECKED_POINTS = 256
+
+
+def _check_some_point_runs(space: SearchSpace) -> None:
+    """Reject a space none of whose points can run for its shape (e.g. a fixed batch that
+    batch-sharded attention cannot split over the chips): a sweep of it would prune every
+    trial. Checked when the grid is small and is the whole space (no log ranges)."""
+    if any(p.log for p in space.params) or space.grid_size() > MAX_CHECKED_POINTS:
+        return
+    import itertools
+
+    names = [p.name for p in space.params]
+    first: ConfigError | None = None
+    for values in itertools.product(*(p.grid_values() for p in space.params)):
+        try:
+            space.trial_config(dict(zip(names, values)))
+            return
+        except ConfigError as err:
+            first = first or err
+    if first is not None:
+        raise ConfigError(first.field, first.value, f"{first.accepted} (no point of this space "
+                          "can run)", space.source)
 
 
 def _parse_fixed(data: Mapping, source: str | None) -> dict[str, Any]:

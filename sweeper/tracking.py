@@ -14,18 +14,33 @@ Measured and analytical sweeps log to different experiments (`sweeper/<space>` a
 `sweeper/<space> (analytical)`), so the two are never mixed in one table or plot.
 Everything goes through `MlflowClient` with explicit run ids: no global active run, so
 the controller can log from any thread. Default store: SQLite under $SWEEPER_HOME.
+
+A child run is written when its trial has finished (any state), from the trial's Optuna
+user attrs (`trial_run_fields`), so a run logged live and one backfilled later by
+`sweeper.sync` are the same. Optuna is the record; MLflow is kept in step with it.
+
+Tracking servers (`http(s)://`): MLflow's HTTP client retries a failed request 7 times
+with exponential backoff and waits up to 120 s for an answer, so one request to a server
+that is down could stall a sweep for minutes. `Tracker` lowers these (only where the
+environment does not set them): MLFLOW_HTTP_REQUEST_MAX_RETRIES=1,
+MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1, MLFLOW_HTTP_REQUEST_BACKOFF_JITTER=0.5,
+MLFLOW_HTTP_REQUEST_TIMEOUT=10: an outage costs seconds, and the trials it misses are
+backfilled when the server answers again. MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=true
+keeps MLflow from printing each run's URL on stdout (`--json` output stays JSON).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from sweeper.paths import artifact_root, default_tracking_uri, precreate_sqlite_wal, tune_sqlite
+from sweeper.paths import (artifact_root, default_tracking_uri, precreate_sqlite_wal,
+                           sqlite_creation_lock, tune_sqlite)
 
 PARENT_TAG = "mlflow.parentRunId"
 KIND_TAG = "sweeper.kind"
@@ -38,6 +53,24 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # MLflow 3's UI opens an experiment in its GenAI (traces) view unless told it holds model
 # runs; ours are runs to compare in the table and charts.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+# See the module docstring: an unreachable server must cost seconds, not minutes.
+# (and no "View run ... at: URL" line on stdout per finished run, which would break
+# `sweeper run --json` and costs one more request each)
+HTTP_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
+                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+                        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+# Worker placement recorded on each child run (user attr `worker` key -> tag).
+WORKER_TAGS = {"node_id": "node_id", "node_ip": "node_ip", "pid": "worker_pid",
+               "attempts": "attempts"}
+
+
+def configure_http_client(tracking_uri: str) -> None:
+    """Short MLflow HTTP retries and timeout for a tracking server (user settings win)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        for name, value in HTTP_CLIENT_DEFAULTS.items():
+            os.environ.setdefault(name, value)
 
 
 def experiment_name(space_name: str, source: str) -> str:
@@ -77,9 +110,11 @@ class Tracker:
 
         _quiet_store_logs()
         self.tracking_uri = tracking_uri or default_tracking_uri()
-        precreate_sqlite_wal(self.tracking_uri)
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
+        configure_http_client(self.tracking_uri)
+        with sqlite_creation_lock(self.tracking_uri):    # another sweep may be creating it
+            precreate_sqlite_wal(self.tracking_uri)
+            self.client = MlflowClient(tracking_uri=self.tracking_uri)
+            store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
         tune_sqlite(getattr(store, "engine", None))   # see paths.tune_sqlite
 
     # ------------------------------------------------------------------ experiments
@@ -126,6 +161,27 @@ class Tracker:
             self.client.log_text(run.info.run_id, space.text, name)
         return run.info.run_id
 
+    def start_sweep_from_study(self, study_name: str, attrs: Mapping[str, Any], storage: str) -> str:
+        """A parent run for a study whose space file is gone (`sweeper sync`): from its attrs."""
+        source = str(attrs.get("source") or "measured")
+        exp_id = self.experiment_id(experiment_name(str(attrs.get("space") or study_name), source))
+        run = self.client.create_run(exp_id, run_name=study_name, tags={
+            KIND_TAG: SWEEP_KIND, "study": study_name, "storage": _redact(storage),
+            "git_revision": git_revision(), "source": source,
+            "hardware": str(attrs.get("hardware")), "space_file": str(attrs.get("space_file") or ""),
+            "mlflow.runName": study_name})
+        return run.info.run_id
+
+    def parent_state(self, run_id: str) -> str:
+        """'active', 'deleted' or 'missing' (a run id this store does not know)."""
+        try:
+            run = self.client.get_run(run_id)
+        except Exception as err:  # noqa: BLE001
+            if getattr(err, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                return "missing"
+            raise                  # the store is unreachable: not the same as missing
+        return "deleted" if run.info.lifecycle_stage == "deleted" else "active"
+
     def resume_sweep(self, run_id: str) -> None:
         self.client.update_run(run_id, status="RUNNING")
 
@@ -139,6 +195,28 @@ class Tracker:
 
     def experiment_of(self, run_id: str) -> str:
         return self.client.get_run(run_id).info.experiment_id
+
+    def child_runs(self, parent_run_id: str, experiment_id: str) -> dict[int, list]:
+        """The active child runs of a sweep, by trial number (a trial may have several)."""
+        from mlflow.entities import ViewType
+
+        query = f"tags.`{PARENT_TAG}` = '{parent_run_id}'"
+        runs: dict[int, list] = {}
+        token = None
+        while True:
+            page = self.client.search_runs([experiment_id], filter_string=query,
+                                           run_view_type=ViewType.ACTIVE_ONLY, max_results=1000,
+                                           page_token=token)
+            for run in page:
+                number = run.data.tags.get("trial_number", "")
+                if number.isdigit():
+                    runs.setdefault(int(number), []).append(run)
+            token = page.token
+            if not token:
+                return runs
+
+    def delete_run(self, run_id: str) -> None:
+        self.client.delete_run(run_id)
 
     # ------------------------------------------------------------------ trials
     def log_trial(self, parent_run_id: str, experiment_id: str, *, number: int,
@@ -162,6 +240,31 @@ class Tracker:
                               params=[Param(k, str(v)) for k, v in params.items()])
         self.client.set_terminated(run.info.run_id, status=RUN_STATUS.get(state, "FAILED"))
         return run.info.run_id
+
+
+def trial_run_fields(number: int, state: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """`Tracker.log_trial` arguments of a finished trial, from its Optuna user attrs."""
+    extra: dict[str, str] = {}
+    if attrs.get("device") is not None:
+        extra["device"] = str(attrs["device"])
+    if state == "COMPLETE":
+        extra["feasible"] = str(attrs.get("feasible", True)).lower()
+    worker = attrs.get("worker") or {}
+    for key, tag in WORKER_TAGS.items():
+        if worker.get(key) is not None:
+            extra[tag] = str(worker[key])
+    if attrs.get("retry_of") is not None:
+        extra["retry_of"] = str(attrs["retry_of"])
+    return {"number": number, "params": attrs.get("flat_params") or {},
+            "metrics": attrs.get("measurement") or None, "prediction": attrs.get("prediction") or {},
+            "state": state, "reason": attrs.get("reason"), "source": attrs.get("source"),
+            "hardware": attrs.get("hardware"), "extra_tags": extra}
+
+
+def run_matches(run, state: str) -> bool:
+    """A finished trial's run is complete and says the trial's state."""
+    return (run.info.status == RUN_STATUS.get(state, "FAILED")
+            and run.data.tags.get("status") == state)
 
 
 def _run_name(number: int, params: Mapping[str, Any]) -> str:

@@ -17,6 +17,21 @@ trials, so a repeated shape and layout is not compiled again.
 
 Analytical (`hardware: analytical:*`): `LocalPool` evaluates the cost model in this process
 (microseconds; no Ray), behind the same interface, so the controller does not care.
+
+Where a trial runs: every actor answers `where()` (pid, Ray node id and IP, the Ray
+resources it holds) as soon as its process is up, before its first trial; the controller
+stores that on the running trial (user attr `worker`), so an operator can find the process
+of any running trial, and after the trial the node and resources stay in its record.
+
+Faults: an actor whose process dies (crash, OOM, `kill -9`, its node lost) fails its trial's
+ObjectRef with `RayActorError` -> `WorkerLost`; the controller retries the trial on a fresh
+actor of the same slot up to `max_retries` times. A trial past its `timeout_s` has its actor
+killed (`discard`) and the slot starts a new one for the next trial.
+
+Test-only: `SWEEPER_TEST_TRIAL_DELAY_S` makes a worker sleep before a trial (`SECONDS`, or
+`SECONDS:N1,N2` for trials N1 and N2 only), so that the fault tests can kill a worker or let
+a trial time out in the middle of it. It is forwarded from the controller's environment to
+the workers and has no use outside tests.
 """
 
 from __future__ import annotations
@@ -60,6 +75,54 @@ class TrialError(RuntimeError):
 def one_line(err: BaseException) -> str:
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text}"[:2000]
+
+
+TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
+
+
+def trial_delay_s(number: int | None, environ: dict | None = None) -> float:
+    """Seconds a worker waits before trial `number` (test-only; 0 when the variable is unset)."""
+    spec = (environ if environ is not None else os.environ).get(TEST_DELAY_ENV, "").strip()
+    if not spec:
+        return 0.0
+    seconds, _, numbers = spec.partition(":")
+    if numbers.strip() and number not in {int(n) for n in numbers.split(",") if n.strip()}:
+        return 0.0
+    return float(seconds)
+
+
+def where_am_i() -> dict[str, Any]:
+    """This process: pid, host, and (inside Ray) node id, node IP and assigned resources."""
+    import socket
+
+    info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            context = ray.get_runtime_context()
+            info["node_id"] = context.get_node_id()
+            info["node_ip"] = ray.util.get_node_ip_address()
+            info["resources"] = {k: float(v) for k, v in context.get_assigned_resources().items()}
+    except Exception:  # noqa: BLE001 - outside a Ray worker there is no node to report
+        pass
+    return info
+
+
+def lost_reason(err: BaseException, placement: dict | None) -> str:
+    """'pid 123 on node 0a1b2c3d (10.0.0.2) died: <what Ray says, shortened>'."""
+    where = ""
+    if placement:
+        where = f"pid {placement.get('pid')}"
+        if placement.get("node_id"):
+            where += f" on node {str(placement['node_id'])[:8]} ({placement.get('node_ip')})"
+        where += " "
+    text = " ".join(str(err).split())
+    # Ray's message lists every possible cause; keep what it knows about this death.
+    detail = re.search(r"(Worker exit type: \S+.*?)(?: There are some potential root causes|$)",
+                       text)
+    said = detail.group(1) if detail else text
+    return f"{where}died ({type(err).__name__}: {said[:300]})"
 
 
 # ----------------------------------------------------------------------------- cores
@@ -112,6 +175,10 @@ class MeshWorker:
         self.engine_cache: dict = {}
         self.trials_run = 0
 
+    def where(self) -> dict[str, Any]:
+        """Where this worker runs (no JAX import: answers as soon as the process is up)."""
+        return {**where_am_i(), "slot": self.slot, "chips": self.chips}
+
     def info(self) -> dict[str, Any]:
         import jax
 
@@ -120,7 +187,10 @@ class MeshWorker:
                 "xla_flags": os.environ.get("XLA_FLAGS", ""), "cache_entries": len(self.engine_cache),
                 "trials_run": self.trials_run}
 
-    def run(self, config: dict, hardware: dict | None) -> dict[str, Any]:
+    def run(self, config: dict, hardware: dict | None, number: int | None = None) -> dict[str, Any]:
+        delay = trial_delay_s(number)
+        if delay:
+            time.sleep(delay)       # test-only: a window to kill this worker mid-trial
         from workloads.measure import run_trial
 
         trial = TrialConfig.from_dict(config, validate=False)
@@ -132,7 +202,7 @@ class MeshWorker:
         self.trials_run += 1
         new_entries = len(set(self.engine_cache) - before)
         return {"measurement": measurement.to_dict(), "started": started, "finished": finished,
-                "worker": {"pid": os.getpid(), "slot": self.slot, "chips": self.chips,
+                "worker": {**self.where(),
                            "cores": sorted(os.sched_getaffinity(0)),
                            "cache_entries": len(self.engine_cache),
                            "new_cache_entries": new_entries,
@@ -150,6 +220,7 @@ class _Handle:
     key: Any
     ref: Any = None                 # Ray ObjectRef (RayPool) or the finished result (LocalPool)
     error: BaseException | None = None
+    where: Any = None               # ObjectRef of the actor's `where()` (RayPool)
 
 
 class RayPool:
@@ -172,6 +243,7 @@ class RayPool:
         self.total_cores = len(os.sched_getaffinity(0))
         self.shares_cores = self.emulated and parallel > self.total_cores
         self._actors: list[OrderedDict] = [OrderedDict() for _ in range(parallel)]
+        self._where: dict[Any, Any] = {}       # actor -> ObjectRef of its where()
         self._remote = ray.remote(MeshWorker)
 
     # chips -> actor, per slot (emulated: one process per device count; devices: one per slot)
@@ -193,6 +265,8 @@ class RayPool:
             opts = {"num_cpus": res.pop("CPU", 0), "num_gpus": res.pop("GPU", 0)}
             if res:
                 opts["resources"] = res
+        if os.environ.get(TEST_DELAY_ENV):
+            env[TEST_DELAY_ENV] = os.environ[TEST_DELAY_ENV]
         opts["runtime_env"] = {"env_vars": env}
         opts["max_restarts"] = 0
         opts["max_concurrency"] = 1
@@ -206,18 +280,38 @@ class RayPool:
             return actors[key]
         while len(actors) >= self.max_workers_per_slot:
             _, old = actors.popitem(last=False)        # least recently used
-            self.ray.kill(old)
+            self._kill(old)
         cores = self.slot_cores[slot] if self.emulated else None
-        actors[key] = self._remote.options(**self._options(chips)).remote(slot, chips, cores)
-        return actors[key]
+        actor = self._remote.options(**self._options(chips)).remote(slot, chips, cores)
+        self._where[actor] = actor.where.remote()     # runs first: the actor is single-threaded
+        actors[key] = actor
+        return actor
+
+    def _kill(self, actor) -> None:
+        self._where.pop(actor, None)
+        self.ray.kill(actor)
 
     def warm_slot(self, slot: int, chips: int) -> bool:
         return self._actor_key(chips) in self._actors[slot]
 
-    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None) -> _Handle:
+    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
+               number: int | None = None) -> _Handle:
         actor = self.actor(slot, trial.chips)
-        ref = actor.run.remote(trial.to_dict(), hardware.to_dict() if hardware else None)
-        return _Handle(slot, self._actor_key(trial.chips), ref)
+        ref = actor.run.remote(trial.to_dict(), hardware.to_dict() if hardware else None, number)
+        return _Handle(slot, self._actor_key(trial.chips), ref, where=self._where.get(actor))
+
+    def placement(self, handle: _Handle, timeout: float = 0.0) -> dict | None:
+        """Where the trial's worker runs, once its process has answered (else None)."""
+        if handle.where is None:
+            return None
+        ready, _ = self.ray.wait([handle.where], num_returns=1, timeout=timeout)
+        if not ready:
+            return None
+        try:
+            return self.ray.get(handle.where)
+        except Exception:  # noqa: BLE001 - the actor died before it could answer
+            handle.where = None
+            return None
 
     def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
         if not handles:
@@ -233,8 +327,9 @@ class RayPool:
         try:
             data = ray.get(handle.ref)
         except ray.exceptions.RayActorError as err:
+            placement = self.placement(handle)
             self.discard(handle)
-            raise WorkerLost(one_line(err)) from None
+            raise WorkerLost(lost_reason(err, placement)) from None
         except ray.exceptions.RayTaskError as err:
             cause = getattr(err, "cause", None) or err
             raise TrialError(one_line(cause), isinstance(cause, ConfigError)) from None
@@ -245,7 +340,7 @@ class RayPool:
         """Kill the worker a trial ran on (timeout, crash): the slot starts a fresh one."""
         actor = self._actors[handle.slot].pop(handle.key, None)
         if actor is not None:
-            self.ray.kill(actor)
+            self._kill(actor)
 
     def workers(self) -> list[dict]:
         refs = [a.info.remote() for slot in self._actors for a in slot.values()]
@@ -254,7 +349,7 @@ class RayPool:
     def close(self) -> None:
         for slot in self._actors:
             for actor in slot.values():
-                self.ray.kill(actor)
+                self._kill(actor)
             slot.clear()
 
 
@@ -272,9 +367,13 @@ class LocalPool:
     def warm_slot(self, slot: int, chips: int) -> bool:
         return True
 
-    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None) -> _Handle:
+    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
+               number: int | None = None) -> _Handle:
         from workloads.costmodel import predict
 
+        delay = trial_delay_s(number)
+        if delay:
+            time.sleep(delay)       # test-only: stretches an analytical sweep in time
         started = time.time()
         handle = _Handle(slot, None)
         try:
@@ -296,6 +395,9 @@ class LocalPool:
 
     def discard(self, handle: _Handle) -> None:
         pass
+
+    def placement(self, handle: _Handle, timeout: float = 0.0) -> dict | None:
+        return None
 
     def workers(self) -> list[dict]:
         return []

@@ -146,8 +146,10 @@ def measure_copy_bandwidth(nbytes: int = COPY_BYTES) -> tuple[float, str]:
 # --------------------------------------------------------------------------- one pinned core
 
 
-def _core_main() -> None:
-    """Child process entry: matmul rates and read bandwidth on the one core it is pinned to."""
+def _core_main(core: int) -> None:
+    """Child process entry: pin to `core` BEFORE JAX starts (XLA sizes and places its
+    thread pool then), then matmul rates and read bandwidth on that core alone."""
+    os.sched_setaffinity(0, {core})
     rates = matmul_rates()
     print(json.dumps({"rates": rates, "bandwidth": measure_memory_bandwidth(),
                       "cores": sorted(os.sched_getaffinity(0))}))
@@ -164,9 +166,9 @@ def measure_one_core(core: int | None = None) -> dict | None:
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     try:
-        done = subprocess.run([sys.executable, "-m", "workloads.hostprofile", "--one-core"],
-                              env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
-                              preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+        # No preexec_fn: forking a process that runs JAX's threads is unsafe; the child pins itself.
+        done = subprocess.run([sys.executable, "-m", "workloads.hostprofile", "--one-core", str(core)],
+                              env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         if done.returncode != 0:
             return None
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -257,8 +259,8 @@ def per_chip(profile: HardwareProfile, n: int) -> HardwareProfile:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--one-core"]:
-        _core_main()
+    if sys.argv[1:2] == ["--one-core"]:
+        _core_main(int(sys.argv[2]))
     else:
         print(yaml.safe_dump(dict(zip(("profile", "notes"), (lambda p, n: (p.to_dict(), n))(*measure()))),
                              sort_keys=False))

@@ -1,0 +1,114 @@
+"""What every benchmark shares: where results go, the machine context, MLflow logging.
+
+Each benchmark writes `benchmarks/results/<name>.json` (the numbers) and `<name>.md` (a
+readable summary), and logs one MLflow run (experiment `sweeper/benchmarks`, run name =
+the benchmark) with its headline metrics and both files as artifacts. Every result carries
+the machine context: CPU count and the load average before and after, because on a shared
+machine emulated-mesh timings move with the load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+RESULTS = Path(__file__).resolve().parent / "results"
+EXPERIMENT = "sweeper/benchmarks"
+
+
+def load_average() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def machine_context() -> dict[str, Any]:
+    """Where and when: the load average is part of every emulated-mesh number."""
+    import jax
+
+    return {"hostname": socket.gethostname(), "cpus": os.cpu_count(),
+            "machine": platform.machine(), "python": platform.python_version(),
+            "jax": jax.__version__, "load_average": load_average(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, tuples -> lists, numpy scalars -> floats."""
+    if isinstance(value, Mapping):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return number if math.isfinite(number) else None
+
+
+def write(name: str, data: dict, markdown: str, out: Path | None = None) -> tuple[Path, Path]:
+    out = Path(out or RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{name}.json", out / f"{name}.md"
+    json_path.write_text(json.dumps(clean(data), indent=2))
+    md_path.write_text(markdown)
+    return json_path, md_path
+
+
+def log_mlflow(name: str, metrics: Mapping[str, float], params: Mapping[str, Any],
+               files: list[Path], tracking_uri: str | None = None) -> str | None:
+    """One run in `sweeper/benchmarks`; the run id, or None (with a note) if logging fails."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        from sweeper.paths import artifact_root, default_tracking_uri
+        from sweeper.tracking import _quiet_store_logs
+
+        _quiet_store_logs()
+        uri = tracking_uri or default_tracking_uri()
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name(EXPERIMENT)
+        exp_id = exp.experiment_id if exp else client.create_experiment(
+            EXPERIMENT, artifact_location=artifact_root(uri),
+            tags={"mlflow.experimentKind": "custom_model_development"})
+        run = client.create_run(exp_id, run_name=name, tags={"benchmark": name})
+        rid = run.info.run_id
+        for key, value in params.items():
+            client.log_param(rid, key, str(value)[:500])
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                client.log_metric(rid, key, float(value))
+        for path in files:
+            client.log_artifact(rid, str(path))
+        client.set_terminated(rid, "FINISHED")
+        return rid
+    except Exception as err:  # noqa: BLE001 - the JSON/Markdown files are the record
+        print(f"benchmarks: MLflow logging of {name} failed: {type(err).__name__}: {err}",
+              file=sys.stderr)
+        return None
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{100 * value:.{digits}f}%"
+
+
+def ms(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value * 1e3:.2f} ms"
+
+
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def met(flag: bool | None) -> str:
+    return "—" if flag is None else ("**met**" if flag else "**not met**")

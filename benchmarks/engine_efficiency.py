@@ -1,0 +1,465 @@
+"""Benchmark: how close does the engine get to this host's peak?
+
+    python -m benchmarks.engine_efficiency [--quick] [--out DIR]
+
+Anchor: the paper's 76% prefill MFU (PaLM 540B, §4). Targets (issue 7):
+- single-chip large-batch prefill >= 70% of the host's measured peak;
+- every FFN layout on 8 emulated chips within 1.3x of the single-chip prefill time for the
+  same work (same model, batch and prompt);
+- decode step within 2x of its memory bound: (weight + KV-cache bytes) / host bandwidth.
+
+Each mesh size runs in its own process (the virtual device count is fixed when JAX starts:
+`--xla_force_host_platform_device_count=N`), one after the other in one run. Prefill MFU is
+`run_trial`'s (model FLOPs / (n x peak per chip x median prefill_s)) against the `host`
+profile (`workloads/hostprofile.py`). Beside it, to tell engine inefficiency from a busy
+machine, each prefill is run a few more times while this process's CPU time is counted:
+- cpu_share = CPU seconds / (wall seconds x host cores): how much of the host it got;
+- mfu_per_cpu_s = FLOPs / (CPU seconds x one core's peak): efficiency per core-second it
+  did get (independent of other jobs; XLA's spinning worker threads count as busy);
+and the largest single-chip prefill is profiled: the same matmuls alone (`matmul_share`:
+the part of the prefill spent in matmuls; `matmul_shape_efficiency`: their rate against the
+best square matmul). Decode is profiled the same way: its weight matmuls alone
+(`matmul_bandwidth`: bytes streamed per second by XLA CPU's small-batch dot).
+Everything is a wall time of this host (emulated mesh), labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+NAME = "engine_efficiency"
+TARGET_PREFILL_MFU = 0.70
+TARGET_SHARDED_RATIO = 1.3
+TARGET_DECODE_RATIO = 2.0
+FFN_LAYOUTS = ("ws1d", "ws2d", "wg_x", "wg_xy", "wg_xyz")
+MESH_8 = (2, 2, 2)
+# E 1024, F 4096, 2 layers, 8 query heads of 128, one KV head (multiquery), vocab 256:
+# matmuls large enough for the CPU's dot kernels, 43 MB of bf16 weights (more than the
+# 32 MB L3, so decode streams them from memory), and the unembedding (which the FLOP
+# count charges every prefill token, but the engine computes for the last one only) is
+# 1.2% of the matmul parameters.
+BENCH_MODEL = {"name": "bench-1k", "d_model": 1024, "d_ff": 4096, "n_layers": 2, "n_heads": 8,
+               "n_kv_heads": 1, "d_head": 128, "vocab": 256, "block": "parallel", "mlp": "gelu",
+               "tie_embeddings": True}
+BATCH = 8
+PROMPTS = (16, 64, 256)              # tokens per batch 128, 512, 2048
+DECODE_BATCHES = (1, 8)
+DECODE_PROMPT, DECODE_STEPS = 128, 8
+CPU_REPEATS = 3
+
+
+# ----------------------------------------------------------------------------- child side
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _timed_with_cpu(fn, repeats: int, min_total_s: float = 0.5) -> tuple[float, float]:
+    """(wall, CPU) seconds per call of fn() (which blocks), over at least `repeats` calls
+    and `min_total_s` of wall time (CPU time is counted in 10 ms ticks)."""
+    calls, c0, w0 = 0, _cpu_seconds(), time.perf_counter()
+    while calls < repeats or time.perf_counter() - w0 < min_total_s:
+        fn()
+        calls += 1
+    return (time.perf_counter() - w0) / calls, (_cpu_seconds() - c0) / calls
+
+
+def _trial(model, chips, topology, batch, input_len, decode_steps, prefill_ffn, decode_ffn):
+    from workloads.layouts import PhaseLayout
+    from workloads.trial import TrialConfig
+
+    return TrialConfig(model, chips=chips, batch=batch, input_len=input_len,
+                       decode_steps=decode_steps, topology=topology,
+                       prefill=PhaseLayout(prefill_ffn, "head"),
+                       decode=PhaseLayout(decode_ffn, "head"), repeats=3, warmup=1)
+
+
+def matmul_only_s(model, tokens: int, repeats: int = 3) -> tuple[float, float, float]:
+    """(wall s, CPU s, FLOPs) of the prefill's weight matmuls alone, as the engine writes
+    them (bf16 x bf16 -> f32 -> bf16), for `tokens` rows: the part no layout can avoid."""
+    import jax
+    import jax.numpy as jnp
+
+    e, f, h, k, d = model.d_model, model.d_ff, model.n_heads, model.n_kv_heads, model.d_head
+    shapes = [(e, f), (f, e), (e, h * d), (e, 2 * k * d), (h * d, e)]
+    key = jax.random.key(0)
+    xs = {n: jax.random.normal(key, (tokens, n), jnp.bfloat16) for n in {s[0] for s in shapes}}
+    ws = [jax.random.normal(key, s, jnp.bfloat16) for s in shapes]
+
+    @jax.jit
+    def layer(xs, ws):
+        return [jnp.einsum("ti,io->to", xs[w.shape[0]], w, preferred_element_type=jnp.float32)
+                .astype(jnp.bfloat16) for w in ws]
+
+    jax.block_until_ready(layer(xs, ws))
+    wall, cpu = _timed_with_cpu(lambda: jax.block_until_ready(layer(xs, ws)), repeats)
+    flops = 2.0 * tokens * sum(a * b for a, b in shapes)
+    return wall * model.n_layers, cpu * model.n_layers, flops * model.n_layers
+
+
+def matvec_only_s(model, batch: int, repeats: int = 5) -> tuple[float, float]:
+    """(wall s, weight bytes) of one decode step's weight matmuls alone at `batch` rows."""
+    import jax
+    import jax.numpy as jnp
+
+    e, f, h, k, d = model.d_model, model.d_ff, model.n_heads, model.n_kv_heads, model.d_head
+    shapes = [(e, f), (f, e), (e, h * d), (e, 2 * k * d), (h * d, e)] * model.n_layers
+    key = jax.random.key(0)
+    ws = [jax.random.normal(key, s, jnp.bfloat16) for s in shapes]
+    xs = {n: jax.random.normal(key, (batch, n), jnp.bfloat16) for n in {s[0] for s in shapes}}
+
+    @jax.jit
+    def step(xs, ws):
+        return [jnp.einsum("ti,io->to", xs[w.shape[0]], w, preferred_element_type=jnp.float32)
+                for w in ws]
+
+    jax.block_until_ready(step(xs, ws))
+    wall, _ = _timed_with_cpu(lambda: jax.block_until_ready(step(xs, ws)), repeats)
+    return wall, float(sum(a * b * 2 for a, b in shapes))
+
+
+def child(devices: int, quick: bool, profile_dict: dict) -> dict:
+    """Runs in a process with `devices` virtual devices. With 1: the single-chip trials.
+    With 8: each 8-chip trial right after a 1-chip reference of the same work in this same
+    process (the first device alone), so each 8c/1c ratio is measured side by side, under
+    the same load; the 1-device process gives the headline single-chip MFU."""
+    import jax
+
+    from workloads import costmodel
+    from workloads.config import HardwareProfile, ModelConfig
+    from workloads.measure import cache_key, run_trial
+
+    assert jax.device_count() >= devices, (jax.device_count(), devices)
+    model = ModelConfig(**BENCH_MODEL)
+    host = HardwareProfile.from_dict(profile_dict)
+    cores = os.cpu_count() or 1
+    core_peak = host.peak_flops / cores
+    # one chip: every FFN layout is the same program (collectives over size-1 axes are skipped)
+    runs = [(1, "ws2d")] + ([(8, f) for f in FFN_LAYOUTS] if devices >= 8 else [])
+    prompts = PROMPTS[-2:] if quick else PROMPTS
+    cache: dict = {}
+    rows = []
+    for input_len in prompts:
+        for chips, ffn in runs:
+            topology = (1, 1, 1) if chips == 1 else MESH_8
+            trial = _trial(model, chips, topology, BATCH, input_len, 0, ffn,
+                           "ws1d" if ffn == "ws1d" else "ws2d")
+            m = run_trial(trial, engine_cache=cache, hardware=host)
+            entry = cache[cache_key(trial.resolved())]
+            engine, prog = entry.engine, entry.compiled["prefill"]
+            tokens = engine.input_tokens()
+            wall, cpu = _timed_with_cpu(
+                lambda: jax.block_until_ready(prog(engine.params, tokens)), CPU_REPEATS)
+            flops = m.extra["prefill_flops"]
+            rows.append({
+                "phase": "prefill", "chips": chips, "process_devices": devices,
+                "topology": "x".join(map(str, topology)),
+                "ffn": ffn, "batch": BATCH, "input_len": input_len, "tokens": BATCH * input_len,
+                "prefill_s": m.prefill_s, "prefill_s_min": m.prefill_s_min, "prefill_mfu": m.prefill_mfu,
+                "flops": flops, "gflops_per_s": flops / m.prefill_s / 1e9,
+                "cpu_timed_wall_s": wall, "cpu_s": cpu, "cpu_share": cpu / (wall * cores),
+                "mfu_per_cpu_s": flops / (cpu * core_peak),
+                "comm_bytes_per_chip": m.prefill_comm_bytes_per_chip,
+                "compile_s": m.compile_s, "load_average": common.load_average()})
+            print(f"  [{devices} devices] {chips} chip(s) {ffn:7s} tokens {BATCH * input_len:5d}: "
+                  f"prefill {m.prefill_s * 1e3:8.1f} ms  MFU {m.prefill_mfu:6.1%}  per CPU-s "
+                  f"{rows[-1]['mfu_per_cpu_s']:6.1%}  cpu share {rows[-1]['cpu_share']:5.1%}",
+                  file=sys.stderr)
+    profile = {}
+    if devices == 1:   # where the time of the largest prefill goes
+        tokens = BATCH * prompts[-1]
+        mm_wall, mm_cpu, mm_flops = matmul_only_s(model, tokens)
+        big = rows[-1]
+        profile = {"tokens": tokens, "matmul_only_s": mm_wall, "matmul_only_cpu_s": mm_cpu,
+                   "matmul_flops": mm_flops, "prefill_model_flops": big["flops"],
+                   "matmul_share": mm_wall / big["prefill_s"],
+                   "matmul_share_cpu": mm_cpu / big["cpu_s"],
+                   "matmul_rate_per_cpu_s": mm_flops / mm_cpu,
+                   "matmul_shape_efficiency": mm_flops / mm_cpu / core_peak,
+                   "flops_counted_not_computed": (BATCH * prompts[-1] - BATCH) * 2.0
+                   * model.vocab * model.d_model / big["flops"]}
+    decode_runs = [(1, "ws2d")] + ([(8, "ws1d"), (8, "ws2d")] if devices >= 8 else [])
+    decode_rows = []
+    for batch in DECODE_BATCHES:
+        for chips, ffn in decode_runs:
+            topology = (1, 1, 1) if chips == 1 else MESH_8
+            trial = _trial(model, chips, topology, batch, DECODE_PROMPT, DECODE_STEPS, ffn, ffn)
+            m = run_trial(trial, engine_cache=cache, hardware=host)
+            bytes_read = chips * (m.weight_bytes_per_chip + m.kv_bytes_per_chip)
+            bound = bytes_read / host.hbm_bandwidth
+            profiled = devices == 1
+            mv_wall, mv_bytes = matvec_only_s(model, batch) if profiled else (None, None)
+            mv2_wall = matvec_only_s(model, 2)[0] if profiled and batch == 1 else None
+            ops = sum(c.count for c in m.collectives.get("decode", []))
+            decode_rows.append({
+                "phase": "decode", "chips": chips, "process_devices": devices,
+                "topology": "x".join(map(str, topology)),
+                "ffn": ffn, "attn": "head", "batch": batch, "context": DECODE_PROMPT + DECODE_STEPS,
+                "decode_step_s": m.decode_step_s, "decode_step_s_min": m.decode_step_s_min,
+                "weight_bytes": chips * m.weight_bytes_per_chip, "kv_bytes": chips * m.kv_bytes_per_chip,
+                "memory_bound_s": bound, "ratio_to_bound": m.decode_step_s / bound,
+                "collective_ops": ops, "decode_comm_bytes_per_chip": m.decode_comm_bytes_per_chip,
+                "matvec_only_s": mv_wall,
+                "matvec_bandwidth": mv_bytes / mv_wall if mv_wall else None,
+                "matvec_two_rows_s": mv2_wall,
+                "load_average": common.load_average()})
+            print(f"  [{devices} devices] {chips} chip(s) decode {ffn} B={batch}: step "
+                  f"{m.decode_step_s * 1e3:.2f} ms, bound {bound * 1e3:.2f} ms "
+                  f"({m.decode_step_s / bound:.2f}x)", file=sys.stderr)
+    return {"devices": devices, "prefill": rows, "decode": decode_rows, "profile": profile,
+            "params": costmodel.param_count(model)}
+
+
+# ----------------------------------------------------------------------------- parent side
+
+
+def run_child(chips: int, quick: bool, profile: dict) -> dict:
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={chips}"])
+    env["JAX_PLATFORMS"] = "cpu"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "child.json"
+        cmd = [sys.executable, "-m", "benchmarks.engine_efficiency", "--child", str(chips),
+               "--child-out", str(out), "--profile-json", json.dumps(profile)]
+        if quick:
+            cmd.append("--quick")
+        root = Path(__file__).resolve().parents[1]
+        subprocess.run(cmd, env=env, check=True, cwd=root)
+        return json.loads(out.read_text())
+
+
+def summarize(host: dict, notes: dict, results: dict[int, dict]) -> dict:
+    single = {r["input_len"]: r for r in results[1]["prefill"]}
+    largest = max(single)
+    eight = results.get(8, {})
+    # the 1-chip reference measured next to the 8-chip trials, in their process
+    reference = {r["input_len"]: r for r in eight.get("prefill", []) if r["chips"] == 1}
+    sharded = []
+    for r in eight.get("prefill", []):
+        base = reference.get(r["input_len"])
+        if r["chips"] != 8 or base is None:
+            continue
+        sharded.append({**{k: r[k] for k in ("ffn", "chips", "tokens", "prefill_s", "prefill_s_min",
+                                             "prefill_mfu", "mfu_per_cpu_s", "cpu_share",
+                                             "comm_bytes_per_chip")},
+                        "single_chip_s": base["prefill_s"], "ratio": r["prefill_s"] / base["prefill_s"],
+                        "ratio_fastest": r["prefill_s_min"] / base["prefill_s_min"],
+                        "extra_s": r["prefill_s"] - base["prefill_s"],
+                        # the emulated interconnect is host memory: every chip's collective
+                        # bytes copied by the same cores that run the matmuls
+                        "comm_copy_s": r["chips"] * r["comm_bytes_per_chip"] / host["ici_bandwidth"]})
+    big_sharded = [s for s in sharded if s["tokens"] == BATCH * largest]
+    decode = results[1]["decode"] + eight.get("decode", [])
+    top = single[largest]
+    return {
+        "targets": {"single_chip_prefill_mfu_min": TARGET_PREFILL_MFU,
+                    "sharded_over_single_max": TARGET_SHARDED_RATIO,
+                    "decode_over_memory_bound_max": TARGET_DECODE_RATIO},
+        "single_chip_prefill_mfu": top["prefill_mfu"],
+        "single_chip_prefill_mfu_fastest": top["prefill_mfu"] * top["prefill_s"] / top["prefill_s_min"],
+        "single_chip_prefill_mfu_per_cpu_s": top["mfu_per_cpu_s"],
+        "single_chip_cpu_share": top["cpu_share"],
+        "meets_prefill_target": top["prefill_mfu"] >= TARGET_PREFILL_MFU,
+        "sharded": sharded,
+        "worst_sharded_ratio_largest": max((s["ratio"] for s in big_sharded), default=None),
+        "best_sharded_ratio_largest": min((s["ratio"] for s in big_sharded), default=None),
+        "meets_sharded_target": all(s["ratio"] <= TARGET_SHARDED_RATIO for s in big_sharded)
+        if big_sharded else None,
+        "decode": decode,
+        "worst_decode_ratio": max(d["ratio_to_bound"] for d in decode),
+        "best_decode_ratio": min(d["ratio_to_bound"] for d in decode),
+        "meets_decode_target": all(d["ratio_to_bound"] <= TARGET_DECODE_RATIO for d in decode),
+        "profile": results[1]["profile"],
+        "host_profile": host, "host_profile_notes": notes,
+        "prefill_rows": results[1]["prefill"] + eight.get("prefill", []),
+    }
+
+
+def _decode_explanations(r: dict) -> list[str]:
+    """Per 8-chip decode row: the time above the 1-chip step measured next to it, per collective."""
+    single = {d["batch"]: d for d in r["decode"] if d["chips"] == 1 and d["process_devices"] == 8}
+    out = []
+    for d in r["decode"]:
+        base = single.get(d["batch"])
+        if d["chips"] == 1 or base is None or not d["collective_ops"]:
+            continue
+        extra = d["decode_step_s"] - base["decode_step_s"]
+        if extra <= 0:
+            out.append(f"  - 8 chips {d['ffn']} batch {d['batch']}: no slower than one chip "
+                       f"({common.ms(d['decode_step_s'])} vs {common.ms(base['decode_step_s'])})")
+            continue
+        out.append(f"  - 8 chips {d['ffn']} batch {d['batch']}: {common.ms(extra)} above one chip "
+                   f"({common.ms(base['decode_step_s'])}) for {d['collective_ops']} collectives per "
+                   f"step: {extra / d['collective_ops'] * 1e6:.0f} us each, for "
+                   f"{d['decode_comm_bytes_per_chip'] / 1024:.0f} KiB per chip in all")
+    return out
+
+
+def _chips_label(row: dict) -> str:
+    return str(row["chips"]) if row["process_devices"] == row["chips"] else \
+        f"{row['chips']} (next to the 8-chip runs)"
+
+
+def markdown(r: dict) -> str:
+    h, p, notes = r["host_profile"], r["profile"], r["host_profile_notes"]
+    one_core = notes.get("peak_flops_one_core") or 0
+    largest = [s for s in r["sharded"] if s["tokens"] == max(x["tokens"] for x in r["sharded"])] \
+        if r["sharded"] else []
+    decode1 = {d["batch"]: d for d in r["decode"] if d["chips"] == 1 and d["process_devices"] == 1}
+    lines = [
+        "# Engine efficiency (measured on this host, emulated mesh)",
+        "",
+        f"Host peak {h['peak_flops'] / 1e9:.0f} GFLOP/s ({notes.get('peak_flops_from', '')}; "
+        f"one core {one_core / 1e9:.0f} GFLOP/s, bf16 x bf16 -> f32 matmuls as the engine runs "
+        f"them), read bandwidth {h['hbm_bandwidth'] / 1e9:.1f} GB/s, copy bandwidth "
+        f"{h['ici_bandwidth'] / 1e9:.1f} GB/s; {r['context']['cpus']} CPUs; load average "
+        f"{r['context']['load_average']} at the start, {r['context_end']['load_average']} at the "
+        "end (other jobs share this machine; every number here moves with them). "
+        f"Model `{BENCH_MODEL['name']}`: E {BENCH_MODEL['d_model']}, F {BENCH_MODEL['d_ff']}, "
+        f"{BENCH_MODEL['n_layers']} layers, {BENCH_MODEL['n_heads']} heads x {BENCH_MODEL['d_head']}, "
+        f"multiquery, bf16 weights; prefill batch {BATCH}. 8 chips = topology 2x2x2. "
+        f"Took {r['elapsed_s']:.0f} s.",
+        "",
+        *common.table(["target", "value", ""], [
+            [f"single-chip prefill MFU >= {common.pct(TARGET_PREFILL_MFU, 0)} (largest batch)",
+             f"{common.pct(r['single_chip_prefill_mfu'])} (per CPU-second it got: "
+             f"{common.pct(r['single_chip_prefill_mfu_per_cpu_s'])}; it got "
+             f"{common.pct(r['single_chip_cpu_share'])} of the cores)", common.met(r["meets_prefill_target"])],
+            [f"8 chips / 1 chip prefill time <= {TARGET_SHARDED_RATIO}x (largest batch, every layout)",
+             f"{r['best_sharded_ratio_largest']:.2f}x (best) to {r['worst_sharded_ratio_largest']:.2f}x"
+             if r["worst_sharded_ratio_largest"] else "—", common.met(r["meets_sharded_target"])],
+            [f"decode step / memory bound <= {TARGET_DECODE_RATIO}x",
+             f"worst {r['worst_decode_ratio']:.2f}x", common.met(r["meets_decode_target"])],
+        ]),
+        "",
+        "## Prefill MFU as tokens per batch grow",
+        "",
+        "MFU against the host peak split over the chips; `MFU per CPU-s` against the CPU time the "
+        "process got (what the engine does with the cores it has); `CPU share` = CPU seconds / "
+        "(wall seconds x cores).",
+        "",
+        *common.table(["chips", "FFN layout", "tokens", "prefill", "GFLOP/s", "MFU", "MFU per CPU-s",
+                       "CPU share", "comm/chip", "8c / 1c"],
+                      [[_chips_label(row), row["ffn"], row["tokens"], common.ms(row["prefill_s"]),
+                        f"{row['gflops_per_s']:.0f}", common.pct(row["prefill_mfu"]),
+                        common.pct(row["mfu_per_cpu_s"]), common.pct(row["cpu_share"]),
+                        f"{row['comm_bytes_per_chip'] / 2**20:.1f} MiB",
+                        next((f"{s['ratio']:.2f}x (fastest {s['ratio_fastest']:.2f}x)" for s in r["sharded"]
+                              if s["ffn"] == row["ffn"] and s["tokens"] == row["tokens"]
+                              and row["chips"] == 8), "")]
+                       for row in r["prefill_rows"]]),
+        "",
+        "## Decode step against its memory bound ((weights + KV cache) / read bandwidth)",
+        "",
+        *common.table(["chips", "FFN", "batch", "step", "bound", "ratio", "collectives/step",
+                       "weight matmuls alone", "their streaming rate"],
+                      [[_chips_label(d), d["ffn"], d["batch"], common.ms(d["decode_step_s"]),
+                        common.ms(d["memory_bound_s"]), f"{d['ratio_to_bound']:.2f}x", d["collective_ops"],
+                        common.ms(d["matvec_only_s"]) if d["matvec_only_s"] else "",
+                        f"{d['matvec_bandwidth'] / 1e9:.1f} GB/s" if d["matvec_bandwidth"] else ""]
+                       for d in r["decode"]]),
+        "",
+        "## Why (profile)",
+        "",
+        "Single-chip prefill, largest batch:",
+        f"- the weight matmuls alone take {common.pct(p.get('matmul_share'))} of its wall time "
+        f"({common.pct(p.get('matmul_share_cpu'))} of its CPU time); the rest is attention, RoPE, "
+        "norms and GELU in f32;",
+        f"- those matmuls ([{p.get('tokens')} x E] x [E x F] and the others) run at "
+        f"{common.pct(p.get('matmul_shape_efficiency'))} of one core's best square-matmul rate per "
+        "CPU-second: their shapes, not the engine, cap the MFU near that figure;",
+        f"- the FLOP count (DESIGN.md) charges the unembedding for every prompt token, the engine "
+        f"computes it for the last position only: {common.pct(p.get('flops_counted_not_computed'))} "
+        "of the counted FLOPs are never executed.",
+        "",
+        "8 chips against 1 (largest batch; the 1-chip time measured in the same process right "
+        "before): on an emulated mesh the interconnect is host memory, "
+        "and the collectives are copies made by the same cores that run the matmuls, so "
+        "communication adds to compute instead of overlapping it; each virtual chip's matmuls are "
+        "also 1/8 the size. Time above one chip against the collective bytes of all chips at the "
+        "host's copy bandwidth:",
+        "",
+        *common.table(["layout", "8 chips", "1 chip", "extra", "all chips' collective bytes / copy bandwidth"],
+                      [[s["ffn"], common.ms(s["prefill_s"]), common.ms(s["single_chip_s"]),
+                        common.ms(s["extra_s"]), common.ms(s["comm_copy_s"])] for s in largest]),
+        "",
+        "Decode:",
+    ]
+    if 1 in decode1 and decode1[1].get("matvec_only_s"):
+        d1 = decode1[1]
+        two = d1.get("matvec_two_rows_s")
+        lines.append(f"- batch 1: the weight matmuls alone take {common.ms(d1['matvec_only_s'])} "
+                     f"({d1['matvec_bandwidth'] / 1e9:.1f} GB/s): XLA CPU's bf16 x bf16 -> f32 dot with "
+                     "ONE row takes a slow path; the same matmuls with 2 rows take "
+                     f"{common.ms(two)}" + (f" ({d1['matvec_only_s'] / two:.1f}x faster)" if two else "")
+                     + ": padding a 1-row matmul to 2 rows is the engine fix (notes/performance.md);")
+    for batch, d in sorted(decode1.items()):
+        if batch > 1 and d.get("matvec_only_s"):
+            lines.append(f"- batch {batch}: the weight matmuls alone take {common.ms(d['matvec_only_s'])}, "
+                         f"streaming weights at {d['matvec_bandwidth'] / 1e9:.1f} GB/s against "
+                         f"{h['hbm_bandwidth'] / 1e9:.1f} GB/s for a plain reduction: XLA CPU's "
+                         "small-batch dot kernel, not the engine, sets this ratio;")
+    lines += ["- 8 chips: every collective is a rendezvous of 8 virtual devices' threads on the "
+              "host's cores:", *_decode_explanations(r), ""]
+    return "\n".join(lines)
+
+
+def headline(r: dict) -> dict:
+    return {"single_chip_prefill_mfu": r["single_chip_prefill_mfu"],
+            "single_chip_prefill_mfu_per_cpu_s": r["single_chip_prefill_mfu_per_cpu_s"],
+            "worst_sharded_ratio": r["worst_sharded_ratio_largest"] or float("nan"),
+            "best_sharded_ratio": r["best_sharded_ratio_largest"] or float("nan"),
+            "worst_decode_ratio": r["worst_decode_ratio"],
+            "host_peak_flops": r["host_profile"]["peak_flops"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(common.RESULTS))
+    parser.add_argument("--quick", action="store_true", help="two prompt lengths instead of three")
+    parser.add_argument("--refresh-profile", action="store_true", help="measure the host peak again")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-json", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        result = child(args.child, args.quick, json.loads(args.profile_json))
+        Path(args.child_out).write_text(json.dumps(common.clean(result)))
+        return 0
+
+    from workloads import hostprofile
+
+    start = time.perf_counter()
+    context = common.machine_context()
+    profile = hostprofile.host_profile(refresh=args.refresh_profile)
+    notes = (hostprofile.cached_entry() or {}).get("notes", {})
+    results = {}
+    for chips in (1, 8):
+        print(f"engine efficiency: {chips} emulated chip(s)", file=sys.stderr)
+        results[chips] = run_child(chips, args.quick, profile.to_dict())
+    summary = summarize(profile.to_dict(), notes, results)
+    summary.update(context=context, context_end=common.machine_context(),
+                   elapsed_s=time.perf_counter() - start, model=BENCH_MODEL)
+    text = markdown(summary)
+    files = common.write(NAME, summary, text, Path(args.out))
+    common.log_mlflow(NAME, headline(summary), {"model": BENCH_MODEL["name"], "batch": BATCH,
+                                                "load_average": context["load_average"]}, list(files))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Run every benchmark and write `benchmarks/results/summary.md` (what `make bench` runs).
+
+    python -m benchmarks.run_all [--out DIR] [--quick]
+
+Order: the host profile is measured afresh (so every MFU in this run uses one peak), then
+engine efficiency, sweep overhead (which also runs the quickstart), calibration (fitting
+that quickstart study), search efficiency. Each runs in its own process, one after the
+other, so a failure in one is reported and the others still run. About 12-15 minutes on a
+2-core machine. The summary lists every target with its measured value and the load
+average around it: on a shared machine the timings move with the other jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(module: str, args: list[str]) -> tuple[int, float]:
+    start = time.perf_counter()
+    print(f"\n=== {module} {' '.join(args)}", file=sys.stderr, flush=True)
+    rc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT).returncode
+    return rc, time.perf_counter() - start
+
+
+def _load(out: Path, name: str) -> dict | None:
+    path = out / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _f(value, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def summary(out: Path, runs: dict, profile: dict, notes: dict, context: dict, end: dict,
+            elapsed: float) -> str:
+    eng, ovh, cal, srch = (_load(out, n) for n in ("engine_efficiency", "sweep_overhead",
+                                                   "calibration", "search_efficiency"))
+    rows = []
+    if eng:
+        rows += [
+            ["engine", "single-chip large-batch prefill MFU >= 70% of host peak",
+             f"{common.pct(eng['single_chip_prefill_mfu'])} (per CPU-second: "
+             f"{common.pct(eng['single_chip_prefill_mfu_per_cpu_s'])})", common.met(eng["meets_prefill_target"])],
+            ["engine", "8 emulated chips within 1.3x of 1 chip (prefill, same work)",
+             f"{_f(eng['best_sharded_ratio_largest'], '.2f')}x to {_f(eng['worst_sharded_ratio_largest'], '.2f')}x",
+             common.met(eng["meets_sharded_target"])],
+            ["engine", "decode step within 2x of its memory bound",
+             f"worst {eng['worst_decode_ratio']:.2f}x", common.met(eng["meets_decode_target"])],
+        ]
+    if ovh:
+        if ovh.get("tune"):
+            rows.append(["sweep overhead", "sweeper overhead per trial <= Ray Tune's",
+                         f"{ovh['sweeper']['overhead_per_trial_s'] * 1e3:.0f} ms vs "
+                         f"{ovh['tune']['overhead_per_trial_s'] * 1e3:.0f} ms", common.met(ovh["meets_tune_target"])])
+        if ovh.get("quickstart"):
+            q = ovh["quickstart"]
+            rows.append(["sweep overhead", "overhead < 5% of the quickstart's wall time",
+                         f"{common.pct(ovh['quickstart_overhead_share'])} of {q['wall_s']:.0f} s "
+                         f"(compile-cache hit rate {common.pct(q['compile_cache_hit_rate'])})",
+                         common.met(ovh["meets_quickstart_target"])])
+    if cal:
+        rows += [["calibration", "held-out MAPE <= 10% (quickstart, k-fold)", common.pct(cal["mape_heldout"]),
+                  common.met(cal["meets_mape_target"])],
+                 ["calibration", "top-1 layout agreement >= 90%",
+                  f"{common.pct(cal['top1_agreement'])} over {cal['ranking_groups']} groups",
+                  common.met(cal["meets_top1_target"])]]
+    if srch:
+        for name, block in srch["spaces"].items():
+            v = block.get("verdict")
+            if not v:
+                continue
+            g = block["samplers"]["guided"]
+            plain = ", ".join(f"{k} {s['mean_trials_to_target']:.1f}" for k, s in block["samplers"].items()
+                              if k != "guided")
+            rows.append(["search", f"{name}: guided reaches 95% HV within 20% of the grid "
+                         f"({block['grid']['points']} points)",
+                         f"{g['mean_trials_to_target']:.1f} trials ({common.pct(v['guided_share_of_grid'])})",
+                         common.met(v["meets_share_target"])])
+            rows.append(["search", f"{name}: guided needs fewer trials than every plain sampler",
+                         f"plain: {plain}", common.met(v["beats_every_plain"])])
+    lines = [
+        "# Benchmarks: summary",
+        "",
+        f"`make bench` (= `python -m benchmarks.run_all`) on {context['hostname']}: {context['cpus']} CPUs, "
+        f"jax {context['jax']}; {elapsed / 60:.1f} minutes. Load average {context['load_average']} at the "
+        f"start, {end['load_average']} at the end: **this machine is shared with other jobs, so every "
+        "emulated-mesh timing here is noisy**; ratios were measured side by side in this one run.",
+        "",
+        f"Host profile (measured at the start of this run): peak {profile['peak_flops'] / 1e9:.0f} GFLOP/s "
+        f"({notes.get('peak_flops_from', '')}: one core {(notes.get('peak_flops_one_core') or 0) / 1e9:.0f} "
+        f"GFLOP/s, in-process {(notes.get('peak_flops_in_process') or 0) / 1e9:.0f} GFLOP/s), read "
+        f"bandwidth {profile['hbm_bandwidth'] / 1e9:.1f} GB/s.",
+        "",
+        *common.table(["benchmark", "target", "measured", ""], rows),
+        "",
+        "Details: " + ", ".join(f"[{n}]({n}.md)" for n in ("engine_efficiency", "sweep_overhead",
+                                                          "calibration", "search_efficiency")
+                                if (out / f"{n}.md").is_file()) + ".",
+        "",
+        *common.table(["step", "exit code", "minutes"],
+                      [[name, rc, f"{seconds / 60:.1f}"] for name, (rc, seconds) in runs.items()]),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(common.RESULTS))
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, trials and seeds")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip, keeping their "
+                        "results from an earlier run (engine_efficiency, sweep_overhead, calibration, "
+                        "search_efficiency)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    context = common.machine_context()
+
+    from workloads import hostprofile
+
+    profile = hostprofile.host_profile(refresh=not args.skip)
+    notes = (hostprofile.cached_entry() or {}).get("notes", {})
+    quick = ["--quick"] if args.quick else []
+    skip = set(filter(None, args.skip.split(",")))
+    runs: dict[str, tuple[int, float]] = {}
+
+    def step(name: str, argv: list[str]) -> None:
+        if name in skip:
+            return
+        runs[name] = run(f"benchmarks.{name}", argv)
+
+    step("engine_efficiency", ["--out", str(out), *quick])
+    step("sweep_overhead", ["--out", str(out)] + (["--trials", "20"] if args.quick else []))
+    overhead = _load(out, "sweep_overhead") if runs.get("sweep_overhead", (0,))[0] == 0 else None
+    study = ((overhead or {}).get("quickstart") or {}).get("study")
+    step("calibration", ["--out", str(out)] + (["--study", study] if study else []))
+    step("search_efficiency", ["--out", str(out), "--gp-seeds", "2"]
+         + (["--seeds", "2"] if args.quick else ["--seeds", "5"]))
+    text = summary(out, runs, profile.to_dict(), notes, context, common.machine_context(),
+                   time.perf_counter() - start)
+    (out / "summary.md").write_text(text)
+    print(text)
+    return 0 if all(rc == 0 for rc, _ in runs.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

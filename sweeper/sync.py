@@ -1,0 +1,188 @@
+"""Keep a sweep's MLflow runs in step with its Optuna study: one child run per finished trial.
+
+Optuna storage is the record of a sweep: a trial is stored there before anything is sent to
+MLflow, and a sweep goes on while its tracking server is down. `reconcile` then makes the
+MLflow side match, trial by trial:
+
+  no run for a finished trial                  -> log it now (backfill) from the trial's attrs
+  a run that is incomplete (never terminated)  -> delete it and log the trial again
+    or says another state
+  several runs for one trial (a retried        -> keep one (the id the trial recorded, else
+    request, a controller killed between           the oldest), delete the others
+    logging and storing the run id)
+
+so no trial is lost and none is counted twice. Deleting is MLflow's soft delete (the run
+moves to the experiment's trash). The run id of a backfilled trial is kept in the study's
+user attrs (`mlflow_run_id:<number>`; a finished Optuna trial cannot be updated), and
+`sweeper.results.mlflow_run_ids` merges both places.
+
+It runs inside `sweeper run` (when the tracking server answers again after an outage, and at
+the end of a resumed sweep or one that had tracking errors) and as
+
+    sweeper sync --study NAME [--storage URL] [--tracking-uri URI] [--json]
+
+which also creates the parent run if the store has none (e.g. the server was down when the
+sweep started, or `--tracking-uri` names a new store) and records the sweep's final counts
+on it. `sweeper sync` refuses a study that a live controller is running (see sweeper.lease).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workloads.config import ConfigError
+
+from sweeper import lease, paths
+
+STATUS_OF_LEASE = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+# A run logged after its trial finished (backfill, `sweeper sync`) cannot be stored on the
+# finished trial (Optuna refuses updates): its id goes into a study user attr instead.
+RUN_ID_ATTR_PREFIX = "mlflow_run_id:"
+
+
+def mlflow_run_ids(study) -> dict[int, str]:
+    """Trial number -> its MLflow child run: logged live (trial attr) or later (study attr)."""
+    ids = {t.number: t.user_attrs["mlflow_run_id"] for t in study.get_trials(deepcopy=False)
+           if t.user_attrs.get("mlflow_run_id")}
+    for key, value in study.user_attrs.items():
+        if key.startswith(RUN_ID_ATTR_PREFIX) and key[len(RUN_ID_ATTR_PREFIX):].isdigit():
+            number = int(key[len(RUN_ID_ATTR_PREFIX):])
+            if value:
+                ids[number] = value
+            else:                 # cleared: the run was in a tracking store no longer used
+                ids.pop(number, None)
+    return ids
+
+
+@dataclass
+class SyncReport:
+    study: str
+    tracking_uri: str
+    parent_run_id: str | None
+    trials: int = 0                                   # finished trials in the study
+    present: int = 0                                  # already had exactly their run
+    created: list[int] = field(default_factory=list)  # trial numbers logged now
+    removed: list[str] = field(default_factory=list)  # run ids deleted (duplicate, incomplete)
+    parent_created: bool = False
+    parent_status: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"study": self.study, "tracking_uri": self.tracking_uri,
+                "parent_run_id": self.parent_run_id, "trials": self.trials,
+                "present": self.present, "created": self.created, "removed": self.removed,
+                "parent_created": self.parent_created, "parent_status": self.parent_status}
+
+
+def reconcile(study, tracker, parent_run_id: str, experiment_id: str,
+              report: SyncReport | None = None) -> SyncReport:
+    """Exactly one complete child run per finished trial of `study` under `parent_run_id`."""
+    from sweeper.tracking import run_matches, trial_run_fields
+
+    report = report or SyncReport(study.study_name, tracker.tracking_uri, parent_run_id)
+    runs = tracker.child_runs(parent_run_id, experiment_id)
+    known = mlflow_run_ids(study)
+    for trial in study.get_trials(deepcopy=False):
+        if not trial.state.is_finished():
+            continue                      # a running trial is logged when it finishes
+        report.trials += 1
+        state = trial.state.name
+        candidates = runs.get(trial.number, [])
+        good = sorted((r for r in candidates if run_matches(r, state)),
+                      key=lambda r: (r.info.run_id != known.get(trial.number), r.info.start_time))
+        keep = good[0] if good else None
+        for run in candidates:
+            if keep is None or run.info.run_id != keep.info.run_id:
+                tracker.delete_run(run.info.run_id)
+                report.removed.append(run.info.run_id)
+        if keep is None:
+            run_id = tracker.log_trial(parent_run_id, experiment_id,
+                                       **trial_run_fields(trial.number, state, trial.user_attrs))
+            report.created.append(trial.number)
+        else:
+            run_id = keep.info.run_id
+            report.present += 1
+        if known.get(trial.number) != run_id:
+            study.set_user_attr(f"{RUN_ID_ATTR_PREFIX}{trial.number}", run_id)
+    return report
+
+
+def study_counts(study) -> dict[str, int]:
+    counts = {"complete": 0, "failed": 0, "pruned": 0}
+    names = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned"}
+    for t in study.get_trials(deepcopy=False):
+        if t.state.name in names:
+            counts[names[t.state.name]] += 1
+    return counts
+
+
+def sync_study(study_name: str, storage: str | None = None,
+               tracking_uri: str | None = None) -> SyncReport:
+    """`sweeper sync`: backfill and de-duplicate a study's MLflow runs; finish its parent run."""
+    from sweeper.results import load_study
+    from sweeper.space import load_space
+    from sweeper.tracking import Tracker
+
+    storage = storage or paths.default_storage(create=False)
+    if tracking_uri is not None:
+        paths.check_tracking_uri(tracking_uri)
+    study = load_study(study_name, storage)            # ConfigError: unknown study / no store
+    attrs = study.user_attrs
+    lease.check_free(attrs, study_name, "--study")
+    uri = tracking_uri or attrs.get("tracking_uri") or paths.default_tracking_uri(create=False)
+    tracker = Tracker(uri)
+    parent = attrs.get("mlflow_parent_run_id") if attrs.get("tracking_uri") == uri else None
+    report = SyncReport(study_name, uri, parent)
+    if parent is not None and tracker.parent_state(parent) != "active":
+        parent = None
+    if parent is None:
+        space_file = attrs.get("space_file")
+        if space_file and Path(space_file).is_file():
+            parent = tracker.start_sweep(load_space(space_file), study_name, storage)
+        else:
+            parent = tracker.start_sweep_from_study(study_name, attrs, storage)
+        study.set_user_attr("mlflow_parent_run_id", parent)
+        study.set_user_attr("tracking_uri", uri)
+        # run ids recorded for another store or parent mean nothing here any more
+        for key in [k for k in attrs if k.startswith(RUN_ID_ATTR_PREFIX)]:
+            study.set_user_attr(key, None)
+        report.parent_run_id, report.parent_created = parent, True
+    experiment_id = tracker.experiment_of(parent)
+    reconcile(study, tracker, parent, experiment_id, report)
+    state = (attrs.get(lease.LEASE_ATTR) or {}).get("status", "finished")
+    # A controller that died (kill -9) left `running`; nothing runs the sweep now.
+    status = STATUS_OF_LEASE.get(state, "KILLED")
+    tracker.finish_sweep(parent, study_counts(study), status)
+    report.parent_status = status
+    return report
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_sync_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", required=True, help="study name (as `sweeper run` printed it)")
+    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
+    p.add_argument("--tracking-uri", help="MLflow store (default: the one the sweep logged to)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from sweeper.cli import print_json
+
+    if args.storage is not None:
+        paths.check_storage_url(args.storage)
+    if not args.study.strip():
+        raise ConfigError("--study", args.study, "a study name")
+    report = sync_study(args.study, args.storage, args.tracking_uri)
+    if args.json:
+        print_json(report.to_json())
+        return 0
+    print(f"study    {report.study}: {report.trials} finished trials; MLflow: "
+          f"{report.present} already logged, {len(report.created)} logged now, "
+          f"{len(report.removed)} duplicate or incomplete runs removed")
+    print(f"mlflow   {report.tracking_uri}  parent run {report.parent_run_id} "
+          f"({'created, ' if report.parent_created else ''}{report.parent_status})")
+    return 0
