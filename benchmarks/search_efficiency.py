@@ -45,6 +45,8 @@ NAME = "search_efficiency"
 TARGET_FRACTION = 0.95
 TARGET_GUIDED_SHARE = 0.20
 SAMPLERS = ("random", "tpe", "nsga2", "gp", "guided")
+# name -> (sampler type, options); `guided+fit` is added when a study to calibrate on is given
+SAMPLER_VARIANTS: dict[str, tuple[str, dict]] = {}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -174,10 +176,68 @@ def measured_grid(data: dict, storage: str, tracking_uri: str, study_name: str |
     expected = grid_space.grid_size()
     if len(table) != expected:
         raise RuntimeError(f"grid sweep measured {len(table)} of {expected} points")
+    table, groups = merge_equivalent(grid_space, table)
     replay = dict(data, sampler={"type": "tpe", "seed": 0})
     return Grid(_space(replay, grid_space.source), table, "measured on this host (emulated mesh)",
-                {"study": study_name, "measure_s": elapsed,
+                {"study": study_name, "measure_s": elapsed, "configurations": groups,
                  "load_average": common.load_average()})
+
+
+def seed_descriptions(grid: Grid, variants: list[str]) -> dict[str, list[str]]:
+    """Each guided variant's seeds, labelled, with their measured (table) values."""
+    from sweeper import guided
+
+    out = {}
+    for variant in variants:
+        _, options = SAMPLER_VARIANTS.get(variant, ("guided", {}))
+        seeds = guided.seed_points(grid.space, 2, 24, options.get("hardware"))
+        texts = []
+        for s in seeds:
+            state, values = grid.table.get(_key(s.params), ("?", None))
+            label = "/".join(str(v) for v in s.params.values())
+            texts.append(f"{label} ({'x'.join(f'{v:.3g}' for v in values) if values else state})")
+        out[variant] = texts
+    return out
+
+
+def fitted_host_profile(study: str, storage: str, path: Path) -> Path:
+    """Fit the host profile to another study's measurements (`sweeper fit`'s fit, no
+    hold-outs) and write it as a hardware YAML for `sampler.options.hardware`."""
+    from sweeper import calibrate as cal
+
+    data = cal.load_study_data(study, storage)
+    base = cal.study_base_profile(data.attrs)
+    points = cal.points_from_frame(data.frame, base, data.configs)
+    fit = cal.fit_profile(points, base, cal.default_space(points), "linear", name="host-fitted")
+    return cal.write_profile(fit.profile, path, note=f"fitted to study {study} by benchmarks.search_efficiency")
+
+
+def merge_equivalent(space, table: dict) -> tuple[dict, int]:
+    """Points that run the same program are one configuration: each gets the median of
+    their measurements. Two points are the same program when the cost model predicts every
+    number of theirs alike (as `sweeper fit` counts them): on one chip every layout is
+    (its collectives are over axes of size 1 and are skipped), and so are ws1d and ws2d
+    on an X = 1 torus. Without this, which of four identical 1-chip programs "is" the
+    frontier would be decided by timing noise, which no sampler can learn."""
+    from workloads.costmodel import predict
+    from workloads.hostprofile import host_profile, per_chip
+
+    profile = host_profile()
+    groups: dict[tuple, list] = {}
+    for key in table:
+        config = space.trial_config(dict(key))
+        m = predict(config, per_chip(profile, config.chips)).metrics()
+        signature = (config.batch, config.chips, config.weights,
+                     tuple(sorted((k, float(f"{v:.9g}")) for k, v in m.items())))
+        groups.setdefault(signature, []).append(key)
+    merged = {}
+    for keys in groups.values():
+        done = [table[k][1] for k in keys if table[k][0] == "COMPLETE"]
+        value = ("COMPLETE", [float(v) for v in np.median(np.array(done, float), axis=0)]) if done \
+            else table[keys[0]]
+        for k in keys:
+            merged[k] = value
+    return merged, len(groups)
 
 
 def replay(grid: Grid, sampler: str, seed: int, max_trials: int, stop_fraction: float | None) -> dict:
@@ -189,7 +249,8 @@ def replay(grid: Grid, sampler: str, seed: int, max_trials: int, stop_fraction: 
 
     from sweeper.space import SamplerSpec
 
-    space = dataclasses.replace(grid.space, sampler=SamplerSpec(sampler, seed, {}))
+    kind, options = SAMPLER_VARIANTS.get(sampler, (sampler, {}))
+    space = dataclasses.replace(grid.space, sampler=SamplerSpec(kind, seed, dict(options)))
     study = optuna.create_study(sampler=space.make_sampler(), directions=space.directions)
     distributions = space.distributions()
     found, curve, linear, seen = [], [], [], set()
@@ -249,7 +310,8 @@ def compare(grid: Grid, sampler: str, seeds: list[int]) -> dict:
 def markdown(r: dict) -> str:
     lines = ["# Search efficiency: trials to reach 95% of the full grid's hypervolume", "",
              f"Seeds per sampler: {r['seeds']}; load average {r['context']['load_average']} at the "
-             f"start, {r['context_end']['load_average']} at the end. GP: {r['gp_note']}. Took "
+             f"start, {r['context_end']['load_average']} at the end. GP: {r['gp_note']}. "
+             f"guided+fit: {r['fit_note'] or 'not run (no --fit-study)'}. Took "
              f"{r['elapsed_s']:.0f} s.", ""]
     for name, block in r["spaces"].items():
         g = block["grid"]
@@ -257,7 +319,10 @@ def markdown(r: dict) -> str:
                   f"{g['source']}", ""]
         if "study" in g:
             lines += [f"Grid measured once in study `{g['study']}` ({g['measure_s']:.0f} s, load "
-                      f"average {g['load_average']}); every sampler replays those numbers.", ""]
+                      f"average {g['load_average']}); every sampler replays those numbers. Points "
+                      "that run the same program (every layout on one chip; ws1d and ws2d on an "
+                      f"X = 1 torus) are one configuration, given the median of their measurements: "
+                      f"{g['configurations']} configurations.", ""]
         ks = list(next(iter(block["samplers"].values()))["hv_fraction_at"])
         lines += [f"Pareto frontier of the whole grid: {g['pareto_points']} points. Hypervolume of the "
                   "log10 objectives (reference 1.1 x the worst value); the last column is the same "
@@ -273,12 +338,16 @@ def markdown(r: dict) -> str:
                          s["censored_runs"]] + [common.pct(s["hv_fraction_at"][k]) for k in ks]
                         + [f"{s['mean_trials_to_target_linear']:.1f}"])
         lines += common.table(header, rows) + [""]
-        v = block["verdict"]
-        if v:
-            lines += [f"Guided: {common.pct(v['guided_share_of_grid'])} of the grid (target <= "
+        for variant, v in (block["verdict"] or {}).items():
+            lines += [f"`{variant}`: {common.pct(v['guided_share_of_grid'])} of the grid (target <= "
                       f"{common.pct(TARGET_GUIDED_SHARE, 0)}: {common.met(v['meets_share_target'])}); "
                       f"fewer trials than every plain sampler: {common.met(v['beats_every_plain'])} "
                       f"(best plain: {v['best_plain']}).", ""]
+        if block.get("seeds"):
+            lines += ["Seeds (the cost model's picks, in the order they run; measured values from the grid):", ""]
+            for variant, seeds in block["seeds"].items():
+                lines += [f"- `{variant}`: " + "; ".join(seeds)]
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -292,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage", help="Optuna storage for the host grid sweep")
     parser.add_argument("--tracking-uri", help="MLflow store for the host grid sweep")
     parser.add_argument("--host-study", help="replay this finished host grid study instead of measuring")
+    parser.add_argument("--fit-study", help="a finished measured host study (e.g. the quickstart's): "
+                        "adds `guided+fit`, guided with the profile fitted to it")
     args = parser.parse_args(argv)
     import optuna
 
@@ -306,7 +377,19 @@ def main(argv: list[str] | None = None) -> int:
         samplers.remove("gp")
         gp_note = "unavailable (needs PyTorch: pip install torch)"
     seeds = list(range(args.seeds))
-    out = {"seeds": args.seeds, "gp_note": gp_note, "context": context, "spaces": {}}
+    fit_note = None
+    if args.fit_study:
+        try:
+            path = fitted_host_profile(args.fit_study, args.storage or paths.default_storage(),
+                                       Path(args.out) / "host-fitted.yaml")
+            SAMPLER_VARIANTS["guided+fit"] = ("guided", {"hardware": str(path)})
+            samplers.append("guided+fit")
+            fit_note = f"profile fitted to study `{args.fit_study}` ({path.name})"
+        except Exception as err:  # noqa: BLE001 - the plain samplers still run
+            fit_note = f"fit of study {args.fit_study} failed: {type(err).__name__}: {err}"
+            print(f"search efficiency: {fit_note}", file=sys.stderr)
+    out = {"seeds": args.seeds, "gp_note": gp_note, "fit_note": fit_note, "context": context,
+           "spaces": {}}
     for name in args.spaces.split(","):
         if name == "analytical":
             grid = analytical_grid(analytical_space())
@@ -318,9 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"search efficiency: {name} grid of {grid.size} points, HV {grid.hv:.4g}", file=sys.stderr)
         block = {"grid": grid.summary(), "samplers": {}, "verdict": None}
         for sampler in samplers:
+            if sampler == "guided+fit" and name != "host":
+                continue     # the analytical space's model is the truth already
             sampler_seeds = seeds[:args.gp_seeds] if sampler == "gp" and args.gp_seeds else seeds
             block["samplers"][sampler] = compare(grid, sampler, sampler_seeds)
         block["verdict"] = compare_verdict(block["samplers"], grid.size)
+        block["seeds"] = seed_descriptions(grid, [s for s in samplers if s.startswith("guided")])
         out["spaces"][name] = block
     out["context_end"] = common.machine_context()
     out["elapsed_s"] = time.perf_counter() - start
@@ -336,16 +422,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def compare_verdict(rows: dict, size: int) -> dict | None:
-    guided = rows.get("guided")
-    plain = {k: v for k, v in rows.items() if k != "guided"}
-    if not guided:
-        return None
-    return {"guided_share_of_grid": guided["mean_trials_to_target"] / size,
-            "meets_share_target": guided["mean_trials_to_target"] / size <= TARGET_GUIDED_SHARE,
-            "best_plain": min(plain, key=lambda k: plain[k]["mean_trials_to_target"]) if plain else None,
-            "beats_every_plain": all(guided["mean_trials_to_target"] < v["mean_trials_to_target"]
-                                     for v in plain.values())}
+def compare_verdict(rows: dict, size: int) -> dict:
+    """Per guided variant: its share of the grid and whether it beats every plain sampler."""
+    plain = {k: v for k, v in rows.items() if not k.startswith("guided")}
+    out = {}
+    for name, g in rows.items():
+        if not name.startswith("guided"):
+            continue
+        out[name] = {"guided_share_of_grid": g["mean_trials_to_target"] / size,
+                     "meets_share_target": g["mean_trials_to_target"] / size <= TARGET_GUIDED_SHARE,
+                     "best_plain": min(plain, key=lambda k: plain[k]["mean_trials_to_target"]) if plain else None,
+                     "beats_every_plain": all(g["mean_trials_to_target"] < v["mean_trials_to_target"]
+                                              for v in plain.values())}
+    return out
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ worker died), `constraints`, `mlflow_run_id`, `outcome` (the state being recorde
 $SWEEPER_HOME by default), so `--resume` continues a study and Optuna's own tools
 (optuna-dashboard, `optuna.load_study`) read it.
 
-What happens when things fail (each case has a test in tests/test_faults.py):
+What happens when things fail (notes/reliability.md; each case has a test that injects it):
 
 - A trial raises: FAIL with `Type: message` as its reason; the sweep goes on.
 - Its worker process dies (crash, OOM, kill -9, node lost): the trial runs again on a
@@ -37,10 +37,10 @@ What happens when things fail (each case has a test in tests/test_faults.py):
   their parameters again (`retry_of`), reuses the MLflow parent run and reconciles the
   child runs (`sweeper.sync`). A study whose controller is alive cannot be resumed twice
   (`sweeper.lease`).
-- MLflow is unreachable: trials are still told to Optuna (attr `mlflow_error`); the
-  controller stops calling MLflow for a growing backoff (2 s .. 60 s), then tries again,
-  and when it answers, backfills every missing run (`sweeper.sync.reconcile`); at the end
-  of the sweep it tries once more, else prints the `sweeper sync` command to run later.
+- MLflow is unreachable: trials are still told to Optuna (attr `mlflow_error`);
+  `sweeper.tracking_link` backs off, backfills every missing run when MLflow answers
+  again, and at the end of the sweep tries once more, else prints the `sweeper sync`
+  command to run later.
 """
 
 from __future__ import annotations
@@ -60,13 +60,12 @@ from workloads.metrics import Measurement
 from sweeper import lease, paths
 from sweeper.progress import ProgressLine
 from sweeper.space import SearchSpace, load_space
+from sweeper.tracking_link import TrackingLink
 from sweeper.workers import LocalPool, RayPool, TrialError, WorkerLost, host_share, one_line
 
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted: the controller stopped before this trial finished"
 STATE_KEYS = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned"}
-RUN_STATUS_OF = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
-MAX_TRACKING_BACKOFF_S = 60.0
 
 
 @dataclass
@@ -229,23 +228,16 @@ class Controller:
         self.source = space.hardware.source
         self.counts = {"complete": 0, "failed": 0, "pruned": 0}
         self.best: tuple[str, float, int] | None = None
-        self.tracking_errors: list[str] = []
         self.in_flight: dict[int, _InFlight] = {}
         self.ran = 0
         self.interrupted = 0
         self.retry_params: list[tuple[int, dict]] = []   # interrupted trials to run again
-        self.unlogged: set[int] = set()          # finished here, no MLflow run yet
         self._ray_started = False
         self.pool = None
         self.study = None
         self.lease: dict | None = None
-        self.tracker = None
-        self.parent_run_id: str | None = None
+        self.tracking: TrackingLink | None = None
         self.experiment = experiment_name(space.name, self.source)
-        self.experiment_id: str | None = None
-        self._tracking_up = True
-        self._tracking_backoff = 0.0
-        self._tracking_retry_at = 0.0
         self._next_heartbeat = 0.0
 
     # ------------------------------------------------------------------ setup
@@ -284,7 +276,7 @@ class Controller:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         space = self.space
         base = self.study_name
-        for _ in range(1000):
+        while True:
             try:
                 study = optuna.create_study(storage=paths.open_optuna_storage(self.storage),
                                             study_name=self.study_name,
@@ -391,92 +383,6 @@ class Controller:
             if searched and set(params) >= searched:
                 self.study.enqueue_trial(params, user_attrs={"retry_of": number})
 
-    # ------------------------------------------------------------------ tracking
-    def _start_tracking(self) -> None:
-        from sweeper.tracking import Tracker
-
-        self.tracker = Tracker(self.tracking_uri)
-        self._tracking_call("parent run", self._ensure_parent, force=True)
-
-    def _ensure_parent(self) -> None:
-        """Reuse the study's parent run in this store (resume) or create one."""
-        if self.parent_run_id is not None and self.experiment_id is not None:
-            return
-        attrs = self.study.user_attrs
-        parent = attrs.get("mlflow_parent_run_id")
-        if parent and attrs.get("tracking_uri") == self.tracking_uri:
-            if self.tracker.parent_state(parent) == "active":
-                self.tracker.resume_sweep(parent)
-            else:        # deleted from the store: a new parent; reconcile relogs the trials
-                parent = None
-        else:
-            parent = None
-        if parent is None:
-            parent = self.tracker.start_sweep(self.space, self.study_name, self.storage)
-            self.study.set_user_attr("mlflow_parent_run_id", parent)
-            self.study.set_user_attr("tracking_uri", self.tracking_uri)
-        self.experiment_id = self.tracker.experiment_of(parent)
-        self.parent_run_id = parent
-
-    def _tracking_call(self, what: str, call: Callable[[], Any], force: bool = False) -> bool:
-        """call() against MLflow unless it is down and its next try has not come (True: done).
-
-        The first success after a failure backfills every trial MLflow missed.
-        """
-        if not self._tracking_up and not force and time.monotonic() < self._tracking_retry_at:
-            return False
-        try:
-            call()
-        except Exception as err:  # noqa: BLE001 - tracking trouble must not lose the trial
-            self._tracking_failed(what, err)
-            return False
-        if not self._tracking_up:
-            self._tracking_up, self._tracking_backoff = True, 0.0
-            print(f"sweeper: MLflow answers again; backfilling the {len(self.unlogged)} trials "
-                  "it missed", file=sys.stderr)
-            self._backfill()
-        return True
-
-    def _tracking_failed(self, what: str, err: BaseException) -> None:
-        self.tracking_errors.append(f"{what}: {one_line(err)}")
-        if self._tracking_up:
-            print(f"sweeper: MLflow logging failed ({what}: {one_line(err)[:300]}); trials are "
-                  f"still stored in Optuna and are logged when {self.tracking_uri} answers "
-                  "again", file=sys.stderr)
-        self._tracking_up = False
-        self._tracking_backoff = min(MAX_TRACKING_BACKOFF_S, max(2.0, 2 * self._tracking_backoff))
-        self._tracking_retry_at = time.monotonic() + self._tracking_backoff
-
-    def _backfill(self) -> None:
-        from sweeper.sync import reconcile
-
-        try:
-            self._ensure_parent()
-            reconcile(self.study, self.tracker, self.parent_run_id, self.experiment_id)
-            self.unlogged.clear()
-        except Exception as err:  # noqa: BLE001
-            self._tracking_failed("backfill", err)
-
-    def _finish_tracking(self, status: str) -> None:
-        """Reconcile when anything may be missing or doubled; the parent's counts and status."""
-        if self.tracker is None or self.study is None:
-            return
-        from sweeper.sync import reconcile
-
-        def finish():
-            self._ensure_parent()
-            if self.unlogged or self.resume or self.tracking_errors or \
-                    self.tracking_uri.startswith(("http://", "https://")):
-                reconcile(self.study, self.tracker, self.parent_run_id, self.experiment_id)
-                self.unlogged.clear()
-            self.tracker.finish_sweep(self.parent_run_id, self._study_counts(),
-                                      RUN_STATUS_OF.get(status, "FAILED"))
-
-        if not self._tracking_call("end of sweep", finish, force=True):
-            print(f"sweeper: MLflow is unreachable: {len(self.unlogged)} trials of this run are "
-                  f"stored in Optuna only; when {self.tracking_uri} answers, run: sweeper sync "
-                  f"--study {self.study_name} --storage {self.storage}", file=sys.stderr)
-
     # ------------------------------------------------------------------ running
     def run(self) -> SweepResult:
         import optuna
@@ -491,7 +397,10 @@ class Controller:
             done_before = self._finished_before() if self.resume else 0
             self.remaining = max(0, self.target - done_before)
             self._enqueue_retries()
-            self._start_tracking()
+            self.tracking = TrackingLink(self.tracking_uri, space=self.space, study=self.study,
+                                         study_name=self.study_name, storage=self.storage,
+                                         resumed=self.resume)
+            self.tracking.start()
             # After Ray and git have forked their processes: measuring `host` imports JAX
             # (multithreaded) into this process.
             self.profile = self._hardware()
@@ -510,16 +419,17 @@ class Controller:
         finally:
             self.progress.close()
             self._close(status)
+        tracking = self.tracking
         return SweepResult(
             study=self.study, study_name=self.study_name, storage=self.storage,
-            tracking_uri=self.tracking_uri, parent_run_id=self.parent_run_id,
-            experiment=self.experiment, experiment_id=self.experiment_id, source=self.source,
+            tracking_uri=self.tracking_uri, parent_run_id=tracking.parent_run_id,
+            experiment=self.experiment, experiment_id=tracking.experiment_id, source=self.source,
             counts=self._study_counts(),
             pareto=pareto_rows(self.study, self.space),
             objectives=[(o.metric, o.direction) for o in self.space.objectives],
             searched=[p.name for p in self.space.params],
-            elapsed_s=time.monotonic() - start, tracking_errors=self.tracking_errors,
-            interrupted=self.interrupted, mlflow_missing=len(self.unlogged))
+            elapsed_s=time.monotonic() - start, tracking_errors=tracking.errors,
+            interrupted=self.interrupted, mlflow_missing=len(tracking.unlogged))
 
     def _close(self, status: str) -> None:
         try:
@@ -527,11 +437,15 @@ class Controller:
                 self.pool.close()
         finally:
             try:
-                self._finish_tracking(status)
+                if self.tracking is not None:
+                    self.tracking.finish(status, self._study_counts)
             finally:
                 try:
                     if self.study is not None and self.lease is not None:
                         lease.release(self.study, self.lease, status)
+                except Exception as err:  # noqa: BLE001 - the trials are stored; say so only
+                    print(f"sweeper: could not release study {self.study_name!r} "
+                          f"({one_line(err)[:200]})", file=sys.stderr)
                 finally:
                     if self._ray_started:
                         import ray
@@ -629,7 +543,12 @@ class Controller:
         free.remove(slot)
         # The analytical pool evaluates the per-chip profile; a worker gets the whole share.
         hardware = chip_profile if self.pool.local else hardware
-        handle = self.pool.submit(slot, config, hardware, trial.number)
+        try:
+            handle = self.pool.submit(slot, config, hardware, trial.number)
+        except BaseException:     # Ctrl-C or a pool failure: the trial did not run
+            self._record(trial, optuna.trial.TrialState.FAIL, INTERRUPTED, config, flat, None,
+                         prediction, interrupted=True)
+            raise
         self.in_flight[id(handle)] = _InFlight(trial, config, flat, prediction, hardware, slot,
                                                handle, time.monotonic() + self.space.timeout_s)
 
@@ -703,8 +622,6 @@ class Controller:
         A controller killed in between leaves a RUNNING trial: with `outcome` stored,
         `--resume` tells it with its result; without, it re-runs it.
         """
-        from sweeper.tracking import trial_run_fields
-
         # One hardware label per sweep (host, devices:<profile>, analytical:<profile>); what the
         # engine reported (e.g. the accelerator's device kind) is kept as `device`.
         hardware = self.space.hardware.label
@@ -733,20 +650,12 @@ class Controller:
         attrs["outcome"] = state.name
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
-        logged: list[str] = []
-
-        def log() -> None:
-            self._ensure_parent()
-            logged.append(self.tracker.log_trial(
-                self.parent_run_id, self.experiment_id,
-                **trial_run_fields(trial.number, state.name, trial.user_attrs)))
-
-        if self.tracker is not None and self._tracking_call(f"trial {trial.number}", log):
-            trial.set_user_attr("mlflow_run_id", logged[0])
+        run_id = self.tracking.log_trial(trial, state.name) if self.tracking else None
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
         else:
-            error = self.tracking_errors[-1] if self.tracking_errors else "not logged yet"
-            trial.set_user_attr("mlflow_error", error)
-            self.unlogged.add(trial.number)
+            trial.set_user_attr("mlflow_error", self.tracking.last_error if self.tracking
+                                else "not logged: the sweep stopped before MLflow was set up")
         self.study.tell(trial, values=values, state=state)
         if interrupted:
             self.interrupted += 1

@@ -2,6 +2,7 @@
 
     sampler: {type: guided, seed: 0}                        # then TPE
     sampler: {type: guided, seed: 0, options: {base: nsga2, fronts: 1, max_seeds: 8}}
+    sampler: {type: guided, options: {hardware: fitted.yaml}}   # predict with `sweeper fit`'s profile
 
 Seeding (`seed_points(space)`): for every combination of the searched workload parameters
 (batch, chips, input_len, decode_steps, weights), `costmodel.recommend` picks the fastest
@@ -19,9 +20,12 @@ of a (batch, chips) point is also its cheapest, so the recommended points contai
 predicted frontier: on an analytical space the seeds are the frontier itself, on a
 measured space they are where the model expects it.
 
-The hardware the model predicts with: `analytical:<profile>` and `devices:<profile>` that
-profile; `host` this host's measured profile split over each trial's chips; `devices`
-without a profile has nothing to predict with, so the study runs the base sampler alone.
+The hardware the model predicts with: `options.hardware` when given (a preset or YAML, e.g.
+the calibrated profile `sweeper fit --out` writes from an earlier sweep); else
+`analytical:<profile>` and `devices:<profile>` that profile, `host` this host's measured
+profile; a measured host profile is shared out as the controller does (the worker's cores,
+split over the trial's chips). `devices` without a profile has nothing to predict with, so
+the study runs the base sampler alone.
 """
 
 from __future__ import annotations
@@ -58,13 +62,17 @@ class GuidedSampler(BaseSampler):
     base sampler's keyword arguments (e.g. {n_startup_trials: 5})."""
 
     def __init__(self, search_space, seed: int | None = None, base: str = "tpe", fronts: int = 2,
-                 max_seeds: int = 24, base_options: dict | None = None):
+                 max_seeds: int = 24, base_options: dict | None = None, hardware: str | None = None):
         if isinstance(fronts, bool) or not isinstance(fronts, int) or fronts < 1:
             raise ConfigError("sampler.options.fronts", fronts, "an integer >= 1")
         if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < 0:
             raise ConfigError("sampler.options.max_seeds", max_seeds, "an integer >= 0")
+        if hardware not in (None, "host"):      # checked now; `host` is measured only when used
+            from workloads.config import load_hardware
+
+            load_hardware(hardware, source=search_space.source, field="sampler.options.hardware")
         self.space = search_space
-        self.fronts, self.max_seeds = fronts, max_seeds
+        self.fronts, self.max_seeds, self.hardware = fronts, max_seeds, hardware
         self.base_name = base
         self._base = _base_sampler(base, seed, dict(base_options or {}))
         self._seeded_studies: set[str] = set()
@@ -74,7 +82,8 @@ class GuidedSampler(BaseSampler):
     def seeds(self) -> list[dict]:
         """The points this sampler enqueues (computed once)."""
         if self._seeds is None:
-            self._seeds = [s.params for s in seed_points(self.space, self.fronts, self.max_seeds)]
+            self._seeds = [s.params for s in seed_points(self.space, self.fronts, self.max_seeds,
+                                                         self.hardware)]
         return self._seeds
 
     def before_trial(self, study, trial) -> None:
@@ -136,18 +145,35 @@ class Seed:
         return f"Seed({self.params}, predicted={self.predicted})"
 
 
-def _model_profile(space):
-    """A function chips -> per-chip HardwareProfile the cost model predicts with, or None."""
+def _model_profile(space, hardware: str | None = None):
+    """A function chips -> per-chip HardwareProfile the cost model predicts with, or None.
+
+    `hardware` (e.g. the YAML `sweeper fit` writes) replaces the space's own profile. A
+    measured host profile is the whole machine: like the controller, each trial gets its
+    worker's share of the cores (`parallel` slots), split over the trial's chips."""
+    import os
+
+    from workloads.config import load_hardware
+
     hw = space.hardware
-    if hw.kind == "host":
-        from workloads.hostprofile import host_profile, per_chip
+    if hardware is not None:
+        profile = load_hardware(hardware, source=space.source, field="sampler.options.hardware")
+    elif hw.kind == "host":
+        from workloads.hostprofile import host_profile
 
         profile = host_profile()
-        return lambda chips: per_chip(profile, chips)
-    if hw.profile:
+    elif hw.profile:
         profile = hw.load_profile(space.source)
-        return lambda chips: profile
-    return None
+    else:
+        return None
+    if hw.kind == "host" and profile.measured:
+        from sweeper.workers import host_share
+        from workloads.hostprofile import per_chip
+
+        total = len(os.sched_getaffinity(0))
+        share = host_share(profile, max(1, total // max(space.parallel, 1)), total)
+        return lambda chips: per_chip(share, chips)
+    return lambda chips: profile
 
 
 def _objective_phase(space) -> str:
@@ -229,11 +255,11 @@ def non_dominated_ranks(values: list[list[float]]) -> list[int]:
     return ranks
 
 
-def seed_points(space, fronts: int = 2, max_seeds: int = 24) -> list[Seed]:
+def seed_points(space, fronts: int = 2, max_seeds: int = 24, hardware: str | None = None) -> list[Seed]:
     """The recommended points, predicted, best fronts first (see the module docstring)."""
     from workloads import costmodel
 
-    profile = _model_profile(space)
+    profile = _model_profile(space, hardware)
     if profile is None or max_seeds == 0:
         return []
     names = {p.name: p for p in space.params}
@@ -283,6 +309,7 @@ def seed_points(space, fronts: int = 2, max_seeds: int = 24) -> list[Seed]:
 
 def describe(space) -> list[dict[str, Any]]:
     """The seeds as rows (params + predicted objectives), for reports and tests."""
+    options = space.sampler.options
     return [{**s.params, **{f"pred_{o.metric}": v for o, v in zip(space.objectives, s.predicted)}}
-            for s in seed_points(space, space.sampler.options.get("fronts", 2),
-                                 space.sampler.options.get("max_seeds", 24))]
+            for s in seed_points(space, options.get("fronts", 2), options.get("max_seeds", 24),
+                                 options.get("hardware"))]

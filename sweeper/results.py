@@ -8,7 +8,8 @@ One row per trial:
   decode_ffn, decode_attn, seed, repeats
   <metric> for every Measurement metric          what the trial reported (NaN if absent)
   pred_<metric>                                  the cost model's prediction of it
-  mlflow_run_id                                  the trial's MLflow child run
+  mlflow_run_id                                  the trial's MLflow child run (logged live,
+                                                 or backfilled later: sweeper.sync)
 
 `state` is Optuna's state name: COMPLETE, PRUNED (infeasible, never ran), FAIL, RUNNING.
 `source` is `measured` or `analytical`, never mixed within one study or experiment.

@@ -100,8 +100,9 @@ def render_result(result) -> str:
     lines.append(f"study    {result.study_name}: {c['complete']} complete, {failed}, "
                  f"{c['pruned']} pruned ({label}) in {result.elapsed_s:.0f}s")
     lines.append(f"optuna   {result.storage}")
+    parent = result.parent_run_id or "not created yet (MLflow unreachable)"
     lines.append(f"mlflow   {result.tracking_uri}  experiment '{result.experiment}', parent run "
-                 f"{result.parent_run_id}")
+                 f"{parent}")
     ui = "sweeper ui" if result.tracking_uri == paths.default_tracking_uri(create=False) else \
         f"sweeper ui --tracking-uri {result.tracking_uri}"
     lines.append(f"browse   {ui}   then open {experiment_url(result.experiment_id)}")

@@ -29,6 +29,7 @@ on it. `sweeper sync` refuses a study that a live controller is running (see swe
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,16 @@ def cmd_sync(args: argparse.Namespace) -> int:
         paths.check_storage_url(args.storage)
     if not args.study.strip():
         raise ConfigError("--study", args.study, "a study name")
-    report = sync_study(args.study, args.storage, args.tracking_uri)
+    try:
+        report = sync_study(args.study, args.storage, args.tracking_uri)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - MLflow still unreachable: say so in one line
+        from sweeper.workers import one_line
+
+        print(f"sweeper sync: error: MLflow did not answer ({one_line(err)[:300]}); nothing is "
+              "lost, run it again when it does", file=sys.stderr)
+        return 1
     if args.json:
         print_json(report.to_json())
         return 0

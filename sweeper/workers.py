@@ -111,7 +111,7 @@ def where_am_i() -> dict[str, Any]:
 
 def lost_reason(err: BaseException, placement: dict | None) -> str:
     """'pid 123 on node 0a1b2c3d (10.0.0.2) died: <what Ray says, shortened>'."""
-    where = ""
+    where = "its worker "          # (it died before it could say where it runs)
     if placement:
         where = f"pid {placement.get('pid')}"
         if placement.get("node_id"):
@@ -119,8 +119,8 @@ def lost_reason(err: BaseException, placement: dict | None) -> str:
         where += " "
     text = " ".join(str(err).split())
     # Ray's message lists every possible cause; keep what it knows about this death.
-    detail = re.search(r"(Worker exit type: \S+.*?)(?: There are some potential root causes|$)",
-                       text)
+    detail = re.search(r"(Worker exit type: \S+.*?)(?: (?:Some common causes|There are some "
+                       r"potential root causes)\b|$)", text)
     said = detail.group(1) if detail else text
     return f"{where}died ({type(err).__name__}: {said[:300]})"
 
@@ -326,13 +326,15 @@ class RayPool:
         ray = self.ray
         try:
             data = ray.get(handle.ref)
-        except ray.exceptions.RayActorError as err:
+        except ray.exceptions.RayTaskError as err:      # the trial itself raised
+            cause = getattr(err, "cause", None) or err
+            raise TrialError(one_line(cause), isinstance(cause, ConfigError)) from None
+        except ray.exceptions.RayError as err:
+            # The actor died (RayActorError), Ray's memory monitor killed it (OutOfMemoryError),
+            # its node died, its result was lost: the worker is gone either way.
             placement = self.placement(handle)
             self.discard(handle)
             raise WorkerLost(lost_reason(err, placement)) from None
-        except ray.exceptions.RayTaskError as err:
-            cause = getattr(err, "cause", None) or err
-            raise TrialError(one_line(cause), isinstance(cause, ConfigError)) from None
         return Outcome(Measurement.from_dict(data["measurement"]), data["started"],
                        data["finished"], data["worker"])
 

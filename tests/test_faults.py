@@ -1,6 +1,8 @@
 """Faults injected for real: a worker killed with SIGKILL mid-trial, the `sweeper run`
 controller killed with SIGKILL mid-sweep and resumed, the MLflow tracking server stopped
-mid-sweep and started again, and two sweeps run at once on the same stores.
+mid-sweep and started again, and two sweeps run at once on the same stores (and the study
+name race of two sweeps started in the same second). The trial timeout, which kills and
+replaces a worker, is tested in test_sweep.py.
 
 Real components throughout: one local Ray instance for the module (its address is given to
 the `sweeper run` subprocesses with --address), real SQLite Optuna storage, real MLflow (a
@@ -35,11 +37,13 @@ from mlflow.tracking import MlflowClient
 
 ray = pytest.importorskip("ray")
 
-from sweeper.controller import run_sweep  # noqa: E402
+from sweeper.controller import Controller, choose_study, run_sweep  # noqa: E402
 from sweeper.paths import open_optuna_storage  # noqa: E402
 from sweeper.results import load_runs, load_trials  # noqa: E402
+from sweeper.space import load_space  # noqa: E402
 from sweeper.sync import sync_study  # noqa: E402
 from sweeper.tracking import PARENT_TAG  # noqa: E402
+from workloads.config import ConfigError  # noqa: E402
 
 DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"
 TRIAL_FIELDS = {"model": "tiny", "hardware": "devices", "chips": 1, "batch": 2, "input_len": 8,
@@ -230,33 +234,36 @@ def test_a_worker_killed_mid_trial_is_retried_on_a_fresh_worker_then_failed(
 def test_a_killed_controller_resumes_without_losing_or_rerunning_trials(ray_address, tmp_path):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    space = write_space(tmp_path, TRIAL_FIELDS, name="crash", trials=4, parallel=2,
-                        params={"batch": [2, 4, 6, 8]}, batch=None, sampler={"type": "grid"})
+    # One slot (fewer JAX start-ups to pay for): trial 0 completes, trial 1 is in flight.
+    space = write_space(tmp_path, TRIAL_FIELDS, name="crash", trials=3, parallel=1,
+                        params={"batch": [2, 4, 6]}, batch=None, sampler={"type": "grid"})
     common = ["--study", "crash", "--address", ray_address, "--storage", storage,
               "--tracking-uri", tracking, "--json", "--no-analysis"]
-    env: dict[str, str] = {}
     log = open(tmp_path / "first.log", "w")      # (a file: nobody reads a pipe while it runs)
-    first = sweeper_cli("run", space, *common, env={**env, DELAY_ENV: "2"}, stdout=log,
-                        stderr=log)
+    first = sweeper_cli("run", space, *common, env={DELAY_ENV: "3"}, stdout=log, stderr=log)
     try:
-        def in_flight():
+        def trials():
+            if first.poll() is not None:
+                raise AssertionError((tmp_path / "first.log").read_text()[-3000:])
             if not (tmp_path / "optuna.db").exists():
                 return None
             try:
-                trials = load("crash", storage).get_trials(deepcopy=False)
+                return load("crash", storage).get_trials(deepcopy=False)
             except KeyError:             # the store exists, the study not yet
                 return None
-            complete = [t for t in trials if t.state.name == "COMPLETE"]
-            running = [t for t in trials if t.state.name == "RUNNING"
-                       and (t.user_attrs.get("worker") or {}).get("running")]
-            return (complete, running) if complete and running else None
 
-        wait_until(lambda: first.poll() is not None or in_flight(), 240, "a trial to complete")
-        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        def in_flight():
+            complete = [t for t in trials() or [] if t.state.name == "COMPLETE"]
+            running = [t for t in trials() or [] if t.state.name == "RUNNING"
+                       and (t.user_attrs.get("worker") or {}).get("running")]
+            return complete and running
+
+        wait_until(trials, 120, "the sweep to start")
         # While it runs, a second controller may not take the study over.
-        second = sweeper_cli("run", space, *common[:-2], "--resume", env=env)
+        second = sweeper_cli("run", space, *common[:-2], "--resume")
         _, err = second.communicate(timeout=120)
         assert second.returncode == 2 and f"pid {first.pid}" in err, err
+        wait_until(in_flight, 240, "trial 0 to complete and trial 1 to run")
         os.kill(first.pid, signal.SIGKILL)
     finally:
         if first.poll() is None:
@@ -275,13 +282,12 @@ def test_a_killed_controller_resumes_without_losing_or_rerunning_trials(ray_addr
     complete_before = {n: t for n, t in before.items() if t.state.name == "COMPLETE"}
     parent = load("crash", storage).user_attrs["mlflow_parent_run_id"]
 
-    resumed = sweeper_cli("run", space, *common[:-2], "--resume", "--json", "--no-analysis",
-                          env=env)
+    resumed = sweeper_cli("run", space, *common[:-2], "--resume", "--json", "--no-analysis")
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err[-3000:]
     summary = json.loads(out)
     assert summary["parent_run_id"] == parent                        # the same MLflow parent
-    assert summary["trials_complete"] == 4                           # the requested number
+    assert summary["trials_complete"] == 3                           # the requested number
     assert summary["trials_interrupted"] == len(interrupted)
     assert summary["trials_failed"] == len(interrupted)
 
@@ -296,7 +302,7 @@ def test_a_killed_controller_resumes_without_losing_or_rerunning_trials(ray_addr
         assert len(retry) == 1 and retry[0].params == t.params
         assert retry[0].state.name == "COMPLETE"
     complete = [t for t in after.values() if t.state.name == "COMPLETE"]
-    assert sorted(t.params["batch"] for t in complete) == [2, 4, 6, 8]      # the whole grid
+    assert sorted(t.params["batch"] for t in complete) == [2, 4, 6]         # the whole grid
 
     runs = child_runs(tracking, parent)
     assert sorted(runs) == sorted(after) and all(len(r) == 1 for r in runs.values())
@@ -305,7 +311,7 @@ def test_a_killed_controller_resumes_without_losing_or_rerunning_trials(ray_addr
         assert runs[number][0].info.status == expected
     parent_run = MlflowClient(tracking).get_run(parent)
     assert parent_run.info.status == "FINISHED"
-    assert parent_run.data.metrics["trials_complete"] == 4
+    assert parent_run.data.metrics["trials_complete"] == 3
     trials_table = load_trials("crash", storage)
     assert set(trials_table.mlflow_run_id) == {r[0].info.run_id for r in runs.values()}
 
@@ -365,7 +371,7 @@ def mlflow_server(tmp_path):
     server.stop()
 
 
-def test_a_tracking_outage_loses_and_duplicates_nothing(home, mlflow_server, tmp_path):
+def test_a_tracking_outage_loses_and_duplicates_nothing(home, mlflow_server, tmp_path, capsys):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = write_space(tmp_path, ANALYTICAL, name="outage", trials=16)
     events = {2: mlflow_server.stop, 6: mlflow_server.start, 10: mlflow_server.stop}
@@ -383,6 +389,7 @@ def test_a_tracking_outage_loses_and_duplicates_nothing(home, mlflow_server, tmp
     study = load("outage", storage)
     assert all(t.state.is_finished() for t in study.trials) and len(study.trials) == 16
     assert result.tracking_errors and result.mlflow_missing == 5      # trials 11..15
+    assert f"sweeper sync --study outage --storage {storage}" in capsys.readouterr().err
     # The controller did not call the dead server for every trial (it backs off).
     assert len(result.tracking_errors) < 8
 
@@ -467,3 +474,39 @@ def test_two_sweeps_at_once_on_the_same_stores_do_not_interfere(home, tmp_path):
                       max(t.datetime_complete for t in study.trials)))
     (a0, a1), (b0, b1) = spans
     assert a0 < b1 and b0 < a1, spans                    # they really ran at the same time
+
+
+def test_a_generated_study_name_taken_meanwhile_by_another_sweep_moves_on(home, stores, tmp_path):
+    # The race two sweeps of one space started in the same second run: both choose
+    # `<space>-<time>`; the one that creates it second takes `<space>-<time>-2`.
+    space = load_space(write_space(tmp_path, ANALYTICAL, name="race", trials=2))
+    name, exists = choose_study(space, stores["storage"], None, False)
+    optuna.create_study(study_name=name, storage=open_optuna_storage(stores["storage"]))
+    result = Controller(space, study_name=name, resume=exists, trials=2, parallel=1,
+                        address=None, progress=False, generated_name=True, **stores).run()
+    assert result.study_name == f"{name}-2" and sum(result.counts.values()) == 2
+    assert load(name, stores["storage"]).trials == []            # the other sweep's, untouched
+    with pytest.raises(ConfigError) as info:                      # a name the user chose: refused
+        Controller(space, study_name=f"{name}-2", resume=False, trials=1, parallel=1,
+                   address=None, progress=False, **stores).run()
+    assert info.value.field == "--study"
+
+
+def test_a_trial_recorded_but_not_told_when_the_controller_died_is_kept(home, stores, tmp_path):
+    # The window between storing a trial's result (user attrs, `outcome` last) and telling
+    # Optuna its state is too short to hit with a real kill; leave a trial in it by hand.
+    space = write_space(tmp_path, ANALYTICAL, name="window", trials=3)
+    first = run_sweep(space, study_name="window", trials=2, progress=False, **stores)
+    study = load("window", stores["storage"])
+    done = [t for t in study.trials if t.state.name == "COMPLETE"][0]
+    trial = study.ask()                               # what the dead controller had asked ...
+    for key in ("flat_params", "measurement", "prediction", "source", "hardware", "config"):
+        trial.set_user_attr(key, done.user_attrs[key])
+    trial.set_user_attr("outcome", "COMPLETE")        # ... and fully recorded
+    more = run_sweep(space, study_name="window", resume=True, trials=4, progress=False, **stores)
+    kept = load("window", stores["storage"]).trials[trial.number]
+    assert kept.state.name == "COMPLETE" and kept.values == done.values
+    assert not kept.user_attrs.get("interrupted") and more.interrupted == 0
+    assert sum(more.counts.values()) == 4             # counted, not run again
+    runs = child_runs(stores["tracking_uri"], first.parent_run_id)
+    assert sorted(runs) == [0, 1, 2, 3] and runs[trial.number][0].info.status == "FINISHED"

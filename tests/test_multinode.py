@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import optuna
 import pytest

@@ -133,17 +133,27 @@ def test_explicit_topology_choice_and_auto():
 
 
 def test_a_point_that_cannot_run_raises_a_one_line_reason_without_file_name():
-    space = load_space(minimal(chips=4, batch=2, params={"decode_attn": ["batch"]}), source="s.yaml")
+    space = load_space(minimal(chips=4, batch=2, params={"decode_attn": ["head", "batch"]}),
+                       source="s.yaml")
     with pytest.raises(ConfigError) as info:
         space.trial_config({"decode_attn": "batch"})
     message = str(info.value)
     assert "batch" in message and "multiple of" in message and "s.yaml" not in message
     with pytest.raises(ConfigError, match="X\\*Y\\*Z equal to chips=4"):
-        load_space(minimal(chips=4, params={"topology": ["2x2x2"]})).trial_config({"topology": "2x2x2"})
+        load_space(minimal(chips=4, params={"topology": ["2x2x2", "auto"]})).trial_config(
+            {"topology": "2x2x2"})
+
+
+def test_a_space_none_of_whose_points_can_run_is_rejected_at_load():
+    err = error_of(minimal(chips=4, batch=2, params={"decode_attn": ["batch"]}))
+    assert err.field == "batch" and "no point of this space can run" in str(err)
+    assert str(err).startswith("space.yaml: ")
+    err = error_of(minimal(chips=4, params={"topology": ["2x2x2"]}))
+    assert err.field == "topology"
 
 
 def test_flat_params_of_an_invalid_point_are_still_complete():
-    space = load_space(minimal(chips=4, batch=2, params={"decode_attn": ["batch"]}))
+    space = load_space(minimal(chips=4, batch=2, params={"decode_attn": ["head", "batch"]}))
     flat = space.flat_params({"decode_attn": "batch"})
     assert flat["decode_attn"] == "batch" and flat["chips"] == 4 and flat["topology"] == "auto"
 

@@ -8,9 +8,11 @@ trial counts small. Timings are never asserted, only where and when trials ran.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import optuna
+import psutil
 import pytest
 import yaml
 
@@ -52,6 +54,13 @@ def ray_session(home):
 @pytest.fixture(scope="module")
 def stores(home, ray_session):
     return {"storage": f"sqlite:///{home / 'optuna.db'}", "tracking_uri": f"sqlite:///{home / 'mlflow.db'}"}
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def write_space(directory: Path, **fields) -> str:
@@ -158,14 +167,27 @@ def test_infeasible_configs_are_pruned_with_their_reason_before_any_worker(store
     assert (runs.state == "PRUNED").all() and runs.reason.str.startswith("infeasible: ").all()
 
 
-def test_a_trial_past_its_timeout_fails_and_the_sweep_goes_on(stores, tmp_path):
-    space = write_space(tmp_path, name="timeout", timeout_s=0.2, trials=2)
+def test_a_trial_past_its_timeout_fails_its_worker_is_replaced_and_the_sweep_goes_on(
+        stores, tmp_path, monkeypatch):
+    # Each trial waits 60 s first (test-only variable): both run past timeout_s. The first
+    # one's worker is killed; the second trial starts on a new worker, and is killed too.
+    monkeypatch.setenv("SWEEPER_TEST_TRIAL_DELAY_S", "60")
+    space = write_space(tmp_path, name="timeout", timeout_s=5, trials=2)
     result = run_sweep(space, progress=False, **stores)
     assert result.counts == {"complete": 0, "failed": 2, "pruned": 0}
     df = load_trials(result.study_name, result.storage)
     assert df.reason.str.startswith("timeout").all()
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    workers = [t.user_attrs["worker"] for t in study.trials]
+    assert all(w["killed"] == "timeout" and w["attempts"] == 1 for w in workers)
+    first, second = workers
+    assert first["slot"] == second["slot"] and first["pid"] != second["pid"]   # replaced
+    deadline = time.monotonic() + 30                                   # and really stopped
+    while not all(process_gone(w["pid"]) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(process_gone(w["pid"]) for w in workers)
     runs = load_runs(result.tracking_uri, parent_run_id=result.parent_run_id)
-    assert (runs.state == "FAIL").all()
+    assert (runs.state == "FAIL").all() and len(runs) == 2
 
 
 def test_analytical_backend_shares_the_controller_but_not_the_experiment(quickstart, stores, tmp_path):
