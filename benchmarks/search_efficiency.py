@@ -31,7 +31,6 @@ import argparse
 import copy
 import importlib.util
 import itertools
-import math
 import sys
 import time
 from pathlib import Path
@@ -115,7 +114,9 @@ class Grid:
                 "failed": int(sum(s == "FAIL" for s, _ in self.table.values())),
                 "hypervolume": self.hv, "reference": list(self.reference),
                 "hypervolume_log10": self.hv_log, "reference_log10": list(self.log_reference),
-                "pareto_points": int(non_dominated_count(self.points)), **self.extra}
+                "pareto_points": int(non_dominated_count(self.points)),
+                "pareto_configurations": int(non_dominated_count(np.unique(self.points, axis=0))),
+                **self.extra}
 
 
 def non_dominated_count(points: np.ndarray) -> int:
@@ -324,7 +325,8 @@ def markdown(r: dict) -> str:
                       f"X = 1 torus) are one configuration, given the median of their measurements: "
                       f"{g['configurations']} configurations.", ""]
         ks = list(next(iter(block["samplers"].values()))["hv_fraction_at"])
-        lines += [f"Pareto frontier of the whole grid: {g['pareto_points']} points. Hypervolume of the "
+        lines += [f"Pareto frontier of the whole grid: {g['pareto_points']} points "
+                  f"({g.get('pareto_configurations', g['pareto_points'])} distinct). Hypervolume of the "
                   "log10 objectives (reference 1.1 x the worst value); the last column is the same "
                   "count for the linear hypervolume (`sweeper pareto`'s), which a single good point "
                   "nearly fills when a few outliers set the reference.", ""]
@@ -406,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler_seeds = seeds[:args.gp_seeds] if sampler == "gp" and args.gp_seeds else seeds
             block["samplers"][sampler] = compare(grid, sampler, sampler_seeds)
         block["verdict"] = compare_verdict(block["samplers"], grid.size)
-        block["seeds"] = seed_descriptions(grid, [s for s in samplers if s.startswith("guided")])
+        block["seeds"] = seed_descriptions(grid, [s for s in block["samplers"] if s.startswith("guided")])
         out["spaces"][name] = block
     out["context_end"] = common.machine_context()
     out["elapsed_s"] = time.perf_counter() - start

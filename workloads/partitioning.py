@@ -229,6 +229,14 @@ def gathered_weight(plan: Plan, leaf, name: str):
 
 
 def matmul(x, w):
+    """bf16 x bf16 -> f32 accumulation -> bf16, as on the paper's TPUs."""
+    rows = math.prod(x.shape[:-1])
+    if rows == 1:
+        # XLA CPU takes a slow matrix-vector path for a single row (batch-1 decode on one
+        # chip: ~6x slower); two rows, one of them padding, take the fast matmul path.
+        # benchmarks/engine_efficiency.py measures it.
+        x2 = jnp.pad(x.reshape(1, x.shape[-1]), ((0, 1), (0, 0)))
+        return matmul(x2, w)[:1].reshape(x.shape[:-1] + (w.shape[-1],))
     return jnp.einsum("...i,io->...o", x, w, preferred_element_type=f32).astype(bf16)
 
 
