@@ -275,7 +275,6 @@ def _kv_weight_gather_elements(model: ModelConfig, topology: tuple[int, int, int
     """Output size per chip of all-gathering W_k and W_v over the gathered axes."""
     sizes = axis_sizes(topology)
     n = math.prod(topology)
-    yz = sizes["y"] * sizes["z"]
     full = 2 * model.d_model * model.n_kv_heads * model.d_head
     if kv_heads_sharded(model, n):
         # stored E_x (KD)_yz; after gathering over G, split over the axes not in G
