@@ -60,7 +60,7 @@ def replicate_noise(frame: pd.DataFrame) -> dict:
 
 
 def run_quickstart(space: str, trials: int | None, parallel: int | None) -> str:
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     result = run_sweep(space, trials=trials, parallel=parallel, progress=True)
     print(f"sweep {result.study_name}: {result.counts} in {result.elapsed_s:.0f}s", file=sys.stderr)
@@ -68,7 +68,7 @@ def run_quickstart(space: str, trials: int | None, parallel: int | None) -> str:
 
 
 def evaluate(study: str, storage: str | None) -> dict:
-    from sweeper import calibrate as cal
+    from sweeper.analysis import calibrate as cal
 
     data = cal.load_study_data(study, storage)
     base = cal.study_base_profile(data.attrs)

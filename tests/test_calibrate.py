@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweeper import calibrate as cal
+from sweeper.analysis import calibrate as cal
 from workloads import costmodel
 from workloads.config import HardwareProfile, load_hardware
 from workloads.trial import TrialConfig
@@ -177,8 +177,8 @@ def store_measured_study(root, frame: pd.DataFrame, configs, name: str = "synthe
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from sweeper import results
-    from sweeper.tracking import KIND_TAG, SWEEP_KIND
+    from sweeper.tracking import results
+    from sweeper.tracking.mlflow_log import KIND_TAG, SWEEP_KIND
 
     root.mkdir(parents=True, exist_ok=True)
     storage, tracking = f"sqlite:///{root}/optuna.db", f"sqlite:///{root}/mlflow.db"

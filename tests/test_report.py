@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from sweeper import calibrate as cal
-from sweeper import report
+from sweeper.analysis import calibrate as cal
+from sweeper.analysis import report
 
 from test_calibrate import START, TRUTH, grid, store_measured_study
 
@@ -88,7 +88,7 @@ def test_regimes_come_from_the_frontier(synthetic_calibrated):
 
 @pytest.fixture(scope="module")
 def analytical_sweep(tmp_path_factory):
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     root = tmp_path_factory.mktemp("analytical")
     space = root / "space.yaml"
@@ -170,7 +170,7 @@ def test_fit_pareto_report_on_a_real_host_sweep(tmp_path, monkeypatch, capsys):
     from pathlib import Path
 
     from sweeper.cli import main
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
     space = Path(__file__).resolve().parents[1] / "search_spaces" / "quickstart.yaml"

@@ -14,7 +14,7 @@ MLflow side match, trial by trial:
 so no trial is lost and none is counted twice. Deleting is MLflow's soft delete (the run
 moves to the experiment's trash). The run id of a backfilled trial is kept in the study's
 user attrs (`mlflow_run_id:<number>`; a finished Optuna trial cannot be updated), and
-`sweeper.results.mlflow_run_ids` merges both places.
+`sweeper.tracking.results.mlflow_run_ids` merges both places.
 
 It runs inside `sweeper run` (when the tracking server answers again after an outage, and at
 the end of a resumed sweep or one that had tracking errors) and as
@@ -23,7 +23,7 @@ the end of a resumed sweep or one that had tracking errors) and as
 
 which also creates the parent run if the store has none (e.g. the server was down when the
 sweep started, or `--tracking-uri` names a new store) and records the sweep's final counts
-on it. `sweeper sync` refuses a study that a live controller is running (see sweeper.lease).
+on it. `sweeper sync` refuses a study that a live controller is running (see sweeper.sweep.lease).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from typing import Any
 
 from workloads.config import ConfigError
 
-from sweeper import lease, paths
+from sweeper.sweep import lease
+
+from sweeper import paths
 
 STATUS_OF_LEASE = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 # A run logged after its trial finished (backfill, `sweeper sync`) cannot be stored on the
@@ -80,7 +82,7 @@ class SyncReport:
 def reconcile(study, tracker, parent_run_id: str, experiment_id: str,
               report: SyncReport | None = None) -> SyncReport:
     """Exactly one complete child run per finished trial of `study` under `parent_run_id`."""
-    from sweeper.tracking import run_matches, trial_run_fields
+    from sweeper.tracking.mlflow_log import run_matches, trial_run_fields
 
     report = report or SyncReport(study.study_name, tracker.tracking_uri, parent_run_id)
     runs = tracker.child_runs(parent_run_id, experiment_id)
@@ -122,9 +124,9 @@ def study_counts(study) -> dict[str, int]:
 def sync_study(study_name: str, storage: str | None = None,
                tracking_uri: str | None = None) -> SyncReport:
     """`sweeper sync`: backfill and de-duplicate a study's MLflow runs; finish its parent run."""
-    from sweeper.results import load_study
-    from sweeper.space import load_space
-    from sweeper.tracking import Tracker
+    from sweeper.tracking.results import load_study
+    from sweeper.sweep.space import load_space
+    from sweeper.tracking.mlflow_log import Tracker
 
     storage = storage or paths.default_storage(create=False)
     if tracking_uri is not None:
@@ -182,7 +184,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - MLflow still unreachable: say so in one line
-        from sweeper.workers import one_line
+        from sweeper.sweep.workers import one_line
 
         print(f"sweeper sync: error: MLflow did not answer ({one_line(err)[:300]}); nothing is "
               "lost, run it again when it does", file=sys.stderr)

@@ -105,7 +105,7 @@ class SliceHost:
         self.args: dict[str, Any] | None = None
 
     def where(self) -> dict[str, Any]:
-        from sweeper.workers import where_am_i
+        from sweeper.sweep.workers import where_am_i
 
         return {**where_am_i(), "rank": self.rank}
 

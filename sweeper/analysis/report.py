@@ -5,9 +5,9 @@
 Sections: the Pareto frontier per phase (paper Fig. 1 style, log-log, frontier points
 labelled batch/chips/layout), MFU against tokens per batch per FFN layout (Fig. 7 style),
 latency against chips per layout (Fig. 6 style), held-out predicted vs measured with the
-error table (sweeper/calibrate.py), and the recommended layout per regime. Every measured
+error table (sweeper/analysis/calibrate.py), and the recommended layout per regime. Every measured
 number is labelled "measured on this host (emulated mesh)" (or the devices it ran on) and
-every cost-model number "analytical". The template is `dashboards/report.html.j2`.
+every cost-model number "analytical". The template is `sweeper/dashboards/report.html.j2` (package data).
 
 `summarize_sweep` is what `sweeper run` calls at the end: Pareto tables, held-out error,
 report path; each part that cannot be computed says why instead of failing the sweep.
@@ -25,10 +25,11 @@ from typing import Any
 
 import pandas as pd
 
-from sweeper import calibrate as cal
-from sweeper import pareto, plots
+from sweeper.analysis import calibrate as cal
+from sweeper.analysis import pareto
+from sweeper.analysis import plots
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"   # sweeper/dashboards: package data
 TEMPLATE = "report.html.j2"
 REPORT_FILE = "report.html"
 FIGURES = ("pareto", "mfu", "latency", "predicted")

@@ -28,7 +28,7 @@ def print_json(obj) -> None:
 # ----------------------------------------------------------------- analytical (cost model)
 def _add_analytical_commands(sub) -> None:
     """max-context, predict, recommend: the paper's analytical model (workloads/costmodel.py)."""
-    from sweeper import analytical   # pure Python: no JAX import on this path
+    from sweeper.cli import analytical   # pure Python: no JAX import on this path
 
     analytical.add_parsers(sub)
 
@@ -36,7 +36,7 @@ def _add_analytical_commands(sub) -> None:
 # ----------------------------------------------------------------- engine
 def _add_engine_commands(sub) -> None:
     """trial, host-profile: the sharded JAX engine (workloads/engine.py, workloads/measure.py)."""
-    from sweeper import trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
+    from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
 
     p = sub.add_parser("trial", help="run one trial on an emulated mesh (or real devices) and "
                        "print its Measurement")
@@ -57,8 +57,8 @@ def _add_engine_commands(sub) -> None:
 
 # ----------------------------------------------------------------- sweeps
 def _add_sweep_commands(sub) -> None:
-    """run, ui, sync: Optuna controller over Ray workers, MLflow tracking (sweeper/controller.py)."""
-    from sweeper import run_cmd
+    """run, ui, sync: Optuna controller over Ray workers, MLflow tracking (sweeper/sweep/controller.py)."""
+    from sweeper.cli import run as run_cmd
 
     p = sub.add_parser("run", help="run a sweep from a search-space YAML")
     run_cmd.add_run_arguments(p)
@@ -67,7 +67,7 @@ def _add_sweep_commands(sub) -> None:
     run_cmd.add_ui_arguments(p)
     p.set_defaults(handler=run_cmd.cmd_ui)
 
-    from sweeper import sync   # imports no MLflow/Optuna until it runs
+    from sweeper.tracking import sync   # imports no MLflow/Optuna until it runs
 
     p = sub.add_parser("sync", help="log a study's trials that MLflow missed (tracking server "
                        "down) and remove duplicate runs; finish its parent run")
@@ -88,15 +88,15 @@ def _add_analysis_commands(sub) -> None:
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
     def fit(args):
-        from sweeper.calibrate import run_fit
+        from sweeper.analysis.calibrate import run_fit
         return run_fit(args)
 
     def pareto(args):
-        from sweeper.pareto import run_pareto
+        from sweeper.analysis.pareto import run_pareto
         return run_pareto(args)
 
     def report(args):
-        from sweeper.report import run_report
+        from sweeper.analysis.report import run_report
         return run_report(args)
 
     p = sub.add_parser("fit", help="fit the cost model's hardware constants to a study's "

@@ -14,7 +14,7 @@ defaults; any other metric column (`prefill_mfu`, `total_s`, ...) can be used in
 `maximize` for metrics where more is better.
 
 The frontier is computed on whatever DataFrame it is given; `load_points` reads it from
-Optuna storage or from MLflow runs (`sweeper.results`) so both give the same answer.
+Optuna storage or from MLflow runs (`sweeper.tracking.results`) so both give the same answer.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def mlflow_parent_run(study_name: str, tracking_uri: str) -> str:
     """The parent run of the sweep whose tag `study` is this name (newest if several)."""
     from mlflow.tracking import MlflowClient
 
-    from sweeper.tracking import KIND_TAG, SWEEP_KIND
+    from sweeper.tracking.mlflow_log import KIND_TAG, SWEEP_KIND
 
     client = MlflowClient(tracking_uri=tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
@@ -230,7 +230,7 @@ def mlflow_parent_run(study_name: str, tracking_uri: str) -> str:
 def load_points(study_name: str, source: str = "optuna", storage: str | None = None,
                 tracking_uri: str | None = None) -> pd.DataFrame:
     """A study's trials from Optuna storage or from its MLflow runs (same columns)."""
-    from sweeper import results
+    from sweeper.tracking import results
     from sweeper.paths import default_storage, default_tracking_uri
 
     if source == "optuna":
@@ -243,7 +243,7 @@ def load_points(study_name: str, source: str = "optuna", storage: str | None = N
 
 def run_pareto(args) -> int:
     """`sweeper pareto`: the frontier table (or JSON), optionally as CSV and PNG."""
-    from sweeper import plots
+    from sweeper.analysis import plots
 
     reference = None
     if args.reference:

@@ -70,7 +70,7 @@ SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objective
                 "memory_budget_bytes", "resources")
 
 HARDWARE_KINDS = ("host", "devices", "analytical")
-SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/guided.py
+SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/sweep/guided.py
 DIRECTIONS = ("minimize", "maximize")
 # Numeric metrics an objective or constraint may name (booleans like `fits` are not targets).
 NUMERIC_METRICS = tuple(f for f in METRIC_NAMES
@@ -300,7 +300,7 @@ def _sampler_class(kind: str):
         def after_trial(self, study, trial, state, values) -> None:
             pass
 
-    from sweeper.guided import GuidedSampler
+    from sweeper.sweep.guided import GuidedSampler
 
     return {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
             "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,

@@ -641,7 +641,7 @@ def study_base_profile(attrs: Mapping[str, Any]) -> HardwareProfile:
 
 @dataclass
 class StudyData:
-    """A study's trials as `sweeper.results` reads them, plus what calibration needs."""
+    """A study's trials as `sweeper.tracking.results` reads them, plus what calibration needs."""
 
     name: str
     storage: str
@@ -663,7 +663,7 @@ class StudyData:
 
 
 def load_study_data(study_name: str, storage: str | None = None) -> StudyData:
-    from sweeper import results
+    from sweeper.tracking import results
     from sweeper.paths import default_storage
 
     storage = storage or default_storage(create=False)
@@ -708,7 +708,7 @@ def write_profile(profile: HardwareProfile, path: str | Path, note: str | None =
 
 def write_outputs(result: Calibration, out_dir: str | Path, fitted_yaml: str | Path | None = None) -> dict[str, str]:
     """errors.csv / errors.json / heldout_points.csv / predicted_vs_measured.png / fitted YAML."""
-    from sweeper import plots
+    from sweeper.analysis import plots
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -780,7 +780,7 @@ def log_to_mlflow(result: Calibration, files: Mapping[str, str]) -> bool:
 
 
 def format_summary(result: Calibration) -> str:
-    from sweeper.plots import percent
+    from sweeper.analysis.plots import percent
 
     lines = [f"study {result.study}: {len(result.points)} measured points "
              f"({len({p.trial for p in result.points})} trials x prefill, decode)",
@@ -850,13 +850,13 @@ def run_fit(args) -> int:
 def synthetic_trials(configs: Iterable[TrialConfig], truth: HardwareProfile,
                      start: HardwareProfile, noise: float = 0.02, seed: int = 0,
                      scale_of=None) -> pd.DataFrame:
-    """A study-shaped table (sweeper.results columns) whose "measurements" are the cost
+    """A study-shaped table (sweeper.tracking.results columns) whose "measurements" are the cost
     model under `truth` times lognormal noise, and whose `pred_*` come from `start`.
 
     For tests and benchmarks of the fitting code only: the rows say source="measured" so
     they go through the same path as a real sweep; nothing else may present them as such.
     `scale_of(config)` gives a trial's share of the profiles (default 1)."""
-    from sweeper import results
+    from sweeper.tracking import results
 
     rng = np.random.default_rng(seed)
     rows = []

@@ -35,10 +35,10 @@ What happens when things fail (notes/reliability.md; each case has a test that i
   as it finishes, so completed trials survive. `--resume` tells trials that were fully
   recorded but not yet told, marks the ones left running FAIL (`interrupted`), enqueues
   their parameters again (`retry_of`), reuses the MLflow parent run and reconciles the
-  child runs (`sweeper.sync`). A study whose controller is alive cannot be resumed twice
-  (`sweeper.lease`).
+  child runs (`sweeper.tracking.sync`). A study whose controller is alive cannot be resumed twice
+  (`sweeper.sweep.lease`).
 - MLflow is unreachable: trials are still told to Optuna (attr `mlflow_error`);
-  `sweeper.tracking_link` backs off, backfills every missing run when MLflow answers
+  `sweeper.tracking.link` backs off, backfills every missing run when MLflow answers
   again, and at the end of the sweep tries once more, else prints the `sweeper sync`
   command to run later.
 """
@@ -57,11 +57,13 @@ from typing import Any, Callable
 from workloads.config import ConfigError, HardwareProfile
 from workloads.metrics import Measurement
 
-from sweeper import lease, paths
-from sweeper.progress import ProgressLine
-from sweeper.space import SearchSpace, load_space
-from sweeper.tracking_link import TrackingLink
-from sweeper.workers import LocalPool, RayPool, TrialError, WorkerLost, host_share, one_line
+from sweeper.sweep import lease
+
+from sweeper import paths
+from sweeper.sweep.progress import ProgressLine
+from sweeper.sweep.space import SearchSpace, load_space
+from sweeper.tracking.link import TrackingLink
+from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost, host_share, one_line
 
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted: the controller stopped before this trial finished"
@@ -212,7 +214,7 @@ class Controller:
     def __init__(self, space: SearchSpace, *, storage: str, tracking_uri: str, study_name: str,
                  resume: bool, trials: int, parallel: int, address: str | None, progress: bool,
                  on_trial: Callable[[dict], None] | None = None, generated_name: bool = False):
-        from sweeper.tracking import experiment_name
+        from sweeper.tracking.mlflow_log import experiment_name
 
         self.space = space
         self.storage = storage
@@ -310,7 +312,7 @@ class Controller:
             if self.address:
                 kwargs["address"] = self.address
                 # Remote nodes import the project from here, installed or not.
-                root = Path(__file__).resolve().parents[1]
+                root = Path(__file__).resolve().parents[2]
                 kwargs["runtime_env"] = {"py_modules": [str(root / "sweeper"), str(root / "workloads")]}
             try:
                 ray.init(**kwargs)
@@ -453,7 +455,7 @@ class Controller:
                         ray.shutdown()
 
     def _study_counts(self) -> dict[str, int]:
-        from sweeper.sync import study_counts
+        from sweeper.tracking.sync import study_counts
 
         return study_counts(self.study)
 
@@ -696,7 +698,7 @@ ROW_PARAMS = ("batch", "chips", "topology", "weights", "prefill_ffn", "prefill_a
 def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
     """The non-dominated COMPLETE trials that meet every constraint, best first.
 
-    Two objectives: `sweeper.pareto.pareto_front` (the same front `sweeper pareto` draws);
+    Two objectives: `sweeper.analysis.pareto.pareto_front` (the same front `sweeper pareto` draws);
     otherwise Optuna's own `best_trials` (any number of objectives).
     """
     trials = [t for t in study.get_trials(deepcopy=False)
@@ -708,7 +710,7 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
     if len(metrics) == 2:
         import pandas as pd
 
-        from sweeper.pareto import pareto_front
+        from sweeper.analysis.pareto import pareto_front
 
         df = pd.DataFrame([{"number": t.number, **(t.user_attrs.get("flat_params") or {}),
                             metrics[0]: t.values[0], metrics[1]: t.values[1]} for t in trials])
@@ -721,7 +723,7 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
         ordered = sorted((t for t in trials if t.number in best),
                          key=lambda t: t.values[0] * (1 if space.directions[0] == "minimize" else -1))
         numbers = [t.number for t in ordered]
-    from sweeper.sync import mlflow_run_ids
+    from sweeper.tracking.sync import mlflow_run_ids
 
     run_ids = mlflow_run_ids(study)
     by_number = {t.number: t for t in trials}

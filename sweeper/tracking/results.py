@@ -9,7 +9,7 @@ One row per trial:
   <metric> for every Measurement metric          what the trial reported (NaN if absent)
   pred_<metric>                                  the cost model's prediction of it
   mlflow_run_id                                  the trial's MLflow child run (logged live,
-                                                 or backfilled later: sweeper.sync)
+                                                 or backfilled later: sweeper.tracking.sync)
 
 `state` is Optuna's state name: COMPLETE, PRUNED (infeasible, never ran), FAIL, RUNNING.
 `source` is `measured` or `analytical`, never mixed within one study or experiment.
@@ -81,7 +81,7 @@ def load_trials(study_name: str, storage: str | None = None) -> pd.DataFrame:
     """Every trial of an Optuna study (as `sweeper run` stored it) as a table of COLUMNS."""
     from sweeper.paths import default_storage
 
-    from sweeper.sync import mlflow_run_ids
+    from sweeper.tracking.sync import mlflow_run_ids
 
     storage = storage or default_storage(create=False)
     study = load_study(study_name, storage)
@@ -138,7 +138,7 @@ def load_runs(tracking_uri: str | None = None, experiment: str | None = None, *,
     from mlflow.tracking import MlflowClient
 
     from sweeper.paths import default_tracking_uri
-    from sweeper.tracking import KIND_TAG, PARENT_TAG, TRIAL_KIND
+    from sweeper.tracking.mlflow_log import KIND_TAG, PARENT_TAG, TRIAL_KIND
 
     if experiment is None and parent_run_id is None:
         raise ConfigError("experiment", None, "an experiment name or a parent run id")

@@ -17,7 +17,7 @@ the controller can log from any thread. Default store: SQLite under $SWEEPER_HOM
 
 A child run is written when its trial has finished (any state), from the trial's Optuna
 user attrs (`trial_run_fields`), so a run logged live and one backfilled later by
-`sweeper.sync` are the same. Optuna is the record; MLflow is kept in step with it.
+`sweeper.tracking.sync` are the same. Optuna is the record; MLflow is kept in step with it.
 
 Tracking servers (`http(s)://`): MLflow's HTTP client retries a failed request 7 times
 with exponential backoff and waits up to 120 s for an answer, so one request to a server
@@ -49,7 +49,7 @@ PRED_PREFIX = "pred_"
 LAYOUT_TAGS = ("prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "weights")
 # Optuna state -> MLflow run status (a pruned trial never ran: KILLED).
 RUN_STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "PRUNED": "KILLED"}
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # MLflow 3's UI opens an experiment in its GenAI (traces) view unless told it holds model
 # runs; ours are runs to compare in the table and charts.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}

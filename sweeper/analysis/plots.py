@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
-from sweeper import pareto
+from sweeper.analysis import pareto
 
 PHASE_TITLES = {"prefill": "prefill (prompt processing)", "decode": "decode (generation)"}
 _MARKERS = "osD^v<>Pp*hX"

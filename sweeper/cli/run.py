@@ -9,7 +9,7 @@ import sys
 from workloads.config import ConfigError
 
 from sweeper import paths
-from sweeper.progress import format_value
+from sweeper.sweep.progress import format_value
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,8 +29,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sweeper.cli import print_json
-    from sweeper.controller import run_sweep
-    from sweeper.space import load_space
+    from sweeper.sweep.controller import run_sweep
+    from sweeper.sweep.space import load_space
 
     space = load_space(args.space)          # every input error exits 2 here, before any work
     for flag in ("trials", "parallel"):
@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(render_result(result))
         if summary:
-            from sweeper.report import format_summary
+            from sweeper.analysis.report import format_summary
 
             print()
             print(format_summary(summary))
@@ -60,12 +60,12 @@ def end_of_sweep_analysis(result) -> dict | None:
     """Pareto frontiers, held-out prediction error of the fitted cost model and the HTML
     report (also logged on the parent MLflow run). The sweep's results are stored already:
     a failure here is reported on stderr and does not fail the command."""
-    from sweeper.report import summarize_sweep
+    from sweeper.analysis.report import summarize_sweep
 
     try:
         return summarize_sweep(result.study_name, result.storage, result.tracking_uri)
     except Exception as err:  # noqa: BLE001
-        from sweeper.workers import one_line
+        from sweeper.sweep.workers import one_line
 
         print(f"sweeper: end-of-sweep analysis failed ({one_line(err)[:300]}); the trials are "
               f"stored: sweeper report --study {result.study_name} --out DIR", file=sys.stderr)
