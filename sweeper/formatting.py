@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 _DECIMAL = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
 _BINARY = [(2**50, "Pi"), (2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")]
 
@@ -57,8 +59,8 @@ def human_count(value: Any, digits: int = 3, unit: str = "") -> str:
     return f"{value:.{digits}g} {unit}".rstrip()
 
 
-def percent(value: Any, digits: int = 1) -> str:
-    return f"{value * 100:.{digits}f}%" if _finite(value) else "-"
+def percent(value: Any, digits: int = 1, missing: str = "-") -> str:
+    return f"{value * 100:.{digits}f}%" if _finite(value) else missing
 
 
 def format_value(value: Any) -> str:
@@ -123,3 +125,38 @@ def format_fields(items: Mapping[str, Any] | Sequence[tuple[str, Any]], title: s
     out = [title] if title else []
     out.extend(f"  {k.ljust(width)}  {v if isinstance(v, str) else format_value(v)}" for k, v in pairs)
     return "\n".join(out)
+
+
+def metric_text(metric: str, value: float) -> str:
+    """Seconds as s/ms/us, bytes as GiB/MiB/KiB, the rest with 4 significant digits."""
+    if metric.endswith("_s") or "_s_" in metric:
+        if abs(value) >= 1:
+            return f"{value:.3g}s"
+        if abs(value) >= 1e-3:
+            return f"{value * 1e3:.3g}ms"
+        return f"{value * 1e6:.3g}us"
+    if metric.endswith("_bytes_per_chip"):
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if abs(value) >= size:
+                return f"{value / size:.3g}{unit}"
+        return f"{value:.0f}B"
+    return f"{value:.4g}"
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line (type and message), for logs and one-line error reports."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}"[:2000]
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON values: NaN/inf become null, numpy scalars become Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return None if not math.isfinite(float(obj)) else float(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -303,67 +302,3 @@ def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | 
             "fitted_yaml": calibration.artifacts.get("fitted_yaml") if calibration else None,
             "report": str(report.path), "logged_to_mlflow": report.logged,
             "parent_run_id": data.parent_run_id, "errors": errors}
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """Readable lines for the end of `sweeper run`."""
-    lines = []
-    for phase, front in summary["pareto"].items():
-        lines.append(f"{phase} Pareto frontier ({front['x']} vs {front['y']}): "
-                     f"{front['n_front']} of {front['n_points']} trials, hypervolume "
-                     f"{_fmt(front['hypervolume'])}")
-        for row in front["front"]:
-            lines.append(f"  #{row.get('number')!s:<4} {row['label']:<28} {front['x']}={_fmt(row[front['x']])}"
-                         f"  {front['y']}={_fmt(row[front['y']])}")
-    held = summary["heldout"]
-    if "skipped" in held:
-        lines.append(f"held-out prediction error: not computed ({held['skipped']})")
-    else:
-        for name, ho in held["holdouts"].items():
-            if ho.get("skipped"):
-                lines.append(f"held-out ({name}): skipped, {ho['skipped']}")
-                continue
-            lines.append(f"held-out ({name}): MAPE {plots.percent(_num(ho['mape_heldout']))}, median "
-                         f"{plots.percent(_num(ho['median_ape_heldout']))}, max "
-                         f"{plots.percent(_num(ho['max_ape_heldout']))}, top-1 layout agreement "
-                         f"{plots.percent(_num(ho['top1_agreement']))} over {ho['ranking_groups']} groups")
-        lines.append(f"fitted profile: {summary['fitted_yaml']}")
-    lines.append(f"report: {summary['report']}")
-    for err in summary.get("errors", []):
-        lines.append(f"warning: {err}")
-    return "\n".join(lines)
-
-
-def _num(value) -> float:
-    return math.nan if value is None else float(value)
-
-
-def run_report(args) -> int:
-    """`sweeper report`."""
-    data = cal.load_study_data(args.study, args.storage)
-    calibration, fit_error = (None, "skipped (--no-fit)") if args.no_fit else try_calibrate(data)
-    if calibration is not None:
-        files = cal.write_outputs(calibration, Path(args.out) / "calibration")
-        if not args.no_mlflow:
-            try:
-                cal.log_to_mlflow(calibration, files)
-            except Exception as err:  # noqa: BLE001
-                print(f"sweeper report: MLflow logging failed: {err}", file=sys.stderr)
-    report = write_report(data, args.out, calibration, fit_error)
-    if not args.no_mlflow:
-        try:
-            report.logged = log_report(report, data)
-        except Exception as err:  # noqa: BLE001
-            print(f"sweeper report: MLflow logging failed: {err}", file=sys.stderr)
-    if args.json:
-        from sweeper.cli import print_json
-
-        print_json({"report": str(report.path), "figures": {k: str(v) for k, v in report.figures.items()},
-                    "calibrated": calibration is not None, "fit_error": fit_error,
-                    "logged_to_mlflow": report.logged, "parent_run_id": data.parent_run_id})
-    else:
-        print(f"report: {report.path}" + (f" (also on MLflow run {data.parent_run_id}, artifacts/report)"
-                                          if report.logged else ""))
-        if fit_error:
-            print(f"calibration: {fit_error}")
-    return 0

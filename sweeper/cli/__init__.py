@@ -1,4 +1,4 @@
-"""`sweeper` command line: argument parsing only; every command calls into a library module.
+"""`sweeper` command line: argument parsing and printing; every command calls into a library module.
 
 User errors (`ConfigError`) print one line and exit with code 2, before any expensive
 work starts. Each command group has its own `_add_*` function below.
@@ -7,8 +7,8 @@ work starts. Each command group has its own `_add_*` function below.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from importlib import metadata
 from typing import Callable
 
 from workloads.config import ConfigError
@@ -19,10 +19,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D401
         self.exit(2, f"{self.prog}: {message}\n")
-
-
-def print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=False, default=str))
 
 
 # ----------------------------------------------------------------- analytical (cost model)
@@ -67,7 +63,7 @@ def _add_sweep_commands(sub) -> None:
     run_cmd.add_ui_arguments(p)
     p.set_defaults(handler=run_cmd.cmd_ui)
 
-    from sweeper.tracking import sync   # imports no MLflow/Optuna until it runs
+    from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
 
     p = sub.add_parser("sync", help="log a study's trials that MLflow missed (tracking server "
                        "down) and remove duplicate runs; finish its parent run")
@@ -87,16 +83,17 @@ def _add_analysis_commands(sub) -> None:
                            help="do not log to the sweep's MLflow parent run")
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    # The analysis stack (pandas, scipy, matplotlib) is imported when one of these runs.
     def fit(args):
-        from sweeper.analysis.calibrate import run_fit
+        from sweeper.cli.analysis import run_fit
         return run_fit(args)
 
     def pareto(args):
-        from sweeper.analysis.pareto import run_pareto
+        from sweeper.cli.analysis import run_pareto
         return run_pareto(args)
 
     def report(args):
-        from sweeper.analysis.report import run_report
+        from sweeper.cli.analysis import run_report
         return run_report(args)
 
     p = sub.add_parser("fit", help="fit the cost model's hardware constants to a study's "
@@ -137,8 +134,19 @@ def _add_analysis_commands(sub) -> None:
     p.set_defaults(handler=report)
 
 
+def version() -> str:
+    """The installed distribution's version (renamed `inference-sweeper`; older installs: `sweeper`)."""
+    for name in ("inference-sweeper", "sweeper"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sweeper", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_analytical_commands(sub)
     _add_engine_commands(sub)

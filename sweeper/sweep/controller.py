@@ -63,7 +63,8 @@ from sweeper import paths
 from sweeper.sweep.progress import ProgressLine
 from sweeper.sweep.space import SearchSpace, load_space
 from sweeper.tracking.link import TrackingLink
-from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost, host_share, one_line
+from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost, host_share
+from sweeper.formatting import one_line
 
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted: the controller stopped before this trial finished"
@@ -455,7 +456,7 @@ class Controller:
                         ray.shutdown()
 
     def _study_counts(self) -> dict[str, int]:
-        from sweeper.tracking.sync import study_counts
+        from sweeper.tracking.study import study_counts
 
         return study_counts(self.study)
 
@@ -723,7 +724,7 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
         ordered = sorted((t for t in trials if t.number in best),
                          key=lambda t: t.values[0] * (1 if space.directions[0] == "minimize" else -1))
         numbers = [t.number for t in ordered]
-    from sweeper.tracking.sync import mlflow_run_ids
+    from sweeper.tracking.study import mlflow_run_ids
 
     run_ids = mlflow_run_ids(study)
     by_number = {t.number: t for t in trials}

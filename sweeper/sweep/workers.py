@@ -44,6 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.formatting import one_line
 from workloads.config import ConfigError, HardwareProfile
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
@@ -70,11 +71,6 @@ class TrialError(RuntimeError):
         super().__init__(reason)
         self.reason = reason
         self.config_error = config_error
-
-
-def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text}"[:2000]
 
 
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from sweeper.sweep.workers import one_line
+from sweeper.formatting import one_line
 
 MAX_BACKOFF_S = 60.0
 RUN_STATUS_OF = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}

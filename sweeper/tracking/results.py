@@ -24,6 +24,9 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from sweeper.paths import default_storage, default_tracking_uri
+from sweeper.tracking.mlflow_log import KIND_TAG, PARENT_TAG, TRIAL_KIND
+from sweeper.tracking.study import load_study, mlflow_run_ids
 from workloads.config import ConfigError
 from workloads.metrics import METRIC_NAMES
 
@@ -79,10 +82,6 @@ def _number(value: Any) -> float:
 
 def load_trials(study_name: str, storage: str | None = None) -> pd.DataFrame:
     """Every trial of an Optuna study (as `sweeper run` stored it) as a table of COLUMNS."""
-    from sweeper.paths import default_storage
-
-    from sweeper.tracking.sync import mlflow_run_ids
-
     storage = storage or default_storage(create=False)
     study = load_study(study_name, storage)
     run_ids = mlflow_run_ids(study)
@@ -97,34 +96,6 @@ def load_trials(study_name: str, storage: str | None = None) -> pd.DataFrame:
     return frame(rows)
 
 
-def study_names(storage: str) -> list[str]:
-    import optuna
-
-    from sweeper.paths import open_optuna_storage
-
-    return [s.study_name for s in optuna.study.get_all_study_summaries(
-        open_optuna_storage(storage), include_best_trial=False)]
-
-
-def load_study(study_name: str, storage: str):
-    """optuna.load_study, with a one-line ConfigError (and a suggestion) for an unknown name."""
-    import optuna
-
-    from sweeper.paths import open_optuna_storage, sqlite_path
-
-    db = sqlite_path(storage)
-    if db is not None and not db.is_file():      # do not create an empty store just to look
-        raise ConfigError("--storage", storage, "an Optuna storage with studies (no such file; "
-                          "run `sweeper run` first, or set SWEEPER_HOME / --storage)")
-    names = study_names(storage)
-    if study_name not in names:
-        close = difflib.get_close_matches(study_name, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        listed = names if len(names) <= 10 else names[-10:] + ["..."]
-        raise ConfigError("study", study_name, f"a study in {storage}: {listed}{hint}")
-    return optuna.load_study(study_name=study_name, storage=open_optuna_storage(storage))
-
-
 # ----------------------------------------------------------------------------- MLflow
 
 
@@ -136,9 +107,6 @@ def load_runs(tracking_uri: str | None = None, experiment: str | None = None, *,
     parameters are converted back.
     """
     from mlflow.tracking import MlflowClient
-
-    from sweeper.paths import default_tracking_uri
-    from sweeper.tracking.mlflow_log import KIND_TAG, PARENT_TAG, TRIAL_KIND
 
     if experiment is None and parent_run_id is None:
         raise ConfigError("experiment", None, "an experiment name or a parent run id")
