@@ -221,7 +221,8 @@ def merge_equivalent(space, table: dict) -> tuple[dict, int]:
     on an X = 1 torus. Without this, which of four identical 1-chip programs "is" the
     frontier would be decided by timing noise, which no sampler can learn."""
     from workloads.costmodel import predict
-    from workloads.hostprofile import host_profile, per_chip
+    from workloads.hardware import per_chip
+    from workloads.hostprofile import host_profile
 
     profile = host_profile()
     groups: dict[tuple, list] = {}

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from sweeper.analysis import calibrate as cal
+from synthetic import synthetic_trials
 from workloads import costmodel
 from workloads.config import HardwareProfile, load_hardware
 from workloads.trial import TrialConfig
@@ -44,7 +45,7 @@ def grid(chips=(2, 4, 8), batches=(4, 16), prefill=PREFILL, decode=DECODE, input
 
 @pytest.fixture(scope="module")
 def synthetic():
-    frame = cal.synthetic_trials(grid(), TRUTH, START, noise=0.02, seed=0)
+    frame = synthetic_trials(grid(), TRUTH, START, noise=0.02, seed=0)
     return frame, cal.points_from_frame(frame, START)
 
 
@@ -119,7 +120,7 @@ def test_folds_hold_each_point_out_once_and_keep_trials_together(synthetic):
 
 
 def test_leave_one_layout_out_with_a_single_layout_is_skipped():
-    frame = cal.synthetic_trials(grid(prefill=[("ws2d", "head")], decode=[("ws2d", "head")],
+    frame = synthetic_trials(grid(prefill=[("ws2d", "head")], decode=[("ws2d", "head")],
                                       chips=(2, 4, 8), batches=(2, 4, 8)), TRUTH, START)
     points = [p for p in cal.points_from_frame(frame, START) if p.phase == "decode"]
     ho = cal.heldout(points, START, "layout")
@@ -141,7 +142,7 @@ def test_ranking_agreement_on_a_hand_built_table():
 
 
 def test_too_few_trials_is_a_clear_error():
-    frame = cal.synthetic_trials(grid()[:3], TRUTH, START)
+    frame = synthetic_trials(grid()[:3], TRUTH, START)
     points = cal.points_from_frame(frame, START)
     with pytest.raises(cal.CalibrationError, match="at least 6 complete measured trials"):
         cal.calibrate(points, START, study="tiny-study")
@@ -159,7 +160,7 @@ def test_fitted_yaml_loads_with_hardware_and_predicts_the_same(tmp_path, synthet
 def test_host_share_is_recovered_from_the_stored_prediction():
     """A host trial's virtual chip gets the host / chips: calibration fits the whole host."""
     configs = grid(chips=(2, 4, 8), batches=(4,))
-    frame = cal.synthetic_trials(configs, TRUTH, dataclasses.replace(START, measured=True),
+    frame = synthetic_trials(configs, TRUTH, dataclasses.replace(START, measured=True),
                                  scale_of=lambda c: 1.0 / c.chips)
     points = cal.points_from_frame(frame, dataclasses.replace(START, measured=True))
     assert {round(p.scale * p.config.chips, 9) for p in points} == {1.0}
@@ -207,7 +208,7 @@ def store_measured_study(root, frame: pd.DataFrame, configs, name: str = "synthe
 @pytest.fixture(scope="module")
 def measured_study(tmp_path_factory):
     configs = grid(chips=(2, 4), batches=(4, 16))
-    frame = cal.synthetic_trials(configs, TRUTH, START, noise=0.02, seed=1)
+    frame = synthetic_trials(configs, TRUTH, START, noise=0.02, seed=1)
     root = tmp_path_factory.mktemp("measured")
     storage, tracking, parent = store_measured_study(root, frame, configs)
     return root, storage, tracking, parent
@@ -244,7 +245,7 @@ def test_fit_cli_too_few_trials_and_analytical_studies_exit_2(tmp_path, capsys):
     from sweeper.cli import main
 
     configs = grid()[:3]
-    frame = cal.synthetic_trials(configs, TRUTH, START)
+    frame = synthetic_trials(configs, TRUTH, START)
     storage, _, _ = store_measured_study(tmp_path / "few", frame, configs, name="few")
     capsys.readouterr()   # the stores' own set-up logs
     assert main(["fit", "--study", "few", "--storage", storage, "--no-mlflow"]) == 2

@@ -9,6 +9,8 @@ import re
 import pytest
 
 from sweeper.analysis import calibrate as cal
+from sweeper.cli.run import format_sweep_summary
+from synthetic import synthetic_trials
 from sweeper.analysis import report
 
 from test_calibrate import START, TRUTH, grid, store_measured_study
@@ -42,7 +44,7 @@ def images(html: str) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def synthetic_calibrated():
     configs = grid(chips=(2, 4, 8), batches=(4, 16))
-    frame = cal.synthetic_trials(configs, TRUTH, START, noise=0.02, seed=2)
+    frame = synthetic_trials(configs, TRUTH, START, noise=0.02, seed=2)
     points = cal.points_from_frame(frame, START)
     return frame, cal.calibrate(points, START, cal.HOLDOUTS, "synthetic")
 
@@ -118,7 +120,7 @@ def test_summarize_sweep_on_an_analytical_sweep(analytical_sweep, monkeypatch):
     assert summary["logged_to_mlflow"]
     arts = {a.path for a in MlflowClient(tracking_uri=tracking).list_artifacts(parent, "report")}
     assert "report/report.html" in arts and "report/pareto.png" in arts
-    text = report.format_summary(summary)
+    text = format_sweep_summary(summary)
     assert "decode Pareto frontier" in text and "held-out prediction error: not computed" in text
     assert str(root / "out" / "report.html") in text
 
@@ -129,7 +131,7 @@ def test_report_cli_on_a_measured_study(tmp_path, capsys, monkeypatch):
     from sweeper.cli import main
 
     configs = grid(chips=(2, 4), batches=(4, 16))
-    frame = cal.synthetic_trials(configs, TRUTH, START, noise=0.02, seed=3)
+    frame = synthetic_trials(configs, TRUTH, START, noise=0.02, seed=3)
     storage, tracking, parent = store_measured_study(tmp_path / "m", frame, configs, name="m")
     monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
     capsys.readouterr()

@@ -200,6 +200,10 @@ MODEL_PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
 
 # --------------------------------------------------------------------------- hardware
 
+# The collectives of paper §3.1 (workloads/layouts.py schedules them); a calibrated profile
+# may carry a fixed latency per kind.
+COLLECTIVE_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")
+
 
 @dataclass(frozen=True)
 class HardwareProfile:
@@ -221,6 +225,19 @@ class HardwareProfile:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def scaled(self, fraction: float, memory: bool = False) -> "HardwareProfile":
+        """A share of this profile: peak FLOP/s and bandwidths times `fraction`.
+
+        `memory=True` splits the HBM capacity too (one of n virtual chips on a host);
+        a worker's share of the host's cores keeps the whole memory (docs/architecture.md,
+        "Hardware profiles and shares")."""
+        if fraction == 1.0:
+            return self
+        return dataclasses.replace(
+            self, peak_flops=self.peak_flops * fraction, hbm_bandwidth=self.hbm_bandwidth * fraction,
+            ici_bandwidth=self.ici_bandwidth * fraction,
+            hbm_bytes=self.hbm_bytes * fraction if memory else self.hbm_bytes)
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "HardwareProfile":
@@ -246,8 +263,6 @@ class HardwareProfile:
         if not isinstance(by_kind, Mapping):
             raise ConfigError(f"{prefix}collective_latency_s_by_kind", by_kind,
                               "a mapping {all-gather: seconds, ...}", source)
-        from workloads.layouts import COLLECTIVE_KINDS  # layouts imports this module
-
         values["collective_latency_s_by_kind"] = {}
         for kind, seconds in by_kind.items():
             where = f"{prefix}collective_latency_s_by_kind.{kind}"
@@ -305,11 +320,11 @@ def load_model(spec: Any, source: str | None = None, field: str = "model") -> Mo
 
 
 def load_hardware(spec: Any, source: str | None = None, field: str = "hardware") -> HardwareProfile:
-    """Preset name (or `host`, measured once and cached), path to a hardware YAML, or a mapping."""
+    """Preset name, path to a hardware YAML, or a mapping. `host` (this machine, measured)
+    is resolved by workloads.hardware.load_hardware, which the callers use."""
     if spec == "host":
-        from workloads.hostprofile import host_profile  # measured lazily: needs JAX
-
-        return host_profile()
+        raise ConfigError(field, spec, "a preset or YAML here; `host` is measured: use "
+                          "workloads.hardware.load_hardware", source)
     return _load(spec, HARDWARE_PRESETS, HardwareProfile, "hardware", source, field)
 
 

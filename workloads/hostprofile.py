@@ -25,12 +25,11 @@ an upper bound on what the engine can reach (`host_profile()`, ~3-5 s once per h
 The result is cached as YAML in `$SWEEPER_HOME/host_profile.yaml` (default
 `./.sweeper/host_profile.yaml`), keyed by hostname + CPU count + jax version + the
 measurement's version (`PROFILE_VERSION`: a cache written by an older measurement is
-measured again). `per_chip(profile, n)` splits the whole host evenly over n virtual chips.
+measured again). `workloads.hardware.per_chip` splits the whole host evenly over n virtual chips.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -246,16 +245,6 @@ def host_profile(refresh: bool = False, path: Path | None = None) -> HardwarePro
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))
     tmp.replace(path)           # atomic: concurrent workers never read half a file
     return profile
-
-
-def per_chip(profile: HardwareProfile, n: int) -> HardwareProfile:
-    """One of n virtual chips sharing this host: every peak number split evenly."""
-    if n <= 1:
-        return profile
-    return dataclasses.replace(profile, peak_flops=profile.peak_flops / n,
-                               hbm_bandwidth=profile.hbm_bandwidth / n,
-                               hbm_bytes=profile.hbm_bytes / n,
-                               ici_bandwidth=profile.ici_bandwidth / n)
 
 
 if __name__ == "__main__":

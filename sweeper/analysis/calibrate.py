@@ -28,7 +28,7 @@ are checked to agree (a cost-model change that breaks the decomposition falls ba
 calling `predict_phase` inside the fit).
 
 Emulated mesh: the `host` profile is the whole machine and a trial's virtual chip gets a
-share of it (`workers.host_share`: peak numbers x cores fraction / chips). The fitted
+share of it (`workloads.hardware.per_chip`: peak numbers x cores fraction / chips). The fitted
 profile is the whole host; each point's own profile is that profile scaled by the trial's
 share, which is recovered from the trial's stored prediction (pred compute time).
 """
@@ -48,7 +48,9 @@ import numpy as np
 import pandas as pd
 
 from workloads import costmodel
-from workloads.config import ConfigError, HardwareProfile, load_hardware, load_model
+from sweeper.formatting import jsonable
+from workloads.config import ConfigError, HardwareProfile, load_model
+from workloads.hardware import load_hardware
 from workloads.layouts import COLLECTIVE_KINDS, PHASES, PhaseLayout, stores_1d
 from workloads.trial import TrialConfig
 
@@ -111,27 +113,22 @@ def phase_arguments(config: TrialConfig, phase: str) -> dict[str, Any]:
                 one_d=stores_1d(config.prefill, config.decode), validate=False)
 
 
-def scaled(profile: HardwareProfile, scale: float) -> HardwareProfile:
-    """A share of a profile: peak numbers times `scale` (workers.host_share / per_chip)."""
-    if scale == 1.0:
-        return profile
-    return dataclasses.replace(profile, peak_flops=profile.peak_flops * scale,
-                               hbm_bandwidth=profile.hbm_bandwidth * scale,
-                               ici_bandwidth=profile.ici_bandwidth * scale)
-
-
 def predict_point(point: Point, profile: HardwareProfile) -> float:
     """The cost model's latency of the point with `profile` (the whole, unscaled profile)."""
     args = phase_arguments(point.config, point.phase)
-    return costmodel.predict_phase(hw=scaled(profile, point.scale), **args).latency_s
+    return costmodel.predict_phase(hw=profile.scaled(point.scale), **args).latency_s
 
 
 def _trial_scale(config: TrialConfig, row: Mapping, base: HardwareProfile) -> float:
-    """The trial's per-chip share of `base`, from the compute time the sweep predicted.
+    """The trial's per-chip share of `base`: recorded with the trial (`hardware_share`).
 
-    pred compute_s = FLOPs / (chips * peak_chip), so peak_chip = (FLOPs / chips) / compute_s.
-    Without a stored prediction: the whole profile split over the chips for a measured
+    Studies from before it was recorded: recovered from the compute time the sweep predicted
+    (pred compute_s = FLOPs / (chips * peak_chip), so peak_chip = (FLOPs / chips) / compute_s);
+    without a stored prediction, the whole profile split over the chips for a measured
     (host) profile, the profile itself otherwise."""
+    recorded = _float(row.get("hardware_share"))
+    if math.isfinite(recorded) and recorded > 0:
+        return recorded
     for phase in PHASES:
         pred = _float(row.get(f"pred_{phase}_compute_s"))
         if math.isfinite(pred) and pred > 0:
@@ -719,7 +716,7 @@ def write_outputs(result: Calibration, out_dir: str | Path, fitted_yaml: str | P
     errors = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     errors.to_csv(out_dir / "errors.csv", index=False)
     files["errors_csv"] = str(out_dir / "errors.csv")
-    (out_dir / "errors.json").write_text(json.dumps(_jsonable(result.summary()), indent=2))
+    (out_dir / "errors.json").write_text(json.dumps(jsonable(result.summary()), indent=2))
     files["errors_json"] = str(out_dir / "errors.json")
     pd.concat([ho.points.assign(holdout=n) for n, ho in result.holdouts.items()],
               ignore_index=True).to_csv(out_dir / "heldout_points.csv", index=False)
@@ -736,18 +733,6 @@ def write_outputs(result: Calibration, out_dir: str | Path, fitted_yaml: str | P
     files["fitted_yaml"] = str(yaml_path)
     result.artifacts = files
     return files
-
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        return None if not math.isfinite(float(obj)) else float(obj)
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
 
 
 def log_to_mlflow(result: Calibration, files: Mapping[str, str]) -> bool:

@@ -27,6 +27,7 @@ import pandas as pd
 from sweeper.analysis import calibrate as cal
 from sweeper.analysis import pareto
 from sweeper.analysis import plots
+from sweeper.formatting import jsonable
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"   # sweeper/dashboards: package data
 TEMPLATE = "report.html.j2"
@@ -298,7 +299,7 @@ def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | 
             errors.append(f"MLflow (report): {err}")
     fronts = {phase: pareto.analyse(data.frame, phase).to_dict() for phase in pareto.PHASES}
     return {"study": study, "pareto": fronts,
-            "heldout": cal._jsonable(calibration.summary()) if calibration else {"skipped": fit_error},
+            "heldout": jsonable(calibration.summary()) if calibration else {"skipped": fit_error},
             "fitted_yaml": calibration.artifacts.get("fitted_yaml") if calibration else None,
             "report": str(report.path), "logged_to_mlflow": report.logged,
             "parent_run_id": data.parent_run_id, "errors": errors}

@@ -15,7 +15,8 @@ from typing import Callable
 
 from sweeper.formatting import format_fields, format_table, human_bytes, human_seconds, percent
 from workloads import costmodel
-from workloads.config import ConfigError, load_hardware, load_model, parse_topology
+from workloads.config import ConfigError, load_model, parse_topology
+from workloads.hardware import load_hardware
 from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout
 
 HEADER = "analytical prediction (Pope et al. 2022 cost model from peak hardware numbers; not a measurement)"

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workloads.config import ConfigError, HardwareProfile
+from workloads.hardware import chip_share, per_chip, worker_share
 from workloads.metrics import Measurement
 
 from sweeper.sweep import lease
@@ -63,7 +64,7 @@ from sweeper import paths
 from sweeper.sweep.progress import ProgressLine
 from sweeper.sweep.space import SearchSpace, load_space
 from sweeper.tracking.link import TrackingLink
-from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost, host_share
+from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost
 from sweeper.formatting import one_line
 
 log = logging.getLogger(__name__)
@@ -246,32 +247,24 @@ class Controller:
     # ------------------------------------------------------------------ setup
     def _hardware(self) -> HardwareProfile | None:
         """The cost model's profile: the preset/YAML, or this host measured once (cached)."""
-        hw = self.space.hardware
-        if hw.kind == "host":
-            from workloads.hostprofile import host_profile
-
-            return host_profile()
-        if hw.profile:
-            return hw.load_profile(self.space.source)
-        return None
+        return self.space.hardware.resolve(self.space.source)
 
     def trial_hardware(self, chips: int, slot: int = 0) -> tuple[HardwareProfile | None,
-                                                                 HardwareProfile | None]:
-        """(profile given to the worker, per-chip profile the cost model predicts with).
+                                                                 HardwareProfile | None, float]:
+        """(profile given to the worker, per-chip profile the cost model predicts with, the
+        share of the profile one chip of the trial gets).
 
         `host`: the worker's share of this host (its cores), which `run_trial` splits over
         the trial's virtual chips exactly as `per_chip` does for the prediction.
         """
         if self.profile is None:
-            return None, None
-        from workloads.hostprofile import per_chip
-
-        profile = self.profile
+            return None, None, 1.0
+        share = 1.0
         if self.space.hardware.kind == "host":
             cores = len(self.pool.slot_cores[slot]) or 1
-            profile = host_share(self.profile, cores, self.pool.total_cores)
-        per_chip_profile = per_chip(profile, chips) if profile.measured else profile
-        return profile, per_chip_profile
+            share = worker_share(cores, self.pool.total_cores)
+        profile = self.profile.scaled(share)
+        return profile, per_chip(self.profile, chips, share), chip_share(self.profile, chips, share)
 
     def _open_study(self, exists: bool):
         import optuna
@@ -529,7 +522,9 @@ class Controller:
             return
         flat = config.flat_params()
         slot = self._choose_slot(free, config.chips)
-        hardware, chip_profile = self.trial_hardware(config.chips, slot)
+        hardware, chip_profile, share = self.trial_hardware(config.chips, slot)
+        # recorded so calibration reads the share the prediction used (docs/architecture.md)
+        trial.set_user_attr("hardware_share", share)
         prediction: dict[str, float] = {}
         if chip_profile is not None:
             from workloads.costmodel import feasibility, predict

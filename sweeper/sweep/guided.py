@@ -33,12 +33,14 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 from typing import Any
 
 import optuna
 from optuna.samplers import BaseSampler
 
 from workloads.config import ConfigError
+from workloads.hardware import load_hardware, per_chip, worker_share
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +70,6 @@ class GuidedSampler(BaseSampler):
         if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < 0:
             raise ConfigError("sampler.options.max_seeds", max_seeds, "an integer >= 0")
         if hardware not in (None, "host"):      # checked now; `host` is measured only when used
-            from workloads.config import load_hardware
-
             load_hardware(hardware, source=search_space.source, field="sampler.options.hardware")
         self.space = search_space
         self.fronts, self.max_seeds, self.hardware = fronts, max_seeds, hardware
@@ -151,28 +151,17 @@ def _model_profile(space, hardware: str | None = None):
     `hardware` (e.g. the YAML `sweeper fit` writes) replaces the space's own profile. A
     measured host profile is the whole machine: like the controller, each trial gets its
     worker's share of the cores (`parallel` slots), split over the trial's chips."""
-    import os
-
-    from workloads.config import load_hardware
-
     hw = space.hardware
     if hardware is not None:
         profile = load_hardware(hardware, source=space.source, field="sampler.options.hardware")
-    elif hw.kind == "host":
-        from workloads.hostprofile import host_profile
-
-        profile = host_profile()
-    elif hw.profile:
-        profile = hw.load_profile(space.source)
     else:
+        profile = hw.resolve(space.source)
+    if profile is None:
         return None
     if hw.kind == "host" and profile.measured:
-        from sweeper.sweep.workers import host_share
-        from workloads.hostprofile import per_chip
-
         total = len(os.sched_getaffinity(0))
-        share = host_share(profile, max(1, total // max(space.parallel, 1)), total)
-        return lambda chips: per_chip(share, chips)
+        share = worker_share(max(1, total // max(space.parallel, 1)), total)
+        return lambda chips: per_chip(profile, chips, share)
     return lambda chips: profile
 
 

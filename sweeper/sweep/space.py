@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from workloads.config import (ConfigError, HardwareProfile, ModelConfig, load_hardware,
-                              load_model, parse_quantity, parse_topology, read_yaml)
+from workloads.config import (ConfigError, HardwareProfile, ModelConfig, load_model,
+                              parse_quantity, parse_topology, read_yaml)
+from workloads.hardware import HOST, load_hardware
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout, stores_1d,
                                validate_layouts)
 from workloads.metrics import METRIC_NAMES, Measurement
@@ -339,6 +340,12 @@ class HardwareSpec:
             if candidate.is_file() or not Path(spec).is_file():
                 return str(candidate)
         return spec
+
+    def resolve(self, source: str | None = None) -> HardwareProfile | None:
+        """The cost model's profile of a sweep: `host` measured (cached), a preset/YAML, or none."""
+        if self.kind == "host":
+            return load_hardware(HOST)
+        return self.load_profile(source) if self.profile else None
 
     def load_profile(self, source: str | None = None) -> HardwareProfile:
         """The cost model's profile (for `host`: measured once per host and cached)."""

@@ -138,21 +138,6 @@ def split_cores(parallel: int, available: list[int] | None = None) -> list[list[
     return groups
 
 
-def host_share(host: HardwareProfile, cores: int, total: int) -> HardwareProfile:
-    """The part of the host a worker pinned to `cores` of its `total` cores owns.
-
-    The host profile is the whole machine (DESIGN.md "Emulated mesh"); a pinned worker gets
-    its cores' share of compute and bandwidth. Still named `host`: `run_trial` and
-    `hostprofile.per_chip` split it evenly over the worker's n virtual chips.
-    """
-    import dataclasses
-
-    fraction = min(1.0, cores / max(total, 1))
-    return dataclasses.replace(host, peak_flops=host.peak_flops * fraction,
-                               hbm_bandwidth=host.hbm_bandwidth * fraction,
-                               ici_bandwidth=host.ici_bandwidth * fraction)
-
-
 # ----------------------------------------------------------------------------- the actor
 
 

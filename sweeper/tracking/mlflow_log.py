@@ -253,6 +253,8 @@ def trial_run_fields(number: int, state: str, attrs: Mapping[str, Any]) -> dict[
     for key, tag in WORKER_TAGS.items():
         if worker.get(key) is not None:
             extra[tag] = str(worker[key])
+    if attrs.get("hardware_share") is not None:
+        extra["hardware_share"] = repr(float(attrs["hardware_share"]))
     if attrs.get("retry_of") is not None:
         extra["retry_of"] = str(attrs["retry_of"])
     return {"number": number, "params": attrs.get("flat_params") or {},

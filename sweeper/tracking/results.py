@@ -2,7 +2,8 @@
 
 One row per trial:
 
-  number, state, reason, source, hardware       trial identity and outcome
+  number, state, reason, source, hardware,      trial identity and outcome; the share of
+  hardware_share                                 the profile one chip ran with
   model, chips, batch, input_len, decode_steps,  the trial's flat parameters
   topology, weights, prefill_ffn, prefill_attn,  (`TrialConfig.flat_params()`)
   decode_ffn, decode_attn, seed, repeats
@@ -30,7 +31,7 @@ from sweeper.tracking.study import load_study, mlflow_run_ids
 from workloads.config import ConfigError
 from workloads.metrics import METRIC_NAMES
 
-ID_COLUMNS = ("number", "state", "reason", "source", "hardware")
+ID_COLUMNS = ("number", "state", "reason", "source", "hardware", "hardware_share")
 PARAM_COLUMNS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
                  "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats")
 INT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats")
@@ -45,10 +46,12 @@ COMPLETE, PRUNED, FAIL, RUNNING = "COMPLETE", "PRUNED", "FAIL", "RUNNING"
 
 def trial_row(*, number: int, state: str, reason: str | None, source: str | None,
               hardware: str | None, params: Mapping[str, Any], metrics: Mapping[str, float],
-              prediction: Mapping[str, float], mlflow_run_id: str | None) -> dict[str, Any]:
+              prediction: Mapping[str, float], mlflow_run_id: str | None,
+              hardware_share: Any = None) -> dict[str, Any]:
     """One table row; every column present (NaN / None where the trial has no value)."""
     row: dict[str, Any] = {"number": number, "state": state, "reason": reason or None,
-                           "source": source, "hardware": hardware}
+                           "source": source, "hardware": hardware,
+                           "hardware_share": _number(hardware_share)}
     for name in PARAM_COLUMNS:
         row[name] = params.get(name)
     for name in METRIC_COLUMNS:
@@ -92,7 +95,8 @@ def load_trials(study_name: str, storage: str | None = None) -> pd.DataFrame:
             number=trial.number, state=trial.state.name, reason=attrs.get("reason"),
             source=attrs.get("source"), hardware=attrs.get("hardware"),
             params=attrs.get("flat_params") or {}, metrics=attrs.get("measurement") or {},
-            prediction=attrs.get("prediction") or {}, mlflow_run_id=run_ids.get(trial.number)))
+            prediction=attrs.get("prediction") or {}, mlflow_run_id=run_ids.get(trial.number),
+            hardware_share=attrs.get("hardware_share")))
     return frame(rows)
 
 
@@ -143,4 +147,5 @@ def _run_row(run) -> dict[str, Any]:
     return trial_row(number=int(tags.get("trial_number", -1)), state=tags.get("status"),
                      reason=tags.get("reason"), source=tags.get("source"),
                      hardware=tags.get("hardware"), params=run.data.params, metrics=measured,
-                     prediction=predicted, mlflow_run_id=run.info.run_id)
+                     prediction=predicted, mlflow_run_id=run.info.run_id,
+                     hardware_share=tags.get("hardware_share"))
