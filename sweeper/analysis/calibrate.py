@@ -52,7 +52,7 @@ from sweeper.formatting import jsonable
 from workloads.config import ConfigError, HardwareProfile, load_model
 from workloads.hardware import load_hardware
 from workloads.layouts import COLLECTIVE_KINDS, PHASES, PhaseLayout, stores_1d
-from workloads.trial import TrialConfig
+from workloads.trial import DEFAULTS as TRIAL_DEFAULTS, TrialConfig
 
 HOLDOUTS = ("kfold", "layout", "chips")
 HOLDOUT_TEXT = {
@@ -105,8 +105,8 @@ class Point:
 def phase_arguments(config: TrialConfig, phase: str) -> dict[str, Any]:
     """The arguments `costmodel.predict` gives `predict_phase` for this phase of a trial."""
     layout = config.prefill if phase == "prefill" else config.decode
-    context = (config.input_len if phase == "prefill"
-               else max(1, round(costmodel.decode_context(config))))
+    # the decode context exactly as costmodel.predict computes it (fit and sweep agree)
+    context = config.input_len if phase == "prefill" else costmodel.decode_context(config)
     return dict(model=config.model, chips=config.chips, batch=config.batch, phase=phase,
                 input_len=config.input_len, context=context, layout=layout,
                 weights=config.weights, topology=config.mesh_shape,
@@ -151,7 +151,8 @@ def _config_of(row: Mapping, configs: Mapping[int, Mapping] | None) -> TrialConf
     topology = row.get("topology")
     data = {"model": load_model(row["model"]), "chips": int(row["chips"]),
             "batch": int(row["batch"]), "input_len": int(row["input_len"]),
-            "decode_steps": int(row["decode_steps"]), "weights": row.get("weights") or "bf16",
+            "decode_steps": int(row["decode_steps"]),
+            "weights": row.get("weights") or TRIAL_DEFAULTS["weights"],
             "topology": topology if isinstance(topology, str) and topology else None,
             "prefill": {"ffn": row["prefill_ffn"], "attn": row["prefill_attn"]},
             "decode": {"ffn": row["decode_ffn"], "attn": row["decode_attn"]}}

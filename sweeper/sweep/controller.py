@@ -57,6 +57,7 @@ from typing import Any, Callable
 from workloads.config import ConfigError, HardwareProfile
 from workloads.hardware import chip_share, per_chip, worker_share
 from workloads.metrics import Measurement
+from workloads.trial import TrialConfig
 
 from sweeper.sweep import lease
 
@@ -687,8 +688,8 @@ def _names(storage: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- Pareto rows
 
-ROW_PARAMS = ("batch", "chips", "topology", "weights", "prefill_ffn", "prefill_attn", "decode_ffn",
-              "decode_attn", "input_len", "decode_steps")
+# A Pareto row: the trial's flat parameters less those a sweep holds fixed.
+ROW_PARAMS = tuple(p for p in TrialConfig.FLAT_PARAMS if p not in ("model", "seed", "repeats"))
 
 
 def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:

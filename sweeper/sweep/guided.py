@@ -34,6 +34,7 @@ import itertools
 import logging
 import math
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -41,6 +42,7 @@ from optuna.samplers import BaseSampler
 
 from workloads.config import ConfigError
 from workloads.hardware import load_hardware, per_chip, worker_share
+from workloads.trial import DEFAULTS as TRIAL_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -189,10 +191,12 @@ def _recommended(space, profile, values: dict, phase: str, search_topology: bool
     chips, batch = values.get("chips", fixed.get("chips")), values.get("batch", fixed.get("batch"))
     if chips is None or batch is None:
         return None
-    input_len = values.get("input_len", fixed.get("input_len", 32))
-    decode_steps = values.get("decode_steps", fixed.get("decode_steps", 8))
-    weights = values.get("weights", fixed.get("weights", "bf16"))
-    context = input_len if phase == "prefill" else input_len + decode_steps / 2
+    shape = {k: values.get(k, fixed.get(k, TRIAL_DEFAULTS[k]))
+             for k in ("input_len", "decode_steps", "weights")}
+    input_len, weights = shape["input_len"], shape["weights"]
+    # the decode context as costmodel.predict computes it for the trial
+    context = (input_len if phase == "prefill"
+               else costmodel.decode_context(SimpleNamespace(**shape)))
     try:
         rec = costmodel.recommend(space.model, profile(chips), chips, batch, phase,
                                   input_len=input_len, context=context, weights=weights,

@@ -50,7 +50,7 @@ from workloads.hardware import HOST, load_hardware
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout, stores_1d,
                                validate_layouts)
 from workloads.metrics import METRIC_NAMES, Measurement
-from workloads.trial import TrialConfig, parse_phase_layout
+from workloads.trial import TrialConfig, flat_params_of, parse_phase_layout
 
 # What can be searched, and which of those are integers.
 # `ffn` / `attn` set the layout of both phases at once (e.g. Figure 6 compares ws1d and ws2d
@@ -460,18 +460,10 @@ class SearchSpace:
     def flat_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Best-effort flat parameters of a point, also for points that are not valid trials."""
         data = self.trial_dict(params)
-        prefill, decode = data.get("prefill") or {}, data.get("decode") or {}
         topology = data.get("topology")
         if isinstance(topology, (list, tuple)):
             topology = "x".join(str(v) for v in topology)
-        return {
-            "model": self.model.name, "chips": data.get("chips"), "batch": data.get("batch"),
-            "input_len": data.get("input_len", 32), "decode_steps": data.get("decode_steps", 8),
-            "topology": topology or AUTO_TOPOLOGY, "weights": data.get("weights", "bf16"),
-            "prefill_ffn": prefill.get("ffn", "ws2d"), "prefill_attn": prefill.get("attn", "head"),
-            "decode_ffn": decode.get("ffn", "ws2d"), "decode_attn": decode.get("attn", "head"),
-            "seed": data.get("seed", 0), "repeats": data.get("repeats", 3),
-        }
+        return flat_params_of({**data, "model": self.model.name, "topology": topology or AUTO_TOPOLOGY})
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.model.name, "hardware": self.hardware.label,

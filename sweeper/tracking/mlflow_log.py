@@ -41,12 +41,13 @@ from typing import Any, Mapping
 
 from sweeper.paths import (artifact_root, default_tracking_uri, precreate_sqlite_wal,
                            sqlite_creation_lock, tune_sqlite)
+from workloads.trial import TrialConfig
 
 PARENT_TAG = "mlflow.parentRunId"
 KIND_TAG = "sweeper.kind"
 SWEEP_KIND, TRIAL_KIND = "sweep", "trial"
 PRED_PREFIX = "pred_"
-LAYOUT_TAGS = ("prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "weights")
+LAYOUT_TAGS = TrialConfig.LAYOUT_PARAMS     # searchable in the MLflow UI as tags too
 # Optuna state -> MLflow run status (a pruned trial never ran: KILLED).
 RUN_STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "PRUNED": "KILLED"}
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

@@ -30,11 +30,11 @@ from sweeper.tracking.mlflow_log import KIND_TAG, PARENT_TAG, TRIAL_KIND
 from sweeper.tracking.study import load_study, mlflow_run_ids
 from workloads.config import ConfigError
 from workloads.metrics import METRIC_NAMES
+from workloads.trial import TrialConfig
 
 ID_COLUMNS = ("number", "state", "reason", "source", "hardware", "hardware_share")
-PARAM_COLUMNS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-                 "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats")
-INT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats")
+PARAM_COLUMNS = TrialConfig.FLAT_PARAMS
+INT_PARAMS = TrialConfig.INT_FLAT_PARAMS
 METRIC_COLUMNS = METRIC_NAMES
 PRED_PREFIX = "pred_"
 PRED_COLUMNS = tuple(PRED_PREFIX + m for m in METRIC_NAMES)
