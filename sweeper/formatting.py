@@ -160,3 +160,25 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, np.integer):
         return int(obj)
     return obj
+
+
+def percent_dash(value: Any) -> str:
+    """Percent with one decimal for reports and fit tables; an em dash when missing."""
+    return percent(value, missing="—")
+
+
+def short_number(value: Any) -> str:
+    """Four significant digits for report cells; an em dash for None / NaN."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def fixed_bytes(value: float) -> str:
+    """Bytes with two decimals in the largest binary unit (`1.50 GiB`); '-' when missing."""
+    if not math.isfinite(value):
+        return "-"
+    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if value >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} B"

@@ -18,14 +18,8 @@ from typing import Any, Mapping
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A user-input error: one line, names file, field, value and what is accepted."""
-
-    def __init__(self, field: str, value: Any, accepted: str, source: str | None = None):
-        self.field, self.value, self.accepted, self.source = field, value, accepted, source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field}: got {value!r}; expected {accepted}")
+# ConfigError and check_keys are used from here by most modules (workloads/validate.py)
+from workloads.validate import ConfigError, check_keys, one_of, positive_int  # noqa: F401
 
 
 # --------------------------------------------------------------------------- YAML
@@ -85,28 +79,12 @@ def parse_quantity(value: Any, field: str, source: str | None = None) -> float:
     raise ConfigError(field, value, "a number such as 4.0e10, 32GiB or 1.2TB/s", source)
 
 
-def check_keys(mapping: Mapping, allowed: list[str], where: str | None, prefix: str = "") -> None:
-    """Unknown keys are errors, with a 'did you mean' suggestion."""
-    for key in mapping:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{prefix}{key}", mapping[key],
-                              f"one of the known fields {sorted(allowed)}{hint}", where)
-
-
 def _positive_int(mapping: Mapping, key: str, where: str | None, prefix: str = "") -> int:
-    value = mapping[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{prefix}{key}", value, "a positive integer", where)
-    return value
+    return positive_int(f"{prefix}{key}", mapping[key], where)
 
 
 def _choice(mapping: Mapping, key: str, choices: tuple, where: str | None, prefix: str = ""):
-    value = mapping[key]
-    if value not in choices:
-        raise ConfigError(f"{prefix}{key}", value, f"one of {list(choices)}", where)
-    return value
+    return one_of(f"{prefix}{key}", mapping[key], choices, where)
 
 
 # --------------------------------------------------------------------------- model

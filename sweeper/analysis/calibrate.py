@@ -47,8 +47,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from sweeper.formatting import jsonable, percent_dash
 from workloads import costmodel
-from sweeper.formatting import jsonable
 from workloads.config import ConfigError, HardwareProfile, load_model
 from workloads.hardware import load_hardware
 from workloads.layouts import COLLECTIVE_KINDS, PHASES, PhaseLayout, stores_1d
@@ -724,13 +724,13 @@ def write_outputs(result: Calibration, out_dir: str | Path, fitted_yaml: str | P
     files["heldout_points_csv"] = str(out_dir / "heldout_points.csv")
     fig = plots.predicted_vs_measured_figure(
         result.main.points, f"study {result.study}: held-out predictions ({HOLDOUT_TEXT[result.headline]}), "
-        f"MAPE {plots.percent(result.main.mape)}; measured on this host")
+        f"MAPE {percent_dash(result.main.mape)}; measured on this host")
     (out_dir / "predicted_vs_measured.png").write_bytes(plots.png_bytes(fig))
     files["predicted_vs_measured_png"] = str(out_dir / "predicted_vs_measured.png")
     yaml_path = Path(fitted_yaml) if fitted_yaml else out_dir / f"{result.fitted.name}.yaml"
     write_profile(result.fitted, yaml_path,
                   note=f"fitted by `sweeper fit` to study {result.study} ({len(result.points)} "
-                       f"points); held-out MAPE {plots.percent(result.main.mape)}")
+                       f"points); held-out MAPE {percent_dash(result.main.mape)}")
     files["fitted_yaml"] = str(yaml_path)
     result.artifacts = files
     return files

@@ -27,7 +27,7 @@ import pandas as pd
 from sweeper.analysis import calibrate as cal
 from sweeper.analysis import pareto
 from sweeper.analysis import plots
-from sweeper.formatting import jsonable
+from sweeper.formatting import jsonable, percent_dash, short_number
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"   # sweeper/dashboards: package data
 TEMPLATE = "report.html.j2"
@@ -46,14 +46,7 @@ def _source_sentence(source: str, hardware: str) -> str:
             "MFU is relative to this host's measured peak.")
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "—"
-        return f"{value:.4g}"
-    return str(value)
+_fmt = short_number
 
 
 def _table(df: pd.DataFrame, columns: list[str] | None = None) -> dict[str, Any]:
@@ -120,7 +113,7 @@ def best_layouts_table(df: pd.DataFrame, held: pd.DataFrame | None) -> pd.DataFr
                    "best layout (measured)": per.index[0], LATENCY_COL: float(per.iloc[0]),
                    "layouts compared": len(per),
                    "runner-up": per.index[1] if len(per) > 1 else "—",
-                   "margin": plots.percent(float(per.iloc[1] / per.iloc[0] - 1)) if len(per) > 1 else "—"}
+                   "margin": percent_dash(float(per.iloc[1] / per.iloc[0] - 1)) if len(per) > 1 else "—"}
             if held is not None and len(held):
                 found = _model_pick(held, phase, chips, batch)
                 if found is not None:
@@ -149,14 +142,14 @@ def _fit_context(result: cal.Calibration) -> dict[str, Any]:
     for name, ho in result.holdouts.items():
         tau = f"{ho.kendall_tau:.2f}" if math.isfinite(ho.kendall_tau) else "—"
         schemes.append({"name": name if not ho.skipped else f"{name} (skipped: {ho.skipped})",
-                        "n_points": len(ho.points), "mape": plots.percent(ho.mape),
-                        "median": plots.percent(ho.median_ape), "max": plots.percent(ho.max_ape),
-                        "top1": plots.percent(ho.top1_agreement),
-                        "top1_tol": plots.percent(ho.top1_within_tolerance), "tau": tau,
+                        "n_points": len(ho.points), "mape": percent_dash(ho.mape),
+                        "median": percent_dash(ho.median_ape), "max": percent_dash(ho.max_ape),
+                        "top1": percent_dash(ho.top1_agreement),
+                        "top1_tol": percent_dash(ho.top1_within_tolerance), "tau": tau,
                         "groups": ho.groups})
     errors = result.main.errors.copy()
     for col in ("mape", "median_ape", "max_ape"):
-        errors[col] = errors[col].map(plots.percent)
+        errors[col] = errors[col].map(percent_dash)
     constants = []
     for key in ("peak_flops", "hbm_bandwidth", "ici_bandwidth", "collective_latency_s",
                 "op_overhead_s", "overlap"):
@@ -188,7 +181,7 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
             "latency": plots.png_bytes(plots.latency_figure(df, label))}
     if calibration is not None:
         title = (f"held-out predictions ({cal.HOLDOUT_TEXT[calibration.headline]}): analytical, "
-                 f"fitted, against {label}; MAPE {plots.percent(calibration.main.mape)}")
+                 f"fitted, against {label}; MAPE {percent_dash(calibration.main.mape)}")
         pngs["predicted"] = plots.png_bytes(plots.predicted_vs_measured_figure(
             calibration.main.points, title))
     pareto_ctx = []

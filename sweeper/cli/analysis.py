@@ -8,31 +8,15 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any
 
 from sweeper.analysis import calibrate as cal
 from sweeper.analysis import pareto, plots
 from sweeper.analysis import report as report_mod
 from sweeper.cli.output import print_json
-from sweeper.formatting import jsonable, percent
+from sweeper.formatting import jsonable, percent_dash
 from sweeper.paths import sweeper_home
 from workloads.config import ConfigError
 from workloads.hardware import load_hardware
-
-
-def percent_dash(value) -> str:
-    """Percent for the end-of-sweep summary and the fit table (an em dash when missing)."""
-    return percent(value, missing="—")
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "—"
-        return f"{value:.4g}"
-    return str(value)
 
 
 # ----------------------------------------------------------------------------- fit

@@ -17,6 +17,7 @@ from sweeper.formatting import format_fields, format_table, human_bytes, human_s
 from workloads import costmodel
 from workloads.config import ConfigError, load_model, parse_topology
 from workloads.hardware import load_hardware
+from workloads.validate import one_of
 from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout
 
 HEADER = "analytical prediction (Pope et al. 2022 cost model from peak hardware numbers; not a measurement)"
@@ -81,9 +82,7 @@ def _positive(name: str, value) -> int:
 
 
 def _choice(name: str, value, choices):
-    if value not in choices:
-        raise ConfigError(name, value, f"one of {list(choices)}")
-    return value
+    return one_of(name, value, choices)
 
 
 def _load(args):

@@ -12,7 +12,7 @@ from workloads.config import ConfigError
 from sweeper import paths
 from sweeper.cli.output import print_json
 from sweeper.sweep.space import load_space
-from sweeper.formatting import metric_text, one_line, percent
+from sweeper.formatting import metric_text, one_line, percent_dash, short_number
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,10 +62,10 @@ def format_sweep_summary(summary: dict) -> str:
     for phase, front in summary["pareto"].items():
         lines.append(f"{phase} Pareto frontier ({front['x']} vs {front['y']}): "
                      f"{front['n_front']} of {front['n_points']} trials, hypervolume "
-                     f"{_cell(front['hypervolume'])}")
+                     f"{short_number(front['hypervolume'])}")
         for row in front["front"]:
-            lines.append(f"  #{row.get('number')!s:<4} {row['label']:<28} {front['x']}={_cell(row[front['x']])}"
-                         f"  {front['y']}={_cell(row[front['y']])}")
+            lines.append(f"  #{row.get('number')!s:<4} {row['label']:<28} {front['x']}={short_number(row[front['x']])}"
+                         f"  {front['y']}={short_number(row[front['y']])}")
     held = summary["heldout"]
     if "skipped" in held:
         lines.append(f"held-out prediction error: not computed ({held['skipped']})")
@@ -74,10 +74,10 @@ def format_sweep_summary(summary: dict) -> str:
             if ho.get("skipped"):
                 lines.append(f"held-out ({name}): skipped, {ho['skipped']}")
                 continue
-            lines.append(f"held-out ({name}): MAPE {_percent(_num(ho['mape_heldout']))}, median "
-                         f"{_percent(_num(ho['median_ape_heldout']))}, max "
-                         f"{_percent(_num(ho['max_ape_heldout']))}, top-1 layout agreement "
-                         f"{_percent(_num(ho['top1_agreement']))} over {ho['ranking_groups']} groups")
+            lines.append(f"held-out ({name}): MAPE {percent_dash(_num(ho['mape_heldout']))}, median "
+                         f"{percent_dash(_num(ho['median_ape_heldout']))}, max "
+                         f"{percent_dash(_num(ho['max_ape_heldout']))}, top-1 layout agreement "
+                         f"{percent_dash(_num(ho['top1_agreement']))} over {ho['ranking_groups']} groups")
         lines.append(f"fitted profile: {summary['fitted_yaml']}")
     lines.append(f"report: {summary['report']}")
     for err in summary.get("errors", []):
@@ -87,16 +87,6 @@ def format_sweep_summary(summary: dict) -> str:
 
 def _num(value) -> float:
     return math.nan if value is None else float(value)
-
-
-def _percent(value) -> str:
-    return percent(value, missing="—")
-
-
-def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "—"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def end_of_sweep_analysis(result) -> dict | None:

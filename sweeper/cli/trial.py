@@ -18,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+from sweeper.formatting import fixed_bytes, jsonable
 from workloads.config import ConfigError
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -78,21 +79,10 @@ def trial(args) -> int:
 
     m = run_trial(config, verify=args.verify)
     if args.json:
-        print(json.dumps(_jsonable(m.to_dict()), indent=2))
+        print(json.dumps(jsonable(m.to_dict()), indent=2))
     else:
         print(format_measurement(config.resolved(), m))
     return 0
-
-
-def _jsonable(obj):
-    """NaN/inf are not JSON: write them as null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
 
 
 def _seconds(v: float) -> str:
@@ -101,13 +91,7 @@ def _seconds(v: float) -> str:
     return f"{v * 1e3:.3f} ms" if v < 1 else f"{v:.3f} s"
 
 
-def _bytes(v: float) -> str:
-    if not math.isfinite(v):
-        return "-"
-    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if v >= scale:
-            return f"{v / scale:.2f} {unit}"
-    return f"{v:.0f} B"
+_bytes = fixed_bytes
 
 
 def _pct(v: float) -> str:

@@ -35,7 +35,6 @@ A sampled point becomes a `TrialConfig`; a point that cannot run for its shape r
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import inspect
 import math
@@ -51,6 +50,7 @@ from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseL
                                validate_layouts)
 from workloads.metrics import METRIC_NAMES, Measurement
 from workloads.trial import TrialConfig, flat_params_of, parse_phase_layout
+from workloads.validate import check_keys as _check_keys, one_of
 
 # What can be searched, and which of those are integers.
 # `ffn` / `attn` set the layout of both phases at once (e.g. Figure 6 compares ws1d and ws2d
@@ -89,11 +89,7 @@ DEFAULT_OBJECTIVES = (("decode_step_s", "minimize"), ("decode_cost_chip_s_per_to
 
 def _one_of(field: str, value: Any, choices, source: str | None, what: str = "one of") -> Any:
     """value if it is one of choices, else a ConfigError with a 'did you mean'."""
-    if value in choices:
-        return value
-    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError(field, value, f"{what} {list(choices)}{hint}", source)
+    return one_of(field, value, choices, source, what, suggest=True)
 
 
 def _int(value: Any, field: str, source: str | None, minimum: int = 1) -> int:
@@ -196,15 +192,6 @@ def _param_value(name: str, value: Any, field: str, source: str | None):
         x, y, z = parse_topology(value, None, field, source)
         return f"{x}x{y}x{z}"   # Optuna choices must be scalars
     raise AssertionError(name)
-
-
-def _check_keys(mapping: Mapping, allowed, source: str | None, prefix: str = "") -> None:
-    for key in mapping:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), list(allowed), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{prefix}{key}", mapping[key],
-                              f"one of the known fields {sorted(allowed)}{hint}", source)
 
 
 @dataclass(frozen=True)
