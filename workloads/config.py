@@ -83,6 +83,13 @@ def _positive_int(mapping: Mapping, key: str, where: str | None, prefix: str = "
     return positive_int(f"{prefix}{key}", mapping[key], where)
 
 
+def _check_fields(cls, data: Any, kind: str, source: str | None, prefix: str) -> None:
+    """`data` is a mapping whose keys are fields of the dataclass `cls`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix.rstrip(".") or kind, data, f"a mapping of {kind} fields", source)
+    check_keys(data, [f.name for f in dataclasses.fields(cls)], source, prefix)
+
+
 def _choice(mapping: Mapping, key: str, choices: tuple, where: str | None, prefix: str = ""):
     return one_of(f"{prefix}{key}", mapping[key], choices, where)
 
@@ -124,10 +131,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "ModelConfig":
-        if not isinstance(data, Mapping):
-            raise ConfigError(prefix.rstrip(".") or "model", data, "a mapping of model fields", source)
-        fields = [f.name for f in dataclasses.fields(cls)]
-        check_keys(data, fields, source, prefix)
+        _check_fields(cls, data, "model", source, prefix)
         required = ["d_model", "d_ff", "n_layers", "n_heads", "d_head", "vocab"]
         for key in required:
             if key not in data:
@@ -219,10 +223,7 @@ class HardwareProfile:
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "HardwareProfile":
-        if not isinstance(data, Mapping):
-            raise ConfigError(prefix.rstrip(".") or "hardware", data, "a mapping of hardware fields", source)
-        fields = [f.name for f in dataclasses.fields(cls)]
-        check_keys(data, fields, source, prefix)
+        _check_fields(cls, data, "hardware", source, prefix)
         values: dict[str, Any] = {}
         for key in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "ici_bandwidth"):
             if key not in data:

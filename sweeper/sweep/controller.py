@@ -65,7 +65,7 @@ from sweeper import paths
 from sweeper.sweep.progress import ProgressLine
 from sweeper.sweep.space import SearchSpace, load_space
 from sweeper.tracking.link import TrackingLink
-from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost
+from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost, WorkerPool
 from sweeper.formatting import one_line
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,38 @@ class _InFlight:
     attempt: int = 0
     placement: dict | None = None        # where the current attempt's worker runs
     lost: list[dict] = field(default_factory=list)   # earlier attempts whose worker died
+
+
+@dataclass
+class TrialRecord:
+    """What the controller stores on a trial it ends (its Optuna user attrs; MLflow logs the
+    same through sweeper/tracking/mlflow_log.trial_run_fields)."""
+
+    flat_params: dict[str, Any]          # TrialConfig.FLAT_PARAMS
+    source: str                          # measured | analytical
+    hardware: str                        # the sweep's hardware label
+    prediction: dict[str, float]         # the cost model's metrics (per-chip profile)
+    measurement: dict[str, float]        # what the worker reported ({} if it did not run)
+    outcome: str                         # COMPLETE | PRUNED | FAIL: stored last
+    device: str | None = None            # what the engine reported it ran on
+    config: dict | None = None           # TrialConfig.to_dict()
+    reason: str | None = None            # why PRUNED / FAIL
+    worker: dict | None = None           # placement of the worker that ran it
+    interrupted: bool = False            # Ctrl-C / lost controller: run again on --resume
+    constraints: dict[str, float] | None = None   # COMPLETE: each constraint's value (<= 0 met)
+    feasible: bool | None = None         # COMPLETE: every constraint met
+
+    def user_attrs(self) -> dict[str, Any]:
+        """The attrs to store, `outcome` last: with it stored, `--resume` tells the trial."""
+        attrs: dict[str, Any] = {"flat_params": self.flat_params, "source": self.source,
+                                 "hardware": self.hardware, "prediction": self.prediction,
+                                 "measurement": self.measurement}
+        optional = {"device": self.device, "config": self.config, "reason": self.reason,
+                    "worker": self.worker, "interrupted": self.interrupted or None,
+                    "constraints": self.constraints, "feasible": self.feasible}
+        attrs.update({k: v for k, v in optional.items() if v is not None})
+        attrs["outcome"] = self.outcome
+        return attrs
 
 
 def _positive(value: Any, name: str) -> int:
@@ -238,7 +270,7 @@ class Controller:
         self.interrupted = 0
         self.retry_params: list[tuple[int, dict]] = []   # interrupted trials to run again
         self._ray_started = False
-        self.pool = None
+        self.pool: WorkerPool | None = None
         self.study = None
         self.lease: dict | None = None
         self.tracking: TrackingLink | None = None
@@ -295,7 +327,7 @@ class Controller:
                 study.set_user_attr(key, value)
         return study
 
-    def _start_pool(self):
+    def _start_pool(self) -> WorkerPool:
         hw = self.space.hardware
         if hw.kind == "analytical":
             return LocalPool(self.parallel)
@@ -623,31 +655,21 @@ class Controller:
         """
         # One hardware label per sweep (host, devices:<profile>, analytical:<profile>); what the
         # engine reported (e.g. the accelerator's device kind) is kept as `device`.
-        hardware = self.space.hardware.label
-        attrs: dict[str, Any] = {"flat_params": flat, "source": self.source, "hardware": hardware,
-                                 "prediction": prediction, "measurement": metrics or {}}
-        if measurement_obj is not None:
-            attrs["device"] = measurement_obj.hardware
-        if config is not None:
-            attrs["config"] = config.to_dict()
-        if reason:
-            attrs["reason"] = reason
-        if worker:
-            attrs["worker"] = worker
-        if interrupted:
-            attrs["interrupted"] = True
+        record = TrialRecord(
+            flat_params=flat, source=self.source, hardware=self.space.hardware.label,
+            prediction=prediction, measurement=metrics or {}, outcome=state.name,
+            device=measurement_obj.hardware if measurement_obj is not None else None,
+            config=config.to_dict() if config is not None else None, reason=reason or None,
+            worker=worker or None, interrupted=interrupted)
         values = None
         feasible = True
         if state.name == "COMPLETE":
-            constraint_values = {c.text: c.value(metrics) for c in self.space.constraints}
-            feasible = all(v <= 0 for v in constraint_values.values())
-            attrs["constraints"] = constraint_values
-            attrs["feasible"] = feasible
-            for i, value in enumerate(constraint_values.values()):
+            record.constraints = {c.text: c.value(metrics) for c in self.space.constraints}
+            feasible = record.feasible = all(v <= 0 for v in record.constraints.values())
+            for i, value in enumerate(record.constraints.values()):
                 trial.set_constraint(str(i), value)
             values = [metrics[m] for m in self.space.metric_names]
-        attrs["outcome"] = state.name
-        for key, value in attrs.items():
+        for key, value in record.user_attrs().items():
             trial.set_user_attr(key, value)
         run_id = self.tracking.log_trial(trial, state.name) if self.tracking else None
         if run_id:

@@ -42,7 +42,7 @@ import time
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sweeper.formatting import one_line
 from workloads.config import ConfigError, HardwareProfile
@@ -202,6 +202,44 @@ class _Handle:
     ref: Any = None                 # Ray ObjectRef (RayPool) or the finished result (LocalPool)
     error: BaseException | None = None
     where: Any = None               # ObjectRef of the actor's `where()` (RayPool)
+
+
+class WorkerPool(Protocol):
+    """What the controller needs of a pool of trial workers (RayPool, LocalPool).
+
+    A pool has `parallel` slots; each slot runs one trial at a time. `slot_cores[slot]` are the
+    host cores a slot's worker is pinned to (empty when not pinned) out of `total_cores`.
+    """
+
+    local: bool                     # True: trials run in this process (the cost model)
+    shares_cores: bool              # more slots than cores: timings disturb each other
+    total_cores: int
+    slot_cores: list[list[int]]
+
+    def warm_slot(self, slot: int, chips: int) -> bool:
+        """The slot's worker already has a mesh of `chips` devices (compiled programs cached)."""
+
+    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
+               number: int | None = None) -> _Handle:
+        """Start one trial on the slot's worker; its result comes from `outcome`."""
+
+    def placement(self, handle: _Handle, timeout: float = 0.0) -> dict | None:
+        """Where the trial's worker runs (node, pid, cores), None if not known yet."""
+
+    def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
+        """The handles whose trial has finished, waiting at most `timeout` seconds."""
+
+    def outcome(self, handle: _Handle) -> Outcome:
+        """The finished trial's result; raises TrialError, or WorkerLost if the worker died."""
+
+    def discard(self, handle: _Handle) -> None:
+        """Give up on a trial (timed out): its worker is stopped."""
+
+    def workers(self) -> list[dict]:
+        """Each live worker's placement."""
+
+    def close(self) -> None:
+        """Stop every worker."""
 
 
 class RayPool:
