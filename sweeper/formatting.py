@@ -7,9 +7,8 @@ issues and READMEs. `--json` output never goes through here.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Iterable, Mapping, Sequence
-
-import numpy as np
 
 _DECIMAL = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
 _BINARY = [(2**50, "Pi"), (2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")]
@@ -150,16 +149,17 @@ def one_line(err: BaseException) -> str:
 
 
 def jsonable(obj: Any) -> Any:
-    """Plain JSON values: NaN/inf become null, numpy scalars become Python numbers."""
+    """Plain JSON values: NaN/inf become null, numpy scalars become Python numbers
+    (numpy registers its scalar types with the `numbers` ABCs: no numpy import here)."""
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [jsonable(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        return None if not math.isfinite(float(obj)) else float(obj)
-    if isinstance(obj, np.integer):
+    if isinstance(obj, bool) or not isinstance(obj, numbers.Real):
+        return obj
+    if isinstance(obj, numbers.Integral):
         return int(obj)
-    return obj
+    return None if not math.isfinite(float(obj)) else float(obj)
 
 
 def percent_dash(value: Any) -> str:

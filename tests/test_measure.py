@@ -1,4 +1,4 @@
-"""run_trial on a tiny model: finite metrics that mean what DESIGN.md says, the compile
+"""run_trial on a tiny model: finite metrics that mean what docs/architecture.md says, the compile
 cache, verification against the reference, and the cached host profile."""
 
 import dataclasses

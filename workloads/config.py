@@ -196,7 +196,7 @@ class HardwareProfile:
     hbm_bandwidth: float       # bytes/s per chip
     hbm_bytes: float           # bytes per chip
     ici_bandwidth: float       # interconnect bytes/s per chip
-    # Calibration constants (sweeper/calibrate.py fits them; defaults = the paper's ideal model).
+    # Calibration constants (sweeper/analysis/calibrate.py fits them; defaults = the paper's ideal model).
     collective_latency_s: float = 0.0   # fixed cost per collective op
     op_overhead_s: float = 0.0          # fixed cost per layer-phase (dispatch, small ops)
     overlap: float = 0.0                # 0 = additive times, 1 = max(compute, memory, comm)

@@ -1,6 +1,6 @@
 """The `host` hardware profile: this machine's peak numbers, measured once and cached.
 
-An emulated mesh (n virtual XLA CPU devices, DESIGN.md "Emulated mesh") runs on this
+An emulated mesh (n virtual XLA CPU devices, docs/architecture.md "Emulated mesh") runs on this
 host's cores, so its MFU must be a fraction of *this host's* measured peak, never a
 TPU's. A peak that reads low makes MFU exceed 100% (an early version measured one plain
 bf16 2048 matmul under load and the quickstart showed 229%), so the peak is built to be

@@ -1,6 +1,6 @@
 """Run one trial on a mesh and measure it: `run_trial(config) -> Measurement`.
 
-What is measured (DESIGN.md "Metrics"; paper §4 for MFU and chip-seconds per token):
+What is measured (docs/architecture.md "Metrics"; paper §4 for MFU and chip-seconds per token):
 
 - compile once (`compile_s`, never part of a latency); the compiled programs are kept in
   an `engine_cache` dict the caller owns, keyed by the trial's shape and layouts, so a

@@ -1,6 +1,6 @@
 """Fit the cost model's hardware constants to measured trials; report held-out error.
 
-What is fitted (DESIGN.md "The analytical cost model"): only `HardwareProfile` constants,
+What is fitted (docs/architecture.md "The analytical cost model"): only `HardwareProfile` constants,
 never the formulas of `workloads/costmodel.py`:
 
   peak_flops      effective FLOP/s          compute_s = FLOPs / (n * peak_flops)

@@ -11,6 +11,10 @@ import sys
 from importlib import metadata
 from typing import Callable
 
+from sweeper.cli import analytical   # pure Python: no JAX import on this path
+from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a sweep starts
+from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
+from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
 from workloads.config import ConfigError
 
 
@@ -24,16 +28,12 @@ class _Parser(argparse.ArgumentParser):
 # ----------------------------------------------------------------- analytical (cost model)
 def _add_analytical_commands(sub) -> None:
     """max-context, predict, recommend: the paper's analytical model (workloads/costmodel.py)."""
-    from sweeper.cli import analytical   # pure Python: no JAX import on this path
-
     analytical.add_parsers(sub)
 
 
 # ----------------------------------------------------------------- engine
 def _add_engine_commands(sub) -> None:
     """trial, host-profile: the sharded JAX engine (workloads/engine.py, workloads/measure.py)."""
-    from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
-
     p = sub.add_parser("trial", help="run one trial on an emulated mesh (or real devices) and "
                        "print its Measurement")
     p.add_argument("--config", required=True, metavar="TRIAL.yaml",
@@ -54,16 +54,12 @@ def _add_engine_commands(sub) -> None:
 # ----------------------------------------------------------------- sweeps
 def _add_sweep_commands(sub) -> None:
     """run, ui, sync: Optuna controller over Ray workers, MLflow tracking (sweeper/sweep/controller.py)."""
-    from sweeper.cli import run as run_cmd
-
     p = sub.add_parser("run", help="run a sweep from a search-space YAML")
     run_cmd.add_run_arguments(p)
     p.set_defaults(handler=run_cmd.cmd_run)
     p = sub.add_parser("ui", help="open the MLflow UI on the sweeps' tracking store")
     run_cmd.add_ui_arguments(p)
     p.set_defaults(handler=run_cmd.cmd_ui)
-
-    from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
 
     p = sub.add_parser("sync", help="log a study's trials that MLflow missed (tracking server "
                        "down) and remove duplicate runs; finish its parent run")

@@ -1,4 +1,4 @@
-"""`sweeper run` and `sweeper ui`: the command-line side of sweeps (parsing lives in cli.py)."""
+"""`sweeper run` and `sweeper ui`: the command-line side of sweeps (the parser is in sweeper/cli/__init__.py)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ worker died), `constraints`, `mlflow_run_id`, `outcome` (the state being recorde
 $SWEEPER_HOME by default), so `--resume` continues a study and Optuna's own tools
 (optuna-dashboard, `optuna.load_study`) read it.
 
-What happens when things fail (notes/reliability.md; each case has a test that injects it):
+What happens when things fail (docs/architecture.md "Reliability"; each case has a test that injects it):
 
 - A trial raises: FAIL with `Type: message` as its reason; the sweep goes on.
 - Its worker process dies (crash, OOM, kill -9, node lost): the trial runs again on a
