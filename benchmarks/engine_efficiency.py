@@ -411,7 +411,7 @@ def markdown(r: dict) -> str:
                      f"({d1['matvec_bandwidth'] / 1e9:.1f} GB/s): XLA CPU's bf16 x bf16 -> f32 dot with "
                      "ONE row takes a slow path; the same matmuls with 2 rows take "
                      f"{common.ms(two)}" + (f" ({d1['matvec_only_s'] / two:.1f}x faster)" if two else "")
-                     + ": padding a 1-row matmul to 2 rows is the engine fix (docs/architecture.md "Performance notes");")
+                     + ": padding a 1-row matmul to 2 rows is the engine fix (docs/architecture.md, Performance notes);")
     for batch, d in sorted(decode1.items()):
         if batch > 1 and d.get("matvec_only_s"):
             lines.append(f"- batch {batch}: the weight matmuls alone take {common.ms(d['matvec_only_s'])}, "

@@ -205,11 +205,12 @@ def fitted_host_profile(study: str, storage: str, path: Path) -> Path:
     """Fit the host profile to another study's measurements (`sweeper fit`'s fit, no
     hold-outs) and write it as a hardware YAML for `sampler.options.hardware`."""
     from sweeper.analysis import calibrate as cal
+    from sweeper.analysis import fit as calfit
 
     data = cal.load_study_data(study, storage)
     base = cal.study_base_profile(data.attrs)
-    points = cal.points_from_frame(data.frame, base, data.configs)
-    fit = cal.fit_profile(points, base, cal.default_space(points), "linear", name="host-fitted")
+    points = calfit.points_from_frame(data.frame, base, data.configs)
+    fit = calfit.fit_profile(points, base, calfit.default_space(points), "linear", name="host-fitted")
     return cal.write_profile(fit.profile, path, note=f"fitted to study {study} by benchmarks.search_efficiency")
 
 

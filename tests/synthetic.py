@@ -12,7 +12,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from sweeper.analysis.calibrate import phase_arguments
+from sweeper.analysis.fit import phase_arguments
 from sweeper.tracking import results
 from workloads import costmodel
 from workloads.config import HardwareProfile

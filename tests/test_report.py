@@ -8,10 +8,11 @@ import re
 
 import pytest
 
-from sweeper.analysis import calibrate as cal
+from sweeper.analysis import fit as calfit
+from sweeper.analysis import holdout as calho
+from sweeper.analysis import report
 from sweeper.cli.run import format_sweep_summary
 from synthetic import synthetic_trials
-from sweeper.analysis import report
 
 from test_calibrate import START, TRUTH, grid, store_measured_study
 
@@ -45,8 +46,8 @@ def images(html: str) -> dict[str, bytes]:
 def synthetic_calibrated():
     configs = grid(chips=(2, 4, 8), batches=(4, 16))
     frame = synthetic_trials(configs, TRUTH, START, noise=0.02, seed=2)
-    points = cal.points_from_frame(frame, START)
-    return frame, cal.calibrate(points, START, cal.HOLDOUTS, "synthetic")
+    points = calfit.points_from_frame(frame, START)
+    return frame, calho.calibrate(points, START, calho.HOLDOUTS, "synthetic")
 
 
 def test_report_contains_every_figure_and_table(synthetic_calibrated):
@@ -177,7 +178,7 @@ def test_fit_pareto_report_on_a_real_host_sweep(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
     space = Path(__file__).resolve().parents[1] / "search_spaces" / "quickstart.yaml"
     result = run_sweep(str(space), trials=8, parallel=1, study_name="qs", progress=False)
-    assert result.counts["complete"] >= cal.MIN_TRIALS
+    assert result.counts["complete"] >= calho.MIN_TRIALS
     capsys.readouterr()
     assert main(["fit", "--study", "qs", "--holdout", "all", "--json"]) == 0
     fit = json.loads(capsys.readouterr().out)

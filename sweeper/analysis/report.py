@@ -25,6 +25,8 @@ from typing import Any
 import pandas as pd
 
 from sweeper.analysis import calibrate as cal
+from sweeper.analysis import holdout
+from sweeper.analysis.fit import CalibrationError
 from sweeper.analysis import pareto
 from sweeper.analysis import plots
 from sweeper.formatting import jsonable, percent_dash, short_number
@@ -88,7 +90,7 @@ def _model_pick(held: pd.DataFrame, phase: str, chips, batch) -> tuple[str, set[
         sel = sel.assign(tie_s=sel["predicted_s"])
     per = sel.groupby("key").agg(predicted_s=("predicted_s", "median"), tie_s=("tie_s", "median"))
     pick = per["predicted_s"].idxmin()
-    tied = set(per.index[abs(per["tie_s"] / per.loc[pick, "tie_s"] - 1) <= cal.PREDICTED_TIE])
+    tied = set(per.index[abs(per["tie_s"] / per.loc[pick, "tie_s"] - 1) <= holdout.PREDICTED_TIE])
     return pick, tied
 
 
@@ -137,7 +139,7 @@ def _varying(table: pd.DataFrame, keep: tuple[str, ...]) -> pd.DataFrame:
     return table[cols]
 
 
-def _fit_context(result: cal.Calibration) -> dict[str, Any]:
+def _fit_context(result: holdout.Calibration) -> dict[str, Any]:
     schemes = []
     for name, ho in result.holdouts.items():
         tau = f"{ho.kendall_tau:.2f}" if math.isfinite(ho.kendall_tau) else "—"
@@ -158,15 +160,15 @@ def _fit_context(result: cal.Calibration) -> dict[str, Any]:
     for kind, value in (getattr(result.fitted, "collective_latency_s_by_kind", {}) or {}).items():
         constants.append((f"collective latency [{kind}] (s)", "0", _fmt(float(value))))
     table = _table(errors)
-    return {"holdout_desc": "; ".join(cal.HOLDOUT_TEXT[n] for n in result.holdouts),
+    return {"holdout_desc": "; ".join(holdout.HOLDOUT_TEXT[n] for n in result.holdouts),
             "n_points": len(result.points), "n_trials": len({p.trial for p in result.points}),
-            "schemes": schemes, "table_scheme": cal.HOLDOUT_TEXT[result.headline],
+            "schemes": schemes, "table_scheme": holdout.HOLDOUT_TEXT[result.headline],
             "error_columns": table["columns"], "error_rows": table["rows"],
             "constants": constants}
 
 
 def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
-           calibration: cal.Calibration | None, fit_error: str | None,
+           calibration: holdout.Calibration | None, fit_error: str | None,
            parent_run_id: str | None = None) -> tuple[str, dict[str, bytes]]:
     """The HTML text and the PNG bytes of every figure."""
     import jinja2
@@ -180,7 +182,7 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
             "mfu": plots.png_bytes(plots.mfu_figure(df, label)),
             "latency": plots.png_bytes(plots.latency_figure(df, label))}
     if calibration is not None:
-        title = (f"held-out predictions ({cal.HOLDOUT_TEXT[calibration.headline]}): analytical, "
+        title = (f"held-out predictions ({holdout.HOLDOUT_TEXT[calibration.headline]}): analytical, "
                  f"fitted, against {label}; MAPE {percent_dash(calibration.main.mape)}")
         pngs["predicted"] = plots.png_bytes(plots.predicted_vs_measured_figure(
             calibration.main.points, title))
@@ -219,13 +221,13 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
 class Report:
     path: Path
     figures: dict[str, Path]
-    calibration: cal.Calibration | None
+    calibration: holdout.Calibration | None
     fit_error: str | None
     logged: bool = False
     files: dict[str, str] = field(default_factory=dict)
 
 
-def write_report(data: cal.StudyData, out_dir: str | Path, calibration: cal.Calibration | None = None,
+def write_report(data: cal.StudyData, out_dir: str | Path, calibration: holdout.Calibration | None = None,
                  fit_error: str | None = None) -> Report:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -240,11 +242,11 @@ def write_report(data: cal.StudyData, out_dir: str | Path, calibration: cal.Cali
     return Report(path, figures, calibration, fit_error)
 
 
-def try_calibrate(data: cal.StudyData) -> tuple[cal.Calibration | None, str | None]:
+def try_calibrate(data: cal.StudyData) -> tuple[holdout.Calibration | None, str | None]:
     """All three hold-out schemes; a study that cannot be fitted gives the reason instead."""
     try:
-        return cal.calibrate_study(data, cal.HOLDOUTS), None
-    except cal.CalibrationError as err:
+        return cal.calibrate_study(data, holdout.HOLDOUTS), None
+    except CalibrationError as err:
         return None, str(err)
 
 

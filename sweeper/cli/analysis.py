@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from sweeper.analysis import calibrate as cal
+from sweeper.analysis import holdout
 from sweeper.analysis import pareto, plots
 from sweeper.analysis import report as report_mod
 from sweeper.cli.output import print_json
@@ -22,7 +23,7 @@ from workloads.hardware import load_hardware
 # ----------------------------------------------------------------------------- fit
 
 
-def format_calibration(result: cal.Calibration) -> str:
+def format_calibration(result: holdout.Calibration) -> str:
     lines = [f"study {result.study}: {len(result.points)} measured points "
              f"({len({p.trial for p in result.points})} trials x prefill, decode)",
              f"fitted constants (start -> fitted), profile {result.fitted.name}:"]
@@ -58,7 +59,7 @@ def format_calibration(result: cal.Calibration) -> str:
 
 def run_fit(args) -> int:
     """`sweeper fit`: fit, evaluate on held-out points, write the YAML, log to MLflow."""
-    schemes = cal.HOLDOUTS if args.holdout == "all" else (args.holdout,)
+    schemes = holdout.HOLDOUTS if args.holdout == "all" else (args.holdout,)
     data = cal.load_study_data(args.study, args.storage)
     base = load_hardware(args.hardware, field="--hardware") if args.hardware else None
     result = cal.calibrate_study(data, schemes, base, args.loss)
