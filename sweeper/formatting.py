@@ -48,16 +48,6 @@ def human_seconds(value: Any, digits: int = 3) -> str:
     return f"{value / 3600:.{digits}g} h"
 
 
-def human_count(value: Any, digits: int = 3, unit: str = "") -> str:
-    """540e9 -> '540 G'; with unit='FLOP/s': '275 TFLOP/s'."""
-    if not _finite(value):
-        return "-"
-    for scale, prefix in _DECIMAL:
-        if abs(value) >= scale:
-            return f"{value / scale:.{digits}g} {prefix}{unit}".rstrip()
-    return f"{value:.{digits}g} {unit}".rstrip()
-
-
 def percent(value: Any, digits: int = 1, missing: str = "-") -> str:
     return f"{value * 100:.{digits}f}%" if _finite(value) else missing
 

@@ -54,10 +54,6 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(where, problem, "valid YAML", source=str(path)) from None
 
 
-def loads_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)
-
-
 _UNIT_PREFIX = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
                 "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 _QUANTITY = re.compile(

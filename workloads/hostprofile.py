@@ -112,11 +112,6 @@ def matmul_rates(tries: int = TRIES) -> dict[str, float]:
     return {f"{dtype}->{acc} {n}": matmul_flops_per_s(n, dtype, acc, tries) for n, dtype, acc in MATMULS}
 
 
-def measure_peak_flops() -> float:
-    """The best matmul FLOP/s this process reaches on the cores it may use."""
-    return max(matmul_rates().values())
-
-
 def measure_memory_bandwidth(nbytes: int = REDUCE_BYTES) -> float:
     """Bytes read per second by a jitted reduction over a large array."""
     import jax
