@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
                               read_yaml)
+from workloads.costmodel import best_topology
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout,
                                validate_layouts)
 
@@ -50,8 +51,6 @@ class TrialConfig:
     def mesh_shape(self) -> tuple[int, int, int]:
         if self.topology is not None:
             return self.topology
-        from workloads.costmodel import best_topology  # pure Python
-
         return best_topology(self.model, self.chips)
 
     def resolved(self) -> "TrialConfig":

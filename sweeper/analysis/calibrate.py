@@ -14,9 +14,12 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from sweeper.analysis import plots
 from sweeper.analysis.fit import CalibrationError, points_from_frame
 from sweeper.analysis.holdout import HOLDOUT_TEXT, Calibration, calibrate
 from sweeper.formatting import jsonable, percent_dash
+from sweeper.paths import default_storage
+from sweeper.tracking import results
 from workloads.config import HardwareProfile
 from workloads.hardware import load_hardware
 
@@ -64,9 +67,6 @@ class StudyData:
 
 
 def load_study_data(study_name: str, storage: str | None = None) -> StudyData:
-    from sweeper.tracking import results
-    from sweeper.paths import default_storage
-
     storage = storage or default_storage(create=False)
     frame = results.load_trials(study_name, storage)
     study = results.load_study(study_name, storage)
@@ -109,8 +109,6 @@ def write_profile(profile: HardwareProfile, path: str | Path, note: str | None =
 
 def write_outputs(result: Calibration, out_dir: str | Path, fitted_yaml: str | Path | None = None) -> dict[str, str]:
     """errors.csv / errors.json / heldout_points.csv / predicted_vs_measured.png / fitted YAML."""
-    from sweeper.analysis import plots
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}

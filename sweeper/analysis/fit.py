@@ -41,6 +41,7 @@ import pandas as pd
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, load_model
 from workloads.layouts import COLLECTIVE_KINDS, PHASES, PhaseLayout, stores_1d
+from workloads.layouts import Collective
 from workloads.trial import DEFAULTS as TRIAL_DEFAULTS, TrialConfig
 
 PHASE_METRIC = {"prefill": "prefill_s", "decode": "decode_step_s"}
@@ -170,8 +171,6 @@ def by_kind_supported() -> bool:
     latency the model ignored would be a constant that changes nothing.)"""
     if not any(f.name == "collective_latency_s_by_kind" for f in dataclasses.fields(HardwareProfile)):
         return False
-    from workloads.layouts import Collective
-
     probe = dataclasses.replace(_UNIT, collective_latency_s_by_kind={"all-gather": 1.0})
     ops = [Collective("all-gather", ("x",), 1, 2, 3, "probe")]
     return costmodel.comm_time_s(ops, probe) > costmodel.comm_time_s(ops, _UNIT)

@@ -26,6 +26,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from sweeper.paths import default_storage, default_tracking_uri
+from sweeper.tracking import results
+from sweeper.tracking.mlflow_log import KIND_TAG, SWEEP_KIND
 from workloads.config import ConfigError
 
 PHASES = ("prefill", "decode")
@@ -215,8 +218,6 @@ def mlflow_parent_run(study_name: str, tracking_uri: str) -> str:
     """The parent run of the sweep whose tag `study` is this name (newest if several)."""
     from mlflow.tracking import MlflowClient
 
-    from sweeper.tracking.mlflow_log import KIND_TAG, SWEEP_KIND
-
     client = MlflowClient(tracking_uri=tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, filter_string=f"tags.study = '{study_name}' and "
@@ -230,9 +231,6 @@ def mlflow_parent_run(study_name: str, tracking_uri: str) -> str:
 def load_points(study_name: str, source: str = "optuna", storage: str | None = None,
                 tracking_uri: str | None = None) -> pd.DataFrame:
     """A study's trials from Optuna storage or from its MLflow runs (same columns)."""
-    from sweeper.tracking import results
-    from sweeper.paths import default_storage, default_tracking_uri
-
     if source == "optuna":
         return results.load_trials(study_name, storage or default_storage(create=False))
     if source == "mlflow":

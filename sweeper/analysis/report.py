@@ -26,10 +26,11 @@ import pandas as pd
 
 from sweeper.analysis import calibrate as cal
 from sweeper.analysis import holdout
-from sweeper.analysis.fit import CalibrationError
 from sweeper.analysis import pareto
 from sweeper.analysis import plots
+from sweeper.analysis.fit import CalibrationError
 from sweeper.formatting import jsonable, percent_dash, short_number
+from sweeper.paths import sweeper_home
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"   # sweeper/dashboards: package data
 TEMPLATE = "report.html.j2"
@@ -271,8 +272,6 @@ def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | 
     writes the fitted profile and the report under `out_dir` (default
     $SWEEPER_HOME/reports/<study>) and logs both to the sweep's MLflow parent run.
     """
-    from sweeper.paths import sweeper_home
-
     data = cal.load_study_data(study, storage)
     if tracking_uri and not data.attrs.get("tracking_uri"):
         data.attrs["tracking_uri"] = tracking_uri

@@ -17,8 +17,8 @@ from sweeper.formatting import format_fields, format_table, human_bytes, human_s
 from workloads import costmodel
 from workloads.config import ConfigError, load_model, parse_topology
 from workloads.hardware import load_hardware
-from workloads.validate import one_of
 from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout
+from workloads.validate import one_of
 
 HEADER = "analytical prediction (Pope et al. 2022 cost model from peak hardware numbers; not a measurement)"
 

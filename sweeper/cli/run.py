@@ -7,12 +7,11 @@ import math
 import os
 import sys
 
-from workloads.config import ConfigError
-
 from sweeper import paths
 from sweeper.cli.output import print_json
-from sweeper.sweep.space import load_space
 from sweeper.formatting import metric_text, one_line, percent_dash, short_number
+from sweeper.sweep.space import load_space
+from workloads.config import ConfigError
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

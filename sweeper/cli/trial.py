@@ -19,7 +19,10 @@ import sys
 from pathlib import Path
 
 from sweeper.formatting import fixed_bytes, jsonable
+from workloads import hostprofile
 from workloads.config import ConfigError
+from workloads.measure import run_trial
+from workloads.trial import TrialConfig
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 REEXEC_ENV = "SWEEPER_TRIAL_REEXEC"
@@ -71,12 +74,8 @@ def _trial_argv(args) -> list[str]:
 
 
 def trial(args) -> int:
-    from workloads.trial import TrialConfig
-
     config = TrialConfig.from_yaml(args.config)       # ConfigError -> exit 2, before JAX
     ensure_devices(config.chips, _trial_argv(args))
-    from workloads.measure import run_trial
-
     m = run_trial(config, verify=args.verify)
     if args.json:
         print(json.dumps(jsonable(m.to_dict()), indent=2))
@@ -143,8 +142,6 @@ def format_measurement(config, m) -> str:
 
 
 def host_profile(args) -> int:
-    from workloads import hostprofile
-
     profile = hostprofile.host_profile(refresh=args.refresh)
     entry = hostprofile.cached_entry() or {}
     out = {"profile": profile.to_dict(), "notes": entry.get("notes", {}),

@@ -54,19 +54,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sweeper import paths
+from sweeper.analysis.pareto import pareto_front
+from sweeper.formatting import one_line
+from sweeper.sweep import lease
+from sweeper.sweep.progress import ProgressLine
+from sweeper.sweep.space import SearchSpace, load_space
+from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost, WorkerPool
+from sweeper.tracking.link import TrackingLink
+from sweeper.tracking.mlflow_log import experiment_name
+from sweeper.tracking.study import mlflow_run_ids, study_counts
 from workloads.config import ConfigError, HardwareProfile
+from workloads.costmodel import feasibility, predict
 from workloads.hardware import chip_share, per_chip, worker_share
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
-
-from sweeper.sweep import lease
-
-from sweeper import paths
-from sweeper.sweep.progress import ProgressLine
-from sweeper.sweep.space import SearchSpace, load_space
-from sweeper.tracking.link import TrackingLink
-from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost, WorkerPool
-from sweeper.formatting import one_line
 
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted: the controller stopped before this trial finished"
@@ -249,8 +251,6 @@ class Controller:
     def __init__(self, space: SearchSpace, *, storage: str, tracking_uri: str, study_name: str,
                  resume: bool, trials: int, parallel: int, address: str | None, progress: bool,
                  on_trial: Callable[[dict], None] | None = None, generated_name: bool = False):
-        from sweeper.tracking.mlflow_log import experiment_name
-
         self.space = space
         self.storage = storage
         self.tracking_uri = tracking_uri
@@ -482,8 +482,6 @@ class Controller:
                         ray.shutdown()
 
     def _study_counts(self) -> dict[str, int]:
-        from sweeper.tracking.study import study_counts
-
         return study_counts(self.study)
 
     def _loop(self) -> None:
@@ -560,8 +558,6 @@ class Controller:
         trial.set_user_attr("hardware_share", share)
         prediction: dict[str, float] = {}
         if chip_profile is not None:
-            from workloads.costmodel import feasibility, predict
-
             budget = self.space.memory_budget_bytes if self.space.hardware.kind == "host" else None
             try:
                 reason = feasibility(config, chip_profile, budget)
@@ -729,8 +725,6 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
     if len(metrics) == 2:
         import pandas as pd
 
-        from sweeper.analysis.pareto import pareto_front
-
         df = pd.DataFrame([{"number": t.number, **(t.user_attrs.get("flat_params") or {}),
                             metrics[0]: t.values[0], metrics[1]: t.values[1]} for t in trials])
         maximize = [o.metric for o in space.objectives if o.direction == "maximize"]
@@ -742,8 +736,6 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
         ordered = sorted((t for t in trials if t.number in best),
                          key=lambda t: t.values[0] * (1 if space.directions[0] == "minimize" else -1))
         numbers = [t.number for t in ordered]
-    from sweeper.tracking.study import mlflow_run_ids
-
     run_ids = mlflow_run_ids(study)
     by_number = {t.number: t for t in trials}
     rows, seen = [], set()

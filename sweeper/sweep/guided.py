@@ -40,6 +40,7 @@ from typing import Any
 import optuna
 from optuna.samplers import BaseSampler
 
+from workloads import costmodel
 from workloads.config import ConfigError
 from workloads.hardware import load_hardware, per_chip, worker_share
 from workloads.trial import DEFAULTS as TRIAL_DEFAULTS
@@ -185,8 +186,6 @@ def _allowed(space, phase: str, part: str) -> tuple | None:
 
 def _recommended(space, profile, values: dict, phase: str, search_topology: bool) -> dict | None:
     """recommend()'s best allowed (ffn, attn, topology) for one phase, or None."""
-    from workloads import costmodel
-
     fixed = space.fixed
     chips, batch = values.get("chips", fixed.get("chips")), values.get("batch", fixed.get("batch"))
     if chips is None or batch is None:
@@ -250,8 +249,6 @@ def non_dominated_ranks(values: list[list[float]]) -> list[int]:
 
 def seed_points(space, fronts: int = 2, max_seeds: int = 24, hardware: str | None = None) -> list[Seed]:
     """The recommended points, predicted, best fronts first (see the module docstring)."""
-    from workloads import costmodel
-
     profile = _model_profile(space, hardware)
     if profile is None or max_seeds == 0:
         return []

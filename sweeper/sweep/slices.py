@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.sweep.workers import where_am_i
 from workloads.config import ConfigError
 
 COORDINATOR_PORT = 8476       # the port JAX's own examples use for the coordinator service
@@ -105,8 +106,6 @@ class SliceHost:
         self.args: dict[str, Any] | None = None
 
     def where(self) -> dict[str, Any]:
-        from sweeper.sweep.workers import where_am_i
-
         return {**where_am_i(), "rank": self.rank}
 
     def connect(self, args: dict[str, Any], initialize: bool = True) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from typing import Any, Mapping
 
 from workloads.config import (ConfigError, HardwareProfile, ModelConfig, load_model,
                               parse_quantity, parse_topology, read_yaml)
+from workloads.costmodel import best_topology, factorizations
 from workloads.hardware import HOST, load_hardware
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout, stores_1d,
                                validate_layouts)
@@ -468,8 +469,6 @@ def auto_topology(model: ModelConfig, chips: int, prefill: PhaseLayout, decode: 
     """`topology: auto`: the cost model's best ws2d split (App. A.2.1), except when ws1d is
     mixed with another FFN layout: that needs X = 1 (layouts.py), so take the most balanced
     1 x Y x Z that the layouts accept."""
-    from workloads.costmodel import best_topology, factorizations
-
     mixed_1d = "ws1d" in (prefill.ffn, decode.ffn) and not stores_1d(prefill, decode)
     if not mixed_1d:
         return best_topology(model, chips)

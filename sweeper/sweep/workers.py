@@ -46,6 +46,8 @@ from typing import Any, Protocol
 
 from sweeper.formatting import one_line
 from workloads.config import ConfigError, HardwareProfile
+from workloads.costmodel import predict
+from workloads.measure import run_trial
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
 
@@ -172,8 +174,6 @@ class MeshWorker:
         delay = trial_delay_s(number)
         if delay:
             time.sleep(delay)       # test-only: a window to kill this worker mid-trial
-        from workloads.measure import run_trial
-
         trial = TrialConfig.from_dict(config, validate=False)
         profile = HardwareProfile.from_dict(hardware) if hardware else None
         before = set(self.engine_cache)
@@ -390,8 +390,6 @@ class LocalPool:
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
                number: int | None = None) -> _Handle:
-        from workloads.costmodel import predict
-
         delay = trial_delay_s(number)
         if delay:
             time.sleep(delay)       # test-only: stretches an analytical sweep in time

@@ -23,6 +23,8 @@ import time
 from typing import Any, Callable
 
 from sweeper.formatting import one_line
+from sweeper.tracking.mlflow_log import Tracker, trial_run_fields
+from sweeper.tracking.sync import reconcile
 
 MAX_BACKOFF_S = 60.0
 RUN_STATUS_OF = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
@@ -31,8 +33,6 @@ RUN_STATUS_OF = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 class TrackingLink:
     def __init__(self, tracking_uri: str, *, space, study, study_name: str, storage: str,
                  resumed: bool):
-        from sweeper.tracking.mlflow_log import Tracker
-
         self.tracking_uri = tracking_uri
         self.space, self.study, self.study_name, self.storage = space, study, study_name, storage
         self.resumed = resumed
@@ -72,8 +72,6 @@ class TrackingLink:
     # ------------------------------------------------------------------ trials
     def log_trial(self, trial, state: str) -> str | None:
         """The child run of a trial about to be told (from its user attrs); None if not logged."""
-        from sweeper.tracking.mlflow_log import trial_run_fields
-
         logged: list[str] = []
 
         def log() -> None:
@@ -93,8 +91,6 @@ class TrackingLink:
 
     def finish(self, status: str, counts: Callable[[], dict[str, int]]) -> bool:
         """End of the sweep: reconcile if needed, final counts and status on the parent run."""
-        from sweeper.tracking.sync import reconcile
-
         def finish() -> None:
             self._ensure_parent()
             if self.unlogged or self.resumed or self.errors or \
@@ -142,8 +138,6 @@ class TrackingLink:
         self._retry_at = time.monotonic() + self._backoff
 
     def _backfill(self) -> None:
-        from sweeper.tracking.sync import reconcile
-
         try:
             self._ensure_parent()
             reconcile(self.study, self.tracker, self.parent_run_id, self.experiment_id)
