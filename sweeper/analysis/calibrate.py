@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
+import yaml
 
 from sweeper.analysis import plots
 from sweeper.analysis.fit import CalibrationError, points_from_frame
@@ -94,8 +95,6 @@ def calibrate_study(data: StudyData, holdouts: Iterable[str] = ("kfold",),
 
 def write_profile(profile: HardwareProfile, path: str | Path, note: str | None = None) -> Path:
     """A hardware YAML that `--hardware` (HardwareProfile.from_dict) loads back."""
-    import yaml
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = profile.to_dict()
@@ -142,8 +141,8 @@ def log_to_mlflow(result: Calibration, files: Mapping[str, str]) -> bool:
     """Metrics and artifacts on the sweep's parent run; False when there is none."""
     if not (result.parent_run_id and result.tracking_uri):
         return False
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
+    from mlflow.entities import Metric   # lazy: MLflow (~1 s)
+    from mlflow.tracking import MlflowClient   # lazy: MLflow (~1 s) only when a store is read
 
     client = MlflowClient(tracking_uri=result.tracking_uri)
     now = int(time.time() * 1000)

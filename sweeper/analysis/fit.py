@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import least_squares
 
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, load_model
@@ -289,8 +290,6 @@ class Fit:
 def fit_profile(points: list[Point], base: HardwareProfile, space: ParamSpace | None = None,
                 loss: str = "linear", name: str | None = None) -> Fit:
     """Least squares on relative error over log-parameters; a few starts, the best kept."""
-    from scipy.optimize import least_squares
-
     if not points:
         raise CalibrationError("points", 0, "at least one measured point to fit")
     space = space or default_space(points)

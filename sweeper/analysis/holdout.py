@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
+from scipy.stats import kendalltau
 
 from sweeper.analysis.fit import (CalibrationError, Fit, ParamSpace, Point, default_space,
                                   fit_profile, predict_point)
@@ -190,8 +191,6 @@ def ranking_agreement(df: pd.DataFrame) -> tuple[float, float, float, int]:
     the model makes no pick there; when its pick is tied with other layouts (ws1d and ws2d
     on an X = 1 torus are the same program), the measured best being among them is
     agreement. The pick itself is the held-out prediction's."""
-    from scipy.stats import kendalltau
-
     groups = layout_rankings(df)
     if not groups:
         return math.nan, math.nan, math.nan, 0

@@ -216,7 +216,7 @@ def analyse(df: pd.DataFrame, phase: str = "decode", x: str | None = None, y: st
 
 def mlflow_parent_run(study_name: str, tracking_uri: str) -> str:
     """The parent run of the sweep whose tag `study` is this name (newest if several)."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient   # lazy: MLflow (~1 s) only when a store is read
 
     client = MlflowClient(tracking_uri=tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]

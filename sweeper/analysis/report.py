@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import jinja2
 
 from sweeper.analysis import calibrate as cal
 from sweeper.analysis import holdout
@@ -172,8 +173,6 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
            calibration: holdout.Calibration | None, fit_error: str | None,
            parent_run_id: str | None = None) -> tuple[str, dict[str, bytes]]:
     """The HTML text and the PNG bytes of every figure."""
-    import jinja2
-
     source = str(attrs.get("source") or (df["source"].dropna().iloc[0] if df["source"].notna().any()
                                           else "measured"))
     hardware = str(attrs.get("hardware") or (df["hardware"].dropna().iloc[0]
@@ -255,7 +254,7 @@ def log_report(report: Report, data: cal.StudyData) -> bool:
     """The HTML and its figures as artifacts of the sweep's parent run (`report/`)."""
     if not (data.parent_run_id and data.tracking_uri):
         return False
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient   # lazy: MLflow (~1 s) only when a store is read
 
     client = MlflowClient(tracking_uri=data.tracking_uri)
     client.log_artifact(data.parent_run_id, str(report.path), artifact_path="report")

@@ -31,7 +31,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # the controller imports Optuna, Ray and MLflow where it uses them
-    from sweeper.sweep.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep   # lazy: the controller imports pandas
 
     space = load_space(args.space)          # every input error exits 2 here, before any work
     for flag in ("trials", "parallel"):

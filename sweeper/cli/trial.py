@@ -46,7 +46,7 @@ def ensure_devices(chips: int, argv: list[str]) -> None:
     env_flags = os.environ.get("XLA_FLAGS", "")
     if "jax" not in sys.modules:
         os.environ["XLA_FLAGS"] = xla_flags_with_devices(env_flags, chips)
-    import jax
+    import jax   # lazy: JAX starts its backend; only in the process that runs a trial
 
     if jax.device_count() >= chips:
         return

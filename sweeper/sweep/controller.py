@@ -48,11 +48,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+import pandas as pd
 
 from sweeper import paths
 from sweeper.analysis.pareto import pareto_front
@@ -166,7 +169,7 @@ def _study_summaries(storage: str):
     db = paths.sqlite_path(storage)
     if db is not None and not db.exists():
         return []          # nothing to list; do not create the database just to look
-    import optuna
+    import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
     try:
         return optuna.study.get_all_study_summaries(paths.open_optuna_storage(storage),
@@ -178,8 +181,6 @@ def _study_summaries(storage: str):
 
 def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
     """Fail fast on an address nothing listens on (ray.init would retry for minutes)."""
-    import socket
-
     if address in ("auto", "local"):
         return
     hostport = address.split("://", 1)[-1].rstrip("/")
@@ -300,7 +301,7 @@ class Controller:
         return profile, per_chip(self.profile, chips, share), chip_share(self.profile, chips, share)
 
     def _open_study(self, exists: bool):
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         space = self.space
@@ -331,7 +332,7 @@ class Controller:
         hw = self.space.hardware
         if hw.kind == "analytical":
             return LocalPool(self.parallel)
-        import ray
+        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
@@ -359,7 +360,7 @@ class Controller:
         (`outcome` stored) it is told now with its result; otherwise it is FAIL
         (`interrupted`, not counted) and its parameters are queued to run again.
         """
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         TrialState = optuna.trial.TrialState
         trials = self.study.get_trials(deepcopy=False)
@@ -389,7 +390,7 @@ class Controller:
 
     def _tell_recorded(self, t):
         """Tell a trial whose record was complete when its controller died; its state or None."""
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         outcome = t.user_attrs.get("outcome")
         if outcome not in STATE_KEYS:
@@ -414,7 +415,7 @@ class Controller:
 
     # ------------------------------------------------------------------ running
     def run(self) -> SweepResult:
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         start = time.monotonic()
         self.progress = ProgressLine(self.target, self.show_progress)
@@ -477,7 +478,7 @@ class Controller:
                           f"({one_line(err)[:200]})", file=sys.stderr)
                 finally:
                     if self._ray_started:
-                        import ray
+                        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
                         ray.shutdown()
 
@@ -541,7 +542,7 @@ class Controller:
 
     def _dispatch(self, free: list[int]) -> None:
         """Ask one point; prune it or start it on a free slot (removed from `free`)."""
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         PRUNED = optuna.trial.TrialState.PRUNED
         trial = self.study.ask(self.space.distributions())
@@ -588,7 +589,7 @@ class Controller:
 
     def _finish(self, flight: _InFlight) -> bool:
         """Record a returned trial; False if it was resubmitted (the slot stays busy)."""
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         try:
             outcome = self.pool.outcome(flight.handle)
@@ -634,7 +635,7 @@ class Controller:
         return True
 
     def _fail(self, flight: _InFlight, reason: str, worker: dict | None = None) -> None:
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         self.ran += 1
         self._record(flight.trial, optuna.trial.TrialState.FAIL, reason, flight.config, flight.flat,
@@ -723,8 +724,6 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
     metrics = space.metric_names
     numbers: list[int]
     if len(metrics) == 2:
-        import pandas as pd
-
         df = pd.DataFrame([{"number": t.number, **(t.user_attrs.get("flat_params") or {}),
                             metrics[0]: t.values[0], metrics[1]: t.values[1]} for t in trials])
         maximize = [o.metric for o in space.objectives if o.direction == "maximize"]

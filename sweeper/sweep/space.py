@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -121,7 +122,7 @@ class Param:
     step: int = 1
 
     def distribution(self):
-        from optuna.distributions import CategoricalDistribution, IntDistribution
+        from optuna.distributions import CategoricalDistribution, IntDistribution   # lazy: Optuna (~1 s)
 
         if self.choices is not None:
             return CategoricalDistribution(self.choices)
@@ -280,7 +281,7 @@ class SamplerSpec:
 
 
 def _sampler_class(kind: str):
-    import optuna
+    import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
     class GridSampler(optuna.samplers.GridSampler):
         """Optuna's grid sampler calls `study.stop()` once the grid is used up, which only
@@ -289,7 +290,7 @@ def _sampler_class(kind: str):
         def after_trial(self, study, trial, state, values) -> None:
             pass
 
-    from sweeper.sweep.guided import GuidedSampler
+    from sweeper.sweep.guided import GuidedSampler   # lazy: guided imports Optuna at top
 
     return {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
             "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,
@@ -587,8 +588,6 @@ def _check_some_point_runs(space: SearchSpace) -> None:
     trial. Checked when the grid is small and is the whole space (no log ranges)."""
     if any(p.log for p in space.params) or space.grid_size() > MAX_CHECKED_POINTS:
         return
-    import itertools
-
     names = [p.name for p in space.params]
     first: ConfigError | None = None
     for values in itertools.product(*(p.grid_values() for p in space.params)):

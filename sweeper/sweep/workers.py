@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 import traceback
 from collections import OrderedDict
@@ -91,11 +92,9 @@ def trial_delay_s(number: int | None, environ: dict | None = None) -> float:
 
 def where_am_i() -> dict[str, Any]:
     """This process: pid, host, and (inside Ray) node id, node IP and assigned resources."""
-    import socket
-
     info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
     try:
-        import ray
+        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
         if ray.is_initialized():
             context = ray.get_runtime_context()
@@ -163,7 +162,7 @@ class MeshWorker:
         return {**where_am_i(), "slot": self.slot, "chips": self.chips}
 
     def info(self) -> dict[str, Any]:
-        import jax
+        import jax   # lazy: JAX starts its backend; only in the process that runs a trial
 
         return {"pid": os.getpid(), "slot": self.slot, "chips": self.chips,
                 "cores": sorted(os.sched_getaffinity(0)), "devices": len(jax.devices()),
@@ -249,7 +248,7 @@ class RayPool:
 
     def __init__(self, hardware_kind: str, parallel: int, resources: dict[str, float] | None = None,
                  env: dict[str, str] | None = None, max_workers_per_slot: int = 3):
-        import ray
+        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
         self.ray = ray
         self.kind = hardware_kind

@@ -107,7 +107,7 @@ class Tracker:
     """One MLflow store; creates the sweep's parent run and its trials' child runs."""
 
     def __init__(self, tracking_uri: str | None = None):
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient   # lazy: MLflow (~1 s) only when a store is read
 
         _quiet_store_logs()
         self.tracking_uri = tracking_uri or default_tracking_uri()
@@ -139,7 +139,7 @@ class Tracker:
     # ------------------------------------------------------------------ the sweep
     def start_sweep(self, space, study_name: str, storage: str) -> str:
         """Create the parent run of a sweep; returns its run id."""
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param, RunTag   # lazy: MLflow (~1 s)
 
         source = space.hardware.source
         exp_id = self.experiment_id(experiment_name(space.name, source))
@@ -187,7 +187,7 @@ class Tracker:
         self.client.update_run(run_id, status="RUNNING")
 
     def finish_sweep(self, run_id: str, counts: Mapping[str, int], status: str = "FINISHED") -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric   # lazy: MLflow (~1 s)
 
         now = int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(f"trials_{k}", float(v), now, 0)
@@ -199,7 +199,7 @@ class Tracker:
 
     def child_runs(self, parent_run_id: str, experiment_id: str) -> dict[int, list]:
         """The active child runs of a sweep, by trial number (a trial may have several)."""
-        from mlflow.entities import ViewType
+        from mlflow.entities import ViewType   # lazy: MLflow (~1 s)
 
         query = f"tags.`{PARENT_TAG}` = '{parent_run_id}'"
         runs: dict[int, list] = {}
@@ -225,7 +225,7 @@ class Tracker:
                   prediction: Mapping[str, float] | None, state: str, reason: str | None,
                   source: str, hardware: str, extra_tags: Mapping[str, str] | None = None) -> str:
         """One child run for a finished trial (any state); returns its run id."""
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric, Param   # lazy: MLflow (~1 s)
 
         tags = {PARENT_TAG: parent_run_id, KIND_TAG: TRIAL_KIND, "trial_number": str(number),
                 "source": source, "hardware": hardware, "status": state}

@@ -110,7 +110,7 @@ def load_runs(tracking_uri: str | None = None, experiment: str | None = None, *,
     Same columns as `load_trials`. Params come back from MLflow as strings; the integer
     parameters are converted back.
     """
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient   # lazy: MLflow (~1 s) only when a store is read
 
     if experiment is None and parent_run_id is None:
         raise ConfigError("experiment", None, "an experiment name or a parent run id")
