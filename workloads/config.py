@@ -19,18 +19,60 @@ from typing import Any, Mapping
 import yaml
 
 # ConfigError and check_keys are used from here by most modules (workloads/validate.py)
-from workloads.validate import ConfigError, check_keys, one_of, positive_int  # noqa: F401
+from workloads.validate import ConfigError, bounded, check_keys, one_of, positive_int  # noqa: F401
 
 
 # --------------------------------------------------------------------------- YAML
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads `4.0e10`, `1e9` and `275e12` as floats.
+    """SafeLoader that reads `4.0e10`, `1e9` and `275e12` as floats, and refuses documents
+    nested deeper than MAX_DEPTH or that expand (aliases counted as copies) to more than
+    MAX_NODES nodes: a deep document would end in RecursionError and an alias bomb in
+    MemoryError, both long after the file was read.
 
     YAML 1.1 (what PyYAML implements) requires a dot and a signed exponent, so
     plain PyYAML reads `4.0e10` as the *string* '4.0e10'.
     """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._sizes: dict[int, int] = {}     # id(node) -> nodes it expands to
+        self._nodes: list = []               # keeps sized nodes alive (ids stay unique)
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            anchor = self.peek_event().anchor
+            if anchor in self.anchors and id(self.anchors[anchor]) not in self._sizes:
+                raise _LimitError(f"alias *{bounded(anchor, 40)} used inside its own anchor")
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _LimitError(f"nesting deeper than {MAX_DEPTH} levels")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        size = self._sizes.get(id(node))
+        if size is None:
+            size = 1
+            if isinstance(node, yaml.SequenceNode):
+                size += sum(self._sizes[id(child)] for child in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                size += sum(self._sizes[id(k)] + self._sizes[id(v)] for k, v in node.value)
+            self._sizes[id(node)] = size
+            self._nodes.append(node)
+        if size > MAX_NODES:
+            raise _LimitError(f"more than {MAX_NODES} values once aliases are expanded")
+        return node
+
+
+MAX_DEPTH = 100          # a space or model file nests 3-4 levels
+MAX_NODES = 100_000      # a space file has tens of values; a billion-laughs bomb has 10^9
+
+
+class _LimitError(Exception):
+    """A YAML document past the loader's limits (MAX_DEPTH, MAX_NODES)."""
 
 
 _Loader.add_implicit_resolver(
@@ -41,17 +83,41 @@ _Loader.add_implicit_resolver(
 
 
 def read_yaml(path: str | Path) -> Any:
-    """Read a YAML file; a missing file or a syntax error becomes a ConfigError."""
+    """Read a YAML file; a missing file, bytes that are not UTF-8 text, a syntax error or a
+    document past the loader's limits become a ConfigError."""
+    return parse_yaml(read_text(path), str(path))
+
+
+def read_text(path: str | Path) -> str:
+    """A file's text (UTF-8, a BOM allowed); anything else is a ConfigError."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("file", str(path), "an existing YAML file")
     try:
-        return yaml.load(path.read_text(), Loader=_Loader)
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError("file", str(path), f"a readable file ({err.strerror or err})") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError("file", str(path), f"UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
+                          f"{err.start} is not UTF-8)") from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "document"
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(where, problem, "valid YAML", source=str(path)) from None
+        raise ConfigError(where, bounded(problem), "valid YAML", source=source) from None
+    except _LimitError as err:
+        raise ConfigError("document", str(err), f"a YAML document nested at most {MAX_DEPTH} "
+                          f"levels with at most {MAX_NODES} values", source=source) from None
+    except RecursionError:   # (the limits above come first; kept for Python's own stack)
+        raise ConfigError("document", "too deeply nested", "a YAML document nested at most "
+                          f"{MAX_DEPTH} levels", source=source) from None
 
 
 _UNIT_PREFIX = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,

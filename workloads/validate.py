@@ -16,8 +16,20 @@ class ConfigError(ValueError):
 
     def __init__(self, field: str, value: Any, accepted: str, source: str | None = None):
         self.field, self.value, self.accepted, self.source = field, value, accepted, source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field}: got {value!r}; expected {accepted}")
+        where = f"{bounded(source)}: " if source else ""
+        # user input is echoed bounded: a 50 MB value must not become a 50 MB error line
+        super().__init__(f"{where}{bounded(field)}: got {bounded(repr(value))}; expected {accepted}")
+
+
+ECHO_CHARS = 80     # how much of a user's value an error line repeats
+
+
+def bounded(text: Any, limit: int = ECHO_CHARS) -> str:
+    """`text` cut to `limit` characters plus '…(N chars)', on one line."""
+    text = str(text)
+    if len(text) <= limit:
+        return " ".join(text.split()) if "\n" in text else text
+    return " ".join(text[:limit].split()) + f"…({len(text)} chars)"
 
 
 def did_you_mean(value: Any, choices: Iterable[Any]) -> str:

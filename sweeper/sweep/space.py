@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from workloads.config import (ConfigError, HardwareProfile, ModelConfig, load_model,
-                              parse_quantity, parse_topology, read_yaml)
+                              parse_quantity, parse_topology, parse_yaml,
+                              read_text)
 from workloads.costmodel import best_topology, factorizations
 from workloads.hardware import HOST, load_hardware
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout, stores_1d,
@@ -491,8 +492,8 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
     text = None
     if isinstance(spec, (str, Path)):
         source = str(spec)
-        data = read_yaml(spec)
-        text = Path(spec).read_text()
+        text = read_text(spec)              # one read: the text is logged with the sweep
+        data = parse_yaml(text, source)
     else:
         data = spec
     if not isinstance(data, Mapping):

