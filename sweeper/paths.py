@@ -33,6 +33,29 @@ def sweeper_home(create: bool = False) -> Path:
     return home
 
 
+# A study name becomes a folder under $SWEEPER_HOME (reports/<study>, fits/<study>): a safe
+# character set, no leading dot ('..', hidden files) and a length every file system takes.
+STUDY_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
+
+def check_study_name(name: str, field: str = "--study") -> str:
+    """A study name of letters, digits, '.', '_', '-' (no leading '.'), at most 100 long."""
+    if not isinstance(name, str) or not STUDY_NAME.fullmatch(name):
+        raise ConfigError(field, name, "a study name of at most 100 letters, digits, '.', '_' "
+                          "or '-', not starting with '.'")
+    return name
+
+
+def study_dir(kind: str, study: str) -> Path:
+    """$SWEEPER_HOME/<kind>/<study> (reports, fits), checked to stay inside $SWEEPER_HOME."""
+    home = sweeper_home(create=False)
+    folder = (home / kind / check_study_name(study, "study")).resolve()
+    if not folder.is_relative_to(home):
+        raise ConfigError("study", study, f"a study name whose folder stays inside {home}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def default_storage(create: bool = True) -> str:
     """Optuna RDB storage URL (SQLite file under SWEEPER_HOME)."""
     return f"sqlite:///{sweeper_home(create) / 'optuna.db'}"
@@ -158,6 +181,31 @@ def check_tracking_uri(uri: str, field: str = "--tracking-uri") -> str:
                           "or http://mlflow-server:5000")
     _check_sqlite_folder(uri, field)
     return uri
+
+
+def check_home(url: str) -> None:
+    """A default store's folder ($SWEEPER_HOME) can be created or written: checked before Ray
+    starts, so a read-only or misplaced home is one line, not a traceback minutes later."""
+    _check_sqlite_folder(url, HOME_ENV)
+
+
+def check_sqlite_store(url: str, field: str) -> None:
+    """An existing SQLite store is a readable, intact database (a truncated or overwritten
+    file is reported here, before a study or a run is created in the other store)."""
+    db = sqlite_path(url)
+    if db is None or str(db) in ("", ":memory:") or not db.is_file():
+        return
+    try:
+        connection = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=60)
+        try:
+            problems = [row[0] for row in connection.execute("PRAGMA quick_check(1)")]
+        finally:
+            connection.close()
+    except sqlite3.Error as err:
+        problems = [str(err)]
+    if problems != ["ok"]:
+        raise ConfigError(field, url, f"an intact SQLite database ({'; '.join(problems)[:200]}); "
+                          "restore it from a backup or use another store")
 
 
 def _check_sqlite_folder(url: str, field: str) -> None:

@@ -115,7 +115,7 @@ ARG_CASES = [
     ("args-bad-storage", ["--storage", "optuna.db"], ["--storage", "'optuna.db'", "sqlite:///"]),
     ("args-bad-tracking-uri", ["--tracking-uri", "ftp://host/x"], ["--tracking-uri", "ftp://host/x",
                                                                    "http://mlflow-server:5000"]),
-    ("args-empty-study", ["--study", " "], ["--study", "non-empty"]),
+    ("args-empty-study", ["--study", " "], ["--study", "a study name of at most 100"]),
 ]
 
 

@@ -25,7 +25,7 @@ from workloads.validate import ECHO_CHARS
 
 ANALYTICAL = {"name": "rely", "model": "tiny", "hardware": "analytical:tpu-v4", "chips": 4,
               "batch": 8, "input_len": 16, "decode_steps": 4, "trials": 3, "parallel": 1,
-              "params": {"decode_ffn": ["ws1d", "ws2d"], "decode_attn": ["heads", "batch"]},
+              "params": {"decode_ffn": ["ws1d", "ws2d"], "decode_attn": ["head", "batch"]},
               "sampler": {"type": "random", "seed": 0}}
 
 
@@ -166,3 +166,89 @@ def test_fuzz_the_space_loader_every_outcome_is_a_space_or_a_one_line_config_err
             outcomes["rejected"] += 1
     assert time.monotonic() - start < 30
     assert outcomes["loaded"] > 0 and outcomes["rejected"] > 100, outcomes
+
+
+# ----------------------------------------------------------------------------- study names
+
+@pytest.mark.parametrize("name", ["../../../x/trav", "." * 3, "a/b", "x" * 5000, ".hidden",
+                                  "tab\there", ""])
+def test_an_unsafe_study_name_is_refused_before_anything_is_created(name, tmp_path):
+    home = tmp_path / "home"
+    space = write(tmp_path / "space.yaml", ANALYTICAL)
+    one_line_error(sweeper("run", space, "--study", name, home=home), "--study",
+                   "at most 100 letters")
+    for command in (["report", "--out", str(tmp_path / "out")], ["pareto"], ["fit"], ["sync"]):
+        one_line_error(sweeper(*command, "--study", name, home=home), "--study")
+    assert not home.exists() and not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+
+
+# ----------------------------------------------------------------------------- broken stores
+
+@pytest.fixture(scope="module")
+def finished_home(tmp_path_factory):
+    """A $SWEEPER_HOME holding one finished analytical study (3 trials), to copy and break."""
+    root = tmp_path_factory.mktemp("finished")
+    home = root / "home"
+    space = write(root / "space.yaml", ANALYTICAL)
+    proc = sweeper("run", space, "--study", "done", "--no-analysis", home=home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return home, space
+
+
+def copy_home(source: Path, target: Path) -> Path:
+    import shutil
+    shutil.copytree(source, target)
+    return target
+
+
+def truncate(db: Path, keep: int = 3000) -> None:
+    data = db.read_bytes()
+    db.write_bytes(data[:keep])
+    for suffix in ("-wal", "-shm"):
+        db.with_name(db.name + suffix).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("command", [["pareto"], ["fit"], ["report", "--out", "OUT"], ["sync"]])
+def test_a_truncated_optuna_db_is_one_line_for_every_reader(command, finished_home, tmp_path):
+    home = copy_home(finished_home[0], tmp_path / "home")
+    truncate(home / "optuna.db")
+    command = [str(tmp_path / "out") if part == "OUT" else part for part in command]
+    one_line_error(sweeper(*command, "--study", "done", home=home), "optuna.db")
+
+
+def test_a_truncated_mlflow_db_stops_run_before_a_study_is_created(finished_home, tmp_path):
+    home = copy_home(finished_home[0], tmp_path / "home")
+    truncate(home / "mlflow.db")
+    before = (home / "optuna.db").read_bytes()
+    one_line_error(sweeper("run", finished_home[1], "--study", "second", home=home),
+                   "--tracking-uri", "mlflow.db", "intact SQLite database")
+    import optuna
+    names = [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{home / 'optuna.db'}")]
+    assert names == ["done"]
+    assert (home / "optuna.db").read_bytes() == before or names == ["done"]
+
+
+def test_a_sweeper_home_that_is_a_file_is_one_line_before_ray(tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    space = write(tmp_path / "space.yaml", {**ANALYTICAL, "hardware": "host"})
+    one_line_error(sweeper("run", space, home=home), "SWEEPER_HOME", "not writable")
+    assert home.read_text() == "not a folder"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+@pytest.mark.parametrize("where", ["home", "parent"])
+def test_a_read_only_sweeper_home_is_one_line_before_ray(where, tmp_path):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    home = parent / "home"
+    if where == "home":
+        home.mkdir()
+    space = write(tmp_path / "space.yaml", {**ANALYTICAL, "hardware": "host"})
+    parent.chmod(0o555) if where == "parent" else home.chmod(0o555)
+    try:
+        one_line_error(sweeper("run", space, home=home), "SWEEPER_HOME", "not writable")
+    finally:
+        parent.chmod(0o755)
+        home.chmod(0o755) if home.exists() else None

@@ -21,7 +21,7 @@ class ConfigError(ValueError):
         super().__init__(f"{where}{bounded(field)}: got {bounded(repr(value))}; expected {accepted}")
 
 
-ECHO_CHARS = 80     # how much of a user's value an error line repeats
+ECHO_CHARS = 200    # how much of a user value an error line repeats (a long path fits)
 
 
 def bounded(text: Any, limit: int = ECHO_CHARS) -> str:

@@ -31,7 +31,7 @@ from sweeper.analysis import pareto
 from sweeper.analysis import plots
 from sweeper.analysis.fit import CalibrationError
 from sweeper.formatting import jsonable, percent_dash, short_number
-from sweeper.paths import sweeper_home
+from sweeper.paths import study_dir
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"   # sweeper/dashboards: package data
 TEMPLATE = "report.html.j2"
@@ -274,7 +274,7 @@ def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | 
     data = cal.load_study_data(study, storage)
     if tracking_uri and not data.attrs.get("tracking_uri"):
         data.attrs["tracking_uri"] = tracking_uri
-    out_dir = Path(out_dir) if out_dir else sweeper_home(create=True) / "reports" / study
+    out_dir = Path(out_dir) if out_dir else study_dir("reports", study)
     calibration, fit_error = try_calibrate(data)
     errors: list[str] = []
     if calibration is not None:

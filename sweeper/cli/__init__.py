@@ -11,6 +11,7 @@ import sys
 from importlib import metadata
 from typing import Callable
 
+from sweeper import paths
 from sweeper.cli import analytical   # pure Python: no JAX import on this path
 from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a sweep starts
 from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
@@ -81,14 +82,17 @@ def _add_analysis_commands(sub) -> None:
 
     # The analysis stack (pandas, scipy, matplotlib) is imported when one of these runs.
     def fit(args):
+        paths.check_study_name(args.study)
         from sweeper.cli.analysis import run_fit
         return run_fit(args)
 
     def pareto(args):
+        paths.check_study_name(args.study)
         from sweeper.cli.analysis import run_pareto
         return run_pareto(args)
 
     def report(args):
+        paths.check_study_name(args.study)
         from sweeper.cli.analysis import run_report
         return run_report(args)
 

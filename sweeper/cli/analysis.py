@@ -15,7 +15,7 @@ from sweeper.analysis import pareto, plots
 from sweeper.analysis import report as report_mod
 from sweeper.cli.output import print_json
 from sweeper.formatting import jsonable, percent_dash
-from sweeper.paths import sweeper_home
+from sweeper.paths import study_dir
 from workloads.config import ConfigError
 from workloads.hardware import load_hardware
 
@@ -63,7 +63,7 @@ def run_fit(args) -> int:
     data = cal.load_study_data(args.study, args.storage)
     base = load_hardware(args.hardware, field="--hardware") if args.hardware else None
     result = cal.calibrate_study(data, schemes, base, args.loss)
-    out_dir = Path(args.artifacts_dir) if args.artifacts_dir else sweeper_home(create=True) / "fits" / args.study
+    out_dir = Path(args.artifacts_dir) if args.artifacts_dir else study_dir("fits", args.study)
     files = cal.write_outputs(result, out_dir, args.out)
     logged = False
     if not args.no_mlflow:

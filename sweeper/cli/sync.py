@@ -22,8 +22,7 @@ def add_sync_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_sync(args: argparse.Namespace) -> int:
     if args.storage is not None:
         paths.check_storage_url(args.storage)
-    if not args.study.strip():
-        raise ConfigError("--study", args.study, "a study name")
+    paths.check_study_name(args.study)
     try:
         report = sync_study(args.study, args.storage, args.tracking_uri)
     except ConfigError:

@@ -772,13 +772,18 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
         _positive(trials, "--trials")
     if parallel is not None:
         _positive(parallel, "--parallel")
-    if study_name is not None and not study_name.strip():
-        raise ConfigError("--study", study_name, "a non-empty study name")
+    if study_name is not None:
+        paths.check_study_name(study_name)      # it names folders: checked before anything
     if address is not None:
         check_ray_address(address)
     storage = paths.check_storage_url(storage) if storage else paths.default_storage(create=False)
     tracking_uri = (paths.check_tracking_uri(tracking_uri) if tracking_uri
                     else paths.default_tracking_uri(create=False))
+    for url, flag in ((storage, "--storage"), (tracking_uri, "--tracking-uri")):
+        if url == paths.default_storage(create=False) or \
+                url == paths.default_tracking_uri(create=False):
+            paths.check_home(url)            # before Ray starts (it writes there too)
+        paths.check_sqlite_store(url, flag)  # both stores intact before either is written
     target = trials if trials is not None else space.planned_trials()
     if space.sampler.type == "grid":
         target = min(target, space.grid_size())

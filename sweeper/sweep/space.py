@@ -501,8 +501,10 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
     _check_keys(data, list(SPACE_FIELDS) + list(FIXED_FIELDS), source)
 
     name = data.get("name") or (Path(source).stem if source else None)
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise ConfigError("name", name, "a name of letters, digits, '-', '_' or '.'", source)
+    # (the study is named <name>-<date-time>: a study name is at most 100 characters)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}", name):
+        raise ConfigError("name", name, "a name of at most 80 letters, digits, '-', '_' or '.'",
+                          source)
     if "model" not in data:
         raise ConfigError("model", None, "a model preset, a model YAML or a mapping (required)", source)
     model_spec = data["model"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 
+from sweeper.formatting import one_line
 from sweeper.paths import open_optuna_storage, sqlite_path
 from workloads.config import ConfigError
 
@@ -42,8 +43,13 @@ def study_counts(study) -> dict[str, int]:
 def study_names(storage: str) -> list[str]:
     import optuna   # lazy: Optuna (and SQLAlchemy) cost ~1 s to import
 
-    return [s.study_name for s in optuna.study.get_all_study_summaries(
-        open_optuna_storage(storage), include_best_trial=False)]
+    try:
+        summaries = optuna.study.get_all_study_summaries(open_optuna_storage(storage),
+                                                         include_best_trial=False)
+    except Exception as err:  # noqa: BLE001 - a damaged file, an unreachable database server
+        raise ConfigError("--storage", storage, f"a readable Optuna storage "
+                          f"({one_line(err)[:200]})") from None
+    return [s.study_name for s in summaries]
 
 
 def load_study(study_name: str, storage: str):

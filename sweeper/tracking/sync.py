@@ -100,6 +100,7 @@ def sync_study(study_name: str, storage: str | None = None,
     attrs = study.user_attrs
     lease.check_free(attrs, study_name, "--study")
     uri = tracking_uri or attrs.get("tracking_uri") or paths.default_tracking_uri(create=False)
+    paths.check_sqlite_store(uri, "--tracking-uri")
     tracker = Tracker(uri)
     parent = attrs.get("mlflow_parent_run_id") if attrs.get("tracking_uri") == uri else None
     report = SyncReport(study_name, uri, parent)
