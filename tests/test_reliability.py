@@ -252,3 +252,55 @@ def test_a_read_only_sweeper_home_is_one_line_before_ray(where, tmp_path):
     finally:
         parent.chmod(0o755)
         home.chmod(0o755) if home.exists() else None
+
+
+# ----------------------------------------------------------------------------- resume
+
+def trial_states(home: Path, study: str) -> list[str]:
+    import optuna
+    loaded = optuna.load_study(study_name=study, storage=f"sqlite:///{home / 'optuna.db'}")
+    return [t.state.name for t in loaded.get_trials(deepcopy=False)]
+
+
+def test_resume_after_the_choices_changed_is_one_line_and_leaves_no_running_trial(
+        finished_home, tmp_path):
+    home = copy_home(finished_home[0], tmp_path / "home")
+    before = trial_states(home, "done")
+    changed = write(tmp_path / "space.yaml", {**ANALYTICAL, "trials": 6, "params": {
+        "decode_ffn": ["ws1d", "ws2d", "wg_xyz"], "decode_attn": ["head", "batch"]}})
+    one_line_error(sweeper("run", changed, "--resume", "--study", "done", home=home),
+                   "params.decode_ffn", "the values study 'done' was run with")
+    assert trial_states(home, "done") == before and "RUNNING" not in before
+
+
+DEVICES = {"name": "race", "model": "tiny", "hardware": "devices", "chips": 1, "batch": 2,
+           "input_len": 8, "decode_steps": 2, "repeats": 1, "warmup": 0, "timeout_s": 120,
+           "parallel": 1, "params": {"decode_ffn": ["ws1d", "ws2d"]},
+           "sampler": {"type": "random", "seed": 0}}
+
+
+def test_two_resumes_started_together_exactly_one_runs(tmp_path):
+    """Both pass the lease check at the same moment; the lock file lets exactly one claim the
+    study before Ray starts. The other exits 2 with one line; no trial is marked FAIL."""
+    home = tmp_path / "home"
+    space = write(tmp_path / "race.yaml", DEVICES)
+    first = sweeper("run", space, "--study", "race", "--trials", "1", "--no-analysis",
+                    home=home, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    environ = {**os.environ, "SWEEPER_HOME": str(home), "SWEEPER_TEST_TRIAL_DELAY_S": "20"}
+    command = [sys.executable, "-m", "sweeper.cli", "run", space, "--resume", "--study", "race",
+               "--trials", "2", "--no-analysis"]
+    racers = [subprocess.Popen(command, env=environ, cwd=tmp_path, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)]
+    time.sleep(0.3)
+    racers.append(subprocess.Popen(command, env=environ, cwd=tmp_path, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    results = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=600)
+        results.append(subprocess.CompletedProcess(racer.args, racer.returncode, out, err))
+    winners = [r for r in results if r.returncode == 0]
+    losers = [r for r in results if r.returncode != 0]
+    assert len(winners) == 1 and len(losers) == 1, [(r.returncode, r.stderr[-2000:]) for r in results]
+    one_line_error(losers[0], "--resume", "'race'", "another `sweeper run`")
+    assert trial_states(home, "race") == ["COMPLETE", "COMPLETE"]

@@ -208,7 +208,7 @@ def choose_study(space: SearchSpace, storage: str, study_name: str | None, resum
             raise ConfigError("--study", study_name, f"an existing study to resume in {storage} "
                               f"(have {sorted(existing)[-10:]})")
         if study_name in existing:
-            _check_resumable(space, existing[study_name])
+            _check_resumable(space, existing[study_name], storage)
         return study_name, study_name in existing
     if resume:
         mine = [s for s in summaries if s.user_attrs.get("space") == space.name
@@ -217,7 +217,7 @@ def choose_study(space: SearchSpace, storage: str, study_name: str | None, resum
             raise ConfigError("--resume", space.name, f"a space with a study in {storage} to "
                               "resume (none found; run without --resume to start one)")
         latest = max(mine, key=lambda s: (s.datetime_start or 0, s._study_id))
-        _check_resumable(space, latest)
+        _check_resumable(space, latest, storage)
         return latest.study_name, True
     return _free_name(f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}", existing), False
 
@@ -230,9 +230,9 @@ def _free_name(base: str, taken) -> str:
     return name
 
 
-def _check_resumable(space: SearchSpace, summary) -> None:
-    """A study continues only with the hardware and objectives it was started with, and
-    only when no live controller is running it."""
+def _check_resumable(space: SearchSpace, summary, storage: str) -> None:
+    """A study continues only with the hardware, objectives and parameter values it was
+    started with, and only when no live controller is running it."""
     attrs = summary.user_attrs
     if attrs.get("hardware") not in (None, space.hardware.label):
         raise ConfigError("hardware", space.hardware.label, f"{attrs['hardware']!r}, the hardware "
@@ -243,6 +243,37 @@ def _check_resumable(space: SearchSpace, summary) -> None:
                           f"{summary.study_name!r}: {attrs.get('objectives')} "
                           f"{attrs.get('directions')}", space.source)
     lease.check_free(attrs, summary.study_name, "--resume")
+    _check_same_params(space, summary.study_name, storage)
+
+
+def _check_same_params(space: SearchSpace, study_name: str, storage: str) -> None:
+    """Each searched parameter keeps the kind of values (and a categorical its choices) its
+    trials were asked with: Optuna's samplers cannot read old trials under changed choices
+    (a ValueError in the middle of the resumed sweep, RUNNING trials left behind)."""
+    import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
+
+    study = optuna.load_study(study_name=study_name, storage=paths.open_optuna_storage(storage))
+    asked: dict[str, Any] = {}
+    for t in study.get_trials(deepcopy=False):
+        for name, distribution in t.distributions.items():
+            asked.setdefault(name, distribution)
+    for name, new in space.distributions().items():
+        old = asked.get(name)
+        if old is None:
+            continue
+        try:
+            optuna.distributions.check_distribution_compatibility(old, new)
+        except ValueError:
+            raise ConfigError(f"params.{name}", _values(new), f"the values study {study_name!r} "
+                              f"was run with, {_values(old)} (start a new study for a changed "
+                              "space)", space.source) from None
+
+
+def _values(distribution) -> Any:
+    choices = getattr(distribution, "choices", None)
+    if choices is not None:
+        return list(choices)
+    return f"{type(distribution).__name__}({distribution.low}..{distribution.high})"
 
 
 # ----------------------------------------------------------------------------- the controller
@@ -788,9 +819,17 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
     if space.sampler.type == "grid":
         target = min(target, space.grid_size())
     name, exists = choose_study(space, storage, study_name, resume)
-    controller = Controller(space, storage=storage, tracking_uri=tracking_uri, study_name=name,
-                            resume=exists, trials=target,
-                            parallel=parallel if parallel is not None else space.parallel,
-                            address=address, progress=progress, on_trial=on_trial,
-                            generated_name=study_name is None and not exists)
-    return controller.run()
+    # The claim is atomic before Ray starts: a lock file held for the whole run, then the
+    # lease attr checked again under it (sweeper/sweep/lease.py).
+    lock = lease.lock(storage, name) if exists else None
+    try:
+        if exists:
+            choose_study(space, storage, name, True)
+        controller = Controller(space, storage=storage, tracking_uri=tracking_uri, study_name=name,
+                                resume=exists, trials=target,
+                                parallel=parallel if parallel is not None else space.parallel,
+                                address=address, progress=progress, on_trial=on_trial,
+                                generated_name=study_name is None and not exists)
+        return controller.run()
+    finally:
+        lease.unlock(lock)

@@ -10,10 +10,17 @@ their MLflow runs twice. A lease is live while its process exists (same host: ch
 pid and process start time, so a reused pid does not count) or, for a controller on
 another host, while its heartbeat is recent. A controller killed with `kill -9` leaves
 `status: running` behind; its pid is gone, so the lease is free again.
+
+Checking the attr and then writing it is not atomic: two `--resume` started together both
+saw a free study. On a SQLite storage the claim is therefore first an exclusive, non-blocking
+`flock` on `<optuna.db>.<study>.lease`, taken before Ray starts and held until the
+controller ends (the OS drops it when the process dies, kill -9 included); the second
+controller is refused there. A database server has no such file: the attr check is all.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import time
@@ -21,6 +28,7 @@ from typing import Any, Mapping
 
 import psutil
 
+from sweeper import paths
 from workloads.config import ConfigError
 
 LEASE_ATTR = "controller"
@@ -83,3 +91,26 @@ def heartbeat(study, lease: dict[str, Any]) -> None:
 def release(study, lease: dict[str, Any], status: str) -> None:
     lease.update(status=status, heartbeat=time.time(), ended=time.time())
     study.set_user_attr(LEASE_ATTR, lease)
+
+
+def lock(storage: str, study_name: str) -> int | None:
+    """Hold the study's lock file (SQLite storage): a file descriptor to pass to `unlock`, or
+    None for a database server. ConfigError when another live process holds it."""
+    db = paths.sqlite_path(storage)
+    if db is None or str(db) in ("", ":memory:"):
+        return None
+    db.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(db.with_name(f"{db.name}.{study_name}.lease"), os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError("--resume", study_name, "a study that no running controller holds "
+                          "(another `sweeper run` on this machine is running it now; wait for "
+                          "it to end or stop it first)") from None
+    return fd
+
+
+def unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)        # closing the descriptor releases the flock
