@@ -304,3 +304,65 @@ def test_two_resumes_started_together_exactly_one_runs(tmp_path):
     assert len(winners) == 1 and len(losers) == 1, [(r.returncode, r.stderr[-2000:]) for r in results]
     one_line_error(losers[0], "--resume", "'race'", "another `sweeper run`")
     assert trial_states(home, "race") == ["COMPLETE", "COMPLETE"]
+
+
+# ----------------------------------------------------------------------------- signals, disk
+
+def wait_running(home: Path, study_prefix: str, timeout: float = 240) -> None:
+    """Until a trial of the (only) study has been dispatched to a worker."""
+    import optuna
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        db = home / "optuna.db"
+        if db.exists():
+            try:
+                for summary in optuna.get_all_study_summaries(f"sqlite:///{db}"):
+                    if summary.study_name.startswith(study_prefix) and "RUNNING" in \
+                            trial_states(home, summary.study_name):
+                        time.sleep(10)     # asked -> dispatched to its worker (60 s delay)
+                        return
+            except Exception:  # noqa: BLE001 - the store is being created
+                pass
+        time.sleep(0.5)
+    raise AssertionError("no trial started")
+
+
+@pytest.mark.parametrize("signals,code", [((15,), 143), ((2, 2, 2), 130)],
+                         ids=["sigterm", "repeated-ctrl-c"])
+def test_a_stopped_sweep_exits_128_plus_signal_and_its_trial_can_be_resumed(signals, code, tmp_path):
+    home = tmp_path / "home"
+    space = write(tmp_path / "race.yaml", DEVICES)
+    environ = {**os.environ, "SWEEPER_HOME": str(home), "SWEEPER_TEST_TRIAL_DELAY_S": "60"}
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", space, "--study", "sig",
+                             "--trials", "2", "--no-analysis"], env=environ, cwd=tmp_path,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_running(home, "sig")
+    for number in signals:
+        proc.send_signal(number)
+        time.sleep(0.2)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and "Stack" not in err, err[-3000:]
+    # (the progress lines and Ray's own start-up warnings come before it on a pipe)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sweeper run: terminated" if code == 143 else "interrupted"), err[-3000:]
+    assert trial_states(home, "sig") == ["FAIL"]     # recorded `interrupted`: --resume reruns it
+
+
+def test_a_disk_filling_up_mid_sweep_is_one_line(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(home)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        space = write(tmp_path / "full.yaml", {
+            "name": "full", "model": "palm-62b", "hardware": "analytical:tpu-v4",
+            "input_len": 128, "decode_steps": 16, "trials": 3000, "parallel": 1,
+            "sampler": {"type": "random", "seed": 0},
+            "params": {"batch": {"low": 1, "high": 1024, "log": True}, "chips": [4, 16, 64],
+                       "decode_ffn": ["ws1d", "ws2d"]}})
+        one_line_error(sweeper("run", space, "--no-analysis", home=home), "the disk is full",
+                       "--resume", code=1)
+    finally:
+        subprocess.run(["umount", str(home)], check=False)

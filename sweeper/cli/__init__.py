@@ -7,6 +7,8 @@ work starts. Each command group has its own `_add_*` function below.
 from __future__ import annotations
 
 import argparse
+import errno
+import signal
 import sys
 from importlib import metadata
 from typing import Callable
@@ -155,21 +157,72 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: the sweep stops as on Ctrl-C (in-flight trials recorded `interrupted`, run
+    again by --resume); the command exits 143 (128 + 15), as a process killed by it would."""
+
+
+def _stop_signals(stopping: list[int]) -> None:
+    """SIGINT and SIGTERM stop a command once (the signal is appended to `stopping`: Ray may
+    re-raise the exception as a plain KeyboardInterrupt); a repeated one while it records its
+    in-flight trials and stops its workers is ignored (it would interrupt that clean-up)."""
+
+    def stop(signum, _frame):
+        if stopping:
+            return
+        stopping.append(signum)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
+def store_failure(err: BaseException) -> str | None:
+    """One line for a store that stopped accepting writes mid-command (disk full, read-only
+    file system or file), or None for any other error."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        text = str(err).lower()
+        full = isinstance(err, OSError) and err.errno == errno.ENOSPC
+        if full or "database or disk is full" in text or "no space left" in text:
+            return "the disk is full"
+        read_only = isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES)
+        if read_only or "readonly database" in text or "disk i/o error" in text:
+            return f"a store could not be written ({' '.join(str(err).split())[:160]})"
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler
+    stopping: list[int] = []
+    if args.command == "run":
+        _stop_signals(stopping)
     try:
         return int(handler(args) or 0)
     except ConfigError as err:
         print(f"sweeper {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        if not (isinstance(err, Terminated) or signal.SIGTERM in stopping[:1]):
+            print("interrupted", file=sys.stderr)
+            return 130
+        print(f"sweeper {args.command}: terminated (SIGTERM); in-flight trials are recorded as "
+              "interrupted: --resume runs them again", file=sys.stderr)
+        return 143
     except BrokenPipeError:  # `sweeper ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
+    except Exception as err:  # noqa: BLE001 - only a store failure is turned into one line
+        reason = store_failure(err)
+        if reason is None:
+            raise
+        print(f"sweeper {args.command}: error: {reason}; what was recorded before is kept: fix "
+              "it, then run the same command with --resume (or `sweeper sync`)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -48,8 +48,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -373,8 +375,13 @@ class Controller:
                 # Remote nodes import the project from here, installed or not.
                 root = Path(__file__).resolve().parents[2]
                 kwargs["runtime_env"] = {"py_modules": [str(root / "sweeper"), str(root / "workloads")]}
+            previous = signal.getsignal(signal.SIGTERM)
             try:
                 ray.init(**kwargs)
+                # ray.init replaces the driver's SIGTERM handler with sys.exit (a traceback,
+                # exit 15): the caller's handler (the CLI's: stop cleanly, exit 143) is kept.
+                if threading.current_thread() is threading.main_thread() and previous is not None:
+                    signal.signal(signal.SIGTERM, previous)
             except (ConnectionError, TimeoutError, ValueError, RuntimeError) as err:
                 if not self.address:
                     raise
@@ -505,8 +512,9 @@ class Controller:
                     if self.study is not None and self.lease is not None:
                         lease.release(self.study, self.lease, status)
                 except Exception as err:  # noqa: BLE001 - the trials are stored; say so only
-                    print(f"sweeper: could not release study {self.study_name!r} "
-                          f"({one_line(err)[:200]})", file=sys.stderr)
+                    if status == "finished":   # (else the error that stopped the sweep says why)
+                        print(f"sweeper: could not release study {self.study_name!r} "
+                              f"({one_line(err)[:200]})", file=sys.stderr)
                 finally:
                     if self._ray_started:
                         import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
