@@ -8,8 +8,8 @@ Afterwards every trial of each study is recorded exactly once in both stores: on
 child run per Optuna trial, under that sweep's parent run, with the run id the trial
 names; none missing, no duplicates, nothing from one study under the other's parent.
 
-Without PostgreSQL binaries the test is skipped with the reason, except in CI (CI set, as for the browser test),
-where `.ci/run` installs them: there a missing server is a failure.
+Without PostgreSQL binaries the test is skipped with the reason, except in CI (CI set,
+as for the browser test), where `.ci/run` installs them: there a missing server fails.
 """
 
 from __future__ import annotations
