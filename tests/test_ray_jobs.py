@@ -137,6 +137,9 @@ def wait_for_jobs_api(client_factory, address: str, timeout_s: float = 60):
             time.sleep(1)
 
 
+# ~2 minutes on the 2-core VM (cluster start ~20 s, the job ~50 s, teardown), 4 under heavy
+# load: `slow` (make test-all).
+@pytest.mark.slow
 def test_a_sweep_submitted_with_ray_job_submit_succeeds_and_stores_its_trials(head, tmp_path):
     import optuna
     from mlflow.tracking import MlflowClient
