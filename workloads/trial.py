@@ -30,11 +30,13 @@ class TrialConfig:
     prefill: PhaseLayout = field(default_factory=PhaseLayout)
     decode: PhaseLayout = field(default_factory=PhaseLayout)
     seed: int = 0
-    repeats: int = 3
+    repeats: int = 3              # the fewest timed runs (README "Measurement protocol")
     warmup: int = 1
+    ci_target: float = 0.02       # stop timing once both medians' 95% CI is within +-2%
+    time_budget_s: float = 2.0    # ... or once the timed runs have taken this long
 
     FIELDS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-              "prefill", "decode", "seed", "repeats", "warmup")
+              "prefill", "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s")
     # The flat parameter names (MLflow params, table columns, the search space's flat view):
     # the one list everything else derives from. LAYOUT_PARAMS: how a trial is partitioned.
     LAYOUT_PARAMS = ("weights", "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn")
@@ -76,6 +78,8 @@ class TrialConfig:
             "seed": self.seed,
             "repeats": self.repeats,
             "warmup": self.warmup,
+            "ci_target": self.ci_target,
+            "time_budget_s": self.time_budget_s,
         }
 
     def flat_params(self) -> dict[str, Any]:
@@ -102,6 +106,8 @@ class TrialConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ConfigError(key, value, f"an integer >= {minimum}", source)
             values[key] = value
+        for key in ("ci_target", "time_budget_s"):
+            values[key] = parse_nonnegative(data.get(key, getattr(cls, key)), key, source)
         if data.get("topology") is not None:
             values["topology"] = parse_topology(data["topology"], values["chips"], "topology", source)
         weights = data.get("weights", DEFAULTS["weights"])
@@ -118,7 +124,11 @@ class TrialConfig:
         return cls.from_dict(read_yaml(path), source=str(path))
 
 
-# Every default of a trial field, read off the dataclass (input_len, decode_steps, weights,
+def parse_nonnegative(value: Any, key: str, source: str | None = None) -> float:
+    """A finite number >= 0 (ci_target 0: never stop early; time_budget_s 0: `repeats` runs)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ConfigError(key, value, "a number >= 0", source)
+    return float(value)
 # seed, repeats, ...); the layouts' defaults are PhaseLayout's.
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrialConfig)
                             if f.default is not dataclasses.MISSING}

@@ -51,15 +51,15 @@ from workloads.hardware import HOST, load_hardware
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout, stores_1d,
                                validate_layouts)
 from workloads.metrics import METRIC_NAMES, Measurement
-from workloads.trial import TrialConfig, flat_params_of, parse_phase_layout
+from workloads.trial import TrialConfig, flat_params_of, parse_nonnegative, parse_phase_layout
 from workloads.validate import check_keys as _check_keys, one_of
 
 # What can be searched, and which of those are integers.
 # `ffn` / `attn` set the layout of both phases at once (e.g. Figure 6 compares ws1d and ws2d
 # with the same layout in prefill and decode).
 PARAM_NAMES = ("batch", "chips", "topology", "prefill_ffn", "prefill_attn", "decode_ffn",
-               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps")
-INT_PARAMS = ("batch", "chips", "input_len", "decode_steps")
+               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps", "seed")
+INT_PARAMS = ("batch", "chips", "input_len", "decode_steps", "seed")   # seed: replicates
 LAYOUT_PARAMS = {"prefill_ffn": FFN_LAYOUTS, "prefill_attn": ATTN_LAYOUTS,
                  "decode_ffn": FFN_LAYOUTS, "decode_attn": ATTN_LAYOUTS,
                  "ffn": FFN_LAYOUTS, "attn": ATTN_LAYOUTS}
@@ -67,7 +67,7 @@ AUTO_TOPOLOGY = "auto"   # the cost model's best split (TrialConfig.topology = N
 
 # Trial fields that a space file may fix (TrialConfig.FIELDS without the model).
 FIXED_FIELDS = ("chips", "batch", "input_len", "decode_steps", "topology", "weights", "prefill",
-                "decode", "seed", "repeats", "warmup")
+                "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s")
 SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objectives",
                 "constraints", "sampler", "trials", "parallel", "timeout_s", "max_retries",
                 "memory_budget_bytes", "resources")
@@ -164,7 +164,7 @@ class Param:
         for key in ("low", "high"):
             if key not in spec:
                 raise ConfigError(f"{where}.{key}", None, "an integer (required for a range)", source)
-        minimum = 0 if name == "decode_steps" else 1
+        minimum = 0 if name in ("decode_steps", "seed") else 1
         low = _int(spec["low"], f"{where}.low", source, minimum)
         high = _int(spec["high"], f"{where}.high", source, minimum)
         if high < low:
@@ -183,7 +183,7 @@ class Param:
 def _param_value(name: str, value: Any, field: str, source: str | None):
     """Check one candidate value of a searched parameter."""
     if name in INT_PARAMS:
-        return _int(value, field, source, 0 if name == "decode_steps" else 1)
+        return _int(value, field, source, 0 if name in ("decode_steps", "seed") else 1)
     if name in LAYOUT_PARAMS:
         return _one_of(field, value, LAYOUT_PARAMS[name], source)
     if name == "weights":
@@ -430,7 +430,7 @@ class SearchSpace:
                     if name in params:
                         layout[part] = params[name]
             data[phase] = layout
-        for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology"):
+        for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology", "seed"):
             if name in params:
                 data[name] = params[name]
         if data.get("topology") == AUTO_TOPOLOGY:
@@ -617,6 +617,8 @@ def _parse_fixed(data: Mapping, source: str | None) -> dict[str, Any]:
                 data.get("chips"), int) else None, key, source))
         elif key == "weights":
             fixed[key] = _one_of(key, value, WEIGHT_FORMATS, source)
+        elif key in ("ci_target", "time_budget_s"):
+            fixed[key] = parse_nonnegative(value, key, source)
         else:
             minimum = 0 if key in ("seed", "warmup", "decode_steps") else 1
             fixed[key] = _int(value, key, source, minimum)
