@@ -81,7 +81,10 @@ def trial_config(purpose: str, batch: int, input_len: int, decode_steps: int, we
     return TrialConfig.from_dict({
         "model": "tiny" if smoke else MID_MODEL, "chips": 1, "topology": [1, 1, 1],
         "batch": batch, "input_len": input_len, "decode_steps": decode_steps,
-        "weights": weights, "repeats": 1 if smoke else 3, "warmup": 0 if smoke else 1})
+        "weights": weights, "repeats": 1 if smoke else 3, "warmup": 0 if smoke else 1,
+        # smoke: exactly one timed run; else runs repeat until the medians are precise
+        # (README "Measurement protocol") or 2 s of runs
+        "time_budget_s": 0 if smoke else 2.0})
 
 
 def measure(config, hardware, cache: dict, purpose: str) -> Row:
