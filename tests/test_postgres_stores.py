@@ -16,6 +16,7 @@ as for the browser test), where `.ci/run` installs them: there a missing server 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -40,9 +41,7 @@ def unavailable(reason: str):
 
 @pytest.fixture(scope="module")
 def postgres():
-    try:
-        import psycopg2  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("psycopg2") is None:       # the fixture creates databases with it
         unavailable("psycopg2 not installed: pip install -e '.[test]'")
     server = make_server()
     if server is None:
