@@ -366,3 +366,54 @@ def test_a_disk_filling_up_mid_sweep_is_one_line(tmp_path):
                        "--resume", code=1)
     finally:
         subprocess.run(["umount", str(home)], check=False)
+
+
+# ----------------------------------------------------------------------------- lost Ray node
+
+@pytest.mark.slow      # ~1 min alone, ~4 min on a loaded 2-core machine (two Ray start-ups)
+def test_a_killed_raylet_stops_the_sweep_in_seconds_and_resume_reruns_its_trials(tmp_path):
+    """kill -9 of the local raylet mid-trial: the controller sees no node alive within
+    seconds (not after timeout_s), records the in-flight trial `interrupted` with that
+    reason, kills the orphaned worker, exits 3 with one line last; --resume re-runs it."""
+    import optuna
+    import psutil
+
+    home = tmp_path / "home"
+    space = write(tmp_path / "race.yaml", {**DEVICES, "timeout_s": 600})
+    environ = {**os.environ, "SWEEPER_HOME": str(home), "SWEEPER_TEST_TRIAL_DELAY_S": "120"}
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", space, "--study", "lost",
+                             "--trials", "2", "--no-analysis"], env=environ, cwd=tmp_path,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_running(home, "lost")
+        raylets = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if p.name() == "raylet"]
+        assert len(raylets) == 1, raylets
+        storage = f"sqlite:///{home / 'optuna.db'}"
+        worker_pid = None
+        deadline = time.monotonic() + 60
+        while worker_pid is None and time.monotonic() < deadline:
+            trial = optuna.load_study(study_name="lost", storage=storage).trials[-1]
+            worker_pid = (trial.user_attrs.get("worker") or {}).get("pid")
+            time.sleep(0.5)
+        raylets[0].kill()
+        killed_at = time.monotonic()
+        out, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, (proc.returncode, err[-3000:])
+    assert time.monotonic() - killed_at < 90
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sweeper run: error: the Ray node running the sweep was lost"), err[-3000:]
+    trials = optuna.load_study(study_name="lost", storage=storage).trials
+    assert [t.state.name for t in trials] == ["FAIL"]
+    assert trials[0].user_attrs["interrupted"] and "lost" in trials[0].user_attrs["reason"]
+    if worker_pid is not None:
+        assert not psutil.pid_exists(worker_pid) or \
+            psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE
+    resumed = sweeper("run", space, "--resume", "--study", "lost", "--trials", "2",
+                      "--no-analysis", home=home, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    states = [t.state.name for t in optuna.load_study(study_name="lost", storage=storage).trials]
+    assert states.count("COMPLETE") == 2 and states[0] == "FAIL", states

@@ -18,6 +18,7 @@ from sweeper.cli import analytical   # pure Python: no JAX import on this path
 from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a sweep starts
 from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
 from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
+from sweeper.sweep.workers import ClusterLost   # (imports no Ray: that is lazy)
 from workloads.config import ConfigError
 
 
@@ -216,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `sweeper ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
+    except ClusterLost as err:
+        print(f"sweeper {args.command}: error: {err}; its in-flight trials are recorded as "
+              "interrupted: --resume runs them again", file=sys.stderr)
+        return 3
     except Exception as err:  # noqa: BLE001 - only a store failure is turned into one line
         reason = store_failure(err)
         if reason is None:

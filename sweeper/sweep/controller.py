@@ -65,7 +65,8 @@ from sweeper.formatting import one_line
 from sweeper.sweep import lease
 from sweeper.sweep.progress import ProgressLine
 from sweeper.sweep.space import SearchSpace, load_space
-from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost, WorkerPool
+from sweeper.sweep.workers import (ClusterLost, LocalPool, RayPool, TrialError, WorkerLost,
+                                   WorkerPool)
 from sweeper.tracking.link import TrackingLink
 from sweeper.tracking.mlflow_log import experiment_name
 from sweeper.tracking.study import mlflow_run_ids, study_counts
@@ -78,6 +79,7 @@ from workloads.trial import TrialConfig
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted: the controller stopped before this trial finished"
 STATE_KEYS = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned"}
+CLUSTER_CHECK_S = 3.0      # how often the controller asks Ray which nodes are alive
 
 
 @dataclass
@@ -310,6 +312,7 @@ class Controller:
         self.tracking: TrackingLink | None = None
         self.experiment = experiment_name(space.name, self.source)
         self._next_heartbeat = 0.0
+        self._next_cluster_check = 0.0
 
     # ------------------------------------------------------------------ setup
     def _hardware(self) -> HardwareProfile | None:
@@ -370,6 +373,10 @@ class Controller:
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "logging_level": logging.WARNING}
+            if not self.address and not os.environ.get("RAY_ADDRESS"):
+                # a new local cluster: ray.init() would join any cluster `ray start` left on
+                # this machine (another user's sweep), whose node this sweep does not own
+                kwargs["address"] = "local"
             if self.address:
                 kwargs["address"] = self.address
                 # Remote nodes import the project from here, installed or not.
@@ -479,8 +486,12 @@ class Controller:
             self._loop()
         except BaseException as err:
             status = "failed" if isinstance(err, Exception) else "killed"
+            reason = INTERRUPTED
+            if isinstance(err, ClusterLost):
+                reason = f"interrupted: {err}"
+                self.pool.kill_orphans()      # no raylet is left to stop them
             for flight in list(self.in_flight.values()):
-                self._record(flight.trial, optuna.trial.TrialState.FAIL, INTERRUPTED, flight.config,
+                self._record(flight.trial, optuna.trial.TrialState.FAIL, reason, flight.config,
                              flight.flat, None, flight.prediction, interrupted=True)
             self.in_flight.clear()
             raise
@@ -545,6 +556,7 @@ class Controller:
                 if self._finish(flight):
                     free.append(flight.slot)
             self._note_placements()
+            self._check_cluster()
             now = time.monotonic()
             for key, flight in list(self.in_flight.items()):
                 if now > flight.deadline:
@@ -561,6 +573,22 @@ class Controller:
             self._heartbeat()
             self._show()
         self._show()
+
+    def _check_cluster(self, now: bool = False) -> None:
+        """ClusterLost when Ray counts no node alive (every few seconds, and at once when a
+        worker died): waiting for the trials' timeouts would record them FAIL `timeout`,
+        which is false and not re-run by --resume. While some node is alive, a trial whose
+        worker's node died runs again on another (its retry)."""
+        alive_nodes = getattr(self.pool, "alive_nodes", None)
+        if alive_nodes is None or (not now and time.monotonic() < self._next_cluster_check):
+            return
+        self._next_cluster_check = time.monotonic() + CLUSTER_CHECK_S
+        try:
+            alive = alive_nodes()
+        except Exception as err:  # noqa: BLE001 - the control store itself is gone
+            raise ClusterLost(f"the Ray cluster stopped answering ({one_line(err)[:150]})") from None
+        if not alive:
+            raise ClusterLost("the Ray node running the sweep was lost (no node alive)")
 
     def _note_placements(self) -> None:
         """Record where each running trial's worker is, as soon as the worker is up."""
@@ -633,6 +661,9 @@ class Controller:
         try:
             outcome = self.pool.outcome(flight.handle)
         except WorkerLost as err:
+            self.in_flight[id(flight.handle)] = flight    # recorded interrupted if the
+            self._check_cluster(now=True)                 # whole cluster is gone
+            del self.in_flight[id(flight.handle)]
             flight.lost.append({**(flight.placement or {}), "attempt": flight.attempt + 1,
                                 "reason": str(err)})
             if flight.attempt < self.space.max_retries:

@@ -67,6 +67,11 @@ class WorkerLost(RuntimeError):
     """The worker process died under a trial (crash, out of memory, killed)."""
 
 
+class ClusterLost(RuntimeError):
+    """No Ray node is left to run trials (the local raylet was killed, the cluster stopped):
+    the controller stops and records its in-flight trials `interrupted` (see controller)."""
+
+
 class TrialError(RuntimeError):
     """The trial raised; `reason` is one line (type and message)."""
 
@@ -263,6 +268,7 @@ class RayPool:
         self._actors: list[OrderedDict] = [OrderedDict() for _ in range(parallel)]
         self._where: dict[Any, Any] = {}       # actor -> ObjectRef of its where()
         self._remote = ray.remote(MeshWorker)
+        self._pids: set[int] = set()           # this host's worker processes seen
 
     # chips -> actor, per slot (emulated: one process per device count; devices: one per slot)
     def _actor_key(self, chips: int):
@@ -326,10 +332,32 @@ class RayPool:
         if not ready:
             return None
         try:
-            return self.ray.get(handle.where)
+            where = self.ray.get(handle.where)
         except Exception:  # noqa: BLE001 - the actor died before it could answer
             handle.where = None
             return None
+        if where.get("host") == socket.gethostname() and where.get("pid"):
+            self._pids.add(int(where["pid"]))
+        return where
+
+    def alive_nodes(self) -> list[str]:
+        """The Ray nodes the cluster's control store (GCS) still counts as alive."""
+        return [n["NodeID"] for n in self.ray.nodes() if n.get("Alive")]
+
+    def kill_orphans(self) -> list[int]:
+        """Kill this host's worker processes a lost node left running (no raylet is left to
+        stop them); the pids killed."""
+        import psutil
+
+        killed = []
+        for pid in sorted(self._pids):
+            try:
+                psutil.Process(pid).kill()
+                killed.append(pid)
+            except psutil.Error:
+                pass
+        self._pids.clear()
+        return killed
 
     def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
         if not handles:
