@@ -417,3 +417,25 @@ def test_a_killed_raylet_stops_the_sweep_in_seconds_and_resume_reruns_its_trials
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     states = [t.state.name for t in optuna.load_study(study_name="lost", storage=storage).trials]
     assert states.count("COMPLETE") == 2 and states[0] == "FAIL", states
+
+
+# ----------------------------------------------------------------------------- memory
+
+def memory_space(batches: list[int]) -> dict:
+    return {"name": "oom", "model": "tiny", "hardware": "host", "chips": 1, "input_len": 8,
+            "decode_steps": 2, "params": {"batch": batches, "decode_ffn": ["ws1d", "ws2d"]}}
+
+
+def test_a_host_space_no_point_of_which_fits_in_memory_is_rejected_before_ray(tmp_path):
+    """batch 2-4 million of the tiny model: ~34-68 GiB per chip predicted, x2 for what XLA
+    CPU allocates (measured, see controller.EMULATED_MEMORY_FACTOR): more than any test host."""
+    import psutil
+    from sweeper.sweep.controller import check_memory_fits
+
+    assert psutil.virtual_memory().total < 64 * 2**30 or pytest.skip("a host with > 64 GiB")
+    home = tmp_path / "home"
+    space = write(tmp_path / "oom.yaml", memory_space([2_000_000, 4_000_000]))
+    one_line_error(sweeper("run", space, home=home), "space", "fits in this host's memory",
+                   "XLA CPU")
+    assert not home.exists()
+    check_memory_fits(load_space(write(tmp_path / "ok.yaml", memory_space([8, 2_000_000]))))

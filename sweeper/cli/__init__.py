@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except ClusterLost as err:
-        print(f"sweeper {args.command}: error: {err}; its in-flight trials are recorded as "
-              "interrupted: --resume runs them again", file=sys.stderr)
+        print(f"sweeper {args.command}: error: {err}; trials that were in flight are recorded "
+              "as interrupted: --resume runs them again", file=sys.stderr)
         return 3
     except Exception as err:  # noqa: BLE001 - only a store failure is turned into one line
         reason = store_failure(err)

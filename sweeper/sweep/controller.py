@@ -45,6 +45,8 @@ What happens when things fail (docs/architecture.md "Reliability"; each case has
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -79,6 +81,69 @@ from workloads.trial import TrialConfig
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted: the controller stopped before this trial finished"
 STATE_KEYS = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned"}
+# Memory of an emulated trial (measured, issue 15: tiny model on 1 virtual chip, batch 2,048
+# to 16,384, `memory_analysis()` of the compiled programs and the worker's RSS high water):
+# XLA CPU holds 1.95-1.97x the cost model's per-chip peak (arguments, outputs and temporaries
+# are separate host buffers) plus ~0.4 GiB per worker process (JAX and its compiled programs).
+EMULATED_MEMORY_FACTOR = 2.0
+EMULATED_PROCESS_BYTES = 0.4 * 2**30
+EMULATED_NOTE = (f" (emulated mesh: the budget is the host's share less "
+                 f"{EMULATED_PROCESS_BYTES / 2**30:.1f} GiB per process, divided by "
+                 f"{EMULATED_MEMORY_FACTOR:g}, what XLA CPU allocates per byte the model counts)")
+
+
+def emulated_budget(budget_per_chip: float, chips: int) -> float:
+    """The cost model's per-chip memory budget that leaves room for what XLA CPU allocates."""
+    return max(0.0, (budget_per_chip - EMULATED_PROCESS_BYTES / chips) / EMULATED_MEMORY_FACTOR)
+
+
+def check_memory_fits(space: SearchSpace) -> None:
+    """ConfigError when no point of a `host` space fits in this machine's memory (checked
+    before Ray starts on every grid point, for a grid of at most MAX_CHECKED_POINTS and no
+    log ranges; else on the point with every searched value at its smallest)."""
+    if space.hardware.kind != "host":
+        return
+    from sweeper.sweep.space import MAX_CHECKED_POINTS
+    from workloads.hardware import load_hardware
+    from workloads.hostprofile import physical_memory_bytes
+
+    names = [p.name for p in space.params]
+    if space.params and (any(p.log for p in space.params) or space.grid_size() > MAX_CHECKED_POINTS):
+        # numbers at their smallest (least memory); every choice of a layout or a name
+        grids = [[p.low] if p.choices is None else
+                 [min(p.choices, key=_order)] if all(_number(c) for c in p.choices) else
+                 list(p.choices) for p in space.params]
+        if math.prod(len(g) for g in grids) > MAX_CHECKED_POINTS:
+            return
+    else:
+        grids = [p.grid_values() for p in space.params]
+    memory = physical_memory_bytes()
+    first = None
+    for values in itertools.product(*grids):
+        try:
+            config = space.trial_config(dict(zip(names, values)))
+        except ConfigError:
+            continue
+        # only the byte counts of the prediction are used: any profile's speeds will do
+        profile = dataclasses.replace(load_hardware("tpu-v4"), hbm_bytes=memory / config.chips)
+        budget = emulated_budget(space.memory_budget_bytes or profile.hbm_bytes, config.chips)
+        reason = feasibility(config, profile, budget)
+        if reason is None or not reason.startswith("memory"):
+            return
+        first = first or reason
+    if first is not None:
+        raise ConfigError("space", space.name, f"a space with a point that fits in this host's "
+                          f"memory; none does, e.g. {first}{EMULATED_NOTE}", space.source)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _order(value: Any) -> Any:
+    return (0, value) if isinstance(value, (int, float)) else (1, str(value))
+
+
 CLUSTER_CHECK_S = 3.0      # how often the controller asks Ray which nodes are alive
 
 
@@ -389,9 +454,10 @@ class Controller:
                 # exit 15): the caller's handler (the CLI's: stop cleanly, exit 143) is kept.
                 if threading.current_thread() is threading.main_thread() and previous is not None:
                     signal.signal(signal.SIGTERM, previous)
-            except (ConnectionError, TimeoutError, ValueError, RuntimeError) as err:
-                if not self.address:
-                    raise
+            except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception on a timeout
+                if not self.address:      # (a loaded machine): one line, no study created
+                    raise ClusterLost(f"the local Ray cluster did not start "
+                                      f"({one_line(err)[:200]}); try again") from None
                 raise ConfigError("--address", self.address, f"the address of a running Ray "
                                   f"cluster, e.g. 10.0.0.1:6379 ({one_line(err)})") from None
             self._ray_started = True
@@ -626,9 +692,14 @@ class Controller:
         trial.set_user_attr("hardware_share", share)
         prediction: dict[str, float] = {}
         if chip_profile is not None:
-            budget = self.space.memory_budget_bytes if self.space.hardware.kind == "host" else None
+            budget = None
+            if self.space.hardware.kind == "host":
+                budget = emulated_budget(self.space.memory_budget_bytes or chip_profile.hbm_bytes,
+                                         config.chips)
             try:
                 reason = feasibility(config, chip_profile, budget)
+                if reason and budget is not None and reason.startswith("memory"):
+                    reason += EMULATED_NOTE
                 prediction = predict(config, chip_profile).metrics()
             except ConfigError as err:
                 reason = str(err)
@@ -857,6 +928,7 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
     target = trials if trials is not None else space.planned_trials()
     if space.sampler.type == "grid":
         target = min(target, space.grid_size())
+    check_memory_fits(space)      # before Ray starts: a space that cannot fit is bad input
     name, exists = choose_study(space, storage, study_name, resume)
     # The claim is atomic before Ray starts: a lock file held for the whole run, then the
     # lease attr checked again under it (sweeper/sweep/lease.py).
