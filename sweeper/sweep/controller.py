@@ -37,6 +37,9 @@ What happens when things fail (docs/architecture.md "Reliability"; each case has
   their parameters again (`retry_of`), reuses the MLflow parent run and reconciles the
   child runs (`sweeper.tracking.sync`). A study whose controller is alive cannot be resumed twice
   (`sweeper.sweep.lease`).
+- Every Ray node is gone (the local raylet killed): seen within seconds (`_check_cluster`);
+  in-flight trials are recorded `interrupted` with that reason (re-run by `--resume`), the
+  orphaned workers killed, and `ClusterLost` ends the sweep (`sweeper run` exits 3).
 - MLflow is unreachable: trials are still told to Optuna (attr `mlflow_error`);
   `sweeper.tracking.link` backs off, backfills every missing run when MLflow answers
   again, and at the end of the sweep tries once more, else prints the `sweeper sync`
