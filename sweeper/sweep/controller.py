@@ -69,7 +69,7 @@ from sweeper.analysis.pareto import pareto_front
 from sweeper.formatting import one_line
 from sweeper.sweep import lease
 from sweeper.sweep.progress import ProgressLine
-from sweeper.sweep.space import SearchSpace, load_space
+from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace, load_space
 from sweeper.sweep.workers import (ClusterLost, LocalPool, RayPool, TrialError, WorkerLost,
                                    WorkerPool)
 from sweeper.tracking.link import TrackingLink
@@ -77,7 +77,8 @@ from sweeper.tracking.mlflow_log import experiment_name
 from sweeper.tracking.study import mlflow_run_ids, study_counts
 from workloads.config import ConfigError, HardwareProfile
 from workloads.costmodel import feasibility, predict
-from workloads.hardware import chip_share, per_chip, worker_share
+from workloads.hardware import chip_share, load_hardware, per_chip, worker_share
+from workloads.hostprofile import physical_memory_bytes
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
 
@@ -106,10 +107,6 @@ def check_memory_fits(space: SearchSpace) -> None:
     log ranges; else on the point with every searched value at its smallest)."""
     if space.hardware.kind != "host":
         return
-    from sweeper.sweep.space import MAX_CHECKED_POINTS
-    from workloads.hardware import load_hardware
-    from workloads.hostprofile import physical_memory_bytes
-
     names = [p.name for p in space.params]
     if space.params and (any(p.log for p in space.params) or space.grid_size() > MAX_CHECKED_POINTS):
         # numbers at their smallest (least memory); every choice of a layout or a name

@@ -45,6 +45,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import psutil
+
 from sweeper.formatting import one_line
 from workloads.config import ConfigError, HardwareProfile
 from workloads.costmodel import predict
@@ -347,8 +349,6 @@ class RayPool:
     def kill_orphans(self) -> list[int]:
         """Kill this host's worker processes a lost node left running (no raylet is left to
         stop them); the pids killed."""
-        import psutil
-
         killed = []
         for pid in sorted(self._pids):
             try:
