@@ -302,7 +302,7 @@ def test_two_resumes_started_together_exactly_one_runs(tmp_path):
     winners = [r for r in results if r.returncode == 0]
     losers = [r for r in results if r.returncode != 0]
     assert len(winners) == 1 and len(losers) == 1, [(r.returncode, r.stderr[-2000:]) for r in results]
-    one_line_error(losers[0], "--resume", "'race'", "another `sweeper run`")
+    one_line_error(losers[0], "--resume", "'race'", f"pid {racers[0].pid if losers[0] is results[1] else racers[1].pid}")
     assert trial_states(home, "race") == ["COMPLETE", "COMPLETE"]
 
 

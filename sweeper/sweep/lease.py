@@ -100,14 +100,18 @@ def lock(storage: str, study_name: str) -> int | None:
     if db is None or str(db) in ("", ":memory:"):
         return None
     db.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(db.with_name(f"{db.name}.{study_name}.lease"), os.O_CREAT | os.O_RDWR, 0o644)
+    path = db.with_name(f"{db.name}.{study_name}.lease")
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise ConfigError("--resume", study_name, "a study that no running controller holds "
-                          "(another `sweeper run` on this machine is running it now; wait for "
-                          "it to end or stop it first)") from None
+        who = path.read_text(errors="replace")[:200].strip() or "another `sweeper run`"
+        raise ConfigError("--resume", study_name, f"a study that no running controller holds "
+                          f"({who} is running it now; wait for it to end or stop it "
+                          "first)") from None
+    os.ftruncate(fd, 0)            # who holds it, for the message above
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
     return fd
 
 
