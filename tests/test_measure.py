@@ -309,14 +309,13 @@ def test_bad_measurement_settings_are_config_errors(field, value):
 def test_calibration_space_meets_its_design():
     """Every point runs; >= 10 ranking groups (phase, chips, batch) with >= 2 layouts;
     every configuration replicated; one chip's prefill and decode big enough to time."""
+    import itertools
     from collections import defaultdict
 
     from sweeper.space import load_space
 
     space = load_space("search_spaces/calibration.yaml")
     names = [p.name for p in space.params]
-    import itertools
-
     trials = [space.trial_config(dict(zip(names, values)))
               for values in itertools.product(*(p.grid_values() for p in space.params))]
     assert len(trials) == space.planned_trials() == 192

@@ -166,41 +166,8 @@ class ModelConfig:
         if not isinstance(tie, bool):
             raise ConfigError(f"{prefix}tie_embeddings", tie, "true or false", source)
         values["tie_embeddings"] = tie
-        for key, what in (("collective_latency_s_by_group", "seconds"),
-                          ("collective_bandwidth_by_group", "bytes/s")):
-            values[key] = _by_group(data.get(key) or {}, f"{prefix}{key}", what,
-                                    positive=key.startswith("collective_bandwidth"), source=source)
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
-
-
-def _by_group(data: Any, where: str, what: str, positive: bool, source: str | None) -> dict:
-    """{kind: {group size: number}} from a profile YAML (group sizes may be written as strings)."""
-    from workloads.layouts import COLLECTIVE_KINDS  # layouts imports this module
-
-    if not isinstance(data, Mapping):
-        raise ConfigError(where, data, f"a mapping {{all-gather: {{2: {what}, ...}}, ...}}", source)
-    out: dict[str, dict[int, float]] = {}
-    for kind, groups in data.items():
-        if kind not in COLLECTIVE_KINDS:
-            raise ConfigError(f"{where}.{kind}", kind, f"one of {list(COLLECTIVE_KINDS)}", source)
-        if not isinstance(groups, Mapping):
-            raise ConfigError(f"{where}.{kind}", groups, f"a mapping {{group size: {what}}}", source)
-        out[kind] = {}
-        for group, number in groups.items():
-            field_name = f"{where}.{kind}.{group}"
-            try:
-                size = int(group)
-            except (TypeError, ValueError):
-                size = 0
-            if size < 2:
-                raise ConfigError(field_name, group, "a group size, an integer >= 2", source)
-            value = parse_quantity(number, field_name, source)
-            if value < 0 or (positive and not value > 0):
-                raise ConfigError(field_name, number, "a positive number" if positive else
-                                  "a number >= 0", source)
-            out[kind][size] = value
-    return out
 
 
 def _palm(name, e, layers, heads, kv=1, d_head=256):

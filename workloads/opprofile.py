@@ -32,7 +32,6 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from workloads.config import ConfigError, HardwareProfile, ModelConfig, load_model
 from workloads.measure import ci_rel, repeat_until_precise
