@@ -174,7 +174,7 @@ def test_best_gather_degree_for_palm_540b_prefill():
 def test_large_batch_prefill_recommends_weight_gathered_over_most_chips():
     result = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048)
     assert result["ffn"] in ("wg_xy", "wg_xyz") and result["fits"]
-    # The paper's choice (Table 2) is within 2% of the best by the formulas; see notes/costmodel.md.
+    # The paper's choice (Table 2) is within 2% of the best by the formulas; see docs/architecture.md "The analytical cost model".
     xyz = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="wg_xyz")
     assert xyz["latency_s"] <= 1.02 * result["latency_s"]
     ws2d = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="ws2d")

@@ -1,4 +1,4 @@
-"""run_trial on a tiny model: finite metrics that mean what DESIGN.md says, the compile
+"""run_trial on a tiny model: finite metrics that mean what docs/architecture.md says, the compile
 cache, verification against the reference, and the cached host profile."""
 
 import dataclasses
@@ -8,6 +8,7 @@ import time
 import pytest
 import yaml
 
+from workloads.hardware import per_chip
 from workloads import costmodel, hostprofile
 from workloads.config import ConfigError
 from workloads.measure import (MIN_CI_SAMPLES, cache_key, ci_rel, compile_trial, median_ci,
@@ -163,9 +164,12 @@ def test_host_profile_is_measured_once_and_cached(sweeper_home, monkeypatch):
 
 def test_per_chip_splits_the_host_evenly(sweeper_home):
     profile = hostprofile.HardwareProfile("host", 8e11, 4e10, 64e9, 2e10, measured=True)
-    chip = hostprofile.per_chip(profile, 8)
+    chip = per_chip(profile, 8)
     assert (chip.peak_flops, chip.hbm_bandwidth, chip.hbm_bytes, chip.ici_bandwidth) == (1e11, 5e9, 8e9, 2.5e9)
-    assert hostprofile.per_chip(profile, 1) == profile
+    assert per_chip(profile, 1) == profile
+    # a worker owning half the host's cores: half the compute and bandwidth, memory split by chips only
+    half = per_chip(profile, 2, share=0.5)
+    assert (half.peak_flops, half.hbm_bandwidth, half.hbm_bytes) == (2e11, 1e10, 32e9)
 
 
 # --------------------------------------------------------------------------- noise
@@ -286,7 +290,7 @@ def test_decode_is_timed_as_one_run_of_back_to_back_steps(measured):
 
 
 def test_measurement_settings_come_from_the_space_file(tmp_path):
-    from sweeper.space import load_space
+    from sweeper.sweep.space import load_space
 
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump({
@@ -312,7 +316,7 @@ def test_calibration_space_meets_its_design():
     import itertools
     from collections import defaultdict
 
-    from sweeper.space import load_space
+    from sweeper.sweep.space import load_space
 
     space = load_space("search_spaces/calibration.yaml")
     names = [p.name for p in space.params]

@@ -5,7 +5,7 @@ measurement. Communication comes from `workloads.layouts` (the collectives of ea
 as data, shared with the engine), so the model and the engine cannot drift apart.
 
 Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
-  compute_s = model FLOPs / (n * peak_flops)                                  (§2, DESIGN.md)
+  compute_s = model FLOPs / (n * peak_flops)                                  (§2, docs/architecture.md)
   memory_s  = (weights read + KV cache read) per chip / hbm_bandwidth          (§2.1)
   comm_s    = sum over collectives of bytes * factor / ici_bandwidth           (§3.1)
               factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
@@ -13,7 +13,7 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
   latency_s = (1 - overlap) * (compute + memory + comm) + overlap * max(...)
               + hw.op_overhead_s * n_layers
   (overlap, collective_latency_s and op_overhead_s default to 0: the paper's additive model;
-  sweeper/calibrate.py fits them to measurements without changing this structure.)
+  sweeper/analysis/calibrate.py fits them to measurements without changing this structure.)
 
 Conventions that are choices, stated once:
 - KV cache is bf16. Activations are bf16.
@@ -21,7 +21,7 @@ Conventions that are choices, stated once:
   symmetric quantisation, as in quant.py); embeddings stay bf16 (a lookup table and the
   unembedding are small next to the blocks, and the paper quantises the matmul weights).
 - Model FLOPs count every matmul parameter including the unembedding for every token
-  (DESIGN.md), and attention as 4 * n_layers * n_heads * d_head * keys_attended with
+  (docs/architecture.md "Metrics"), and attention as 4 * n_layers * n_heads * d_head * keys_attended with
   keys_attended = the full context (no causal halving: PaLM's MFU convention, and what a
   dense masked attention computes).
 - Weight-gathered layouts read the *gathered* weights (size / M per chip) from HBM.
@@ -105,12 +105,12 @@ def matmul_params(model: ModelConfig) -> int:
     """Parameters that take part in a matmul for every token: blocks + the unembedding.
 
     The unembedding is a V x E matmul whether or not it shares storage with the input
-    embedding, whose lookup is not a matmul (DESIGN.md FLOPs definition)."""
+    embedding, whose lookup is not a matmul (docs/architecture.md "Metrics")."""
     return block_params(model) + model.vocab * model.d_model
 
 
 def model_flops_per_token(model: ModelConfig, keys_attended: float) -> float:
-    """DESIGN.md: 2 * matmul params (incl. unembedding) + 4 * n_layers * n_heads * d_head * keys."""
+    """docs/architecture.md "Metrics": 2 * matmul params (incl. unembedding) + 4 * n_layers * n_heads * d_head * keys."""
     return 2.0 * matmul_params(model) + 4.0 * model.n_layers * model.n_heads * model.d_head * keys_attended
 
 
@@ -375,7 +375,7 @@ def best_gather_degree(model: ModelConfig, chips: int, batch: int, seq_len: int,
     optimum is sqrt(N1 * N2). For PaLM 540B at 512 x 2048 tokens on 4x4x4, N* = 30.2 sits just
     below sqrt(16 * 64) = 32: the formulas pick xy (16) by a small margin where the summary
     argues "29 is closer to 64" for xyz (the paper's Table 2 choice); xyz wins from ~1.5M
-    tokens. We trust the formulas (notes/costmodel.md)."""
+    tokens. We trust the formulas (docs/architecture.md "The analytical cost model")."""
     _positive_int("chips", chips)
     _positive_int("batch", batch)
     _positive_int("seq_len", seq_len)

@@ -1,6 +1,6 @@
 """Run one trial on a mesh and measure it: `run_trial(config) -> Measurement`.
 
-What is measured (DESIGN.md "Metrics"; paper §4 for MFU and chip-seconds per token):
+What is measured (docs/architecture.md "Metrics"; paper §4 for MFU and chip-seconds per token):
 
 - compile once (`compile_s`, never part of a latency); the compiled programs are kept in
   an `engine_cache` dict the caller owns, keyed by the trial's shape and layouts, so a
@@ -18,7 +18,7 @@ What is measured (DESIGN.md "Metrics"; paper §4 for MFU and chip-seconds per to
 - MFU = model FLOPs / (n_chips x peak FLOP/s per chip x seconds), with model FLOPs from
   `costmodel.phase_model_flops` (the same definition the analytical model uses). On an
   emulated mesh the peak is THIS host's measured peak split over the n virtual chips
-  (`hostprofile.per_chip`), never a TPU's;
+  (`workloads.hardware.per_chip`), never a TPU's;
 - chip-seconds per token = n_chips x seconds / tokens (prefill: B·L tokens; decode: B);
 - memory per device from the compiled programs: weight and KV-cache bytes are the shard
   sizes of those arguments under the programs' input shardings; peak is the largest
@@ -36,7 +36,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from workloads.config import ConfigError, HardwareProfile, load_hardware
+from workloads.config import ConfigError, HardwareProfile
+from workloads.hardware import load_hardware, per_chip
 from workloads.hoststate import HostSampler
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
@@ -98,8 +99,6 @@ def resolve_hardware(hardware, chips: int) -> HardwareProfile | None:
             hardware = preset
     profile = load_hardware(hardware)
     if profile.name == "host" and profile.measured:
-        from workloads.hostprofile import per_chip
-
         profile = per_chip(profile, chips)
     return profile
 

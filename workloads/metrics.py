@@ -1,4 +1,4 @@
-"""Measurement: the one definition of every metric (DESIGN.md "Metrics").
+"""Measurement: the one definition of every metric (docs/architecture.md "Metrics").
 
 The engine fills it with `source="measured"` (timings of the mesh it ran on: on an
 emulated mesh, this host), the cost model with `source="analytical"`. MLflow, Optuna

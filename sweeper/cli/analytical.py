@@ -15,8 +15,10 @@ from typing import Callable
 
 from sweeper.formatting import format_fields, format_table, human_bytes, human_seconds, percent
 from workloads import costmodel
-from workloads.config import ConfigError, load_hardware, load_model, parse_topology
+from workloads.config import ConfigError, load_model, parse_topology
+from workloads.hardware import load_hardware
 from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout
+from workloads.validate import one_of
 
 HEADER = "analytical prediction (Pope et al. 2022 cost model from peak hardware numbers; not a measurement)"
 
@@ -80,9 +82,7 @@ def _positive(name: str, value) -> int:
 
 
 def _choice(name: str, value, choices):
-    if value not in choices:
-        raise ConfigError(name, value, f"one of {list(choices)}")
-    return value
+    return one_of(name, value, choices)
 
 
 def _load(args):
