@@ -15,7 +15,8 @@ from workloads.layouts import COLLECTIVE_KINDS
 @pytest.fixture(scope="module")
 def quick_profile():
     """--quick on 4 devices (~20-30 s on the 2-core VM): every kind, group sizes 2 and 4."""
-    return opprofile.profile(4, quick=True)
+    return opprofile.profile(4, quick=True, settings=opprofile.Settings(
+        ci_target=0.1, time_budget_s=0.1, loop_target_s=5e-3))
 
 
 def test_group_sizes_are_the_divisors_above_one():
@@ -86,3 +87,38 @@ def test_bad_profile_fields_are_config_errors(tmp_path, field, value):
                                     "ici_bandwidth": 1e10, field: value}))
     with pytest.raises(ConfigError, match=field):
         load_hardware(str(path))
+
+
+def test_profile_command_writes_a_profile_predict_accepts(tmp_path):
+    """`sweeper profile --chips 2 --quick` in a fresh process (it sets its own device count),
+    then `sweeper predict --hardware` that file."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "host-2.yaml"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # the command sets it
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "profile", "--chips", "2",
+                           "--quick", "--out", str(out), "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["devices"] == 2 and report["profile"] == str(out)
+    assert {f["group"] for f in report["fits"]} == {2}
+    hw = load_hardware(str(out))
+    assert set(hw.collective_bandwidth_by_group["all-gather"]) == {2}
+    predicted = subprocess.run([sys.executable, "-m", "sweeper.cli", "predict", "--model", "calib",
+                                "--hardware", str(out), "--chips", "2", "--batch", "8",
+                                "--phase", "decode", "--json"],
+                               capture_output=True, text=True, env=env, timeout=120)
+    assert predicted.returncode == 0, predicted.stderr[-2000:]
+    assert json.loads(predicted.stdout)
+
+
+def test_one_device_profile_has_no_collectives(tmp_path):
+    op = opprofile.OpProfile(1, "cpu", "calib", memory_bandwidth=1e10, hbm_bytes=1e9,
+                             matmuls=[opprofile.MatmulPoint("decode ffn_in", 8, 8, 8, 1e-3, 1e9, 0.01)])
+    hw = opprofile.to_hardware(op)
+    assert hw.ici_bandwidth == 1e10 and hw.collective_latency_s == 0.0
+    assert hw.collective_latency_s_by_group == {}

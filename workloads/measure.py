@@ -5,8 +5,8 @@ What is measured (docs/architecture.md "Metrics"; paper §4 for MFU and chip-sec
 - compile once (`compile_s`, never part of a latency); the compiled programs are kept in
   an `engine_cache` dict the caller owns, keyed by the trial's shape and layouts, so a
   repeated shape does not recompile (`extra["compile_cache_hit"]`);
-- `warmup` untimed runs, then timed runs of the whole trial (README "Measurement
-  protocol"): prefill and the phase handoff (KV cache from the prefill layout to the
+- `warmup` untimed runs, then timed runs of the whole trial (docs/architecture.md,
+  "Measurement protocol"): prefill and the phase handoff (KV cache from the prefill layout to the
   decode layout), each synchronised, then all `decode_steps` decode steps dispatched back
   to back and synchronised once, as a serving loop runs them; a run's decode time / its
   steps is its `decode_step_s`. Runs repeat (at least `repeats`) until the 95% confidence

@@ -1,5 +1,5 @@
 """Op-level profile of a mesh: collectives, matmuls and memory bandwidth, timed one op at a
-time and fitted, written as a hardware profile (README "Op-level profiling").
+time and fitted, written as a hardware profile (docs/architecture.md, "Hardware profiles and shares").
 
 As AIConfigurator and Vidur profile operators instead of whole models, this times the
 pieces the cost model adds up, on the mesh the trials run on:
@@ -22,6 +22,10 @@ Per (kind, group size) the points are fitted with `time = latency + bytes / band
 (`scipy.optimize.least_squares` on relative error, so small messages weigh as much as
 large ones), and the profile YAML carries the fits (`HardwareProfile.
 collective_latency_s_by_group` and `collective_bandwidth_by_group`).
+
+JAX, numpy and scipy are imported inside the functions: `sweeper profile` imports this
+module before it has set the device count JAX reads once at start-up, and every other
+`sweeper` command would otherwise pay for scipy.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Settings:
     ci_target: float = 0.05
     time_budget_s: float = 0.5
     min_repeats: int = 6
+    loop_target_s: float = LOOP_TARGET_S
 
 
 @dataclass
@@ -110,6 +115,9 @@ class OpProfile:
 
     def fit(self, kind: str, group: int) -> CollectiveFit | None:
         return next((f for f in self.fits if f.kind == kind and f.group == group), None)
+
+
+QUICK_SETTINGS = Settings(ci_target=0.1, time_budget_s=0.2, loop_target_s=5e-3)
 
 
 # --------------------------------------------------------------------------- meshes
@@ -193,7 +201,7 @@ def _seconds(fn, *args) -> float:
 
 def time_collective(mesh, kind: str, nbytes: int, settings: Settings) -> CollectivePoint:
     """One op's time: (loop of 1 + r trips - loop of 1 trip) / r, median over pairs; for an
-    op that alone takes longer than LOOP_TARGET_S, the loop of one trip."""
+    op that alone takes longer than `settings.loop_target_s`, the loop of one trip."""
     import jax.numpy as jnp
 
     group = mesh.shape["group"]
@@ -202,12 +210,12 @@ def time_collective(mesh, kind: str, nbytes: int, settings: Settings) -> Collect
     one = jnp.int32(1)
     _seconds(fn, x, one)                                   # compile and warm up
     base = statistics.median(_seconds(fn, x, one) for _ in range(3))
-    extra = int(min(MAX_EXTRA_TRIPS, max(1, math.ceil(LOOP_TARGET_S / max(base, 1e-6)))))
+    extra = int(min(MAX_EXTRA_TRIPS, max(1, math.ceil(settings.loop_target_s / max(base, 1e-6)))))
     more = jnp.int32(1 + extra)
     _seconds(fn, x, more)
 
     def sample() -> float:
-        if base >= LOOP_TARGET_S:      # one op dwarfs the dispatch: time it directly, since
+        if base >= settings.loop_target_s:   # one op dwarfs the dispatch: time it directly, since
             return _seconds(fn, x, one)   # a difference of two long timings doubles the noise
         return (_seconds(fn, x, more) - _seconds(fn, x, one)) / extra
 
@@ -321,7 +329,7 @@ def profile(n: int, quick: bool = False, model: str | ModelConfig = "calib", bat
     from workloads.hostprofile import physical_memory_bytes
 
     start = time.perf_counter()
-    settings = settings or (Settings(ci_target=0.1, time_budget_s=0.2) if quick else Settings())
+    settings = settings or (QUICK_SETTINGS if quick else Settings())
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     model = load_model(model)
     out = OpProfile(n, jax.default_backend(), model.name)
@@ -357,11 +365,16 @@ def to_hardware(op: OpProfile, name: str | None = None) -> HardwareProfile:
         bandwidth_by_group.setdefault(f.kind, {})[f.group] = f.bandwidth
     by_kind = {kind: statistics.mean(groups.values()) for kind, groups in latency_by_group.items()}
     widest = op.fit("all-gather", max(group_sizes(op.devices), default=1))
-    ici = widest.bandwidth if widest else statistics.median(f.bandwidth for f in op.fits)
+    if widest:
+        ici = widest.bandwidth
+    elif op.fits:
+        ici = statistics.median(f.bandwidth for f in op.fits)
+    else:                      # one device: nothing to communicate with; a local copy's rate
+        ici = op.memory_bandwidth
     return HardwareProfile(
         name=name or f"opprofile-{op.platform}-{op.devices}",
         peak_flops=op.peak_flops, hbm_bandwidth=op.memory_bandwidth, hbm_bytes=op.hbm_bytes,
-        ici_bandwidth=ici, collective_latency_s=statistics.median(by_kind.values()),
+        ici_bandwidth=ici, collective_latency_s=statistics.median(by_kind.values()) if by_kind else 0.0,
         measured=True, collective_latency_s_by_kind=by_kind,
         collective_latency_s_by_group=latency_by_group,
         collective_bandwidth_by_group=bandwidth_by_group)
