@@ -61,6 +61,17 @@ class CompiledTrial:
     compile_s: float
     seed: int
     analysis: dict[str, Any] = field(default_factory=dict)   # memory and collectives, computed once
+    inputs: tuple | None = None     # (params, prompt, decode positions) placed: see run_inputs
+
+
+def run_inputs(entry: CompiledTrial) -> tuple:
+    """The programs' inputs, placed on the mesh once per seed, so a timed run spends its
+    time budget on running, not on rebuilding the prompt and positions."""
+    if entry.inputs is None:
+        engine = entry.engine
+        params, tokens = _place((engine.params, engine.input_tokens()), entry.compiled["prefill"])
+        entry.inputs = (params, tokens, engine.positions())
+    return entry.inputs
 
 
 def cache_key(trial: TrialConfig) -> tuple:
@@ -123,6 +134,7 @@ def compile_trial(trial: TrialConfig, engine_cache: dict | None = None) -> tuple
         if cached.seed != trial.seed:      # same programs, other weights: re-initialise only
             cached.engine = Engine(trial, mesh=cached.mesh)
             cached.seed = trial.seed
+            cached.inputs = None
         return cached, True
     mesh = make_mesh(trial.mesh_shape)
     engine = Engine(trial, mesh=mesh)
@@ -247,12 +259,11 @@ def run_once(entry: CompiledTrial, trial: TrialConfig, keep_logits: bool = False
     from workloads.engine import decode_loop
 
     engine, progs = entry.engine, entry.compiled
-    params, tokens = _place((engine.params, engine.input_tokens()), progs["prefill"])
+    params, tokens, positions = run_inputs(entry)
     prefill_s, (logits, kv) = _timed(progs["prefill"], params, tokens)
     # The engine skips the handoff when both phases shard the cache alike (then ~0 s).
     handoff_s, kv = _timed(engine.handoff, kv)
     token = jax.block_until_ready(engine.greedy(logits))
-    positions = engine.positions()
     decode_s, decoded = 0.0, None
     if positions:
         params, kv, token, _ = _place((params, kv, token, positions[0]), progs["decode"])
