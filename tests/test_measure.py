@@ -239,7 +239,7 @@ def test_every_measurement_carries_its_noise_and_the_host_state(measured):
     trial, m, _ = measured
     assert m.prefill_repeats == m.decode_repeats == m.extra["repeats"] >= trial.repeats
     assert m.prefill_repeats >= MIN_CI_SAMPLES        # repeats=6: a CI exists
-    assert 0 <= m.prefill_ci_rel < 1 and 0 <= m.decode_ci_rel < 1
+    assert 0 <= m.prefill_ci_rel < math.inf and 0 <= m.decode_ci_rel < math.inf   # a loaded host: > 1
     # stopped by the CI target or by the budget (overrun by at most one run)
     assert (max(m.prefill_ci_rel, m.decode_ci_rel) <= trial.ci_target
             or m.measure_s >= trial.time_budget_s)
