@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from workloads import opprofile
-from workloads.config import ConfigError, load_hardware
-from workloads.layouts import COLLECTIVE_KINDS
+from workloads.config import COLLECTIVE_KINDS, ConfigError
+from workloads.hardware import load_hardware
 
 
 @pytest.fixture(scope="module")

@@ -268,8 +268,6 @@ class HardwareProfile:
 
 def _by_group(data: Any, where: str, what: str, positive: bool, source: str | None) -> dict:
     """{kind: {group size: number}} from a profile YAML (group sizes may be written as strings)."""
-    from workloads.layouts import COLLECTIVE_KINDS  # layouts imports this module
-
     if not isinstance(data, Mapping):
         raise ConfigError(where, data, f"a mapping {{all-gather: {{2: {what}, ...}}, ...}}", source)
     out: dict[str, dict[int, float]] = {}
