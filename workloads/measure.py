@@ -38,7 +38,7 @@ from typing import Any
 
 from workloads.config import ConfigError, HardwareProfile
 from workloads.hardware import load_hardware, per_chip
-from workloads.hoststate import HostSampler
+from workloads.hoststate import HostSampler, HostState
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
 
@@ -338,6 +338,36 @@ def _finite_or_nan(value: float) -> float:
 # --------------------------------------------------------------------------- the trial
 
 
+def time_runs(entry: CompiledTrial, trial: TrialConfig) -> tuple[list[RunTimes], float, HostState]:
+    """Timed runs until both medians are precise or the budget is spent; their wall time
+    and the host's state meanwhile."""
+    def precise(runs: list[RunTimes]) -> bool:
+        phases = [[r.prefill_s for r in runs]]
+        if trial.decode_steps:
+            phases.append([r.decode_step_s for r in runs])
+        return all(ci_rel(times) <= trial.ci_target for times in phases)
+
+    host = HostSampler().start()
+    start = time.perf_counter()
+    runs = repeat_until_precise(lambda: run_once(entry, trial), precise, trial.repeats,
+                                trial.time_budget_s)
+    return runs, time.perf_counter() - start, host.stop()
+
+
+def fill_timings(m: Measurement, runs: list[RunTimes], decodes: bool) -> None:
+    """Medians, min and max, and the noise of each (CI, runs, spread)."""
+    prefill = [r.prefill_s for r in runs]
+    m.prefill_s, m.prefill_s_min, m.prefill_s_max = _stats(prefill)
+    m.prefill_ci_rel, m.prefill_spread = _finite_or_nan(ci_rel(prefill)), spread(prefill)
+    m.prefill_repeats = float(len(runs))
+    if decodes:
+        decode = [r.decode_step_s for r in runs]
+        m.decode_step_s, m.decode_step_s_min, m.decode_step_s_max = _stats(decode)
+        m.decode_ci_rel, m.decode_spread = _finite_or_nan(ci_rel(decode)), spread(decode)
+        m.decode_repeats = float(len(runs))
+    m.total_s = statistics.median(r.total_s for r in runs)
+
+
 def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: bool = False,
               hardware=None) -> Measurement:
     """Compile (or reuse), warm up, time and analyse one trial; optionally verify it.
@@ -362,32 +392,11 @@ def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: boo
 
     for _ in range(trial.warmup):
         run_once(entry, trial)
-
-    def precise(runs: list[RunTimes]) -> bool:
-        phases = [[r.prefill_s for r in runs]]
-        if trial.decode_steps:
-            phases.append([r.decode_step_s for r in runs])
-        return all(ci_rel(times) <= trial.ci_target for times in phases)
-
-    host = HostSampler().start()
-    start = time.perf_counter()
-    runs = repeat_until_precise(lambda: run_once(entry, trial), precise, trial.repeats,
-                                trial.time_budget_s)
-    measure_s = time.perf_counter() - start
-    state = host.stop()
+    runs, measure_s, state = time_runs(entry, trial)
 
     n, b = trial.chips, trial.batch
     m = Measurement(source="measured", hardware=hardware_label())
-    prefill = [r.prefill_s for r in runs]
-    m.prefill_s, m.prefill_s_min, m.prefill_s_max = _stats(prefill)
-    m.prefill_ci_rel, m.prefill_spread = _finite_or_nan(ci_rel(prefill)), spread(prefill)
-    m.prefill_repeats = float(len(runs))
-    if trial.decode_steps:
-        decode = [r.decode_step_s for r in runs]
-        m.decode_step_s, m.decode_step_s_min, m.decode_step_s_max = _stats(decode)
-        m.decode_ci_rel, m.decode_spread = _finite_or_nan(ci_rel(decode)), spread(decode)
-        m.decode_repeats = float(len(runs))
-    m.total_s = statistics.median(r.total_s for r in runs)
+    fill_timings(m, runs, trial.decode_steps > 0)
     m.measure_s = measure_s
     m.host_load_avg_1m, m.host_steal_frac = state.load_avg_1m, state.steal_frac
     m.host_busy_frac, m.host_involuntary_switches = state.busy_frac, state.involuntary_switches
