@@ -80,6 +80,14 @@ def _touches(field: str, override: Override) -> bool:
     return n > 0 and a[:n] == b[:n]
 
 
+def _file_is_valid(source: str) -> bool:
+    try:
+        load_space(source)
+        return True
+    except ConfigError:
+        return False
+
+
 def load_space_with_overrides(path: str | Path, overrides: Iterable[str] = ()) -> SearchSpace:
     """`load_space(path)` with `--set` overrides applied to the document before validation."""
     parsed = [parse_override(text) for text in overrides]
@@ -94,6 +102,10 @@ def load_space_with_overrides(path: str | Path, overrides: Iterable[str] = ()) -
         space = load_space(doc, source)
     except ConfigError as err:
         mine = [o.text for o in parsed if _touches(err.field, o)]
+        if not mine and _file_is_valid(source):
+            # e.g. "no point of this space can run" after --set params.chips=[3]: the file
+            # alone is fine, so together the overrides caused it
+            mine = [o.text for o in parsed]
         if not mine:
             raise
         where = f"{source} with " + ", ".join(f"--set {t}" for t in mine)
