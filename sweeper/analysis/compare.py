@@ -86,7 +86,8 @@ def layout_medians(a: pd.DataFrame, b: pd.DataFrame, phase: str, metric: str) ->
         return done.groupby("layout")["value"].agg(["size", "median"])
 
     ma, mb = medians(a), medians(b)
-    table = ma.join(mb, how="outer", lsuffix="_a", rsuffix="_b").reset_index()
+    table = ma.merge(mb, how="outer", left_index=True, right_index=True,
+                     suffixes=("_a", "_b")).rename_axis("layout").reset_index()
     table = table.rename(columns={"size_a": "n_a", "size_b": "n_b"})
     for col in ("n_a", "n_b"):
         table[col] = table[col].fillna(0).astype(int)
