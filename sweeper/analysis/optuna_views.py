@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import matplotlib
-from matplotlib import colors
+from matplotlib import colors, ticker
 
 from sweeper.analysis import pareto, plots
 from sweeper.tracking.results import PARAM_COLUMNS
@@ -204,6 +204,7 @@ def hypervolume_figure(history: pd.DataFrame, source_label: str):
         ax.step(part["number"], share, where="post", color=colour, lw=1.6,
                 label=f"{phase} (final {final:.3g})")
     ax.set_ylim(0, 1.05)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_xlabel("trial number")
     ax.set_ylabel("hypervolume / final hypervolume")
     ax.set_title(f"hypervolume of the latency/cost frontier against trial number — {source_label}",
