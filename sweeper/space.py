@@ -49,13 +49,13 @@ from workloads.config import (ConfigError, HardwareProfile, ModelConfig, load_ha
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout, stores_1d,
                                validate_layouts)
 from workloads.metrics import METRIC_NAMES, Measurement
-from workloads.trial import TrialConfig, parse_phase_layout
+from workloads.trial import TrialConfig, parse_pad_heads, parse_phase_layout
 
 # What can be searched, and which of those are integers.
 # `ffn` / `attn` set the layout of both phases at once (e.g. Figure 6 compares ws1d and ws2d
 # with the same layout in prefill and decode).
 PARAM_NAMES = ("batch", "chips", "topology", "prefill_ffn", "prefill_attn", "decode_ffn",
-               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps")
+               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps", "pad_heads")
 INT_PARAMS = ("batch", "chips", "input_len", "decode_steps")
 LAYOUT_PARAMS = {"prefill_ffn": FFN_LAYOUTS, "prefill_attn": ATTN_LAYOUTS,
                  "decode_ffn": FFN_LAYOUTS, "decode_attn": ATTN_LAYOUTS,
@@ -64,7 +64,7 @@ AUTO_TOPOLOGY = "auto"   # the cost model's best split (TrialConfig.topology = N
 
 # Trial fields that a space file may fix (TrialConfig.FIELDS without the model).
 FIXED_FIELDS = ("chips", "batch", "input_len", "decode_steps", "topology", "weights", "prefill",
-                "decode", "seed", "repeats", "warmup")
+                "decode", "seed", "repeats", "warmup", "pad_heads")
 SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objectives",
                 "constraints", "sampler", "trials", "parallel", "timeout_s", "max_retries",
                 "memory_budget_bytes", "resources")
@@ -189,6 +189,8 @@ def _param_value(name: str, value: Any, field: str, source: str | None):
         return _one_of(field, value, LAYOUT_PARAMS[name], source)
     if name == "weights":
         return _one_of(field, value, WEIGHT_FORMATS, source)
+    if name == "pad_heads":   # auto | none | N (paper §4 head padding)
+        return parse_pad_heads(value, source, field)
     if name == "topology":
         if value == AUTO_TOPOLOGY:
             return value
@@ -434,7 +436,8 @@ class SearchSpace:
                     if name in params:
                         layout[part] = params[name]
             data[phase] = layout
-        for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology"):
+        for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology",
+                     "pad_heads"):
             if name in params:
                 data[name] = params[name]
         if data.get("topology") == AUTO_TOPOLOGY:
@@ -464,6 +467,7 @@ class SearchSpace:
             "prefill_ffn": prefill.get("ffn", "ws2d"), "prefill_attn": prefill.get("attn", "head"),
             "decode_ffn": decode.get("ffn", "ws2d"), "decode_attn": decode.get("attn", "head"),
             "seed": data.get("seed", 0), "repeats": data.get("repeats", 3),
+            "pad_heads": data.get("pad_heads", "auto"),
         }
 
     def summary(self) -> dict[str, Any]:
@@ -633,6 +637,8 @@ def _parse_fixed(data: Mapping, source: str | None) -> dict[str, Any]:
                 data.get("chips"), int) else None, key, source))
         elif key == "weights":
             fixed[key] = _one_of(key, value, WEIGHT_FORMATS, source)
+        elif key == "pad_heads":
+            fixed[key] = parse_pad_heads(value, source)
         else:
             minimum = 0 if key in ("seed", "warmup", "decode_steps") else 1
             fixed[key] = _int(value, key, source, minimum)

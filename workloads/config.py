@@ -130,6 +130,14 @@ class ModelConfig:
     block: str = "parallel"      # paper §3.4: attention and MLP read the same normed input
     mlp: str = "gelu"            # gelu: W_in, W_out; swiglu: W_gate, W_up, W_out
     tie_embeddings: bool = True
+    # Set on a head-padded model (layouts.pad_model, paper §4): the model before padding.
+    # Padded heads are zero; MFU counts the unpadded model's FLOPs.
+    padded_from: "ModelConfig | None" = None
+
+    @property
+    def unpadded(self) -> "ModelConfig":
+        """The model before head padding (itself when not padded)."""
+        return self.padded_from if self.padded_from is not None else self
 
     @property
     def attention_kind(self) -> str:
@@ -142,13 +150,16 @@ class ModelConfig:
         return 3 if self.mlp == "swiglu" else 2
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The unpadded model's fields (padding is a trial knob, `pad_heads`)."""
+        out = dataclasses.asdict(self.unpadded)
+        out.pop("padded_from")
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "ModelConfig":
         if not isinstance(data, Mapping):
             raise ConfigError(prefix.rstrip(".") or "model", data, "a mapping of model fields", source)
-        fields = [f.name for f in dataclasses.fields(cls)]
+        fields = [f.name for f in dataclasses.fields(cls) if f.name != "padded_from"]
         check_keys(data, fields, source, prefix)
         required = ["d_model", "d_ff", "n_layers", "n_heads", "d_head", "vocab"]
         for key in required:
@@ -184,6 +195,9 @@ MODEL_PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
     _palm("palm-540b-padded", 18432, 118, 64),
     # Paper Table 1's multihead comparison: 64 heads x d_head 128, one KV head per query head.
     _palm("palm-540b-multihead", 18432, 118, 64, kv=64, d_head=128),
+    # Paper Figure 8 times "an 8-layer version of PaLM 540B" (multiquery and multihead).
+    _palm("palm-540b-8layer", 18432, 8, 48),
+    _palm("palm-540b-multihead-8layer", 18432, 8, 64, kv=64, d_head=128),
     # MT-NLG 530B (Smith et al. 2022): E 20480, 105 layers, 128 heads, GPT-style serial block.
     ModelConfig("mt-nlg-530b", 20480, 81920, 105, 128, 128, 160, 51_200, "serial", "gelu", True),
     # Llama 2 (Touvron et al. 2023, Table 1 and the released configs).

@@ -91,6 +91,78 @@ def init_params(model: ModelConfig, seed: int) -> dict:
     return params
 
 
+def _head_slots(model: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the real query heads and real KV heads in a padded model's head
+    dimensions (layouts.pad_model: each KV group's first H/K query heads are real; a
+    multihead model's first K KV heads are)."""
+    base = model.unpadded
+    group, padded_group = base.n_heads // base.n_kv_heads, model.n_heads // model.n_kv_heads
+    q = np.array([g * padded_group + j for g in range(base.n_kv_heads) for j in range(group)]) \
+        if model.n_kv_heads == base.n_kv_heads else np.arange(base.n_heads)
+    return q, np.arange(base.n_kv_heads)
+
+
+def _embed_heads(w, axis: int, slots: np.ndarray, padded: int, d_head: int):
+    """Place the heads of `w` (head-major along `axis`, d_head each) at `slots` of
+    `padded` heads; the others are zero."""
+    w = np.asarray(w, np.float32)
+    shape = list(w.shape)
+    heads = shape[axis] // d_head
+    split = w.reshape(shape[:axis] + [heads, d_head] + shape[axis + 1:])
+    out = np.zeros(shape[:axis] + [padded, d_head] + shape[axis + 1:], np.float32)
+    index = [slice(None)] * out.ndim
+    index[axis] = slots
+    out[tuple(index)] = split
+    return jnp.asarray(out.reshape(shape[:axis] + [padded * d_head] + shape[axis + 1:]), jnp.bfloat16)
+
+
+def pad_params(params: dict, model: ModelConfig) -> dict:
+    """Unpadded model weights -> the head-padded `model`'s (paper §4): padded query heads
+    get zero W_q columns and zero W_o rows, so they add nothing to the residual stream;
+    a multihead model's padded KV heads get zero W_k, W_v columns."""
+    base = model.unpadded
+    if model is base or model.n_heads == base.n_heads:
+        return params
+    q_slots, kv_slots = _head_slots(model)
+    d = model.d_head
+    layers = []
+    for w in params["layers"]:
+        w = dict(w)
+        w["w_q"] = _embed_heads(w["w_q"], 1, q_slots, model.n_heads, d)
+        w["w_o"] = _embed_heads(w["w_o"], 0, q_slots, model.n_heads, d)
+        if model.n_kv_heads != base.n_kv_heads:
+            for name in ("w_k", "w_v"):
+                w[name] = _embed_heads(w[name], 1, kv_slots, model.n_kv_heads, d)
+        layers.append(w)
+    return {**params, "layers": layers}
+
+
+def unpad_params(params: dict, model: ModelConfig) -> dict:
+    """The inverse of pad_params: the real heads' weights only (for the reference)."""
+    base = model.unpadded
+    if model is base or model.n_heads == base.n_heads:
+        return params
+    q_slots, kv_slots = _head_slots(model)
+    d = model.d_head
+
+    def take(w, axis, slots, heads):
+        shape = list(w.shape)
+        split = jnp.reshape(w, shape[:axis] + [heads, d] + shape[axis + 1:])
+        kept = jnp.take(split, jnp.asarray(slots), axis=axis)
+        return jnp.reshape(kept, shape[:axis] + [len(slots) * d] + shape[axis + 1:])
+
+    layers = []
+    for w in params["layers"]:
+        w = dict(w)
+        w["w_q"] = take(w["w_q"], 1, q_slots, model.n_heads)
+        w["w_o"] = take(w["w_o"], 0, q_slots, model.n_heads)
+        if model.n_kv_heads != base.n_kv_heads:
+            for name in ("w_k", "w_v"):
+                w[name] = take(w[name], 1, kv_slots, model.n_kv_heads)
+        layers.append(w)
+    return {**params, "layers": layers}
+
+
 def prompt_tokens(model: ModelConfig, batch: int, length: int, seed: int) -> np.ndarray:
     """Deterministic prompt [batch, length] int32 from a seed (independent of the weights' stream)."""
     rng = np.random.default_rng([seed, 1])

@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
                               read_yaml)
-from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout,
-                               validate_layouts)
+from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, WEIGHT_FORMATS,
+                               PhaseLayout, resolve_padding, validate_layouts)
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,17 @@ class TrialConfig:
     seed: int = 0
     repeats: int = 3
     warmup: int = 1
+    # Paper §4 head padding: auto (pad the query heads to the smallest count the layouts'
+    # sharded axes divide; no-op when they already do) | none | an integer N.
+    pad_heads: str | int = "auto"
 
     FIELDS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-              "prefill", "decode", "seed", "repeats", "warmup")
+              "prefill", "decode", "seed", "repeats", "warmup", "pad_heads")
+
+    @property
+    def run_model(self) -> ModelConfig:
+        """The model as the engine and the cost model run it: padded per `pad_heads`."""
+        return resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill, self.decode)
 
     @property
     def context_len(self) -> int:
@@ -53,7 +61,9 @@ class TrialConfig:
         return dataclasses.replace(self, topology=self.mesh_shape)
 
     def validate(self, source: str | None = None) -> "TrialConfig":
-        validate_layouts(self.model, self.mesh_shape, self.prefill, self.decode, self.batch, source)
+        model = resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill,
+                                self.decode, source)
+        validate_layouts(model, self.mesh_shape, self.prefill, self.decode, self.batch, source)
         return self
 
     def to_dict(self) -> dict:
@@ -71,6 +81,7 @@ class TrialConfig:
             "seed": self.seed,
             "repeats": self.repeats,
             "warmup": self.warmup,
+            "pad_heads": self.pad_heads,
         }
 
     def flat_params(self) -> dict[str, Any]:
@@ -83,6 +94,7 @@ class TrialConfig:
             "prefill_ffn": self.prefill.ffn, "prefill_attn": self.prefill.attn,
             "decode_ffn": self.decode.ffn, "decode_attn": self.decode.attn,
             "seed": self.seed, "repeats": self.repeats,
+            "pad_heads": self.pad_heads, "heads_run": self.run_model.n_heads,
         }
 
     @classmethod
@@ -113,12 +125,26 @@ class TrialConfig:
         values["weights"] = weights
         for phase in ("prefill", "decode"):
             values[phase] = parse_phase_layout(data.get(phase, {}), phase, source)
+        values["pad_heads"] = parse_pad_heads(data.get("pad_heads", "auto"), source)
         trial = cls(**values)
         return trial.validate(source) if validate else trial
 
     @classmethod
     def from_yaml(cls, path: str) -> "TrialConfig":
         return cls.from_dict(read_yaml(path), source=str(path))
+
+
+def parse_pad_heads(value: Any, source: str | None = None, field: str = "pad_heads") -> str | int:
+    """auto | none | a positive integer (a YAML `null` or `false` reads as none)."""
+    if value is None or value is False:
+        return "none"
+    if value in PAD_HEADS_CHOICES:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(field, value, "auto, none or a positive integer (query heads to run)", source)
+    return value
 
 
 def parse_phase_layout(data: Any, phase: str, source: str | None = None) -> PhaseLayout:
