@@ -304,9 +304,12 @@ def test_predicted_flops_match_the_shared_definition_used_for_measured_mfu():
 
 
 def test_feasibility_names_the_layout_constraint():
-    reason = cm.feasibility(_trial(model="palm-540b", chips=64, batch=64,
-                                   prefill={"ffn": "ws2d"}, decode={"ffn": "ws2d"}), TPU_V4)
+    """Without padding, 48 heads do not split over 64 chips; `auto` pads them (paper §4)."""
+    unpadded = _trial(model="palm-540b", chips=64, batch=64, pad_heads="none",
+                      prefill={"ffn": "ws2d"}, decode={"ffn": "ws2d"})
+    reason = cm.feasibility(unpadded, TPU_V4)
     assert reason is not None and "n_heads" in reason
+    assert cm.feasibility(dataclasses.replace(unpadded, pad_heads="auto"), TPU_V4) is None
 
 
 def test_feasibility_reports_memory():

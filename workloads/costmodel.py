@@ -641,68 +641,22 @@ def _significant(value: float, digits: int = 9) -> float:
 def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
               input_len: int = 1, context: int | None = None, weights: str = "bf16",
               topology: tuple[int, int, int] | None = None, ffn: str | None = None,
-              attn: str | None = None, search_topology: bool = False) -> dict:
-    """The fastest valid (ffn, attn, topology) for one phase, with the ranked alternatives.
+              attn: str | None = None, search_topology: bool = False,
+              pad_heads: str | int = "auto") -> dict:
+    """The fastest valid (ffn, attn, topology) for one phase, as a dict (the best
+    prediction's fields, `alternatives`, `rejected` with reasons): workloads.recommend.
 
-    Every candidate that passes layouts.validate_layouts (as both phases' layout, so the
-    stored weights serve it) is predicted; those that fit in HBM rank before those that do
-    not, then by latency. No hand-written rule decides: the crossovers the paper states
-    (ws2d over ws1d above 4F/E chips, weight-gathered once B*L is large, batch-sharded
-    attention when the KV cache dominates) come out of the formulas.
+    No hand-written rule decides: the crossovers the paper states (ws2d over ws1d above
+    4F/E chips, weight-gathered once B*L is large, batch-sharded attention when the KV
+    cache dominates) come out of the formulas. Topology: the paper fixes X, Y, Z by the 2D
+    weight-stationary optimum and chooses the weight-gathered variant among the axis
+    subsets x, xy, xyz of that torus (§3.2.3, A.2.2), so the default candidate is
+    best_topology(model, chips); `topology` fixes another, `search_topology=True` tries
+    every factorisation."""
+    from workloads.recommend import recommend as _recommend   # it imports this module
 
-    Topology: the paper fixes X, Y, Z by the 2D weight-stationary optimum and chooses the
-    weight-gathered variant among the axis subsets x, xy, xyz of that torus (§3.2.3, A.2.2),
-    so the default candidate is best_topology(model, chips) (what TrialConfig uses);
-    `topology` fixes another, `search_topology=True` tries every factorisation.
-    `ffn`, `attn` restrict the search. Alternatives: the best candidate per (ffn, attn)."""
-    _positive_int("chips", chips)
-    _positive_int("batch", batch)
-    _choice("phase", phase, PHASES)
-    _choice("weights", weights, WEIGHT_FORMATS)
-    ffns = FFN_LAYOUTS if ffn is None else (_choice("ffn", ffn, FFN_LAYOUTS),)
-    attns = ATTN_LAYOUTS if attn is None else (_choice("attn", attn, ATTN_LAYOUTS),)
-    if topology is not None:
-        topologies = [_check_topology(topology, chips)]
-    elif search_topology:
-        topologies = _topology_candidates(model, chips)
-    else:
-        topologies = [best_topology(model, chips)]
-    results: list[PhasePrediction] = []
-    rejected: list[ConfigError] = []
-    for f in ffns:
-        for a in attns:
-            for t in topologies:
-                layout = PhaseLayout(f, a)
-                try:
-                    results.append(predict_phase(model, hw, chips, batch, phase, input_len, context,
-                                                 layout, weights, t))
-                except ConfigError as err:
-                    rejected.append(err)
-    if not results:   # nothing can run: the first constraint that failed says why
-        raise rejected[0]
-    order = {t: i for i, t in enumerate(topologies)}
-    results.sort(key=lambda p: (not p.fits, _significant(p.latency_s), order[p.topology]))
-    best = results[0]
-    per_pair: dict[tuple[str, str], PhasePrediction] = {}
-    for p in results:
-        per_pair.setdefault((p.ffn, p.attn), p)
-    seq_len = input_len if phase == "prefill" else 1
-    gather = best_gather_degree(model, chips, batch, seq_len, best.topology, weights)
-    out = best.to_dict()
-    out.update({
-        "source": SOURCE,
-        "alternatives": [{"ffn": p.ffn, "attn": p.attn, "topology": list(p.topology),
-                          "latency_s": p.latency_s, "compute_s": p.compute_s,
-                          "memory_s": p.memory_s, "comm_s": p.comm_s, "mfu": p.mfu,
-                          "peak_bytes_per_chip": p.peak_bytes_per_chip, "fits": p.fits,
-                          "bound": p.bound}
-                         for p in per_pair.values()],
-        "candidates": len(results),
-        "rejected": len(rejected),
-        "gather_degree_continuous": gather["continuous"],
-        "ws2d_crossover_chips": ws2d_crossover_chips(model),
-    })
-    return out
+    return _recommend(model, hw, chips, batch, phase, input_len, context, weights, topology,
+                      ffn, attn, search_topology, pad_heads).to_dict()
 
 
 # --------------------------------------------------------------------------- scaling-book roofline
