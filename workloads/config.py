@@ -195,9 +195,6 @@ MODEL_PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
     _palm("palm-540b-padded", 18432, 118, 64),
     # Paper Table 1's multihead comparison: 64 heads x d_head 128, one KV head per query head.
     _palm("palm-540b-multihead", 18432, 118, 64, kv=64, d_head=128),
-    # Paper Figure 8 times "an 8-layer version of PaLM 540B" (multiquery and multihead).
-    _palm("palm-540b-8layer", 18432, 8, 48),
-    _palm("palm-540b-multihead-8layer", 18432, 8, 64, kv=64, d_head=128),
     # MT-NLG 530B (Smith et al. 2022): E 20480, 105 layers, 128 heads, GPT-style serial block.
     ModelConfig("mt-nlg-530b", 20480, 81920, 105, 128, 128, 160, 51_200, "serial", "gelu", True),
     # Llama 2 (Touvron et al. 2023, Table 1 and the released configs).
