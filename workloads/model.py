@@ -91,6 +91,62 @@ def init_params(model: ModelConfig, seed: int) -> dict:
     return params
 
 
+def init_verification_params(model: ModelConfig, seed: int, copy_gain: float = 4.0,
+                             sharpness: float = 16.0) -> dict:
+    """Weights under which the next greedy token depends on the context, by construction,
+    with wide margins (so comparing greedy tokens between layouts proves something):
+    layer 0 is a *previous-token copy*: every head attends (one-hot) to position i-1 and
+    copies its normed embedding, scaled by `copy_gain`, into the residual stream, so the
+    model predicts the token BEFORE the current one. Removing attention (the model then
+    predicts the current token) or corrupting the KV-cache entry of position i-1 changes
+    the greedy tokens; test_engine_equivalence.py proves both.
+
+    How: embedding dimension 0 is a constant, so W_q, W_k read a position-independent
+    q, k from it; k is q rotated by one RoPE step per frequency pair, so after RoPE the score
+    peaks at relative position 1 (sum_f cos((i - j - 1) theta_f)); `sharpness` sets the
+    gap to the runner-up (~0.5 * sharpness^2 / sqrt(D) logits, 32 for D = 16). W_v = identity and
+    W_o = copy_gain * identity need H·D = K·D = E (a multihead model such as tiny-mha).
+    The other layers and the MLPs keep the default init, scaled down by 10, so every
+    weight still reaches the logits (the logit tolerance checks them)."""
+    e, h, k, d = model.d_model, model.n_heads, model.n_kv_heads, model.d_head
+    if not (h == k and h * d == e and model.n_layers >= 1):
+        raise ConfigError("model", model.name, "a multihead model with n_heads * d_head = "
+                          "d_model (e.g. tiny-mha) for the previous-token verification init")
+    params = init_params(model, seed)
+    embed = np.asarray(params["embed"], np.float32)
+    embed[:, 0] = 1.0                                  # the constant feature q and k read
+    # Every row with RMS 1: the normed input's feature 0 is then the same for every token,
+    # so the scores depend on relative position only.
+    embed /= np.sqrt(np.mean(embed * embed, axis=1, keepdims=True))
+    params["embed"] = jnp.asarray(embed, jnp.bfloat16)
+    half = d // 2
+    theta = ROPE_BASE ** (-np.arange(half) / half)
+    # Only the two fastest RoPE frequencies (theta 1 and 10^(-4/half)...): the score
+    # sum_f cos((i - j - 1) theta_f) then has its runner-up 25% below the peak for the
+    # contexts the tests use (<= 16; slower pairs would flatten it).
+    amplitude = np.where(np.arange(half) < 2, sharpness, 0.0)
+    q = np.concatenate([amplitude, np.zeros(half)])                          # (q1, q2) = (a, 0)
+    key = np.concatenate([amplitude * np.cos(theta), amplitude * np.sin(theta)])  # q rotated by theta
+    w_q, w_k = np.zeros((e, h * d), np.float32), np.zeros((e, k * d), np.float32)
+    w_q[0] = np.tile(q, h)
+    w_k[0] = np.tile(key, k)
+
+    def small(w):
+        return jnp.asarray(np.asarray(w, np.float32) * 0.1, jnp.bfloat16)
+
+    layers = []
+    for i, w in enumerate(params["layers"]):
+        w = {name: (small(v) if name in ("w_o", "w_out", "w_in", "w_gate", "w_up") else v)
+             for name, v in w.items()}
+        if i == 0:
+            w.update(w_q=jnp.asarray(w_q, jnp.bfloat16), w_k=jnp.asarray(w_k, jnp.bfloat16),
+                     w_v=jnp.asarray(np.eye(e, k * d), jnp.bfloat16),
+                     w_o=jnp.asarray(copy_gain * np.eye(h * d, e), jnp.bfloat16))
+        layers.append(w)
+    params["layers"] = layers
+    return params
+
+
 def _head_slots(model: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     """Positions of the real query heads and real KV heads in a padded model's head
     dimensions (layouts.pad_model: each KV group's first H/K query heads are real; a
