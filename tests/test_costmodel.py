@@ -319,3 +319,22 @@ def test_feasibility_reports_memory():
     big = _trial(model="palm-540b-padded", chips=8, batch=64, input_len=2048, decode_steps=64,
                  prefill={"ffn": "ws2d"}, decode={"ffn": "ws2d"})
     assert "memory" in cm.feasibility(big, TPU_V4)
+
+
+def test_one_stored_weight_table_feeds_the_cost_model_and_the_engine_specs():
+    """layouts.STORED_WEIGHTS is the one table: the cost model's stored bytes per chip equal
+    the sizes of the engine's PartitionSpecs (partitioning.param_specs reads it too)."""
+    from workloads.layouts import STORED_WEIGHTS, stored_weights, weight_dims
+
+    model = load_model("tiny-gqa")
+    topology, chips = (2, 2, 2), 8
+    sizes = dict(zip("xyz", topology))
+    elements = 0
+    for w in stored_weights(model):
+        dims = weight_dims(w.name, False, model.n_kv_heads % chips == 0)
+        shape = ((w.stacked,) if w.stacked > 1 else ()) + w.shape(model)
+        elements += math.prod(n // math.prod(sizes[a] for a in axes) for n, axes in zip(shape, dims))
+    expected = model.n_layers * elements * 2 + model.vocab * model.d_model * 2 / chips
+    assert cm.weight_bytes_per_chip(model, chips, "bf16", topology) == expected
+    assert set(STORED_WEIGHTS) == {"w_in", "w_gate", "w_up", "w_out", "w_q", "w_o", "w_kv"}
+    assert not hasattr(cm, "_weight_matrices")
