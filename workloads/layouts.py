@@ -261,8 +261,8 @@ def padded_head_count(model: ModelConfig, pad_heads, topology: tuple[int, int, i
     layouts' sharded axes divide (also a multiple of the KV heads, so GQA groups stay whole);
     an integer N -> N (at least n_heads)."""
     heads = model.n_heads
-    if pad_heads in (None, "none"):
-        return heads
+    if pad_heads in (None, "none") or any(l.ffn not in GATHER_AXES for l in (prefill, decode)):
+        return heads        # an unknown layout: validate_layouts names it
     step = model.n_kv_heads if model.n_kv_heads < heads else 1   # MHA pads K with H
     if pad_heads == "auto":
         unit = math.lcm(head_divisor(topology, prefill, decode), step)
