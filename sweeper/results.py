@@ -29,7 +29,8 @@ from workloads.metrics import METRIC_NAMES
 
 ID_COLUMNS = ("number", "state", "reason", "source", "hardware")
 PARAM_COLUMNS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-                 "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats")
+                 "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats",
+                 "pad_heads")
 INT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats")
 METRIC_COLUMNS = METRIC_NAMES
 PRED_PREFIX = "pred_"

@@ -94,7 +94,7 @@ class TrialConfig:
             "prefill_ffn": self.prefill.ffn, "prefill_attn": self.prefill.attn,
             "decode_ffn": self.decode.ffn, "decode_attn": self.decode.attn,
             "seed": self.seed, "repeats": self.repeats,
-            "pad_heads": self.pad_heads, "heads_run": self.run_model.n_heads,
+            "pad_heads": self.pad_heads,
         }
 
     @classmethod
