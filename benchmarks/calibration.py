@@ -60,7 +60,7 @@ def replicate_noise(frame: pd.DataFrame) -> dict:
 
 
 def run_quickstart(space: str, trials: int | None, parallel: int | None) -> str:
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     result = run_sweep(space, trials=trials, parallel=parallel, progress=True)
     print(f"sweep {result.study_name}: {result.counts} in {result.elapsed_s:.0f}s", file=sys.stderr)
@@ -68,20 +68,22 @@ def run_quickstart(space: str, trials: int | None, parallel: int | None) -> str:
 
 
 def evaluate(study: str, storage: str | None) -> dict:
-    from sweeper import calibrate as cal
+    from sweeper.analysis import calibrate as cal
+    from sweeper.analysis import holdout as calho
+    from sweeper.analysis import fit as calfit
 
     data = cal.load_study_data(study, storage)
     base = cal.study_base_profile(data.attrs)
     start = time.perf_counter()
-    result = cal.calibrate_study(data, cal.HOLDOUTS, base)
+    result = cal.calibrate_study(data, calho.HOLDOUTS, base)
     fit_s = time.perf_counter() - start
     fastest = data.frame.copy()
     fastest["prefill_s"], fastest["decode_step_s"] = fastest["prefill_s_min"], fastest["decode_step_s_min"]
-    min_points = cal.points_from_frame(fastest, base, data.configs)
-    on_min = cal.calibrate(min_points, base, ("kfold",), study)
+    min_points = calfit.points_from_frame(fastest, base, data.configs)
+    on_min = calho.calibrate(min_points, base, ("kfold",), study)
     kfold = result.holdouts["kfold"]
     # The profile the sweep predicted with, unfitted: what calibration improves on.
-    start_ape = [abs(cal.predict_point(p, base) / p.measured_s - 1) for p in result.points]
+    start_ape = [abs(calfit.predict_point(p, base) / p.measured_s - 1) for p in result.points]
     return {
         "study": study, "storage": data.storage, "hardware": data.attrs.get("hardware"),
         "trials_complete": int((data.frame["state"] == "COMPLETE").sum()),

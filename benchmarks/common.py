@@ -70,7 +70,7 @@ def log_mlflow(name: str, metrics: Mapping[str, float], params: Mapping[str, Any
         from mlflow.tracking import MlflowClient
 
         from sweeper.paths import artifact_root, default_tracking_uri
-        from sweeper.tracking import _quiet_store_logs
+        from sweeper.tracking.mlflow_log import _quiet_store_logs
 
         _quiet_store_logs()
         uri = tracking_uri or default_tracking_uri()

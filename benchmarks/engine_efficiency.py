@@ -387,7 +387,7 @@ def markdown(r: dict) -> str:
         f"- those matmuls ([{p.get('tokens')} x E] x [E x F] and the others) run at "
         f"{common.pct(p.get('matmul_shape_efficiency'))} of one core's best square-matmul rate per "
         "CPU-second: their shapes, not the engine, cap the MFU near that figure;",
-        f"- the FLOP count (DESIGN.md) charges the unembedding for every prompt token, the engine "
+        f"- the FLOP count (docs/architecture.md) charges the unembedding for every prompt token, the engine "
         f"computes it for the last position only: {common.pct(p.get('flops_counted_not_computed'))} "
         "of the counted FLOPs are never executed.",
         "",
@@ -411,7 +411,7 @@ def markdown(r: dict) -> str:
                      f"({d1['matvec_bandwidth'] / 1e9:.1f} GB/s): XLA CPU's bf16 x bf16 -> f32 dot with "
                      "ONE row takes a slow path; the same matmuls with 2 rows take "
                      f"{common.ms(two)}" + (f" ({d1['matvec_only_s'] / two:.1f}x faster)" if two else "")
-                     + ": padding a 1-row matmul to 2 rows is the engine fix (notes/performance.md);")
+                     + ": padding a 1-row matmul to 2 rows is the engine fix (docs/architecture.md, Performance notes);")
     for batch, d in sorted(decode1.items()):
         if batch > 1 and d.get("matvec_only_s"):
             lines.append(f"- batch {batch}: the weight matmuls alone take {common.ms(d['matvec_only_s'])}, "

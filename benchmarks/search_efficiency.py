@@ -14,7 +14,7 @@ Two spaces small enough to evaluate every point:
 
 For each sampler (random, tpe, nsga2, gp, guided) and seed, an Optuna ask/tell loop asks
 points, looks them up (infeasible points are told PRUNED, as the controller does) and
-records the hypervolume (`sweeper.pareto.hypervolume`, both objectives minimised) after
+records the hypervolume (`sweeper.analysis.pareto.hypervolume`, both objectives minimised) after
 every trial. The headline is the number of trials needed to reach 95% of the whole grid's
 hypervolume, averaged over seeds (a run that does not get there within the grid's size
 counts as the grid's size and is flagged). The hypervolume is taken of the log10 of both
@@ -79,7 +79,7 @@ class Grid:
     """Every point of a space: key -> (state, objective values or None)."""
 
     def __init__(self, space, table: dict, source: str, extra: dict | None = None):
-        from sweeper.pareto import hypervolume
+        from sweeper.analysis.pareto import hypervolume
 
         self.space, self.table, self.source = space, table, source
         self.extra = extra or {}
@@ -95,7 +95,7 @@ class Grid:
 
     def fractions(self, found: list) -> tuple[float, float]:
         """(log, linear) hypervolume of `found` as a fraction of the whole grid's."""
-        from sweeper.pareto import hypervolume
+        from sweeper.analysis.pareto import hypervolume
 
         if not found:
             return 0.0, 0.0
@@ -120,13 +120,13 @@ class Grid:
 
 
 def non_dominated_count(points: np.ndarray) -> int:
-    from sweeper.pareto import non_dominated_mask
+    from sweeper.analysis.pareto import non_dominated_mask
 
     return int(non_dominated_mask(points[:, 0], points[:, 1]).sum())
 
 
 def _space(data: dict, source: str):
-    from sweeper.space import load_space
+    from sweeper.sweep.space import load_space
 
     return load_space(copy.deepcopy(data), source=source)
 
@@ -160,7 +160,7 @@ def measured_grid(data: dict, storage: str, tracking_uri: str, study_name: str |
     study `study_name`); the table is its results."""
     import optuna
 
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     grid_space = _space(data, str(ROOT / "search_spaces" / "quickstart.yaml"))
     start = time.perf_counter()
@@ -186,7 +186,7 @@ def measured_grid(data: dict, storage: str, tracking_uri: str, study_name: str |
 
 def seed_descriptions(grid: Grid, variants: list[str]) -> dict[str, list[str]]:
     """Each guided variant's seeds, labelled, with their measured (table) values."""
-    from sweeper import guided
+    from sweeper.sweep import guided
 
     out = {}
     for variant in variants:
@@ -204,12 +204,13 @@ def seed_descriptions(grid: Grid, variants: list[str]) -> dict[str, list[str]]:
 def fitted_host_profile(study: str, storage: str, path: Path) -> Path:
     """Fit the host profile to another study's measurements (`sweeper fit`'s fit, no
     hold-outs) and write it as a hardware YAML for `sampler.options.hardware`."""
-    from sweeper import calibrate as cal
+    from sweeper.analysis import calibrate as cal
+    from sweeper.analysis import fit as calfit
 
     data = cal.load_study_data(study, storage)
     base = cal.study_base_profile(data.attrs)
-    points = cal.points_from_frame(data.frame, base, data.configs)
-    fit = cal.fit_profile(points, base, cal.default_space(points), "linear", name="host-fitted")
+    points = calfit.points_from_frame(data.frame, base, data.configs)
+    fit = calfit.fit_profile(points, base, calfit.default_space(points), "linear", name="host-fitted")
     return cal.write_profile(fit.profile, path, note=f"fitted to study {study} by benchmarks.search_efficiency")
 
 
@@ -221,7 +222,8 @@ def merge_equivalent(space, table: dict) -> tuple[dict, int]:
     on an X = 1 torus. Without this, which of four identical 1-chip programs "is" the
     frontier would be decided by timing noise, which no sampler can learn."""
     from workloads.costmodel import predict
-    from workloads.hostprofile import host_profile, per_chip
+    from workloads.hardware import per_chip
+    from workloads.hostprofile import host_profile
 
     profile = host_profile()
     groups: dict[tuple, list] = {}
@@ -248,7 +250,7 @@ def replay(grid: Grid, sampler: str, seed: int, max_trials: int, stop_fraction: 
     import optuna
     from optuna.trial import TrialState
 
-    from sweeper.space import SamplerSpec
+    from sweeper.sweep.space import SamplerSpec
 
     kind, options = SAMPLER_VARIANTS.get(sampler, (sampler, {}))
     space = dataclasses.replace(grid.space, sampler=SamplerSpec(kind, seed, dict(options)))

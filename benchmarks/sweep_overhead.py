@@ -6,7 +6,7 @@ Overhead per trial = (sweep wall time - sum of trial run times) / trials, for `t
 of a tiny workload (the `tiny` model, 1 chip, 8-token prompt, 2 decode steps, 1 timed
 repeat: ~10 ms a trial once compiled), run one after the other in this process:
 
-- `sweeper run` (`sweeper.controller.run_sweep`): Optuna TPE over a Ray actor that keeps
+- `sweeper run` (`sweeper.sweep.controller.run_sweep`): Optuna TPE over a Ray actor that keeps
   its mesh and compile cache, Optuna SQLite storage, an MLflow child run per trial;
 - Ray Tune: `Tuner` + `OptunaSearch` (TPE, same seed) + `MLflowLoggerCallback`, the same
   parameter space, `reuse_actors=True` (Tune's fastest setting for this), and as trainable
@@ -57,7 +57,7 @@ _SPACE = None
 def tiny_trial(params: dict, hardware: dict) -> dict:
     """The trial function both frameworks run: a point of TINY_SPACE through run_trial."""
     global _SPACE
-    from sweeper.space import load_space
+    from sweeper.sweep.space import load_space
     from workloads.measure import run_trial
 
     if _SPACE is None:
@@ -84,8 +84,8 @@ def _tune_trainable(config: dict, hardware: dict) -> None:
 
 def run_sweeper(trials: int, storage: str, tracking_uri: str) -> dict:
     """`sweeper run` on TINY_SPACE: wall time of the whole call and its trials' run times."""
-    from sweeper.controller import run_sweep
-    from sweeper.space import load_space
+    from sweeper.sweep.controller import run_sweep
+    from sweeper.sweep.space import load_space
 
     space = load_space(dict(TINY_SPACE, trials=trials), source="benchmarks/sweep_overhead.py")
     start_wall = time.time()
@@ -114,7 +114,7 @@ def run_tune(trials: int, tracking_uri: str, hardware: dict, workdir: str) -> di
     from ray.air.integrations.mlflow import MLflowLoggerCallback
     from ray.tune.search.optuna import OptunaSearch
 
-    from sweeper.space import load_space
+    from sweeper.sweep.space import load_space
 
     space = load_space(dict(TINY_SPACE), source="benchmarks/sweep_overhead.py")
     search = OptunaSearch(space=space.distributions(), metric=space.metric_names,
@@ -150,7 +150,7 @@ def run_tune(trials: int, tracking_uri: str, hardware: dict, workdir: str) -> di
 
 def run_quickstart(storage: str, tracking_uri: str) -> dict:
     """The shipped quickstart, timed end to end (Ray start-up included)."""
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     start = time.perf_counter()
     result = run_sweep(str(Path(__file__).resolve().parents[1] / "search_spaces" / "quickstart.yaml"),

@@ -7,6 +7,7 @@ issues and READMEs. `--json` output never goes through here.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 _DECIMAL = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
@@ -47,18 +48,8 @@ def human_seconds(value: Any, digits: int = 3) -> str:
     return f"{value / 3600:.{digits}g} h"
 
 
-def human_count(value: Any, digits: int = 3, unit: str = "") -> str:
-    """540e9 -> '540 G'; with unit='FLOP/s': '275 TFLOP/s'."""
-    if not _finite(value):
-        return "-"
-    for scale, prefix in _DECIMAL:
-        if abs(value) >= scale:
-            return f"{value / scale:.{digits}g} {prefix}{unit}".rstrip()
-    return f"{value:.{digits}g} {unit}".rstrip()
-
-
-def percent(value: Any, digits: int = 1) -> str:
-    return f"{value * 100:.{digits}f}%" if _finite(value) else "-"
+def percent(value: Any, digits: int = 1, missing: str = "-") -> str:
+    return f"{value * 100:.{digits}f}%" if _finite(value) else missing
 
 
 def format_value(value: Any) -> str:
@@ -123,3 +114,61 @@ def format_fields(items: Mapping[str, Any] | Sequence[tuple[str, Any]], title: s
     out = [title] if title else []
     out.extend(f"  {k.ljust(width)}  {v if isinstance(v, str) else format_value(v)}" for k, v in pairs)
     return "\n".join(out)
+
+
+def metric_text(metric: str, value: float) -> str:
+    """Seconds as s/ms/us, bytes as GiB/MiB/KiB, the rest with 4 significant digits."""
+    if metric.endswith("_s") or "_s_" in metric:
+        if abs(value) >= 1:
+            return f"{value:.3g}s"
+        if abs(value) >= 1e-3:
+            return f"{value * 1e3:.3g}ms"
+        return f"{value * 1e6:.3g}us"
+    if metric.endswith("_bytes_per_chip"):
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if abs(value) >= size:
+                return f"{value / size:.3g}{unit}"
+        return f"{value:.0f}B"
+    return f"{value:.4g}"
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line (type and message), for logs and one-line error reports."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}"[:2000]
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON values: NaN/inf become null, numpy scalars become Python numbers
+    (numpy registers its scalar types with the `numbers` ABCs: no numpy import here)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, bool) or not isinstance(obj, numbers.Real):
+        return obj
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    return None if not math.isfinite(float(obj)) else float(obj)
+
+
+def percent_dash(value: Any) -> str:
+    """Percent with one decimal for reports and fit tables; an em dash when missing."""
+    return percent(value, missing="—")
+
+
+def short_number(value: Any) -> str:
+    """Four significant digits for report cells; an em dash for None / NaN."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def fixed_bytes(value: float) -> str:
+    """Bytes with two decimals in the largest binary unit (`1.50 GiB`); '-' when missing."""
+    if not math.isfinite(value):
+        return "-"
+    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if value >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} B"

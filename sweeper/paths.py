@@ -11,8 +11,10 @@ Flags (`--storage`, `--tracking-uri`) override these; a server URL needs no loca
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
+import sqlite3
 from pathlib import Path
 
 from workloads.config import ConfigError
@@ -73,7 +75,7 @@ def tune_sqlite(engine) -> None:
     """
     if engine is None or getattr(engine.dialect, "name", "") != "sqlite":
         return
-    from sqlalchemy import event
+    from sqlalchemy import event   # lazy: SQLAlchemy, only when a SQLite store is opened
 
     def _pragmas(dbapi_connection, _record):
         cursor = dbapi_connection.cursor()
@@ -89,8 +91,6 @@ def tune_sqlite(engine) -> None:
 def precreate_sqlite_wal(url: str) -> None:
     """Create an empty SQLite file in WAL mode (a file setting) before a tool migrates it:
     MLflow's first-time schema migration makes ~100 commits, 3x faster in WAL."""
-    import sqlite3
-
     db = sqlite_path(url)
     if db is None or db.exists() or str(db) in ("", ":memory:"):
         return
@@ -116,8 +116,6 @@ def sqlite_creation_lock(url: str):
     if db is None or str(db) in ("", ":memory:"):
         yield
         return
-    import fcntl
-
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -129,7 +127,7 @@ def sqlite_creation_lock(url: str):
 
 def open_optuna_storage(url: str):
     """An Optuna storage for `url` (SQLite tuned as in `tune_sqlite`; other URLs as they are)."""
-    import optuna
+    import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
     if sqlite_path(url) is None:
         return url

@@ -13,7 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweeper import calibrate as cal
+from sweeper.analysis import calibrate as cal
+from sweeper.analysis import fit as calfit
+from sweeper.analysis import holdout as calho
+from synthetic import synthetic_trials
 from workloads import costmodel
 from workloads.config import HardwareProfile, load_hardware
 from workloads.trial import TrialConfig
@@ -44,8 +47,8 @@ def grid(chips=(2, 4, 8), batches=(4, 16), prefill=PREFILL, decode=DECODE, input
 
 @pytest.fixture(scope="module")
 def synthetic():
-    frame = cal.synthetic_trials(grid(), TRUTH, START, noise=0.02, seed=0)
-    return frame, cal.points_from_frame(frame, START)
+    frame = synthetic_trials(grid(), TRUTH, START, noise=0.02, seed=0)
+    return frame, calfit.points_from_frame(frame, START)
 
 
 def test_phase_predictions_are_the_cost_models(synthetic):
@@ -54,26 +57,26 @@ def test_phase_predictions_are_the_cost_models(synthetic):
     for point in points[::7]:
         whole = costmodel.predict(point.config, TRUTH)
         expected = whole.prefill_s if point.phase == "prefill" else whole.decode_step_s
-        assert cal.predict_point(point, TRUTH) == pytest.approx(expected, rel=1e-12)
+        assert calfit.predict_point(point, TRUTH) == pytest.approx(expected, rel=1e-12)
 
 
 def test_fast_terms_match_predict_phase_for_random_profiles(synthetic):
     _, points = synthetic
-    space = cal.default_space(points)
-    terms = cal.PhaseTerms.of(points, space.kinds)
+    space = calfit.default_space(points)
+    terms = calfit.PhaseTerms.of(points, space.kinds)
     rng = np.random.default_rng(3)
     lows, highs = space.bounds(START)
     for _ in range(5):
         theta = rng.uniform(np.maximum(lows, -20), np.minimum(highs, 40))
         theta[3:-1] = rng.uniform(math.log(1e-7), math.log(1e-3), len(theta) - 4)
         profile = space.profile(theta, START)
-        slow = np.array([cal.predict_point(p, profile) for p in points])
+        slow = np.array([calfit.predict_point(p, profile) for p in points])
         assert np.allclose(terms.latency(theta, len(space.kinds)), slow, rtol=1e-9)
 
 
 def test_fit_recovers_known_constants_from_noisy_data(synthetic):
     _, points = synthetic
-    fit = cal.fit_profile(points, START)
+    fit = calfit.fit_profile(points, START)
     got = fit.profile
     assert got.peak_flops == pytest.approx(TRUTH.peak_flops, rel=0.15)
     assert got.ici_bandwidth == pytest.approx(TRUTH.ici_bandwidth, rel=0.15)
@@ -83,14 +86,14 @@ def test_fit_recovers_known_constants_from_noisy_data(synthetic):
         assert got.collective_latency_s_by_kind[kind] == pytest.approx(
             TRUTH.collective_latency_s_by_kind[kind], rel=0.3)
     # The starting profile was off by 2.5x: it predicts badly, the fit does not.
-    start_err = np.mean([abs(cal.predict_point(p, START) / p.measured_s - 1) for p in points])
-    fit_err = np.mean([abs(cal.predict_point(p, got) / p.measured_s - 1) for p in points])
+    start_err = np.mean([abs(calfit.predict_point(p, START) / p.measured_s - 1) for p in points])
+    fit_err = np.mean([abs(calfit.predict_point(p, got) / p.measured_s - 1) for p in points])
     assert start_err > 0.3 and fit_err < 0.03
 
 
 def test_heldout_error_is_small_and_from_heldout_points_only(synthetic):
     _, points = synthetic
-    result = cal.calibrate(points, START, ("kfold", "chips"), "synthetic")
+    result = calho.calibrate(points, START, ("kfold", "chips"), "synthetic")
     kfold = result.holdouts["kfold"]
     assert kfold.mape < 0.05 and kfold.max_ape < 0.15
     assert kfold.top1_within_tolerance >= 0.9 and kfold.kendall_tau > 0.5
@@ -107,22 +110,22 @@ def test_heldout_error_is_small_and_from_heldout_points_only(synthetic):
 
 def test_folds_hold_each_point_out_once_and_keep_trials_together(synthetic):
     _, points = synthetic
-    for scheme in cal.HOLDOUTS:
-        splits = cal.folds(points, scheme)
+    for scheme in calho.HOLDOUTS:
+        splits = calho.folds(points, scheme)
         held = np.concatenate(splits)
         assert sorted(held.tolist()) == list(range(len(points)))
-    for test in cal.folds(points, "kfold"):
+    for test in calho.folds(points, "kfold"):
         trials = {points[i].trial for i in test}
         assert all(p.trial not in trials for j, p in enumerate(points) if j not in set(test))
-    for test in cal.folds(points, "layout"):
+    for test in calho.folds(points, "layout"):
         assert len({points[i].layout_key for i in test}) == 1
 
 
 def test_leave_one_layout_out_with_a_single_layout_is_skipped():
-    frame = cal.synthetic_trials(grid(prefill=[("ws2d", "head")], decode=[("ws2d", "head")],
+    frame = synthetic_trials(grid(prefill=[("ws2d", "head")], decode=[("ws2d", "head")],
                                       chips=(2, 4, 8), batches=(2, 4, 8)), TRUTH, START)
-    points = [p for p in cal.points_from_frame(frame, START) if p.phase == "decode"]
-    ho = cal.heldout(points, START, "layout")
+    points = [p for p in calfit.points_from_frame(frame, START) if p.phase == "decode"]
+    ho = calho.heldout(points, START, "layout")
     assert ho.skipped and math.isnan(ho.mape)
 
 
@@ -135,36 +138,50 @@ def test_ranking_agreement_on_a_hand_built_table():
             rows.append({"model": "m", "weights": "bf16", "input_len": 8, "decode_steps": 2,
                          "batch": batch, "chips": 4, "phase": "decode", "layout": layout,
                          "topology": "1x2x2", "measured_s": measured, "predicted_s": predicted})
-    top1, near, tau, groups = cal.ranking_agreement(pd.DataFrame(rows))
+    top1, near, tau, groups = calho.ranking_agreement(pd.DataFrame(rows))
     assert (top1, near, groups) == (0.5, 0.5, 2)
     assert tau == pytest.approx((1.0 + -1.0) / 2)
 
 
 def test_too_few_trials_is_a_clear_error():
-    frame = cal.synthetic_trials(grid()[:3], TRUTH, START)
-    points = cal.points_from_frame(frame, START)
-    with pytest.raises(cal.CalibrationError, match="at least 6 complete measured trials"):
-        cal.calibrate(points, START, study="tiny-study")
+    frame = synthetic_trials(grid()[:3], TRUTH, START)
+    points = calfit.points_from_frame(frame, START)
+    with pytest.raises(calfit.CalibrationError, match="at least 6 complete measured trials"):
+        calho.calibrate(points, START, study="tiny-study")
 
 
 def test_fitted_yaml_loads_with_hardware_and_predicts_the_same(tmp_path, synthetic):
     _, points = synthetic
-    fitted = cal.fit_profile(points[:40], START, name="fitted").profile
+    fitted = calfit.fit_profile(points[:40], START, name="fitted").profile
     path = cal.write_profile(fitted, tmp_path / "fitted.yaml", note="test")
     loaded = load_hardware(str(path))
     assert loaded == fitted
-    assert cal.predict_point(points[0], loaded) == cal.predict_point(points[0], fitted)
+    assert calfit.predict_point(points[0], loaded) == calfit.predict_point(points[0], fitted)
 
 
 def test_host_share_is_recovered_from_the_stored_prediction():
     """A host trial's virtual chip gets the host / chips: calibration fits the whole host."""
     configs = grid(chips=(2, 4, 8), batches=(4,))
-    frame = cal.synthetic_trials(configs, TRUTH, dataclasses.replace(START, measured=True),
-                                 scale_of=lambda c: 1.0 / c.chips)
-    points = cal.points_from_frame(frame, dataclasses.replace(START, measured=True))
+    frame = synthetic_trials(configs, TRUTH, dataclasses.replace(START, measured=True),
+                             scale_of=lambda c: 1.0 / c.chips)
+    points = calfit.points_from_frame(frame, dataclasses.replace(START, measured=True))
     assert {round(p.scale * p.config.chips, 9) for p in points} == {1.0}
-    fit = cal.fit_profile(points, START)
+    fit = calfit.fit_profile(points, START)
     assert fit.profile.peak_flops == pytest.approx(TRUTH.peak_flops, rel=0.2)
+
+
+def test_a_recorded_hardware_share_is_read_not_recovered():
+    """Trials record the share they ran with (`hardware_share`); older studies lack it."""
+    configs = grid(chips=(2, 4), batches=(4,))
+    measured_start = dataclasses.replace(START, measured=True)
+    # a worker owning a third of the host: the prediction alone would say 1/chips
+    frame = synthetic_trials(configs, TRUTH, measured_start, scale_of=lambda c: 1.0 / (3 * c.chips))
+    old = calfit.points_from_frame(frame, measured_start)
+    frame["hardware_share"] = [1.0 / (3 * c.chips) for c in configs]
+    frame.loc[0, "pred_prefill_compute_s"] = frame.loc[0, "pred_decode_compute_s"] = float("nan")
+    new = calfit.points_from_frame(frame, measured_start)
+    assert [p.scale for p in new] == pytest.approx([p.scale for p in old])
+    assert {round(p.scale * p.config.chips * 3, 9) for p in new} == {1.0}
 
 
 # ----------------------------------------------------------------------------- the CLI on a real study
@@ -177,8 +194,8 @@ def store_measured_study(root, frame: pd.DataFrame, configs, name: str = "synthe
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from sweeper import results
-    from sweeper.tracking import KIND_TAG, SWEEP_KIND
+    from sweeper.tracking import results
+    from sweeper.tracking.mlflow_log import KIND_TAG, SWEEP_KIND
 
     root.mkdir(parents=True, exist_ok=True)
     storage, tracking = f"sqlite:///{root}/optuna.db", f"sqlite:///{root}/mlflow.db"
@@ -207,7 +224,7 @@ def store_measured_study(root, frame: pd.DataFrame, configs, name: str = "synthe
 @pytest.fixture(scope="module")
 def measured_study(tmp_path_factory):
     configs = grid(chips=(2, 4), batches=(4, 16))
-    frame = cal.synthetic_trials(configs, TRUTH, START, noise=0.02, seed=1)
+    frame = synthetic_trials(configs, TRUTH, START, noise=0.02, seed=1)
     root = tmp_path_factory.mktemp("measured")
     storage, tracking, parent = store_measured_study(root, frame, configs)
     return root, storage, tracking, parent
@@ -229,7 +246,7 @@ def test_fit_cli_writes_yaml_prints_json_and_logs_to_the_parent_run(measured_stu
                 "kendall_tau", "n_points", "fitted"):
         assert key in summary
     assert summary["mape_heldout"] < 0.05 and summary["holdout"] == "kfold"
-    assert set(summary["holdouts"]) == set(cal.HOLDOUTS)
+    assert set(summary["holdouts"]) == set(calho.HOLDOUTS)
     fitted = load_hardware(str(out))
     assert fitted.peak_flops == pytest.approx(summary["fitted"]["peak_flops"])
     run = MlflowClient(tracking_uri=tracking).get_run(parent)
@@ -244,7 +261,7 @@ def test_fit_cli_too_few_trials_and_analytical_studies_exit_2(tmp_path, capsys):
     from sweeper.cli import main
 
     configs = grid()[:3]
-    frame = cal.synthetic_trials(configs, TRUTH, START)
+    frame = synthetic_trials(configs, TRUTH, START)
     storage, _, _ = store_measured_study(tmp_path / "few", frame, configs, name="few")
     capsys.readouterr()   # the stores' own set-up logs
     assert main(["fit", "--study", "few", "--storage", storage, "--no-mlflow"]) == 2

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sweeper.cli import main
-from sweeper.trial_cmd import xla_flags_with_devices
+from sweeper.cli.trial import xla_flags_with_devices
 from workloads.metrics import METRIC_NAMES, Measurement
 
 REPO = Path(__file__).resolve().parents[1]

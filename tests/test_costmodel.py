@@ -17,6 +17,7 @@ import pytest
 from workloads import costmodel as cm
 from workloads.config import ConfigError, ModelConfig, load_hardware, load_model
 from workloads.layouts import Collective, PhaseLayout, forward_collectives
+from workloads.recommend import recommend
 from workloads.trial import TrialConfig
 
 TPU_V4 = load_hardware("tpu-v4")
@@ -171,19 +172,23 @@ def test_best_gather_degree_for_palm_540b_prefill():
     assert cm.best_gather_degree(PALM, 64, 512, 4096)["layout"] == "wg_xyz"
 
 
+def recommend_dict(*args, **kwargs) -> dict:
+    return recommend(*args, **kwargs).to_dict()
+
+
 def test_large_batch_prefill_recommends_weight_gathered_over_most_chips():
-    result = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048)
+    result = recommend_dict(PALM, TPU_V4, 64, 512, "prefill", 2048)
     assert result["ffn"] in ("wg_xy", "wg_xyz") and result["fits"]
-    # The paper's choice (Table 2) is within 2% of the best by the formulas; see notes/costmodel.md.
-    xyz = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="wg_xyz")
+    # The paper's choice (Table 2) is within 2% of the best by the formulas; see docs/architecture.md "The analytical cost model".
+    xyz = recommend_dict(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="wg_xyz")
     assert xyz["latency_s"] <= 1.02 * result["latency_s"]
-    ws2d = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="ws2d")
+    ws2d = recommend_dict(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="ws2d")
     assert ws2d["comm_s"] > 4 * result["comm_s"]
 
 
 @pytest.mark.parametrize("batch, input_len", [(1, 2048), (64, 1)])
 def test_small_token_count_prefill_recommends_weight_stationary(batch, input_len):
-    result = cm.recommend(PALM, TPU_V4, 64, batch, "prefill", input_len)
+    result = recommend_dict(PALM, TPU_V4, 64, batch, "prefill", input_len)
     assert result["ffn"] in ("ws1d", "ws2d")
 
 
@@ -196,7 +201,7 @@ def test_unpadded_palm_540b_cannot_shard_48_heads_over_64_chips_but_xyz_gathered
 
 
 def test_decode_with_a_long_context_recommends_batch_sharded_attention():
-    result = cm.recommend(PALM, TPU_V4, 64, 512, "decode", 1, 2048)
+    result = recommend_dict(PALM, TPU_V4, 64, 512, "decode", 1, 2048)
     assert (result["ffn"], result["attn"]) == ("ws2d", "batch")
 
 

@@ -37,12 +37,12 @@ from mlflow.tracking import MlflowClient
 
 ray = pytest.importorskip("ray")
 
-from sweeper.controller import Controller, choose_study, run_sweep  # noqa: E402
+from sweeper.sweep.controller import Controller, choose_study, run_sweep  # noqa: E402
 from sweeper.paths import open_optuna_storage  # noqa: E402
-from sweeper.results import load_runs, load_trials  # noqa: E402
-from sweeper.space import load_space  # noqa: E402
-from sweeper.sync import sync_study  # noqa: E402
-from sweeper.tracking import PARENT_TAG  # noqa: E402
+from sweeper.tracking.results import load_runs, load_trials  # noqa: E402
+from sweeper.sweep.space import load_space  # noqa: E402
+from sweeper.tracking.sync import sync_study  # noqa: E402
+from sweeper.tracking.mlflow_log import PARENT_TAG  # noqa: E402
 from workloads.config import ConfigError  # noqa: E402
 
 DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"

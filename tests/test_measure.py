@@ -1,15 +1,18 @@
-"""run_trial on a tiny model: finite metrics that mean what DESIGN.md says, the compile
+"""run_trial on a tiny model: finite metrics that mean what docs/architecture.md says, the compile
 cache, verification against the reference, and the cached host profile."""
 
 import dataclasses
 import math
+import time
 
 import pytest
 import yaml
 
+from workloads.hardware import per_chip
 from workloads import costmodel, hostprofile
 from workloads.config import ConfigError
-from workloads.measure import cache_key, run_trial
+from workloads.measure import (MIN_CI_SAMPLES, cache_key, ci_rel, compile_trial, median_ci,
+                               repeat_until_precise, run_once, run_trial)
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
 
@@ -18,7 +21,7 @@ ATOL = 0.1   # as the engine's equivalence test: bf16 rounding ~0.03, a wrong la
 # The shape of test_comm_pattern's first case, with a few timed decode steps.
 SPEC = dict(model="tiny", chips=4, topology="2x2x1", batch=4, input_len=8, decode_steps=3,
             prefill={"ffn": "wg_xy", "attn": "head"}, decode={"ffn": "ws2d", "attn": "batch"},
-            repeats=2, warmup=1)
+            repeats=6, warmup=1, time_budget_s=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +164,176 @@ def test_host_profile_is_measured_once_and_cached(sweeper_home, monkeypatch):
 
 def test_per_chip_splits_the_host_evenly(sweeper_home):
     profile = hostprofile.HardwareProfile("host", 8e11, 4e10, 64e9, 2e10, measured=True)
-    chip = hostprofile.per_chip(profile, 8)
+    chip = per_chip(profile, 8)
     assert (chip.peak_flops, chip.hbm_bandwidth, chip.hbm_bytes, chip.ici_bandwidth) == (1e11, 5e9, 8e9, 2.5e9)
-    assert hostprofile.per_chip(profile, 1) == profile
+    assert per_chip(profile, 1) == profile
+    # a worker owning half the host's cores: half the compute and bandwidth, memory split by chips only
+    half = per_chip(profile, 2, share=0.5)
+    assert (half.peak_flops, half.hbm_bandwidth, half.hbm_bytes) == (2e11, 1e10, 32e9)
+
+
+# --------------------------------------------------------------------------- noise
+
+
+def test_median_ci_is_the_order_statistic_interval():
+    """n = 10: the classic table's interval is (x(2), x(9)), covering the median with
+    probability 1 - 2 * P(Binom(10, 1/2) <= 1) = 97.9%; the narrower (x(3), x(8)) covers
+    only 89.1%, under 95%."""
+    from scipy import stats
+
+    samples = [7.0, 1.0, 9.0, 3.0, 10.0, 5.0, 2.0, 8.0, 4.0, 6.0]   # order does not matter
+    assert median_ci(samples) == (2.0, 9.0)
+    assert 1 - 2 * stats.binom.cdf(1, 10, 0.5) >= 0.95 > 1 - 2 * stats.binom.cdf(2, 10, 0.5)
+    assert ci_rel(samples) == pytest.approx((9.0 - 2.0) / 2 / 5.5)
+    # six samples: the widest interval (x(1), x(6)) covers 96.9%; five cannot reach 95%
+    assert median_ci([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == (1.0, 6.0)
+    assert all(math.isnan(v) for v in median_ci([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert ci_rel([1.0] * (MIN_CI_SAMPLES - 1)) == math.inf
+    assert ci_rel([2.0] * MIN_CI_SAMPLES) == 0.0
+
+
+class FakeClock:
+    """Seconds that advance only when a run happens (each run takes one second)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_adaptive_repeats_stop_once_the_ci_meets_the_target():
+    clock = FakeClock()
+    # The first runs are disturbed, later ones quiet: the CI narrows as quiet runs pile up.
+    values = iter([1.0, 1.6, 0.7, 1.4, 1.0, 1.01, 0.99] + [1.0] * 100)
+
+    def run():
+        clock.now += 1.0
+        return next(values)
+
+    def precise(results):
+        return ci_rel(results) <= 0.02
+
+    results = repeat_until_precise(run, precise, min_runs=3, budget_s=1000, clock=clock)
+    first_precise = next(n for n in range(1, 108) if ci_rel(
+        ([1.0, 1.6, 0.7, 1.4, 1.0, 1.01, 0.99] + [1.0] * 100)[:n]) <= 0.02)
+    assert len(results) == first_precise
+    assert MIN_CI_SAMPLES <= len(results) < 100 and ci_rel(results) <= 0.02
+
+
+def test_adaptive_repeats_stop_at_the_time_budget():
+    clock = FakeClock()
+
+    def run():
+        clock.now += 1.0
+        return 1.0 if int(clock.now) % 2 else 1.5    # never within 2%
+
+    results = repeat_until_precise(run, lambda r: ci_rel(r) <= 0.02, min_runs=3, budget_s=10,
+                                   clock=clock)
+    assert len(results) == 10
+    # at least min_runs, even when the budget is already spent
+    assert len(repeat_until_precise(run, lambda r: True, min_runs=4, budget_s=0, clock=clock)) == 4
+
+
+def test_every_measurement_carries_its_noise_and_the_host_state(measured):
+    trial, m, _ = measured
+    assert m.prefill_repeats == m.decode_repeats == m.extra["repeats"] >= trial.repeats
+    assert m.prefill_repeats >= MIN_CI_SAMPLES        # repeats=6: a CI exists
+    assert 0 <= m.prefill_ci_rel < 1 and 0 <= m.decode_ci_rel < 1
+    # stopped by the CI target or by the budget (overrun by at most one run)
+    assert (max(m.prefill_ci_rel, m.decode_ci_rel) <= trial.ci_target
+            or m.measure_s >= trial.time_budget_s)
+    assert m.prefill_spread == pytest.approx((m.prefill_s_max - m.prefill_s_min) / m.prefill_s)
+    assert m.host_load_avg_1m >= 0 and m.host_involuntary_switches >= 0
+    assert 0 <= m.host_steal_frac <= 1 and 0 <= m.host_busy_frac <= 1
+    for name in ("prefill_ci_rel", "decode_ci_rel", "prefill_repeats", "host_load_avg_1m",
+                 "host_steal_frac", "host_involuntary_switches", "measure_s"):
+        assert name in m.metrics()          # what MLflow and Optuna's user attrs receive
+
+
+def test_decode_is_timed_as_one_run_of_back_to_back_steps(measured):
+    """A run's decode time covers all its steps; dispatching them back to back and
+    synchronising once is not slower than synchronising after every step."""
+    import statistics
+
+    import jax
+
+    from workloads.engine import decode_loop
+
+    trial, _, cache = measured
+    entry, _ = compile_trial(trial, cache)
+    run = run_once(entry, trial)
+    assert run.steps == trial.decode_steps and run.decode_s > 0
+    assert run.decode_step_s * run.steps == pytest.approx(run.decode_s)
+
+    engine, decode = entry.engine, entry.compiled["decode"]
+
+    def synced_step(*args):
+        return jax.block_until_ready(decode(*args))
+
+    def decode_time(step) -> float:
+        logits, kv = entry.compiled["prefill"](engine.params, engine.input_tokens())
+        kv = engine.handoff(kv)
+        token = jax.block_until_ready(engine.greedy(logits))
+        positions = engine.positions()
+        start = time.perf_counter()
+        out = decode_loop(step, engine.greedy, engine.params, kv, token, positions)
+        jax.block_until_ready((out.cache, out.tokens[-1]))
+        return time.perf_counter() - start
+
+    back_to_back = statistics.median(decode_time(decode) for _ in range(7))
+    per_step = statistics.median(decode_time(synced_step) for _ in range(7))
+    assert back_to_back <= 1.5 * per_step
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_measurement_settings_come_from_the_space_file(tmp_path):
+    from sweeper.sweep.space import load_space
+
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "s", "model": "tiny", "hardware": "host", "chips": 2, "batch": 4,
+        "ci_target": 0.05, "time_budget_s": 3, "params": {"seed": [0, 1]},
+        "sampler": {"type": "grid"}}))
+    space = load_space(str(path))
+    trials = [space.trial_config({"seed": seed}) for seed in (0, 1)]
+    assert [(t.ci_target, t.time_budget_s, t.seed) for t in trials] == [(0.05, 3.0, 0), (0.05, 3.0, 1)]
+    assert cache_key(trials[0]) == cache_key(trials[1])   # replicates share compiled programs
+
+
+@pytest.mark.parametrize("field, value", [("ci_target", -0.1), ("time_budget_s", "soon"),
+                                          ("ci_target", float("nan"))])
+def test_bad_measurement_settings_are_config_errors(field, value):
+    with pytest.raises(ConfigError, match=field):
+        TrialConfig.from_dict(dict(SPEC, **{field: value}))
+
+
+def test_calibration_space_meets_its_design():
+    """Every point runs; >= 10 ranking groups (phase, chips, batch) with >= 2 layouts;
+    every configuration replicated; one chip's prefill and decode big enough to time."""
+    from collections import defaultdict
+
+    from sweeper.sweep.space import load_space
+
+    space = load_space("search_spaces/calibration.yaml")
+    names = [p.name for p in space.params]
+    import itertools
+
+    trials = [space.trial_config(dict(zip(names, values)))
+              for values in itertools.product(*(p.grid_values() for p in space.params))]
+    assert len(trials) == space.planned_trials() == 192
+    layouts = defaultdict(set)
+    replicates = defaultdict(set)
+    for t in trials:
+        for phase in ("prefill", "decode"):
+            layout = getattr(t, phase)
+            if t.chips > 1:
+                layouts[(phase, t.chips, t.batch)].add((layout.ffn, layout.attn))
+        replicates[cache_key(t)].add(t.seed)
+    assert sum(len(v) >= 2 for v in layouts.values()) >= 10
+    assert all(seeds == {0, 1} for seeds in replicates.values())
+    assert {t.chips for t in trials} == {1, 2, 4, 8}
+    assert {t.decode.attn for t in trials} == {"head", "batch"}
+    assert {t.model.name for t in trials} == {"calib"}

@@ -205,7 +205,7 @@ def check_ui(tracking_uri: str, artifact_root: str | None, workdir: Path,
     """Serve the store, open the experiment and compare pages, check runs and layout params."""
     from mlflow.tracking import MlflowClient
 
-    from sweeper.tracking import KIND_TAG, SWEEP_KIND, TRIAL_KIND
+    from sweeper.tracking.mlflow_log import KIND_TAG, SWEEP_KIND, TRIAL_KIND
 
     client = MlflowClient(tracking_uri=tracking_uri)
     parents = [r for e in client.search_experiments()
@@ -248,7 +248,7 @@ def check_ui(tracking_uri: str, artifact_root: str | None, workdir: Path,
 @pytest.fixture(scope="module")
 def ui_store(tmp_path_factory):
     _require_browser()                 # skip (or fail in CI) before doing any work
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     root = tmp_path_factory.mktemp("ui")
     (root / "space.yaml").write_text(SPACE)

@@ -4,7 +4,7 @@ for an accelerator slice. `sweeper run --address` (a subprocess, as a user runs 
 `resources: {slice: 1}` per worker: with two slots, one worker lands on each node, and every
 trial records the node it ran on and the resources it held (Optuna user attrs, MLflow tags).
 
-The multi-host slice plan (`sweeper.slices`) is checked without hardware: on the same
+The multi-host slice plan (`sweeper.sweep.slices`) is checked without hardware: on the same
 cluster a placement group reserves one `slice` per node (STRICT_SPREAD), one actor per host
 reports where it landed and the `jax.distributed.initialize` arguments it was given.
 """
@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from sweeper.slices import ENV_COORDINATOR, distributed_args_from_env, plan_slice, start_slice  # noqa: E402
+from sweeper.sweep.slices import ENV_COORDINATOR, distributed_args_from_env, plan_slice, start_slice  # noqa: E402
 from workloads.config import ConfigError  # noqa: E402
 
 

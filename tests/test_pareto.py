@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweeper import pareto
+from sweeper.analysis import pareto
 from workloads.config import ConfigError
 
 
@@ -147,7 +147,7 @@ parallel: 1
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     root = tmp_path_factory.mktemp("pareto")
     (root / "space.yaml").write_text(SPACE)

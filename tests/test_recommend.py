@@ -69,8 +69,8 @@ def test_the_issue_model_on_1x4x4_gets_one_prediction_for_one_program():
     assert wg_x.memory_read_bytes_per_chip == ws1d.memory_read_bytes_per_chip
 
 
-def test_the_dict_form_keeps_the_costmodel_contract():
-    out = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048)
+def test_the_dict_form_keeps_the_former_costmodel_contract():
+    out = recommend(PALM, TPU_V4, 64, 512, "prefill", 2048).to_dict()
     assert out["ffn"].startswith("wg") and out["alternatives"][0]["ffn"] == out["ffn"]
     assert isinstance(out["rejected"], list) and out["candidates"] >= len(out["alternatives"])
     assert {"kind", "reason", "ffn", "attn", "topology"} <= set(out["rejected"][0]) if out["rejected"] else True

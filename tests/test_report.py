@@ -8,8 +8,11 @@ import re
 
 import pytest
 
-from sweeper import calibrate as cal
-from sweeper import report
+from sweeper.analysis import fit as calfit
+from sweeper.analysis import holdout as calho
+from sweeper.analysis import report
+from sweeper.cli.run import format_sweep_summary
+from synthetic import synthetic_trials
 
 from test_calibrate import START, TRUTH, grid, store_measured_study
 
@@ -42,9 +45,9 @@ def images(html: str) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def synthetic_calibrated():
     configs = grid(chips=(2, 4, 8), batches=(4, 16))
-    frame = cal.synthetic_trials(configs, TRUTH, START, noise=0.02, seed=2)
-    points = cal.points_from_frame(frame, START)
-    return frame, cal.calibrate(points, START, cal.HOLDOUTS, "synthetic")
+    frame = synthetic_trials(configs, TRUTH, START, noise=0.02, seed=2)
+    points = calfit.points_from_frame(frame, START)
+    return frame, calho.calibrate(points, START, calho.HOLDOUTS, "synthetic")
 
 
 def test_report_contains_every_figure_and_table(synthetic_calibrated):
@@ -88,7 +91,7 @@ def test_regimes_come_from_the_frontier(synthetic_calibrated):
 
 @pytest.fixture(scope="module")
 def analytical_sweep(tmp_path_factory):
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     root = tmp_path_factory.mktemp("analytical")
     space = root / "space.yaml"
@@ -118,7 +121,7 @@ def test_summarize_sweep_on_an_analytical_sweep(analytical_sweep, monkeypatch):
     assert summary["logged_to_mlflow"]
     arts = {a.path for a in MlflowClient(tracking_uri=tracking).list_artifacts(parent, "report")}
     assert "report/report.html" in arts and "report/pareto.png" in arts
-    text = report.format_summary(summary)
+    text = format_sweep_summary(summary)
     assert "decode Pareto frontier" in text and "held-out prediction error: not computed" in text
     assert str(root / "out" / "report.html") in text
 
@@ -129,7 +132,7 @@ def test_report_cli_on_a_measured_study(tmp_path, capsys, monkeypatch):
     from sweeper.cli import main
 
     configs = grid(chips=(2, 4), batches=(4, 16))
-    frame = cal.synthetic_trials(configs, TRUTH, START, noise=0.02, seed=3)
+    frame = synthetic_trials(configs, TRUTH, START, noise=0.02, seed=3)
     storage, tracking, parent = store_measured_study(tmp_path / "m", frame, configs, name="m")
     monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
     capsys.readouterr()
@@ -170,12 +173,12 @@ def test_fit_pareto_report_on_a_real_host_sweep(tmp_path, monkeypatch, capsys):
     from pathlib import Path
 
     from sweeper.cli import main
-    from sweeper.controller import run_sweep
+    from sweeper.sweep.controller import run_sweep
 
     monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
     space = Path(__file__).resolve().parents[1] / "search_spaces" / "quickstart.yaml"
     result = run_sweep(str(space), trials=8, parallel=1, study_name="qs", progress=False)
-    assert result.counts["complete"] >= cal.MIN_TRIALS
+    assert result.counts["complete"] >= calho.MIN_TRIALS
     capsys.readouterr()
     assert main(["fit", "--study", "qs", "--holdout", "all", "--json"]) == 0
     fit = json.loads(capsys.readouterr().out)

@@ -18,9 +18,9 @@ import yaml
 
 ray = pytest.importorskip("ray")
 
-from sweeper.controller import run_sweep  # noqa: E402
-from sweeper.results import load_runs, load_trials  # noqa: E402
-from sweeper.space import load_space  # noqa: E402
+from sweeper.sweep.controller import run_sweep  # noqa: E402
+from sweeper.tracking.results import load_runs, load_trials  # noqa: E402
+from sweeper.sweep.space import load_space  # noqa: E402
 from workloads.config import ConfigError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from sweeper.controller import run_sweep
-from sweeper.results import COLUMNS, METRIC_COLUMNS, PARAM_COLUMNS, load_runs, load_trials
-from sweeper.tracking import experiment_name
+from sweeper.sweep.controller import run_sweep
+from sweeper.tracking.results import COLUMNS, METRIC_COLUMNS, PARAM_COLUMNS, load_runs, load_trials
+from sweeper.tracking.mlflow_log import experiment_name
 from workloads.config import ConfigError
 from workloads.metrics import METRIC_NAMES
 
@@ -248,7 +248,7 @@ def test_cli_table_output_names_the_stores(space_file, tmp_path):
 
 
 def test_ui_command_points_at_the_default_store(tmp_path, monkeypatch):
-    from sweeper.run_cmd import ui_command
+    from sweeper.cli.run import ui_command
 
     monkeypatch.setenv("SWEEPER_HOME", str(tmp_path))
     from sweeper.paths import default_tracking_uri

@@ -18,14 +18,8 @@ from typing import Any, Mapping
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A user-input error: one line, names file, field, value and what is accepted."""
-
-    def __init__(self, field: str, value: Any, accepted: str, source: str | None = None):
-        self.field, self.value, self.accepted, self.source = field, value, accepted, source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field}: got {value!r}; expected {accepted}")
+# ConfigError and check_keys are used from here by most modules (workloads/validate.py)
+from workloads.validate import ConfigError, check_keys, one_of, positive_int  # noqa: F401
 
 
 # --------------------------------------------------------------------------- YAML
@@ -60,10 +54,6 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(where, problem, "valid YAML", source=str(path)) from None
 
 
-def loads_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)
-
-
 _UNIT_PREFIX = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
                 "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 _QUANTITY = re.compile(
@@ -85,28 +75,20 @@ def parse_quantity(value: Any, field: str, source: str | None = None) -> float:
     raise ConfigError(field, value, "a number such as 4.0e10, 32GiB or 1.2TB/s", source)
 
 
-def check_keys(mapping: Mapping, allowed: list[str], where: str | None, prefix: str = "") -> None:
-    """Unknown keys are errors, with a 'did you mean' suggestion."""
-    for key in mapping:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{prefix}{key}", mapping[key],
-                              f"one of the known fields {sorted(allowed)}{hint}", where)
-
-
 def _positive_int(mapping: Mapping, key: str, where: str | None, prefix: str = "") -> int:
-    value = mapping[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{prefix}{key}", value, "a positive integer", where)
-    return value
+    return positive_int(f"{prefix}{key}", mapping[key], where)
+
+
+def _check_fields(cls, data: Any, kind: str, source: str | None, prefix: str) -> None:
+    """`data` is a mapping whose keys are fields of the dataclass `cls`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix.rstrip(".") or kind, data, f"a mapping of {kind} fields", source)
+    check_keys(data, [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")],
+               source, prefix)
 
 
 def _choice(mapping: Mapping, key: str, choices: tuple, where: str | None, prefix: str = ""):
-    value = mapping[key]
-    if value not in choices:
-        raise ConfigError(f"{prefix}{key}", value, f"one of {list(choices)}", where)
-    return value
+    return one_of(f"{prefix}{key}", mapping[key], choices, where)
 
 
 # --------------------------------------------------------------------------- model
@@ -132,7 +114,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     # Set on a head-padded model (layouts.pad_model, paper §4): the model before padding.
     # Padded heads are zero; MFU counts the unpadded model's FLOPs.
-    padded_from: "ModelConfig | None" = None
+    padded_from: "ModelConfig | None" = dataclasses.field(default=None, metadata={"internal": True})
 
     @property
     def unpadded(self) -> "ModelConfig":
@@ -157,10 +139,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "ModelConfig":
-        if not isinstance(data, Mapping):
-            raise ConfigError(prefix.rstrip(".") or "model", data, "a mapping of model fields", source)
-        fields = [f.name for f in dataclasses.fields(cls) if f.name != "padded_from"]
-        check_keys(data, fields, source, prefix)
+        _check_fields(cls, data, "model", source, prefix)
         required = ["d_model", "d_ff", "n_layers", "n_heads", "d_head", "vocab"]
         for key in required:
             if key not in data:
@@ -206,10 +185,19 @@ MODEL_PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
     ModelConfig("tiny-gqa", 128, 512, 2, 8, 2, 16, 256, "parallel", "gelu", True),
     ModelConfig("tiny-serial", 128, 512, 2, 8, 2, 16, 256, "serial", "swiglu", False),
     ModelConfig("small", 256, 1024, 4, 8, 1, 32, 512, "parallel", "gelu", True),
+    # The calibration sweep's model (search_spaces/calibration.yaml): big enough that on a
+    # 2-core host one chip's prefill of 8 x 64 tokens takes >= 50 ms and a decode step
+    # >= 1 ms, so the costs the paper models outweigh per-step dispatch and timer jitter;
+    # small enough that its 192 trials on 1-8 emulated chips finish in under 20 minutes.
+    ModelConfig("calib", 768, 3072, 2, 8, 1, 96, 1024, "parallel", "gelu", True),
 ]}
 
 
 # --------------------------------------------------------------------------- hardware
+
+# The collectives of paper §3.1 (workloads/layouts.py schedules them); a calibrated profile
+# may carry a fixed latency per kind.
+COLLECTIVE_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")
 
 
 @dataclass(frozen=True)
@@ -221,7 +209,7 @@ class HardwareProfile:
     hbm_bandwidth: float       # bytes/s per chip
     hbm_bytes: float           # bytes per chip
     ici_bandwidth: float       # interconnect bytes/s per chip
-    # Calibration constants (sweeper/calibrate.py fits them; defaults = the paper's ideal model).
+    # Calibration constants (sweeper/analysis/calibrate.py fits them; defaults = the paper's ideal model).
     collective_latency_s: float = 0.0   # fixed cost per collective op
     op_overhead_s: float = 0.0          # fixed cost per layer-phase (dispatch, small ops)
     overlap: float = 0.0                # 0 = additive times, 1 = max(compute, memory, comm)
@@ -233,12 +221,22 @@ class HardwareProfile:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def scaled(self, fraction: float, memory: bool = False) -> "HardwareProfile":
+        """A share of this profile: peak FLOP/s and bandwidths times `fraction`.
+
+        `memory=True` splits the HBM capacity too (one of n virtual chips on a host);
+        a worker's share of the host's cores keeps the whole memory (docs/architecture.md,
+        "Hardware profiles and shares")."""
+        if fraction == 1.0:
+            return self
+        return dataclasses.replace(
+            self, peak_flops=self.peak_flops * fraction, hbm_bandwidth=self.hbm_bandwidth * fraction,
+            ici_bandwidth=self.ici_bandwidth * fraction,
+            hbm_bytes=self.hbm_bytes * fraction if memory else self.hbm_bytes)
+
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "HardwareProfile":
-        if not isinstance(data, Mapping):
-            raise ConfigError(prefix.rstrip(".") or "hardware", data, "a mapping of hardware fields", source)
-        fields = [f.name for f in dataclasses.fields(cls)]
-        check_keys(data, fields, source, prefix)
+        _check_fields(cls, data, "hardware", source, prefix)
         values: dict[str, Any] = {}
         for key in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "ici_bandwidth"):
             if key not in data:
@@ -257,8 +255,6 @@ class HardwareProfile:
         if not isinstance(by_kind, Mapping):
             raise ConfigError(f"{prefix}collective_latency_s_by_kind", by_kind,
                               "a mapping {all-gather: seconds, ...}", source)
-        from workloads.layouts import COLLECTIVE_KINDS  # layouts imports this module
-
         values["collective_latency_s_by_kind"] = {}
         for kind, seconds in by_kind.items():
             where = f"{prefix}collective_latency_s_by_kind.{kind}"
@@ -316,11 +312,11 @@ def load_model(spec: Any, source: str | None = None, field: str = "model") -> Mo
 
 
 def load_hardware(spec: Any, source: str | None = None, field: str = "hardware") -> HardwareProfile:
-    """Preset name (or `host`, measured once and cached), path to a hardware YAML, or a mapping."""
+    """Preset name, path to a hardware YAML, or a mapping. `host` (this machine, measured)
+    is resolved by workloads.hardware.load_hardware, which the callers use."""
     if spec == "host":
-        from workloads.hostprofile import host_profile  # measured lazily: needs JAX
-
-        return host_profile()
+        raise ConfigError(field, spec, "a preset or YAML here; `host` is measured: use "
+                          "workloads.hardware.load_hardware", source)
     return _load(spec, HARDWARE_PRESETS, HardwareProfile, "hardware", source, field)
 
 

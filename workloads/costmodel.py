@@ -5,7 +5,7 @@ measurement. Communication comes from `workloads.layouts` (the collectives of ea
 as data, shared with the engine), so the model and the engine cannot drift apart.
 
 Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
-  compute_s = model FLOPs / (n * peak_flops)                                  (§2, DESIGN.md)
+  compute_s = model FLOPs / (n * peak_flops)                                  (§2, docs/architecture.md)
   memory_s  = (weights read + KV cache read) per chip / hbm_bandwidth          (§2.1)
   comm_s    = sum over collectives of bytes * factor / ici_bandwidth           (§3.1)
               factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
@@ -13,7 +13,7 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
   latency_s = (1 - overlap) * (compute + memory + comm) + overlap * max(...)
               + hw.op_overhead_s * n_layers
   (overlap, collective_latency_s and op_overhead_s default to 0: the paper's additive model;
-  sweeper/calibrate.py fits them to measurements without changing this structure.)
+  sweeper/analysis/calibrate.py fits them to measurements without changing this structure.)
 
 Conventions that are choices, stated once:
 - KV cache is bf16. Activations are bf16.
@@ -21,7 +21,7 @@ Conventions that are choices, stated once:
   symmetric quantisation, as in quant.py); embeddings stay bf16 (a lookup table and the
   unembedding are small next to the blocks, and the paper quantises the matmul weights).
 - Model FLOPs count every matmul parameter including the unembedding for every token
-  (DESIGN.md), and attention as 4 * n_layers * n_heads * d_head * keys_attended with
+  (docs/architecture.md "Metrics"), and attention as 4 * n_layers * n_heads * d_head * keys_attended with
   keys_attended = the full context (no causal halving: PaLM's MFU convention, and what a
   dense masked attention computes).
 - Weight-gathered layouts read the *gathered* weights (size / M per chip) from HBM.
@@ -106,12 +106,12 @@ def matmul_params(model: ModelConfig) -> int:
     """Parameters that take part in a matmul for every token: blocks + the unembedding.
 
     The unembedding is a V x E matmul whether or not it shares storage with the input
-    embedding, whose lookup is not a matmul (DESIGN.md FLOPs definition)."""
+    embedding, whose lookup is not a matmul (docs/architecture.md "Metrics")."""
     return block_params(model) + model.vocab * model.d_model
 
 
 def model_flops_per_token(model: ModelConfig, keys_attended: float) -> float:
-    """DESIGN.md: 2 * matmul params (incl. unembedding) + 4 * n_layers * n_heads * d_head * keys."""
+    """docs/architecture.md "Metrics": 2 * matmul params (incl. unembedding) + 4 * n_layers * n_heads * d_head * keys."""
     return 2.0 * matmul_params(model) + 4.0 * model.n_layers * model.n_heads * model.d_head * keys_attended
 
 
@@ -363,7 +363,7 @@ def best_gather_degree(model: ModelConfig, chips: int, batch: int, seq_len: int,
     optimum is sqrt(N1 * N2). For PaLM 540B at 512 x 2048 tokens on 4x4x4, N* = 30.2 sits just
     below sqrt(16 * 64) = 32: the formulas pick xy (16) by a small margin where the summary
     argues "29 is closer to 64" for xyz (the paper's Table 2 choice); xyz wins from ~1.5M
-    tokens. We trust the formulas (notes/costmodel.md)."""
+    tokens. We trust the formulas (docs/architecture.md "The analytical cost model")."""
     _positive_int("chips", chips)
     _positive_int("batch", batch)
     _positive_int("seq_len", seq_len)
@@ -636,27 +636,6 @@ def _topology_candidates(model: ModelConfig, chips: int) -> list[tuple[int, int,
 def _significant(value: float, digits: int = 9) -> float:
     """Round to significant digits, so float noise in a sum never decides a ranking."""
     return float(f"{value:.{digits}g}")
-
-
-def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
-              input_len: int = 1, context: int | None = None, weights: str = "bf16",
-              topology: tuple[int, int, int] | None = None, ffn: str | None = None,
-              attn: str | None = None, search_topology: bool = False,
-              pad_heads: str | int = "auto") -> dict:
-    """The fastest valid (ffn, attn, topology) for one phase, as a dict (the best
-    prediction's fields, `alternatives`, `rejected` with reasons): workloads.recommend.
-
-    No hand-written rule decides: the crossovers the paper states (ws2d over ws1d above
-    4F/E chips, weight-gathered once B*L is large, batch-sharded attention when the KV
-    cache dominates) come out of the formulas. Topology: the paper fixes X, Y, Z by the 2D
-    weight-stationary optimum and chooses the weight-gathered variant among the axis
-    subsets x, xy, xyz of that torus (§3.2.3, A.2.2), so the default candidate is
-    best_topology(model, chips); `topology` fixes another, `search_topology=True` tries
-    every factorisation."""
-    from workloads.recommend import recommend as _recommend   # it imports this module
-
-    return _recommend(model, hw, chips, batch, phase, input_len, context, weights, topology,
-                      ffn, attn, search_topology, pad_heads).to_dict()
 
 
 # --------------------------------------------------------------------------- scaling-book roofline

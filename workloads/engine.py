@@ -223,15 +223,22 @@ class Engine:
         tokens = self.input_tokens() if tokens is None else tokens
         logits, cache = self.prefill(self.params, tokens)
         cache = self.handoff(cache)
-        all_logits = [logits]
-        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        generated = [token]
-        for i in range(steps):
-            logits, cache = self.decode(self.params, cache, token, self.trial.input_len + i)
-            token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-            all_logits.append(logits)
-            generated.append(token)
-        return all_logits, np.stack([np.asarray(t) for t in generated], axis=1)
+        token = self.greedy(logits)
+        run = decode_loop(self.decode, self.greedy, self.params, cache, token,
+                          self.positions(steps), keep_logits=True)
+        generated = [token] + run.tokens
+        return [logits] + run.logits, np.stack([np.asarray(t) for t in generated], axis=1)
+
+    def greedy(self, logits) -> jax.Array:
+        """logits [B, V] -> the next token [B] int32, replicated as decode takes it."""
+        return _greedy_program(self.mesh)(logits)
+
+    def positions(self, steps: int | None = None) -> list[jax.Array]:
+        """Decode step i's position (input_len + i) as a replicated device scalar, made before
+        a timed loop so the loop only dispatches."""
+        steps = self.trial.decode_steps if steps is None else steps
+        replicated = NamedSharding(self.mesh, P())
+        return [jax.device_put(jnp.int32(self.trial.input_len + i), replicated) for i in range(steps)]
 
     def reference_params(self) -> dict:
         """Unsharded bf16 weights the engine computes with (dequantised for int8), without
@@ -262,6 +269,39 @@ class Engine:
             "decode": self._decode.lower(self.params, self.cache_struct("decode"), token, pos),
             "handoff": self._handoff.lower(self.cache_struct("prefill")),
         }
+
+
+@functools.lru_cache(maxsize=16)
+def _greedy_program(mesh: Mesh):
+    """argmax over the (vocab-sharded) logits, output replicated: decode's token input."""
+    return jax.jit(lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32),
+                   out_shardings=NamedSharding(mesh, P()))
+
+
+@dataclasses.dataclass
+class Decoded:
+    """What `decode_loop` returns: device arrays, not yet synchronised."""
+
+    cache: jax.Array
+    tokens: list            # the greedy token after each step, [B] int32
+    logits: list            # each step's logits [B, V] (empty unless kept)
+
+
+def decode_loop(decode, greedy, params, cache, token, positions, keep_logits: bool = False) -> Decoded:
+    """Greedy decode, one step per position. The one decode loop: `Engine.generate` and
+    the timed runs of workloads/measure.py both call it.
+
+    Nothing here waits for the device: each step's program is dispatched as soon as the
+    previous one is queued (its outputs are futures), as a serving loop runs. A caller that
+    times it synchronises once, after the last step (README "Measurement protocol")."""
+    tokens, kept = [], []
+    for pos in positions:
+        logits, cache = decode(params, cache, token, pos)
+        token = greedy(logits)
+        tokens.append(token)
+        if keep_logits:
+            kept.append(logits)
+    return Decoded(cache, tokens, kept)
 
 
 def _validate(trial: TrialConfig, topology: tuple[int, int, int]) -> None:

@@ -1,6 +1,6 @@
 """The `host` hardware profile: this machine's peak numbers, measured once and cached.
 
-An emulated mesh (n virtual XLA CPU devices, DESIGN.md "Emulated mesh") runs on this
+An emulated mesh (n virtual XLA CPU devices, docs/architecture.md "Emulated mesh") runs on this
 host's cores, so its MFU must be a fraction of *this host's* measured peak, never a
 TPU's. A peak that reads low makes MFU exceed 100% (an early version measured one plain
 bf16 2048 matmul under load and the quickstart showed 229%), so the peak is built to be
@@ -25,12 +25,11 @@ an upper bound on what the engine can reach (`host_profile()`, ~3-5 s once per h
 The result is cached as YAML in `$SWEEPER_HOME/host_profile.yaml` (default
 `./.sweeper/host_profile.yaml`), keyed by hostname + CPU count + jax version + the
 measurement's version (`PROFILE_VERSION`: a cache written by an older measurement is
-measured again). `per_chip(profile, n)` splits the whole host evenly over n virtual chips.
+measured again). `workloads.hardware.per_chip` splits the whole host evenly over n virtual chips.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -111,11 +110,6 @@ def matmul_flops_per_s(n: int, dtype: str = "bfloat16", accumulate: str = "float
 def matmul_rates(tries: int = TRIES) -> dict[str, float]:
     """{'bfloat16->float32 1024': FLOP/s, ...} for every shape in MATMULS."""
     return {f"{dtype}->{acc} {n}": matmul_flops_per_s(n, dtype, acc, tries) for n, dtype, acc in MATMULS}
-
-
-def measure_peak_flops() -> float:
-    """The best matmul FLOP/s this process reaches on the cores it may use."""
-    return max(matmul_rates().values())
 
 
 def measure_memory_bandwidth(nbytes: int = REDUCE_BYTES) -> float:
@@ -246,16 +240,6 @@ def host_profile(refresh: bool = False, path: Path | None = None) -> HardwarePro
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))
     tmp.replace(path)           # atomic: concurrent workers never read half a file
     return profile
-
-
-def per_chip(profile: HardwareProfile, n: int) -> HardwareProfile:
-    """One of n virtual chips sharing this host: every peak number split evenly."""
-    if n <= 1:
-        return profile
-    return dataclasses.replace(profile, peak_flops=profile.peak_flops / n,
-                               hbm_bandwidth=profile.hbm_bandwidth / n,
-                               hbm_bytes=profile.hbm_bytes / n,
-                               ici_bandwidth=profile.ici_bandwidth / n)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from workloads.config import ConfigError, ModelConfig
+from workloads.config import COLLECTIVE_KINDS, ConfigError, ModelConfig  # COLLECTIVE_KINDS: re-exported
 
 AXES = ("x", "y", "z")
 FFN_LAYOUTS = ("ws1d", "ws2d", "wg_x", "wg_xy", "wg_xyz")
@@ -94,7 +94,6 @@ GATHER_AXES: dict[str, tuple[str, ...]] = {
     "wg_xyz": ("x", "y", "z"),
 }
 
-COLLECTIVE_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")
 
 
 @dataclass(frozen=True)

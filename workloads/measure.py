@@ -1,19 +1,24 @@
 """Run one trial on a mesh and measure it: `run_trial(config) -> Measurement`.
 
-What is measured (DESIGN.md "Metrics"; paper §4 for MFU and chip-seconds per token):
+What is measured (docs/architecture.md "Metrics"; paper §4 for MFU and chip-seconds per token):
 
 - compile once (`compile_s`, never part of a latency); the compiled programs are kept in
   an `engine_cache` dict the caller owns, keyed by the trial's shape and layouts, so a
   repeated shape does not recompile (`extra["compile_cache_hit"]`);
-- `warmup` untimed runs, then `repeats` timed runs of the whole trial: prefill, the
-  phase handoff (KV cache from the prefill layout to the decode layout), and every decode
-  step, each timed with `block_until_ready`. `prefill_s` is the median over repeats;
-  `decode_step_s` the median over every step of every repeat; `total_s` the median over
-  repeats of prefill + handoff + all decode steps (the user's end-to-end latency);
+- `warmup` untimed runs, then timed runs of the whole trial (README "Measurement
+  protocol"): prefill and the phase handoff (KV cache from the prefill layout to the
+  decode layout), each synchronised, then all `decode_steps` decode steps dispatched back
+  to back and synchronised once, as a serving loop runs them; a run's decode time / its
+  steps is its `decode_step_s`. Runs repeat (at least `repeats`) until the 95% confidence
+  interval of both medians is within +-`ci_target` of the median, or the timed runs have
+  taken `time_budget_s`. `prefill_s` / `decode_step_s` are the medians over runs, with
+  `*_ci_rel` (CI half-width / median), `*_repeats` and `*_spread` beside them, and the
+  host's load, CPU steal and involuntary context switches during the runs (`host_*`);
+  `total_s` is the median over runs of prefill + handoff + decode (end-to-end latency);
 - MFU = model FLOPs / (n_chips x peak FLOP/s per chip x seconds), with model FLOPs from
   `costmodel.phase_model_flops` (the same definition the analytical model uses). On an
   emulated mesh the peak is THIS host's measured peak split over the n virtual chips
-  (`hostprofile.per_chip`), never a TPU's;
+  (`workloads.hardware.per_chip`), never a TPU's;
 - chip-seconds per token = n_chips x seconds / tokens (prefill: B·L tokens; decode: B);
 - memory per device from the compiled programs: weight and KV-cache bytes are the shard
   sizes of those arguments under the programs' input shardings; peak is the largest
@@ -31,7 +36,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from workloads.config import ConfigError, HardwareProfile, load_hardware
+from workloads.config import ConfigError, HardwareProfile
+from workloads.hardware import load_hardware, per_chip
+from workloads.hoststate import HostSampler
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
 
@@ -92,8 +99,6 @@ def resolve_hardware(hardware, chips: int) -> HardwareProfile | None:
             hardware = preset
     profile = load_hardware(hardware)
     if profile.name == "host" and profile.measured:
-        from workloads.hostprofile import per_chip
-
         profile = per_chip(profile, chips)
     return profile
 
@@ -212,56 +217,111 @@ def _timed(fn, *args):
     return time.perf_counter() - start, out
 
 
-def _greedy(logits):
-    import jax.numpy as jnp
-
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-
 @dataclass
 class RunTimes:
+    """One timed run of the whole trial."""
+
     prefill_s: float
     handoff_s: float
-    decode_steps_s: list[float]
-    logits: list[Any]          # prefill's last position, then every decode step
-    tokens: list[Any]          # the greedy token after each of them
+    decode_s: float            # every decode step, dispatched back to back, synchronised once
+    steps: int
+    logits: list[Any]          # prefill's last position, then every decode step (if kept)
+    tokens: list[Any]          # the greedy token after each of them (if kept)
+
+    @property
+    def decode_step_s(self) -> float:
+        return self.decode_s / self.steps if self.steps else math.nan
 
     @property
     def total_s(self) -> float:
-        return self.prefill_s + self.handoff_s + sum(self.decode_steps_s)
+        return self.prefill_s + self.handoff_s + self.decode_s
 
 
 def run_once(entry: CompiledTrial, trial: TrialConfig, keep_logits: bool = False) -> RunTimes:
-    """One whole trial: prefill, handoff, decode_steps greedy steps, each timed."""
-    import jax.numpy as jnp
+    """One whole trial: prefill and handoff, each synchronised, then `decode_steps` greedy
+    steps through `engine.decode_loop`, synchronised once at the end (a user sees the
+    steps' throughput, not one step's round trip). Arguments are placed before each timer
+    starts, so only the programs are timed."""
+    import jax
+
+    from workloads.engine import decode_loop
 
     engine, progs = entry.engine, entry.compiled
-    params = engine.params
-    tokens = engine.input_tokens()
-    prefill_s, (logits, kv) = _timed(progs["prefill"], *_place((params, tokens), progs["prefill"]))
+    params, tokens = _place((engine.params, engine.input_tokens()), progs["prefill"])
+    prefill_s, (logits, kv) = _timed(progs["prefill"], params, tokens)
     # The engine skips the handoff when both phases shard the cache alike (then ~0 s).
     handoff_s, kv = _timed(engine.handoff, kv)
-    token = _greedy(logits)
-    kept_logits, kept_tokens, steps = [], [], []
+    token = jax.block_until_ready(engine.greedy(logits))
+    positions = engine.positions()
+    decode_s, decoded = 0.0, None
+    if positions:
+        params, kv, token, _ = _place((params, kv, token, positions[0]), progs["decode"])
+        start = time.perf_counter()
+        decoded = decode_loop(progs["decode"], engine.greedy, params, kv, token, positions, keep_logits)
+        jax.block_until_ready((decoded.cache, decoded.tokens[-1]))
+        decode_s = time.perf_counter() - start
+    kept_logits, kept_tokens = [], []
     if keep_logits:
-        kept_logits.append(logits)
-        kept_tokens.append(token)
-    for step in range(trial.decode_steps):
-        pos = jnp.int32(trial.input_len + step)
-        args = _place((params, kv, token, pos), progs["decode"])
-        seconds, (logits, kv) = _timed(progs["decode"], *args)
-        token = _greedy(logits)
-        steps.append(seconds)
-        if keep_logits:
-            kept_logits.append(logits)
-            kept_tokens.append(token)
-    return RunTimes(prefill_s, handoff_s, steps, kept_logits, kept_tokens)
+        kept_logits = [logits] + (decoded.logits if decoded else [])
+        kept_tokens = [token] + (decoded.tokens if decoded else [])
+    return RunTimes(prefill_s, handoff_s, decode_s, len(positions), kept_logits, kept_tokens)
+
+
+# --------------------------------------------------------------------------- noise
+
+
+MIN_CI_SAMPLES = 6     # below 6 samples no pair of order statistics covers the median at 95%
+
+
+def median_ci(samples, confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: the pair of order statistics
+    that covers it with probability >= `confidence` (binomial, `scipy.stats.quantile_test`).
+    (nan, nan) with fewer than MIN_CI_SAMPLES samples."""
+    import numpy as np
+    from scipy import stats
+
+    values = np.asarray(samples, dtype=float)
+    if len(values) < MIN_CI_SAMPLES:
+        return math.nan, math.nan
+    ci = stats.quantile_test(values, q=float(np.median(values)), p=0.5).confidence_interval(confidence)
+    return float(ci.low), float(ci.high)
+
+
+def ci_rel(samples, confidence: float = 0.95) -> float:
+    """Half-width of the median's confidence interval / the median; inf when too few samples."""
+    low, high = median_ci(samples, confidence)
+    if math.isnan(low):
+        return math.inf
+    return (high - low) / 2 / statistics.median(samples)
+
+
+def spread(samples) -> float:
+    """(max - min) / median."""
+    return (max(samples) - min(samples)) / statistics.median(samples) if samples else math.nan
+
+
+def repeat_until_precise(run, precise, min_runs: int, budget_s: float, clock=time.perf_counter) -> list:
+    """Call `run()` at least `min_runs` times, then until `precise(results)` or until the
+    calls have taken `budget_s` seconds (checked after each call, so the last one may
+    overrun it by one run)."""
+    results = []
+    start = clock()
+    while True:
+        results.append(run())
+        if len(results) < min_runs:
+            continue
+        if precise(results) or clock() - start >= budget_s:
+            return results
 
 
 def _stats(values: list[float]) -> tuple[float, float, float]:
     if not values:
         return math.nan, math.nan, math.nan
     return statistics.median(values), min(values), max(values)
+
+
+def _finite_or_nan(value: float) -> float:
+    return value if math.isfinite(value) else math.nan
 
 
 # --------------------------------------------------------------------------- the trial
@@ -291,14 +351,35 @@ def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: boo
 
     for _ in range(trial.warmup):
         run_once(entry, trial)
-    runs = [run_once(entry, trial) for _ in range(trial.repeats)]
+
+    def precise(runs: list[RunTimes]) -> bool:
+        phases = [[r.prefill_s for r in runs]]
+        if trial.decode_steps:
+            phases.append([r.decode_step_s for r in runs])
+        return all(ci_rel(times) <= trial.ci_target for times in phases)
+
+    host = HostSampler().start()
+    start = time.perf_counter()
+    runs = repeat_until_precise(lambda: run_once(entry, trial), precise, trial.repeats,
+                                trial.time_budget_s)
+    measure_s = time.perf_counter() - start
+    state = host.stop()
 
     n, b = trial.chips, trial.batch
     m = Measurement(source="measured", hardware=hardware_label())
-    m.prefill_s, m.prefill_s_min, m.prefill_s_max = _stats([r.prefill_s for r in runs])
-    m.decode_step_s, m.decode_step_s_min, m.decode_step_s_max = _stats(
-        [s for r in runs for s in r.decode_steps_s])
+    prefill = [r.prefill_s for r in runs]
+    m.prefill_s, m.prefill_s_min, m.prefill_s_max = _stats(prefill)
+    m.prefill_ci_rel, m.prefill_spread = _finite_or_nan(ci_rel(prefill)), spread(prefill)
+    m.prefill_repeats = float(len(runs))
+    if trial.decode_steps:
+        decode = [r.decode_step_s for r in runs]
+        m.decode_step_s, m.decode_step_s_min, m.decode_step_s_max = _stats(decode)
+        m.decode_ci_rel, m.decode_spread = _finite_or_nan(ci_rel(decode)), spread(decode)
+        m.decode_repeats = float(len(runs))
     m.total_s = statistics.median(r.total_s for r in runs)
+    m.measure_s = measure_s
+    m.host_load_avg_1m, m.host_steal_frac = state.load_avg_1m, state.steal_frac
+    m.host_busy_frac, m.host_involuntary_switches = state.busy_frac, state.involuntary_switches
     m.compile_s = 0.0 if hit else entry.compile_s     # this trial compiled nothing on a hit
 
     prefill_tokens, decode_tokens = b * trial.input_len, b
@@ -335,8 +416,13 @@ def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: boo
         "hardware_profile": profile.name if profile else None,
         "platform": jax.default_backend(),
         "emulated_mesh": is_emulated(),
-        "repeats": trial.repeats,
+        "repeats": len(runs),
+        "min_repeats": trial.repeats,
         "warmup": trial.warmup,
+        "ci_target": trial.ci_target,
+        "time_budget_s": trial.time_budget_s,
+        "decode_run_s": statistics.median(r.decode_s for r in runs),
+        "host_cores": state.cores,
     }
     if is_emulated():
         m.extra["note"] = (f"emulated mesh: {n} virtual devices on this host; wall times of this "

@@ -1,4 +1,4 @@
-"""Measurement: the one definition of every metric (DESIGN.md "Metrics").
+"""Measurement: the one definition of every metric (docs/architecture.md "Metrics").
 
 The engine fills it with `source="measured"` (timings of the mesh it ran on: on an
 emulated mesh, this host), the cost model with `source="analytical"`. MLflow, Optuna
@@ -28,7 +28,8 @@ class CollectiveStat:
 class Measurement:
     source: str                        # "measured" | "analytical"
     hardware: str                      # profile name; "host" for an emulated mesh
-    # Latency (seconds): medians over `repeats`, with min and max.
+    # Latency (seconds): medians over the timed runs, with min and max (decode: per step, a
+    # run's decode time / its steps, so min and max are over runs).
     prefill_s: float = math.nan
     prefill_s_min: float = math.nan
     prefill_s_max: float = math.nan
@@ -37,6 +38,22 @@ class Measurement:
     decode_step_s_max: float = math.nan
     total_s: float = math.nan          # prefill + all decode steps: the user's end-to-end latency
     compile_s: float = math.nan        # reported separately, never part of a latency
+    # Noise of the numbers above (workloads/measure.py, "Measurement protocol" in README.md):
+    # *_ci_rel = half-width of the 95% confidence interval of the median / the median;
+    # *_repeats = timed runs used; *_spread = (max - min) / median over those runs.
+    prefill_ci_rel: float = math.nan
+    decode_ci_rel: float = math.nan
+    prefill_repeats: float = math.nan
+    decode_repeats: float = math.nan
+    prefill_spread: float = math.nan
+    decode_spread: float = math.nan
+    measure_s: float = math.nan        # wall time of the timed runs (bounded by time_budget_s)
+    # The host while the runs were timed (workloads/hoststate.py): 1-min load average at the
+    # end, steal and busy shares of this process's cores, involuntary context switches.
+    host_load_avg_1m: float = math.nan
+    host_steal_frac: float = math.nan
+    host_busy_frac: float = math.nan
+    host_involuntary_switches: float = math.nan
     # Efficiency: mfu = model_flops / (n_chips * peak_flops_per_chip * seconds).
     prefill_mfu: float = math.nan
     decode_mfu: float = math.nan

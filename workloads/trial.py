@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
                               read_yaml)
+from workloads.costmodel import best_topology
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, WEIGHT_FORMATS,
                                PhaseLayout, resolve_padding, validate_layouts)
 
@@ -29,14 +30,24 @@ class TrialConfig:
     prefill: PhaseLayout = field(default_factory=PhaseLayout)
     decode: PhaseLayout = field(default_factory=PhaseLayout)
     seed: int = 0
-    repeats: int = 3
+    repeats: int = 3              # the fewest timed runs (README "Measurement protocol")
     warmup: int = 1
+    ci_target: float = 0.02       # stop timing once both medians' 95% CI is within +-2%
+    time_budget_s: float = 2.0    # ... or once the timed runs have taken this long
     # Paper §4 head padding: auto (pad the query heads to the smallest count the layouts'
     # sharded axes divide; no-op when they already do) | none | an integer N.
     pad_heads: str | int = "auto"
 
     FIELDS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-              "prefill", "decode", "seed", "repeats", "warmup", "pad_heads")
+              "prefill", "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s",
+              "pad_heads")
+    # The flat parameter names (MLflow params, table columns, the search space's flat view):
+    # the one list everything else derives from. LAYOUT_PARAMS: how a trial is partitioned.
+    LAYOUT_PARAMS = ("weights", "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn")
+    FLAT_PARAMS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
+                   "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats",
+                   "pad_heads")
+    INT_FLAT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats")
 
     @property
     def run_model(self) -> ModelConfig:
@@ -52,8 +63,6 @@ class TrialConfig:
     def mesh_shape(self) -> tuple[int, int, int]:
         if self.topology is not None:
             return self.topology
-        from workloads.costmodel import best_topology  # pure Python
-
         return best_topology(self.model, self.chips)
 
     def resolved(self) -> "TrialConfig":
@@ -81,21 +90,15 @@ class TrialConfig:
             "seed": self.seed,
             "repeats": self.repeats,
             "warmup": self.warmup,
+            "ci_target": self.ci_target,
+            "time_budget_s": self.time_budget_s,
             "pad_heads": self.pad_heads,
         }
 
     def flat_params(self) -> dict[str, Any]:
         """Flat key/values for MLflow params and tables (one name per quantity across runs)."""
         x, y, z = self.mesh_shape
-        return {
-            "model": self.model.name, "chips": self.chips, "batch": self.batch,
-            "input_len": self.input_len, "decode_steps": self.decode_steps,
-            "topology": f"{x}x{y}x{z}", "weights": self.weights,
-            "prefill_ffn": self.prefill.ffn, "prefill_attn": self.prefill.attn,
-            "decode_ffn": self.decode.ffn, "decode_attn": self.decode.attn,
-            "seed": self.seed, "repeats": self.repeats,
-            "pad_heads": self.pad_heads,
-        }
+        return flat_params_of({**self.to_dict(), "model": self.model.name, "topology": f"{x}x{y}x{z}"})
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, validate: bool = True) -> "TrialConfig":
@@ -106,9 +109,8 @@ class TrialConfig:
             raise ConfigError("model", None, "a preset name, a YAML path or a mapping (required)", source)
         model = load_model(data["model"], source=source)
         values: dict[str, Any] = {"model": model}
-        for key, default in (("chips", None), ("batch", None), ("input_len", 32),
-                             ("decode_steps", 8), ("seed", 0), ("repeats", 3), ("warmup", 1)):
-            value = data.get(key, default)
+        for key in ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "warmup"):
+            value = data.get(key, DEFAULTS.get(key))
             if value is None:
                 raise ConfigError(key, None, "a positive integer (required)", source)
             minimum = 0 if key in ("seed", "warmup") else 1
@@ -117,21 +119,46 @@ class TrialConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ConfigError(key, value, f"an integer >= {minimum}", source)
             values[key] = value
+        for key in ("ci_target", "time_budget_s"):
+            values[key] = parse_nonnegative(data.get(key, getattr(cls, key)), key, source)
         if data.get("topology") is not None:
             values["topology"] = parse_topology(data["topology"], values["chips"], "topology", source)
-        weights = data.get("weights", "bf16")
+        weights = data.get("weights", DEFAULTS["weights"])
         if weights not in WEIGHT_FORMATS:
             raise ConfigError("weights", weights, f"one of {list(WEIGHT_FORMATS)}", source)
         values["weights"] = weights
         for phase in ("prefill", "decode"):
             values[phase] = parse_phase_layout(data.get(phase, {}), phase, source)
-        values["pad_heads"] = parse_pad_heads(data.get("pad_heads", "auto"), source)
+        values["pad_heads"] = parse_pad_heads(data.get("pad_heads", DEFAULTS["pad_heads"]), source)
         trial = cls(**values)
         return trial.validate(source) if validate else trial
 
     @classmethod
     def from_yaml(cls, path: str) -> "TrialConfig":
         return cls.from_dict(read_yaml(path), source=str(path))
+
+
+def parse_nonnegative(value: Any, key: str, source: str | None = None) -> float:
+    """A finite number >= 0 (ci_target 0: never stop early; time_budget_s 0: `repeats` runs)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ConfigError(key, value, "a number >= 0", source)
+    return float(value)
+# seed, repeats, ...); the layouts' defaults are PhaseLayout's.
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrialConfig)
+                            if f.default is not dataclasses.MISSING}
+
+
+def flat_params_of(data: Mapping[str, Any]) -> dict[str, Any]:
+    """FLAT_PARAMS of trial data nested as `to_dict` writes it (phase layouts as mappings);
+    a missing field takes its default. No validation: also for points that cannot run."""
+    flat: dict[str, Any] = {}
+    for name in TrialConfig.FLAT_PARAMS:
+        phase, _, part = name.partition("_")
+        if phase in ("prefill", "decode") and part in ("ffn", "attn"):
+            flat[name] = (data.get(phase) or {}).get(part, getattr(PhaseLayout, part))
+        else:
+            flat[name] = data.get(name, DEFAULTS.get(name))
+    return flat
 
 
 def parse_pad_heads(value: Any, source: str | None = None, field: str = "pad_heads") -> str | int:
@@ -153,8 +180,8 @@ def parse_phase_layout(data: Any, phase: str, source: str | None = None) -> Phas
     if not isinstance(data, Mapping):
         raise ConfigError(phase, data, "a mapping {ffn: ..., attn: ...}", source)
     check_keys(data, ["ffn", "attn"], source, prefix=f"{phase}.")
-    ffn = data.get("ffn", "ws2d")
-    attn = data.get("attn", "head")
+    ffn = data.get("ffn", PhaseLayout.ffn)
+    attn = data.get("attn", PhaseLayout.attn)
     if ffn not in FFN_LAYOUTS:
         raise ConfigError(f"{phase}.ffn", ffn, f"one of {list(FFN_LAYOUTS)}", source)
     if attn not in ATTN_LAYOUTS:

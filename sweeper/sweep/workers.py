@@ -38,13 +38,17 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from sweeper.formatting import one_line
 from workloads.config import ConfigError, HardwareProfile
+from workloads.costmodel import predict
+from workloads.measure import run_trial
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
 
@@ -72,11 +76,6 @@ class TrialError(RuntimeError):
         self.config_error = config_error
 
 
-def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text}"[:2000]
-
-
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
 
 
@@ -93,11 +92,9 @@ def trial_delay_s(number: int | None, environ: dict | None = None) -> float:
 
 def where_am_i() -> dict[str, Any]:
     """This process: pid, host, and (inside Ray) node id, node IP and assigned resources."""
-    import socket
-
     info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
     try:
-        import ray
+        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
         if ray.is_initialized():
             context = ray.get_runtime_context()
@@ -142,21 +139,6 @@ def split_cores(parallel: int, available: list[int] | None = None) -> list[list[
     return groups
 
 
-def host_share(host: HardwareProfile, cores: int, total: int) -> HardwareProfile:
-    """The part of the host a worker pinned to `cores` of its `total` cores owns.
-
-    The host profile is the whole machine (DESIGN.md "Emulated mesh"); a pinned worker gets
-    its cores' share of compute and bandwidth. Still named `host`: `run_trial` and
-    `hostprofile.per_chip` split it evenly over the worker's n virtual chips.
-    """
-    import dataclasses
-
-    fraction = min(1.0, cores / max(total, 1))
-    return dataclasses.replace(host, peak_flops=host.peak_flops * fraction,
-                               hbm_bandwidth=host.hbm_bandwidth * fraction,
-                               ici_bandwidth=host.ici_bandwidth * fraction)
-
-
 # ----------------------------------------------------------------------------- the actor
 
 
@@ -180,7 +162,7 @@ class MeshWorker:
         return {**where_am_i(), "slot": self.slot, "chips": self.chips}
 
     def info(self) -> dict[str, Any]:
-        import jax
+        import jax   # lazy: JAX starts its backend; only in the process that runs a trial
 
         return {"pid": os.getpid(), "slot": self.slot, "chips": self.chips,
                 "cores": sorted(os.sched_getaffinity(0)), "devices": len(jax.devices()),
@@ -191,8 +173,6 @@ class MeshWorker:
         delay = trial_delay_s(number)
         if delay:
             time.sleep(delay)       # test-only: a window to kill this worker mid-trial
-        from workloads.measure import run_trial
-
         trial = TrialConfig.from_dict(config, validate=False)
         profile = HardwareProfile.from_dict(hardware) if hardware else None
         before = set(self.engine_cache)
@@ -223,6 +203,44 @@ class _Handle:
     where: Any = None               # ObjectRef of the actor's `where()` (RayPool)
 
 
+class WorkerPool(Protocol):
+    """What the controller needs of a pool of trial workers (RayPool, LocalPool).
+
+    A pool has `parallel` slots; each slot runs one trial at a time. `slot_cores[slot]` are the
+    host cores a slot's worker is pinned to (empty when not pinned) out of `total_cores`.
+    """
+
+    local: bool                     # True: trials run in this process (the cost model)
+    shares_cores: bool              # more slots than cores: timings disturb each other
+    total_cores: int
+    slot_cores: list[list[int]]
+
+    def warm_slot(self, slot: int, chips: int) -> bool:
+        """The slot's worker already has a mesh of `chips` devices (compiled programs cached)."""
+
+    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
+               number: int | None = None) -> _Handle:
+        """Start one trial on the slot's worker; its result comes from `outcome`."""
+
+    def placement(self, handle: _Handle, timeout: float = 0.0) -> dict | None:
+        """Where the trial's worker runs (node, pid, cores), None if not known yet."""
+
+    def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
+        """The handles whose trial has finished, waiting at most `timeout` seconds."""
+
+    def outcome(self, handle: _Handle) -> Outcome:
+        """The finished trial's result; raises TrialError, or WorkerLost if the worker died."""
+
+    def discard(self, handle: _Handle) -> None:
+        """Give up on a trial (timed out): its worker is stopped."""
+
+    def workers(self) -> list[dict]:
+        """Each live worker's placement."""
+
+    def close(self) -> None:
+        """Stop every worker."""
+
+
 class RayPool:
     """`parallel` slots; each slot runs one trial at a time on an actor it owns."""
 
@@ -230,7 +248,7 @@ class RayPool:
 
     def __init__(self, hardware_kind: str, parallel: int, resources: dict[str, float] | None = None,
                  env: dict[str, str] | None = None, max_workers_per_slot: int = 3):
-        import ray
+        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
         self.ray = ray
         self.kind = hardware_kind
@@ -371,8 +389,6 @@ class LocalPool:
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
                number: int | None = None) -> _Handle:
-        from workloads.costmodel import predict
-
         delay = trial_delay_s(number)
         if delay:
             time.sleep(delay)       # test-only: stretches an analytical sweep in time

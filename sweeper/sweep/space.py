@@ -36,28 +36,33 @@ A sampled point becomes a `TrialConfig`; a point that cannot run for its shape r
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import inspect
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from workloads.config import (ConfigError, HardwareProfile, ModelConfig, load_hardware,
-                              load_model, parse_quantity, parse_topology, read_yaml)
+from workloads.config import (ConfigError, HardwareProfile, ModelConfig, load_model,
+                              parse_quantity, parse_topology, read_yaml)
+from workloads.costmodel import best_topology, factorizations
+from workloads.hardware import HOST, load_hardware
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout, stores_1d,
                                validate_layouts)
 from workloads.metrics import METRIC_NAMES, Measurement
-from workloads.trial import TrialConfig, parse_pad_heads, parse_phase_layout
+from workloads.trial import (TrialConfig, flat_params_of, parse_nonnegative, parse_pad_heads,
+                             parse_phase_layout)
+from workloads.validate import check_keys as _check_keys, one_of
 
 # What can be searched, and which of those are integers.
 # `ffn` / `attn` set the layout of both phases at once (e.g. Figure 6 compares ws1d and ws2d
 # with the same layout in prefill and decode).
 PARAM_NAMES = ("batch", "chips", "topology", "prefill_ffn", "prefill_attn", "decode_ffn",
-               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps", "pad_heads")
-INT_PARAMS = ("batch", "chips", "input_len", "decode_steps")
+               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps", "seed",
+               "pad_heads")
+INT_PARAMS = ("batch", "chips", "input_len", "decode_steps", "seed")   # seed: replicates
 LAYOUT_PARAMS = {"prefill_ffn": FFN_LAYOUTS, "prefill_attn": ATTN_LAYOUTS,
                  "decode_ffn": FFN_LAYOUTS, "decode_attn": ATTN_LAYOUTS,
                  "ffn": FFN_LAYOUTS, "attn": ATTN_LAYOUTS}
@@ -65,13 +70,13 @@ AUTO_TOPOLOGY = "auto"   # the cost model's best split (TrialConfig.topology = N
 
 # Trial fields that a space file may fix (TrialConfig.FIELDS without the model).
 FIXED_FIELDS = ("chips", "batch", "input_len", "decode_steps", "topology", "weights", "prefill",
-                "decode", "seed", "repeats", "warmup", "pad_heads")
+                "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s", "pad_heads")
 SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objectives",
                 "constraints", "sampler", "trials", "parallel", "timeout_s", "max_retries",
                 "memory_budget_bytes", "resources")
 
 HARDWARE_KINDS = ("host", "devices", "analytical")
-SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/guided.py
+SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/sweep/guided.py
 DIRECTIONS = ("minimize", "maximize")
 # Numeric metrics an objective or constraint may name (booleans like `fits` are not targets).
 NUMERIC_METRICS = tuple(f for f in METRIC_NAMES
@@ -89,11 +94,7 @@ DEFAULT_OBJECTIVES = (("decode_step_s", "minimize"), ("decode_cost_chip_s_per_to
 
 def _one_of(field: str, value: Any, choices, source: str | None, what: str = "one of") -> Any:
     """value if it is one of choices, else a ConfigError with a 'did you mean'."""
-    if value in choices:
-        return value
-    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError(field, value, f"{what} {list(choices)}{hint}", source)
+    return one_of(field, value, choices, source, what, suggest=True)
 
 
 def _int(value: Any, field: str, source: str | None, minimum: int = 1) -> int:
@@ -124,7 +125,7 @@ class Param:
     step: int = 1
 
     def distribution(self):
-        from optuna.distributions import CategoricalDistribution, IntDistribution
+        from optuna.distributions import CategoricalDistribution, IntDistribution   # lazy: Optuna (~1 s)
 
         if self.choices is not None:
             return CategoricalDistribution(self.choices)
@@ -166,7 +167,7 @@ class Param:
         for key in ("low", "high"):
             if key not in spec:
                 raise ConfigError(f"{where}.{key}", None, "an integer (required for a range)", source)
-        minimum = 0 if name == "decode_steps" else 1
+        minimum = 0 if name in ("decode_steps", "seed") else 1
         low = _int(spec["low"], f"{where}.low", source, minimum)
         high = _int(spec["high"], f"{where}.high", source, minimum)
         if high < low:
@@ -185,7 +186,7 @@ class Param:
 def _param_value(name: str, value: Any, field: str, source: str | None):
     """Check one candidate value of a searched parameter."""
     if name in INT_PARAMS:
-        return _int(value, field, source, 0 if name == "decode_steps" else 1)
+        return _int(value, field, source, 0 if name in ("decode_steps", "seed") else 1)
     if name in LAYOUT_PARAMS:
         return _one_of(field, value, LAYOUT_PARAMS[name], source)
     if name == "weights":
@@ -198,15 +199,6 @@ def _param_value(name: str, value: Any, field: str, source: str | None):
         x, y, z = parse_topology(value, None, field, source)
         return f"{x}x{y}x{z}"   # Optuna choices must be scalars
     raise AssertionError(name)
-
-
-def _check_keys(mapping: Mapping, allowed, source: str | None, prefix: str = "") -> None:
-    for key in mapping:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), list(allowed), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{prefix}{key}", mapping[key],
-                              f"one of the known fields {sorted(allowed)}{hint}", source)
 
 
 @dataclass(frozen=True)
@@ -294,7 +286,7 @@ class SamplerSpec:
 
 
 def _sampler_class(kind: str):
-    import optuna
+    import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
     class GridSampler(optuna.samplers.GridSampler):
         """Optuna's grid sampler calls `study.stop()` once the grid is used up, which only
@@ -303,7 +295,7 @@ def _sampler_class(kind: str):
         def after_trial(self, study, trial, state, values) -> None:
             pass
 
-    from sweeper.guided import GuidedSampler
+    from sweeper.sweep.guided import GuidedSampler   # lazy: guided imports Optuna at top
 
     return {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
             "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,
@@ -342,6 +334,12 @@ class HardwareSpec:
             if candidate.is_file() or not Path(spec).is_file():
                 return str(candidate)
         return spec
+
+    def resolve(self, source: str | None = None) -> HardwareProfile | None:
+        """The cost model's profile of a sweep: `host` measured (cached), a preset/YAML, or none."""
+        if self.kind == "host":
+            return load_hardware(HOST)
+        return self.load_profile(source) if self.profile else None
 
     def load_profile(self, source: str | None = None) -> HardwareProfile:
         """The cost model's profile (for `host`: measured once per host and cached)."""
@@ -437,7 +435,7 @@ class SearchSpace:
                     if name in params:
                         layout[part] = params[name]
             data[phase] = layout
-        for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology",
+        for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology", "seed",
                      "pad_heads"):
             if name in params:
                 data[name] = params[name]
@@ -457,19 +455,10 @@ class SearchSpace:
     def flat_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Best-effort flat parameters of a point, also for points that are not valid trials."""
         data = self.trial_dict(params)
-        prefill, decode = data.get("prefill") or {}, data.get("decode") or {}
         topology = data.get("topology")
         if isinstance(topology, (list, tuple)):
             topology = "x".join(str(v) for v in topology)
-        return {
-            "model": self.model.name, "chips": data.get("chips"), "batch": data.get("batch"),
-            "input_len": data.get("input_len", 32), "decode_steps": data.get("decode_steps", 8),
-            "topology": topology or AUTO_TOPOLOGY, "weights": data.get("weights", "bf16"),
-            "prefill_ffn": prefill.get("ffn", "ws2d"), "prefill_attn": prefill.get("attn", "head"),
-            "decode_ffn": decode.get("ffn", "ws2d"), "decode_attn": decode.get("attn", "head"),
-            "seed": data.get("seed", 0), "repeats": data.get("repeats", 3),
-            "pad_heads": data.get("pad_heads", "auto"),
-        }
+        return flat_params_of({**data, "model": self.model.name, "topology": topology or AUTO_TOPOLOGY})
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.model.name, "hardware": self.hardware.label,
@@ -487,8 +476,6 @@ def auto_topology(model: ModelConfig, chips: int, prefill: PhaseLayout, decode: 
     """`topology: auto`: the cost model's best ws2d split (App. A.2.1), except when ws1d is
     mixed with another FFN layout: that needs X = 1 (layouts.py), so take the most balanced
     1 x Y x Z that the layouts accept."""
-    from workloads.costmodel import best_topology, factorizations
-
     mixed_1d = "ws1d" in (prefill.ffn, decode.ffn) and not stores_1d(prefill, decode)
     if not mixed_1d:
         return best_topology(model, chips)
@@ -607,8 +594,6 @@ def _check_some_point_runs(space: SearchSpace) -> None:
     trial. Checked when the grid is small and is the whole space (no log ranges)."""
     if any(p.log for p in space.params) or space.grid_size() > MAX_CHECKED_POINTS:
         return
-    import itertools
-
     names = [p.name for p in space.params]
     first: ConfigError | None = None
     for values in itertools.product(*(p.grid_values() for p in space.params)):
@@ -638,6 +623,8 @@ def _parse_fixed(data: Mapping, source: str | None) -> dict[str, Any]:
                 data.get("chips"), int) else None, key, source))
         elif key == "weights":
             fixed[key] = _one_of(key, value, WEIGHT_FORMATS, source)
+        elif key in ("ci_target", "time_budget_s"):
+            fixed[key] = parse_nonnegative(value, key, source)
         elif key == "pad_heads":
             fixed[key] = parse_pad_heads(value, source)
         else:

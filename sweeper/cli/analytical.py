@@ -15,11 +15,13 @@ from typing import Callable
 
 from sweeper.formatting import format_fields, format_table, human_bytes, human_seconds, percent
 from workloads import costmodel
-from workloads.config import ConfigError, load_hardware, load_model, parse_topology
+from workloads.config import ConfigError, load_model, parse_topology
+from workloads.hardware import load_hardware
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout,
                                resolve_padding)
 from workloads.recommend import recommend
 from workloads.trial import parse_pad_heads
+from workloads.validate import one_of
 
 HEADER = "analytical prediction (Pope et al. 2022 cost model from peak hardware numbers; not a measurement)"
 
@@ -91,9 +93,7 @@ def _positive(name: str, value) -> int:
 
 
 def _choice(name: str, value, choices):
-    if value not in choices:
-        raise ConfigError(name, value, f"one of {list(choices)}")
-    return value
+    return one_of(name, value, choices)
 
 
 def _load(args):

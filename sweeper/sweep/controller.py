@@ -23,7 +23,7 @@ worker died), `constraints`, `mlflow_run_id`, `outcome` (the state being recorde
 $SWEEPER_HOME by default), so `--resume` continues a study and Optuna's own tools
 (optuna-dashboard, `optuna.load_study`) read it.
 
-What happens when things fail (notes/reliability.md; each case has a test that injects it):
+What happens when things fail (docs/architecture.md "Reliability"; each case has a test that injects it):
 
 - A trial raises: FAIL with `Type: message` as its reason; the sweep goes on.
 - Its worker process dies (crash, OOM, kill -9, node lost): the trial runs again on a
@@ -35,10 +35,10 @@ What happens when things fail (notes/reliability.md; each case has a test that i
   as it finishes, so completed trials survive. `--resume` tells trials that were fully
   recorded but not yet told, marks the ones left running FAIL (`interrupted`), enqueues
   their parameters again (`retry_of`), reuses the MLflow parent run and reconciles the
-  child runs (`sweeper.sync`). A study whose controller is alive cannot be resumed twice
-  (`sweeper.lease`).
+  child runs (`sweeper.tracking.sync`). A study whose controller is alive cannot be resumed twice
+  (`sweeper.sweep.lease`).
 - MLflow is unreachable: trials are still told to Optuna (attr `mlflow_error`);
-  `sweeper.tracking_link` backs off, backfills every missing run when MLflow answers
+  `sweeper.tracking.link` backs off, backfills every missing run when MLflow answers
   again, and at the end of the sweep tries once more, else prints the `sweeper sync`
   command to run later.
 """
@@ -48,20 +48,30 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from workloads.config import ConfigError, HardwareProfile
-from workloads.metrics import Measurement
+import pandas as pd
 
-from sweeper import lease, paths
-from sweeper.progress import ProgressLine
-from sweeper.space import SearchSpace, load_space
-from sweeper.tracking_link import TrackingLink
-from sweeper.workers import LocalPool, RayPool, TrialError, WorkerLost, host_share, one_line
+from sweeper import paths
+from sweeper.analysis.pareto import pareto_front
+from sweeper.formatting import one_line
+from sweeper.sweep import lease
+from sweeper.sweep.progress import ProgressLine
+from sweeper.sweep.space import SearchSpace, load_space
+from sweeper.sweep.workers import LocalPool, RayPool, TrialError, WorkerLost, WorkerPool
+from sweeper.tracking.link import TrackingLink
+from sweeper.tracking.mlflow_log import experiment_name
+from sweeper.tracking.study import mlflow_run_ids, study_counts
+from workloads.config import ConfigError, HardwareProfile
+from workloads.costmodel import feasibility, predict
+from workloads.hardware import chip_share, per_chip, worker_share
+from workloads.metrics import Measurement
+from workloads.trial import TrialConfig
 
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted: the controller stopped before this trial finished"
@@ -114,6 +124,38 @@ class _InFlight:
     lost: list[dict] = field(default_factory=list)   # earlier attempts whose worker died
 
 
+@dataclass
+class TrialRecord:
+    """What the controller stores on a trial it ends (its Optuna user attrs; MLflow logs the
+    same through sweeper/tracking/mlflow_log.trial_run_fields)."""
+
+    flat_params: dict[str, Any]          # TrialConfig.FLAT_PARAMS
+    source: str                          # measured | analytical
+    hardware: str                        # the sweep's hardware label
+    prediction: dict[str, float]         # the cost model's metrics (per-chip profile)
+    measurement: dict[str, float]        # what the worker reported ({} if it did not run)
+    outcome: str                         # COMPLETE | PRUNED | FAIL: stored last
+    device: str | None = None            # what the engine reported it ran on
+    config: dict | None = None           # TrialConfig.to_dict()
+    reason: str | None = None            # why PRUNED / FAIL
+    worker: dict | None = None           # placement of the worker that ran it
+    interrupted: bool = False            # Ctrl-C / lost controller: run again on --resume
+    constraints: dict[str, float] | None = None   # COMPLETE: each constraint's value (<= 0 met)
+    feasible: bool | None = None         # COMPLETE: every constraint met
+
+    def user_attrs(self) -> dict[str, Any]:
+        """The attrs to store, `outcome` last: with it stored, `--resume` tells the trial."""
+        attrs: dict[str, Any] = {"flat_params": self.flat_params, "source": self.source,
+                                 "hardware": self.hardware, "prediction": self.prediction,
+                                 "measurement": self.measurement}
+        optional = {"device": self.device, "config": self.config, "reason": self.reason,
+                    "worker": self.worker, "interrupted": self.interrupted or None,
+                    "constraints": self.constraints, "feasible": self.feasible}
+        attrs.update({k: v for k, v in optional.items() if v is not None})
+        attrs["outcome"] = self.outcome
+        return attrs
+
+
 def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(name, value, "a positive integer")
@@ -127,7 +169,7 @@ def _study_summaries(storage: str):
     db = paths.sqlite_path(storage)
     if db is not None and not db.exists():
         return []          # nothing to list; do not create the database just to look
-    import optuna
+    import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
     try:
         return optuna.study.get_all_study_summaries(paths.open_optuna_storage(storage),
@@ -139,8 +181,6 @@ def _study_summaries(storage: str):
 
 def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
     """Fail fast on an address nothing listens on (ray.init would retry for minutes)."""
-    import socket
-
     if address in ("auto", "local"):
         return
     hostport = address.split("://", 1)[-1].rstrip("/")
@@ -212,8 +252,6 @@ class Controller:
     def __init__(self, space: SearchSpace, *, storage: str, tracking_uri: str, study_name: str,
                  resume: bool, trials: int, parallel: int, address: str | None, progress: bool,
                  on_trial: Callable[[dict], None] | None = None, generated_name: bool = False):
-        from sweeper.tracking import experiment_name
-
         self.space = space
         self.storage = storage
         self.tracking_uri = tracking_uri
@@ -233,7 +271,7 @@ class Controller:
         self.interrupted = 0
         self.retry_params: list[tuple[int, dict]] = []   # interrupted trials to run again
         self._ray_started = False
-        self.pool = None
+        self.pool: WorkerPool | None = None
         self.study = None
         self.lease: dict | None = None
         self.tracking: TrackingLink | None = None
@@ -243,35 +281,27 @@ class Controller:
     # ------------------------------------------------------------------ setup
     def _hardware(self) -> HardwareProfile | None:
         """The cost model's profile: the preset/YAML, or this host measured once (cached)."""
-        hw = self.space.hardware
-        if hw.kind == "host":
-            from workloads.hostprofile import host_profile
-
-            return host_profile()
-        if hw.profile:
-            return hw.load_profile(self.space.source)
-        return None
+        return self.space.hardware.resolve(self.space.source)
 
     def trial_hardware(self, chips: int, slot: int = 0) -> tuple[HardwareProfile | None,
-                                                                 HardwareProfile | None]:
-        """(profile given to the worker, per-chip profile the cost model predicts with).
+                                                                 HardwareProfile | None, float]:
+        """(profile given to the worker, per-chip profile the cost model predicts with, the
+        share of the profile one chip of the trial gets).
 
         `host`: the worker's share of this host (its cores), which `run_trial` splits over
         the trial's virtual chips exactly as `per_chip` does for the prediction.
         """
         if self.profile is None:
-            return None, None
-        from workloads.hostprofile import per_chip
-
-        profile = self.profile
+            return None, None, 1.0
+        share = 1.0
         if self.space.hardware.kind == "host":
             cores = len(self.pool.slot_cores[slot]) or 1
-            profile = host_share(self.profile, cores, self.pool.total_cores)
-        per_chip_profile = per_chip(profile, chips) if profile.measured else profile
-        return profile, per_chip_profile
+            share = worker_share(cores, self.pool.total_cores)
+        profile = self.profile.scaled(share)
+        return profile, per_chip(self.profile, chips, share), chip_share(self.profile, chips, share)
 
     def _open_study(self, exists: bool):
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         space = self.space
@@ -298,11 +328,11 @@ class Controller:
                 study.set_user_attr(key, value)
         return study
 
-    def _start_pool(self):
+    def _start_pool(self) -> WorkerPool:
         hw = self.space.hardware
         if hw.kind == "analytical":
             return LocalPool(self.parallel)
-        import ray
+        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
@@ -310,7 +340,7 @@ class Controller:
             if self.address:
                 kwargs["address"] = self.address
                 # Remote nodes import the project from here, installed or not.
-                root = Path(__file__).resolve().parents[1]
+                root = Path(__file__).resolve().parents[2]
                 kwargs["runtime_env"] = {"py_modules": [str(root / "sweeper"), str(root / "workloads")]}
             try:
                 ray.init(**kwargs)
@@ -330,7 +360,7 @@ class Controller:
         (`outcome` stored) it is told now with its result; otherwise it is FAIL
         (`interrupted`, not counted) and its parameters are queued to run again.
         """
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         TrialState = optuna.trial.TrialState
         trials = self.study.get_trials(deepcopy=False)
@@ -360,7 +390,7 @@ class Controller:
 
     def _tell_recorded(self, t):
         """Tell a trial whose record was complete when its controller died; its state or None."""
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         outcome = t.user_attrs.get("outcome")
         if outcome not in STATE_KEYS:
@@ -385,7 +415,7 @@ class Controller:
 
     # ------------------------------------------------------------------ running
     def run(self) -> SweepResult:
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         start = time.monotonic()
         self.progress = ProgressLine(self.target, self.show_progress)
@@ -448,13 +478,11 @@ class Controller:
                           f"({one_line(err)[:200]})", file=sys.stderr)
                 finally:
                     if self._ray_started:
-                        import ray
+                        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
                         ray.shutdown()
 
     def _study_counts(self) -> dict[str, int]:
-        from sweeper.sync import study_counts
-
         return study_counts(self.study)
 
     def _loop(self) -> None:
@@ -514,7 +542,7 @@ class Controller:
 
     def _dispatch(self, free: list[int]) -> None:
         """Ask one point; prune it or start it on a free slot (removed from `free`)."""
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         PRUNED = optuna.trial.TrialState.PRUNED
         trial = self.study.ask(self.space.distributions())
@@ -526,11 +554,11 @@ class Controller:
             return
         flat = config.flat_params()
         slot = self._choose_slot(free, config.chips)
-        hardware, chip_profile = self.trial_hardware(config.chips, slot)
+        hardware, chip_profile, share = self.trial_hardware(config.chips, slot)
+        # recorded so calibration reads the share the prediction used (docs/architecture.md)
+        trial.set_user_attr("hardware_share", share)
         prediction: dict[str, float] = {}
         if chip_profile is not None:
-            from workloads.costmodel import feasibility, predict
-
             budget = self.space.memory_budget_bytes if self.space.hardware.kind == "host" else None
             try:
                 reason = feasibility(config, chip_profile, budget)
@@ -561,7 +589,7 @@ class Controller:
 
     def _finish(self, flight: _InFlight) -> bool:
         """Record a returned trial; False if it was resubmitted (the slot stays busy)."""
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         try:
             outcome = self.pool.outcome(flight.handle)
@@ -607,7 +635,7 @@ class Controller:
         return True
 
     def _fail(self, flight: _InFlight, reason: str, worker: dict | None = None) -> None:
-        import optuna
+        import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
         self.ran += 1
         self._record(flight.trial, optuna.trial.TrialState.FAIL, reason, flight.config, flight.flat,
@@ -624,31 +652,21 @@ class Controller:
         """
         # One hardware label per sweep (host, devices:<profile>, analytical:<profile>); what the
         # engine reported (e.g. the accelerator's device kind) is kept as `device`.
-        hardware = self.space.hardware.label
-        attrs: dict[str, Any] = {"flat_params": flat, "source": self.source, "hardware": hardware,
-                                 "prediction": prediction, "measurement": metrics or {}}
-        if measurement_obj is not None:
-            attrs["device"] = measurement_obj.hardware
-        if config is not None:
-            attrs["config"] = config.to_dict()
-        if reason:
-            attrs["reason"] = reason
-        if worker:
-            attrs["worker"] = worker
-        if interrupted:
-            attrs["interrupted"] = True
+        record = TrialRecord(
+            flat_params=flat, source=self.source, hardware=self.space.hardware.label,
+            prediction=prediction, measurement=metrics or {}, outcome=state.name,
+            device=measurement_obj.hardware if measurement_obj is not None else None,
+            config=config.to_dict() if config is not None else None, reason=reason or None,
+            worker=worker or None, interrupted=interrupted)
         values = None
         feasible = True
         if state.name == "COMPLETE":
-            constraint_values = {c.text: c.value(metrics) for c in self.space.constraints}
-            feasible = all(v <= 0 for v in constraint_values.values())
-            attrs["constraints"] = constraint_values
-            attrs["feasible"] = feasible
-            for i, value in enumerate(constraint_values.values()):
+            record.constraints = {c.text: c.value(metrics) for c in self.space.constraints}
+            feasible = record.feasible = all(v <= 0 for v in record.constraints.values())
+            for i, value in enumerate(record.constraints.values()):
                 trial.set_constraint(str(i), value)
             values = [metrics[m] for m in self.space.metric_names]
-        attrs["outcome"] = state.name
-        for key, value in attrs.items():
+        for key, value in record.user_attrs().items():
             trial.set_user_attr(key, value)
         run_id = self.tracking.log_trial(trial, state.name) if self.tracking else None
         if run_id:
@@ -689,14 +707,14 @@ def _names(storage: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- Pareto rows
 
-ROW_PARAMS = ("batch", "chips", "topology", "weights", "prefill_ffn", "prefill_attn", "decode_ffn",
-              "decode_attn", "input_len", "decode_steps")
+# A Pareto row: the trial's flat parameters less those a sweep holds fixed.
+ROW_PARAMS = tuple(p for p in TrialConfig.FLAT_PARAMS if p not in ("model", "seed", "repeats"))
 
 
 def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
     """The non-dominated COMPLETE trials that meet every constraint, best first.
 
-    Two objectives: `sweeper.pareto.pareto_front` (the same front `sweeper pareto` draws);
+    Two objectives: `sweeper.analysis.pareto.pareto_front` (the same front `sweeper pareto` draws);
     otherwise Optuna's own `best_trials` (any number of objectives).
     """
     trials = [t for t in study.get_trials(deepcopy=False)
@@ -706,10 +724,6 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
     metrics = space.metric_names
     numbers: list[int]
     if len(metrics) == 2:
-        import pandas as pd
-
-        from sweeper.pareto import pareto_front
-
         df = pd.DataFrame([{"number": t.number, **(t.user_attrs.get("flat_params") or {}),
                             metrics[0]: t.values[0], metrics[1]: t.values[1]} for t in trials])
         maximize = [o.metric for o in space.objectives if o.direction == "maximize"]
@@ -721,8 +735,6 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
         ordered = sorted((t for t in trials if t.number in best),
                          key=lambda t: t.values[0] * (1 if space.directions[0] == "minimize" else -1))
         numbers = [t.number for t in ordered]
-    from sweeper.sync import mlflow_run_ids
-
     run_ids = mlflow_run_ids(study)
     by_number = {t.number: t for t in trials}
     rows, seen = [], set()

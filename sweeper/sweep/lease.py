@@ -19,6 +19,8 @@ import socket
 import time
 from typing import Any, Mapping
 
+import psutil
+
 from workloads.config import ConfigError
 
 LEASE_ATTR = "controller"
@@ -46,8 +48,6 @@ def holder(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _process_alive(pid: Any, started: Any) -> bool:
-    import psutil
-
     try:
         process = psutil.Process(int(pid))
         if process.status() == psutil.STATUS_ZOMBIE:

@@ -14,7 +14,7 @@ MLflow side match, trial by trial:
 so no trial is lost and none is counted twice. Deleting is MLflow's soft delete (the run
 moves to the experiment's trash). The run id of a backfilled trial is kept in the study's
 user attrs (`mlflow_run_id:<number>`; a finished Optuna trial cannot be updated), and
-`sweeper.results.mlflow_run_ids` merges both places.
+`sweeper.tracking.study.mlflow_run_ids` merges both places.
 
 It runs inside `sweeper run` (when the tracking server answers again after an outage, and at
 the end of a resumed sweep or one that had tracking errors) and as
@@ -23,41 +23,23 @@ the end of a resumed sweep or one that had tracking errors) and as
 
 which also creates the parent run if the store has none (e.g. the server was down when the
 sweep started, or `--tracking-uri` names a new store) and records the sweep's final counts
-on it. `sweeper sync` refuses a study that a live controller is running (see sweeper.lease).
+on it. `sweeper sync` refuses a study that a live controller is running (see sweeper.sweep.lease).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workloads.config import ConfigError
+from sweeper import paths
+from sweeper.sweep import lease
+from sweeper.sweep.space import load_space
+from sweeper.tracking.mlflow_log import Tracker, run_matches, trial_run_fields
+from sweeper.tracking.study import RUN_ID_ATTR_PREFIX, load_study, mlflow_run_ids, study_counts
 
-from sweeper import lease, paths
 
 STATUS_OF_LEASE = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
-# A run logged after its trial finished (backfill, `sweeper sync`) cannot be stored on the
-# finished trial (Optuna refuses updates): its id goes into a study user attr instead.
-RUN_ID_ATTR_PREFIX = "mlflow_run_id:"
-
-
-def mlflow_run_ids(study) -> dict[int, str]:
-    """Trial number -> its MLflow child run: logged live (trial attr) or later (study attr)."""
-    ids = {t.number: t.user_attrs["mlflow_run_id"] for t in study.get_trials(deepcopy=False)
-           if t.user_attrs.get("mlflow_run_id")}
-    for key, value in study.user_attrs.items():
-        if key.startswith(RUN_ID_ATTR_PREFIX) and key[len(RUN_ID_ATTR_PREFIX):].isdigit():
-            number = int(key[len(RUN_ID_ATTR_PREFIX):])
-            if value:
-                ids[number] = value
-            else:                 # cleared: the run was in a tracking store no longer used
-                ids.pop(number, None)
-    return ids
-
-
 @dataclass
 class SyncReport:
     study: str
@@ -80,8 +62,6 @@ class SyncReport:
 def reconcile(study, tracker, parent_run_id: str, experiment_id: str,
               report: SyncReport | None = None) -> SyncReport:
     """Exactly one complete child run per finished trial of `study` under `parent_run_id`."""
-    from sweeper.tracking import run_matches, trial_run_fields
-
     report = report or SyncReport(study.study_name, tracker.tracking_uri, parent_run_id)
     runs = tracker.child_runs(parent_run_id, experiment_id)
     known = mlflow_run_ids(study)
@@ -110,22 +90,9 @@ def reconcile(study, tracker, parent_run_id: str, experiment_id: str,
     return report
 
 
-def study_counts(study) -> dict[str, int]:
-    counts = {"complete": 0, "failed": 0, "pruned": 0}
-    names = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned"}
-    for t in study.get_trials(deepcopy=False):
-        if t.state.name in names:
-            counts[names[t.state.name]] += 1
-    return counts
-
-
 def sync_study(study_name: str, storage: str | None = None,
                tracking_uri: str | None = None) -> SyncReport:
     """`sweeper sync`: backfill and de-duplicate a study's MLflow runs; finish its parent run."""
-    from sweeper.results import load_study
-    from sweeper.space import load_space
-    from sweeper.tracking import Tracker
-
     storage = storage or paths.default_storage(create=False)
     if tracking_uri is not None:
         paths.check_tracking_uri(tracking_uri)
@@ -158,41 +125,3 @@ def sync_study(study_name: str, storage: str | None = None,
     tracker.finish_sweep(parent, study_counts(study), status)
     report.parent_status = status
     return report
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_sync_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--study", required=True, help="study name (as `sweeper run` printed it)")
-    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
-    p.add_argument("--tracking-uri", help="MLflow store (default: the one the sweep logged to)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def cmd_sync(args: argparse.Namespace) -> int:
-    from sweeper.cli import print_json
-
-    if args.storage is not None:
-        paths.check_storage_url(args.storage)
-    if not args.study.strip():
-        raise ConfigError("--study", args.study, "a study name")
-    try:
-        report = sync_study(args.study, args.storage, args.tracking_uri)
-    except ConfigError:
-        raise
-    except Exception as err:  # noqa: BLE001 - MLflow still unreachable: say so in one line
-        from sweeper.workers import one_line
-
-        print(f"sweeper sync: error: MLflow did not answer ({one_line(err)[:300]}); nothing is "
-              "lost, run it again when it does", file=sys.stderr)
-        return 1
-    if args.json:
-        print_json(report.to_json())
-        return 0
-    print(f"study    {report.study}: {report.trials} finished trials; MLflow: "
-          f"{report.present} already logged, {len(report.created)} logged now, "
-          f"{len(report.removed)} duplicate or incomplete runs removed")
-    print(f"mlflow   {report.tracking_uri}  parent run {report.parent_run_id} "
-          f"({'created, ' if report.parent_created else ''}{report.parent_status})")
-    return 0

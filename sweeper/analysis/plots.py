@@ -8,7 +8,6 @@ Every axis label says where its numbers come from (`source_label`: "measured on 
 from __future__ import annotations
 
 import io
-import math
 import textwrap
 
 import numpy as np
@@ -16,7 +15,7 @@ import pandas as pd
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
-from sweeper import pareto
+from sweeper.analysis import pareto
 
 PHASE_TITLES = {"prefill": "prefill (prompt processing)", "decode": "decode (generation)"}
 _MARKERS = "osD^v<>Pp*hX"
@@ -225,7 +224,3 @@ def predicted_vs_measured_figure(points: pd.DataFrame, title: str) -> Figure:
         ax.legend(fontsize=7)
     fig.suptitle(textwrap.fill(title, 110), fontsize=10)
     return fig
-
-
-def percent(value: float) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"

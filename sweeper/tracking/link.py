@@ -7,9 +7,9 @@ in Optuna first and then logged here; when MLflow does not answer:
   `unlogged`;
 - the link stops calling MLflow for a backoff that doubles from 2 s up to 60 s, so a sweep
   does not wait on a dead server for every trial (and the HTTP client's own retries are
-  short, see `sweeper.tracking`);
+  short, see `sweeper.tracking.mlflow_log`);
 - the first call that succeeds after the backoff (the next finished trial) reconciles the
-  whole study (`sweeper.sync.reconcile`): every missing run is logged, doubled ones removed;
+  whole study (`sweeper.tracking.sync.reconcile`): every missing run is logged, doubled ones removed;
 - at the end of the sweep it tries once more, whatever the backoff, reconciles when anything
   may be missing or doubled (a resumed sweep, an outage, a tracking server whose requests may
   have been retried) and records the final counts on the parent run. If MLflow is still
@@ -22,7 +22,9 @@ import sys
 import time
 from typing import Any, Callable
 
-from sweeper.workers import one_line
+from sweeper.formatting import one_line
+from sweeper.tracking.mlflow_log import Tracker, trial_run_fields
+from sweeper.tracking.sync import reconcile
 
 MAX_BACKOFF_S = 60.0
 RUN_STATUS_OF = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
@@ -31,8 +33,6 @@ RUN_STATUS_OF = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 class TrackingLink:
     def __init__(self, tracking_uri: str, *, space, study, study_name: str, storage: str,
                  resumed: bool):
-        from sweeper.tracking import Tracker
-
         self.tracking_uri = tracking_uri
         self.space, self.study, self.study_name, self.storage = space, study, study_name, storage
         self.resumed = resumed
@@ -72,8 +72,6 @@ class TrackingLink:
     # ------------------------------------------------------------------ trials
     def log_trial(self, trial, state: str) -> str | None:
         """The child run of a trial about to be told (from its user attrs); None if not logged."""
-        from sweeper.tracking import trial_run_fields
-
         logged: list[str] = []
 
         def log() -> None:
@@ -93,8 +91,6 @@ class TrackingLink:
 
     def finish(self, status: str, counts: Callable[[], dict[str, int]]) -> bool:
         """End of the sweep: reconcile if needed, final counts and status on the parent run."""
-        from sweeper.sync import reconcile
-
         def finish() -> None:
             self._ensure_parent()
             if self.unlogged or self.resumed or self.errors or \
@@ -142,8 +138,6 @@ class TrackingLink:
         self._retry_at = time.monotonic() + self._backoff
 
     def _backfill(self) -> None:
-        from sweeper.sync import reconcile
-
         try:
             self._ensure_parent()
             reconcile(self.study, self.tracker, self.parent_run_id, self.experiment_id)

@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.sweep.workers import where_am_i
 from workloads.config import ConfigError
 
 COORDINATOR_PORT = 8476       # the port JAX's own examples use for the coordinator service
@@ -105,15 +106,13 @@ class SliceHost:
         self.args: dict[str, Any] | None = None
 
     def where(self) -> dict[str, Any]:
-        from sweeper.workers import where_am_i
-
         return {**where_am_i(), "rank": self.rank}
 
     def connect(self, args: dict[str, Any], initialize: bool = True) -> dict[str, Any]:
         """Join the slice: `jax.distributed.initialize(**args)` (skipped when not initialize)."""
         self.args = dict(args)
         if initialize:
-            import jax
+            import jax   # lazy: JAX starts its backend; only in the process that runs a trial
 
             jax.distributed.initialize(**self.args)
         return {"rank": self.rank, **self.args}
@@ -126,9 +125,9 @@ def start_slice(plan: SlicePlan, actor_class=SliceHost, *, timeout_s: float = 60
     Returns (placement group, actors in rank order, their where() answers, the arguments each
     connected with). Raises TimeoutError when the cluster cannot hold the slice in time.
     """
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
+    from ray.util.placement_group import placement_group, remove_placement_group   # lazy: Ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy   # lazy: Ray
 
     pg = placement_group(plan.bundles, strategy=plan.strategy)
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)

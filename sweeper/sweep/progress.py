@@ -14,21 +14,7 @@ import sys
 import time
 from typing import TextIO
 
-
-def format_value(metric: str, value: float) -> str:
-    """Seconds as s/ms/us, bytes as GiB/MiB/KiB, the rest with 4 significant digits."""
-    if metric.endswith("_s") or "_s_" in metric:
-        if abs(value) >= 1:
-            return f"{value:.3g}s"
-        if abs(value) >= 1e-3:
-            return f"{value * 1e3:.3g}ms"
-        return f"{value * 1e6:.3g}us"
-    if metric.endswith("_bytes_per_chip"):
-        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if abs(value) >= size:
-                return f"{value / size:.3g}{unit}"
-        return f"{value:.0f}B"
-    return f"{value:.4g}"
+from sweeper.formatting import metric_text
 
 
 def format_duration(seconds: float) -> str:
@@ -62,7 +48,7 @@ class ProgressLine:
             text += f"  running {running}"
         if best is not None:
             metric, value, number = best
-            text += f" | best {metric} {format_value(metric, value)} (#{number})"
+            text += f" | best {metric} {metric_text(metric, value)} (#{number})"
         now = time.monotonic()
         elapsed = now - self.start
         left = self.total - done

@@ -18,7 +18,11 @@ import re
 import sys
 from pathlib import Path
 
+from sweeper.formatting import fixed_bytes, jsonable
+from workloads import hostprofile
 from workloads.config import ConfigError
+from workloads.measure import run_trial
+from workloads.trial import TrialConfig
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 REEXEC_ENV = "SWEEPER_TRIAL_REEXEC"
@@ -42,7 +46,7 @@ def ensure_devices(chips: int, argv: list[str]) -> None:
     env_flags = os.environ.get("XLA_FLAGS", "")
     if "jax" not in sys.modules:
         os.environ["XLA_FLAGS"] = xla_flags_with_devices(env_flags, chips)
-    import jax
+    import jax   # lazy: JAX starts its backend; only in the process that runs a trial
 
     if jax.device_count() >= chips:
         return
@@ -70,29 +74,14 @@ def _trial_argv(args) -> list[str]:
 
 
 def trial(args) -> int:
-    from workloads.trial import TrialConfig
-
     config = TrialConfig.from_yaml(args.config)       # ConfigError -> exit 2, before JAX
     ensure_devices(config.chips, _trial_argv(args))
-    from workloads.measure import run_trial
-
     m = run_trial(config, verify=args.verify)
     if args.json:
-        print(json.dumps(_jsonable(m.to_dict()), indent=2))
+        print(json.dumps(jsonable(m.to_dict()), indent=2))
     else:
         print(format_measurement(config.resolved(), m))
     return 0
-
-
-def _jsonable(obj):
-    """NaN/inf are not JSON: write them as null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
 
 
 def _seconds(v: float) -> str:
@@ -101,13 +90,7 @@ def _seconds(v: float) -> str:
     return f"{v * 1e3:.3f} ms" if v < 1 else f"{v:.3f} s"
 
 
-def _bytes(v: float) -> str:
-    if not math.isfinite(v):
-        return "-"
-    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if v >= scale:
-            return f"{v / scale:.2f} {unit}"
-    return f"{v:.0f} B"
+_bytes = fixed_bytes
 
 
 def _pct(v: float) -> str:
@@ -159,8 +142,6 @@ def format_measurement(config, m) -> str:
 
 
 def host_profile(args) -> int:
-    from workloads import hostprofile
-
     profile = hostprofile.host_profile(refresh=args.refresh)
     entry = hostprofile.cached_entry() or {}
     out = {"profile": profile.to_dict(), "notes": entry.get("notes", {}),

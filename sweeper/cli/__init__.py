@@ -1,4 +1,4 @@
-"""`sweeper` command line: argument parsing only; every command calls into a library module.
+"""`sweeper` command line: argument parsing and printing; every command calls into a library module.
 
 User errors (`ConfigError`) print one line and exit with code 2, before any expensive
 work starts. Each command group has its own `_add_*` function below.
@@ -7,10 +7,14 @@ work starts. Each command group has its own `_add_*` function below.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from importlib import metadata
 from typing import Callable
 
+from sweeper.cli import analytical   # pure Python: no JAX import on this path
+from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a sweep starts
+from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
+from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
 from workloads.config import ConfigError
 
 
@@ -21,23 +25,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
-def print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=False, default=str))
-
-
 # ----------------------------------------------------------------- analytical (cost model)
 def _add_analytical_commands(sub) -> None:
     """max-context, predict, recommend: the paper's analytical model (workloads/costmodel.py)."""
-    from sweeper import analytical   # pure Python: no JAX import on this path
-
     analytical.add_parsers(sub)
 
 
 # ----------------------------------------------------------------- engine
 def _add_engine_commands(sub) -> None:
     """trial, host-profile: the sharded JAX engine (workloads/engine.py, workloads/measure.py)."""
-    from sweeper import trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
-
     p = sub.add_parser("trial", help="run one trial on an emulated mesh (or real devices) and "
                        "print its Measurement")
     p.add_argument("--config", required=True, metavar="TRIAL.yaml",
@@ -57,17 +53,13 @@ def _add_engine_commands(sub) -> None:
 
 # ----------------------------------------------------------------- sweeps
 def _add_sweep_commands(sub) -> None:
-    """run, ui, sync: Optuna controller over Ray workers, MLflow tracking (sweeper/controller.py)."""
-    from sweeper import run_cmd
-
+    """run, ui, sync: Optuna controller over Ray workers, MLflow tracking (sweeper/sweep/controller.py)."""
     p = sub.add_parser("run", help="run a sweep from a search-space YAML")
     run_cmd.add_run_arguments(p)
     p.set_defaults(handler=run_cmd.cmd_run)
     p = sub.add_parser("ui", help="open the MLflow UI on the sweeps' tracking store")
     run_cmd.add_ui_arguments(p)
     p.set_defaults(handler=run_cmd.cmd_ui)
-
-    from sweeper import sync   # imports no MLflow/Optuna until it runs
 
     p = sub.add_parser("sync", help="log a study's trials that MLflow missed (tracking server "
                        "down) and remove duplicate runs; finish its parent run")
@@ -87,16 +79,17 @@ def _add_analysis_commands(sub) -> None:
                            help="do not log to the sweep's MLflow parent run")
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    # The analysis stack (pandas, scipy, matplotlib) is imported when one of these runs.
     def fit(args):
-        from sweeper.calibrate import run_fit
+        from sweeper.cli.analysis import run_fit
         return run_fit(args)
 
     def pareto(args):
-        from sweeper.pareto import run_pareto
+        from sweeper.cli.analysis import run_pareto
         return run_pareto(args)
 
     def report(args):
-        from sweeper.report import run_report
+        from sweeper.cli.analysis import run_report
         return run_report(args)
 
     p = sub.add_parser("fit", help="fit the cost model's hardware constants to a study's "
@@ -137,8 +130,19 @@ def _add_analysis_commands(sub) -> None:
     p.set_defaults(handler=report)
 
 
+def version() -> str:
+    """The installed distribution's version (renamed `inference-sweeper`; older installs: `sweeper`)."""
+    for name in ("inference-sweeper", "sweeper"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sweeper", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_analytical_commands(sub)
     _add_engine_commands(sub)

@@ -2,14 +2,15 @@
 
 One row per trial:
 
-  number, state, reason, source, hardware       trial identity and outcome
+  number, state, reason, source, hardware,      trial identity and outcome; the share of
+  hardware_share                                 the profile one chip ran with
   model, chips, batch, input_len, decode_steps,  the trial's flat parameters
   topology, weights, prefill_ffn, prefill_attn,  (`TrialConfig.flat_params()`)
   decode_ffn, decode_attn, seed, repeats
   <metric> for every Measurement metric          what the trial reported (NaN if absent)
   pred_<metric>                                  the cost model's prediction of it
   mlflow_run_id                                  the trial's MLflow child run (logged live,
-                                                 or backfilled later: sweeper.sync)
+                                                 or backfilled later: sweeper.tracking.sync)
 
 `state` is Optuna's state name: COMPLETE, PRUNED (infeasible, never ran), FAIL, RUNNING.
 `source` is `measured` or `analytical`, never mixed within one study or experiment.
@@ -24,14 +25,16 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from sweeper.paths import default_storage, default_tracking_uri
+from sweeper.tracking.mlflow_log import KIND_TAG, PARENT_TAG, TRIAL_KIND
+from sweeper.tracking.study import load_study, mlflow_run_ids
 from workloads.config import ConfigError
 from workloads.metrics import METRIC_NAMES
+from workloads.trial import TrialConfig
 
-ID_COLUMNS = ("number", "state", "reason", "source", "hardware")
-PARAM_COLUMNS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-                 "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats",
-                 "pad_heads")
-INT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats")
+ID_COLUMNS = ("number", "state", "reason", "source", "hardware", "hardware_share")
+PARAM_COLUMNS = TrialConfig.FLAT_PARAMS
+INT_PARAMS = TrialConfig.INT_FLAT_PARAMS
 METRIC_COLUMNS = METRIC_NAMES
 PRED_PREFIX = "pred_"
 PRED_COLUMNS = tuple(PRED_PREFIX + m for m in METRIC_NAMES)
@@ -43,10 +46,12 @@ COMPLETE, PRUNED, FAIL, RUNNING = "COMPLETE", "PRUNED", "FAIL", "RUNNING"
 
 def trial_row(*, number: int, state: str, reason: str | None, source: str | None,
               hardware: str | None, params: Mapping[str, Any], metrics: Mapping[str, float],
-              prediction: Mapping[str, float], mlflow_run_id: str | None) -> dict[str, Any]:
+              prediction: Mapping[str, float], mlflow_run_id: str | None,
+              hardware_share: Any = None) -> dict[str, Any]:
     """One table row; every column present (NaN / None where the trial has no value)."""
     row: dict[str, Any] = {"number": number, "state": state, "reason": reason or None,
-                           "source": source, "hardware": hardware}
+                           "source": source, "hardware": hardware,
+                           "hardware_share": _number(hardware_share)}
     for name in PARAM_COLUMNS:
         row[name] = params.get(name)
     for name in METRIC_COLUMNS:
@@ -80,10 +85,6 @@ def _number(value: Any) -> float:
 
 def load_trials(study_name: str, storage: str | None = None) -> pd.DataFrame:
     """Every trial of an Optuna study (as `sweeper run` stored it) as a table of COLUMNS."""
-    from sweeper.paths import default_storage
-
-    from sweeper.sync import mlflow_run_ids
-
     storage = storage or default_storage(create=False)
     study = load_study(study_name, storage)
     run_ids = mlflow_run_ids(study)
@@ -94,36 +95,9 @@ def load_trials(study_name: str, storage: str | None = None) -> pd.DataFrame:
             number=trial.number, state=trial.state.name, reason=attrs.get("reason"),
             source=attrs.get("source"), hardware=attrs.get("hardware"),
             params=attrs.get("flat_params") or {}, metrics=attrs.get("measurement") or {},
-            prediction=attrs.get("prediction") or {}, mlflow_run_id=run_ids.get(trial.number)))
+            prediction=attrs.get("prediction") or {}, mlflow_run_id=run_ids.get(trial.number),
+            hardware_share=attrs.get("hardware_share")))
     return frame(rows)
-
-
-def study_names(storage: str) -> list[str]:
-    import optuna
-
-    from sweeper.paths import open_optuna_storage
-
-    return [s.study_name for s in optuna.study.get_all_study_summaries(
-        open_optuna_storage(storage), include_best_trial=False)]
-
-
-def load_study(study_name: str, storage: str):
-    """optuna.load_study, with a one-line ConfigError (and a suggestion) for an unknown name."""
-    import optuna
-
-    from sweeper.paths import open_optuna_storage, sqlite_path
-
-    db = sqlite_path(storage)
-    if db is not None and not db.is_file():      # do not create an empty store just to look
-        raise ConfigError("--storage", storage, "an Optuna storage with studies (no such file; "
-                          "run `sweeper run` first, or set SWEEPER_HOME / --storage)")
-    names = study_names(storage)
-    if study_name not in names:
-        close = difflib.get_close_matches(study_name, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        listed = names if len(names) <= 10 else names[-10:] + ["..."]
-        raise ConfigError("study", study_name, f"a study in {storage}: {listed}{hint}")
-    return optuna.load_study(study_name=study_name, storage=open_optuna_storage(storage))
 
 
 # ----------------------------------------------------------------------------- MLflow
@@ -136,10 +110,7 @@ def load_runs(tracking_uri: str | None = None, experiment: str | None = None, *,
     Same columns as `load_trials`. Params come back from MLflow as strings; the integer
     parameters are converted back.
     """
-    from mlflow.tracking import MlflowClient
-
-    from sweeper.paths import default_tracking_uri
-    from sweeper.tracking import KIND_TAG, PARENT_TAG, TRIAL_KIND
+    from mlflow.tracking import MlflowClient   # lazy: MLflow (~1 s) only when a store is read
 
     if experiment is None and parent_run_id is None:
         raise ConfigError("experiment", None, "an experiment name or a parent run id")
@@ -176,4 +147,5 @@ def _run_row(run) -> dict[str, Any]:
     return trial_row(number=int(tags.get("trial_number", -1)), state=tags.get("status"),
                      reason=tags.get("reason"), source=tags.get("source"),
                      hardware=tags.get("hardware"), params=run.data.params, metrics=measured,
-                     prediction=predicted, mlflow_run_id=run.info.run_id)
+                     prediction=predicted, mlflow_run_id=run.info.run_id,
+                     hardware_share=tags.get("hardware_share"))

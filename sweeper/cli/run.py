@@ -1,15 +1,17 @@
-"""`sweeper run` and `sweeper ui`: the command-line side of sweeps (parsing lives in cli.py)."""
+"""`sweeper run` and `sweeper ui`: the command-line side of sweeps (the parser is in sweeper/cli/__init__.py)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
-from workloads.config import ConfigError
-
 from sweeper import paths
-from sweeper.progress import format_value
+from sweeper.cli.output import print_json
+from sweeper.formatting import metric_text, one_line, percent_dash, short_number
+from sweeper.sweep.space import load_space
+from workloads.config import ConfigError
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,9 +30,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sweeper.cli import print_json
-    from sweeper.controller import run_sweep
-    from sweeper.space import load_space
+    # the controller imports Optuna, Ray and MLflow where it uses them
+    from sweeper.sweep.controller import run_sweep   # lazy: the controller imports pandas
 
     space = load_space(args.space)          # every input error exits 2 here, before any work
     for flag in ("trials", "parallel"):
@@ -49,24 +50,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(render_result(result))
         if summary:
-            from sweeper.report import format_summary
-
             print()
-            print(format_summary(summary))
+            print(format_sweep_summary(summary))
     return 0
+
+
+def format_sweep_summary(summary: dict) -> str:
+    """Readable lines for the end of `sweeper run`."""
+    lines = []
+    for phase, front in summary["pareto"].items():
+        lines.append(f"{phase} Pareto frontier ({front['x']} vs {front['y']}): "
+                     f"{front['n_front']} of {front['n_points']} trials, hypervolume "
+                     f"{short_number(front['hypervolume'])}")
+        for row in front["front"]:
+            lines.append(f"  #{row.get('number')!s:<4} {row['label']:<28} {front['x']}={short_number(row[front['x']])}"
+                         f"  {front['y']}={short_number(row[front['y']])}")
+    held = summary["heldout"]
+    if "skipped" in held:
+        lines.append(f"held-out prediction error: not computed ({held['skipped']})")
+    else:
+        for name, ho in held["holdouts"].items():
+            if ho.get("skipped"):
+                lines.append(f"held-out ({name}): skipped, {ho['skipped']}")
+                continue
+            lines.append(f"held-out ({name}): MAPE {percent_dash(_num(ho['mape_heldout']))}, median "
+                         f"{percent_dash(_num(ho['median_ape_heldout']))}, max "
+                         f"{percent_dash(_num(ho['max_ape_heldout']))}, top-1 layout agreement "
+                         f"{percent_dash(_num(ho['top1_agreement']))} over {ho['ranking_groups']} groups")
+        lines.append(f"fitted profile: {summary['fitted_yaml']}")
+    lines.append(f"report: {summary['report']}")
+    for err in summary.get("errors", []):
+        lines.append(f"warning: {err}")
+    return "\n".join(lines)
+
+
+def _num(value) -> float:
+    return math.nan if value is None else float(value)
 
 
 def end_of_sweep_analysis(result) -> dict | None:
     """Pareto frontiers, held-out prediction error of the fitted cost model and the HTML
     report (also logged on the parent MLflow run). The sweep's results are stored already:
     a failure here is reported on stderr and does not fail the command."""
-    from sweeper.report import summarize_sweep
+    from sweeper.analysis.report import summarize_sweep   # pandas, scipy, matplotlib
 
     try:
         return summarize_sweep(result.study_name, result.storage, result.tracking_uri)
     except Exception as err:  # noqa: BLE001
-        from sweeper.workers import one_line
-
         print(f"sweeper: end-of-sweep analysis failed ({one_line(err)[:300]}); the trials are "
               f"stored: sweeper report --study {result.study_name} --out DIR", file=sys.stderr)
         return None
@@ -84,7 +114,7 @@ def render_result(result) -> str:
         lengths = [k for k in ("input_len", "decode_steps") if k in result.searched]
         header = ["#", *metrics, "batch", "chips", *lengths, "topology", "weights", "prefill",
                   "decode"]
-        rows = [[str(r["number"]), *[format_value(m, r[m]) for m in metrics], str(r["batch"]),
+        rows = [[str(r["number"]), *[metric_text(m, r[m]) for m in metrics], str(r["batch"]),
                  str(r["chips"]), *[str(r[k]) for k in lengths], str(r["topology"]),
                  str(r["weights"]), f"{r['prefill_ffn']}/{r['prefill_attn']}",
                  f"{r['decode_ffn']}/{r['decode_attn']}"]

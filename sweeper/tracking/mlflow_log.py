@@ -17,7 +17,7 @@ the controller can log from any thread. Default store: SQLite under $SWEEPER_HOM
 
 A child run is written when its trial has finished (any state), from the trial's Optuna
 user attrs (`trial_run_fields`), so a run logged live and one backfilled later by
-`sweeper.sync` are the same. Optuna is the record; MLflow is kept in step with it.
+`sweeper.tracking.sync` are the same. Optuna is the record; MLflow is kept in step with it.
 
 Tracking servers (`http(s)://`): MLflow's HTTP client retries a failed request 7 times
 with exponential backoff and waits up to 120 s for an answer, so one request to a server
@@ -41,15 +41,16 @@ from typing import Any, Mapping
 
 from sweeper.paths import (artifact_root, default_tracking_uri, precreate_sqlite_wal,
                            sqlite_creation_lock, tune_sqlite)
+from workloads.trial import TrialConfig
 
 PARENT_TAG = "mlflow.parentRunId"
 KIND_TAG = "sweeper.kind"
 SWEEP_KIND, TRIAL_KIND = "sweep", "trial"
 PRED_PREFIX = "pred_"
-LAYOUT_TAGS = ("prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "weights")
+LAYOUT_TAGS = TrialConfig.LAYOUT_PARAMS     # searchable in the MLflow UI as tags too
 # Optuna state -> MLflow run status (a pruned trial never ran: KILLED).
 RUN_STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "PRUNED": "KILLED"}
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # MLflow 3's UI opens an experiment in its GenAI (traces) view unless told it holds model
 # runs; ours are runs to compare in the table and charts.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
@@ -106,7 +107,7 @@ class Tracker:
     """One MLflow store; creates the sweep's parent run and its trials' child runs."""
 
     def __init__(self, tracking_uri: str | None = None):
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient   # lazy: MLflow (~1 s) only when a store is read
 
         _quiet_store_logs()
         self.tracking_uri = tracking_uri or default_tracking_uri()
@@ -138,7 +139,7 @@ class Tracker:
     # ------------------------------------------------------------------ the sweep
     def start_sweep(self, space, study_name: str, storage: str) -> str:
         """Create the parent run of a sweep; returns its run id."""
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param, RunTag   # lazy: MLflow (~1 s)
 
         source = space.hardware.source
         exp_id = self.experiment_id(experiment_name(space.name, source))
@@ -186,7 +187,7 @@ class Tracker:
         self.client.update_run(run_id, status="RUNNING")
 
     def finish_sweep(self, run_id: str, counts: Mapping[str, int], status: str = "FINISHED") -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric   # lazy: MLflow (~1 s)
 
         now = int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(f"trials_{k}", float(v), now, 0)
@@ -198,7 +199,7 @@ class Tracker:
 
     def child_runs(self, parent_run_id: str, experiment_id: str) -> dict[int, list]:
         """The active child runs of a sweep, by trial number (a trial may have several)."""
-        from mlflow.entities import ViewType
+        from mlflow.entities import ViewType   # lazy: MLflow (~1 s)
 
         query = f"tags.`{PARENT_TAG}` = '{parent_run_id}'"
         runs: dict[int, list] = {}
@@ -224,7 +225,7 @@ class Tracker:
                   prediction: Mapping[str, float] | None, state: str, reason: str | None,
                   source: str, hardware: str, extra_tags: Mapping[str, str] | None = None) -> str:
         """One child run for a finished trial (any state); returns its run id."""
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric, Param   # lazy: MLflow (~1 s)
 
         tags = {PARENT_TAG: parent_run_id, KIND_TAG: TRIAL_KIND, "trial_number": str(number),
                 "source": source, "hardware": hardware, "status": state}
@@ -253,6 +254,8 @@ def trial_run_fields(number: int, state: str, attrs: Mapping[str, Any]) -> dict[
     for key, tag in WORKER_TAGS.items():
         if worker.get(key) is not None:
             extra[tag] = str(worker[key])
+    if attrs.get("hardware_share") is not None:
+        extra["hardware_share"] = repr(float(attrs["hardware_share"]))
     if attrs.get("retry_of") is not None:
         extra["retry_of"] = str(attrs["retry_of"])
     return {"number": number, "params": attrs.get("flat_params") or {},

@@ -5,7 +5,7 @@
     sampler: {type: guided, options: {hardware: fitted.yaml}}   # predict with `sweeper fit`'s profile
 
 Seeding (`seed_points(space)`): for every combination of the searched workload parameters
-(batch, chips, input_len, decode_steps, weights), `costmodel.recommend` picks the fastest
+(batch, chips, input_len, decode_steps, weights), `workloads.recommend.recommend` picks the fastest
 layout and, when `topology` is searched, topology of each phase, among the layouts the
 space allows (paper §3: which layout wins depends on batch, chips and phase; the cost
 model decides, no hand-written rule). Each recommended point becomes a trial config,
@@ -33,12 +33,18 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
 from optuna.samplers import BaseSampler
 
+from workloads import costmodel
 from workloads.config import ConfigError
+from workloads.hardware import load_hardware, per_chip, worker_share
+from workloads.recommend import recommend
+from workloads.trial import DEFAULTS as TRIAL_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,7 @@ def _base_sampler(base: str, seed: int | None, options: dict):
 class GuidedSampler(BaseSampler):
     """Enqueue the cost model's recommended points, then delegate to `base` (TPE/NSGA-II).
 
-    `search_space`: the SearchSpace (sweeper/space.py) the study runs; `base_options`: the
+    `search_space`: the SearchSpace (sweeper/sweep/space.py) the study runs; `base_options`: the
     base sampler's keyword arguments (e.g. {n_startup_trials: 5})."""
 
     def __init__(self, search_space, seed: int | None = None, base: str = "tpe", fronts: int = 2,
@@ -68,8 +74,6 @@ class GuidedSampler(BaseSampler):
         if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < 0:
             raise ConfigError("sampler.options.max_seeds", max_seeds, "an integer >= 0")
         if hardware not in (None, "host"):      # checked now; `host` is measured only when used
-            from workloads.config import load_hardware
-
             load_hardware(hardware, source=search_space.source, field="sampler.options.hardware")
         self.space = search_space
         self.fronts, self.max_seeds, self.hardware = fronts, max_seeds, hardware
@@ -151,28 +155,17 @@ def _model_profile(space, hardware: str | None = None):
     `hardware` (e.g. the YAML `sweeper fit` writes) replaces the space's own profile. A
     measured host profile is the whole machine: like the controller, each trial gets its
     worker's share of the cores (`parallel` slots), split over the trial's chips."""
-    import os
-
-    from workloads.config import load_hardware
-
     hw = space.hardware
     if hardware is not None:
         profile = load_hardware(hardware, source=space.source, field="sampler.options.hardware")
-    elif hw.kind == "host":
-        from workloads.hostprofile import host_profile
-
-        profile = host_profile()
-    elif hw.profile:
-        profile = hw.load_profile(space.source)
     else:
+        profile = hw.resolve(space.source)
+    if profile is None:
         return None
     if hw.kind == "host" and profile.measured:
-        from sweeper.workers import host_share
-        from workloads.hostprofile import per_chip
-
         total = len(os.sched_getaffinity(0))
-        share = host_share(profile, max(1, total // max(space.parallel, 1)), total)
-        return lambda chips: per_chip(share, chips)
+        share = worker_share(max(1, total // max(space.parallel, 1)), total)
+        return lambda chips: per_chip(profile, chips, share)
     return lambda chips: profile
 
 
@@ -194,20 +187,19 @@ def _allowed(space, phase: str, part: str) -> tuple | None:
 
 def _recommended(space, profile, values: dict, phase: str, search_topology: bool) -> dict | None:
     """recommend()'s best allowed (ffn, attn, topology) for one phase, or None."""
-    from workloads import costmodel
-
     fixed = space.fixed
     chips, batch = values.get("chips", fixed.get("chips")), values.get("batch", fixed.get("batch"))
     if chips is None or batch is None:
         return None
-    input_len = values.get("input_len", fixed.get("input_len", 32))
-    decode_steps = values.get("decode_steps", fixed.get("decode_steps", 8))
-    weights = values.get("weights", fixed.get("weights", "bf16"))
-    context = input_len if phase == "prefill" else input_len + decode_steps / 2
+    shape = {k: values.get(k, fixed.get(k, TRIAL_DEFAULTS[k]))
+             for k in ("input_len", "decode_steps", "weights")}
+    input_len, weights = shape["input_len"], shape["weights"]
+    # the decode context as costmodel.predict computes it for the trial
+    context = (input_len if phase == "prefill"
+               else costmodel.decode_context(SimpleNamespace(**shape)))
     try:
-        rec = costmodel.recommend(space.model, profile(chips), chips, batch, phase,
-                                  input_len=input_len, context=context, weights=weights,
-                                  search_topology=search_topology)
+        rec = recommend(space.model, profile(chips), chips, batch, phase, input_len=input_len,
+                        context=context, weights=weights, search_topology=search_topology).to_dict()
     except ConfigError:
         return None
     ffns, attns = _allowed(space, phase, "ffn"), _allowed(space, phase, "attn")
@@ -257,8 +249,6 @@ def non_dominated_ranks(values: list[list[float]]) -> list[int]:
 
 def seed_points(space, fronts: int = 2, max_seeds: int = 24, hardware: str | None = None) -> list[Seed]:
     """The recommended points, predicted, best fronts first (see the module docstring)."""
-    from workloads import costmodel
-
     profile = _model_profile(space, hardware)
     if profile is None or max_seeds == 0:
         return []

@@ -14,7 +14,7 @@ defaults; any other metric column (`prefill_mfu`, `total_s`, ...) can be used in
 `maximize` for metrics where more is better.
 
 The frontier is computed on whatever DataFrame it is given; `load_points` reads it from
-Optuna storage or from MLflow runs (`sweeper.results`) so both give the same answer.
+Optuna storage or from MLflow runs (`sweeper.tracking.results`) so both give the same answer.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from sweeper.paths import default_storage, default_tracking_uri
+from sweeper.tracking import results
+from sweeper.tracking.mlflow_log import KIND_TAG, SWEEP_KIND
 from workloads.config import ConfigError
 
 PHASES = ("prefill", "decode")
@@ -213,9 +216,7 @@ def analyse(df: pd.DataFrame, phase: str = "decode", x: str | None = None, y: st
 
 def mlflow_parent_run(study_name: str, tracking_uri: str) -> str:
     """The parent run of the sweep whose tag `study` is this name (newest if several)."""
-    from mlflow.tracking import MlflowClient
-
-    from sweeper.tracking import KIND_TAG, SWEEP_KIND
+    from mlflow.tracking import MlflowClient   # lazy: MLflow (~1 s) only when a store is read
 
     client = MlflowClient(tracking_uri=tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
@@ -230,54 +231,9 @@ def mlflow_parent_run(study_name: str, tracking_uri: str) -> str:
 def load_points(study_name: str, source: str = "optuna", storage: str | None = None,
                 tracking_uri: str | None = None) -> pd.DataFrame:
     """A study's trials from Optuna storage or from its MLflow runs (same columns)."""
-    from sweeper import results
-    from sweeper.paths import default_storage, default_tracking_uri
-
     if source == "optuna":
         return results.load_trials(study_name, storage or default_storage(create=False))
     if source == "mlflow":
         uri = tracking_uri or default_tracking_uri(create=False)
         return results.load_runs(uri, parent_run_id=mlflow_parent_run(study_name, uri))
     raise ConfigError("--source", source, "optuna or mlflow")
-
-
-def run_pareto(args) -> int:
-    """`sweeper pareto`: the frontier table (or JSON), optionally as CSV and PNG."""
-    from sweeper import plots
-
-    reference = None
-    if args.reference:
-        try:
-            reference = tuple(float(v) for v in args.reference.split(","))
-            assert len(reference) == 2
-        except (ValueError, AssertionError):
-            raise ConfigError("--reference", args.reference, "two numbers X,Y") from None
-    df = load_points(args.study, args.source, args.storage, args.tracking_uri)
-    result = analyse(df, args.phase, args.x, args.y, reference)
-    if args.csv:
-        result.table().to_csv(args.csv, index=False)
-    if args.png:
-        label = plots.source_label_of(df)
-        with open(args.png, "wb") as fh:
-            fh.write(plots.png_bytes(plots.pareto_phase_figure(df, args.phase, result.x,
-                                                               result.y, label)))
-    if args.json:
-        from sweeper.cli import print_json
-
-        out = result.to_dict()
-        out.update({"study": args.study, "read_from": args.source})
-        print_json(out)
-        return 0
-    goal = {m: "max" if m in MAXIMISED else "min" for m in (result.x, result.y)}
-    hv = (f"hypervolume {result.hypervolume:.4g} against reference ({result.reference[0]:.4g}, "
-          f"{result.reference[1]:.4g})" if math.isfinite(result.hypervolume)
-          else "no hypervolume (defined here for two minimised metrics)")
-    print(f"study {args.study} (read from {args.source}), {args.phase}: {len(result.front)} of "
-          f"{result.n_points} finished trials on the frontier of {result.x} ({goal[result.x]}) "
-          f"vs {result.y} ({goal[result.y]}); {hv}")
-    if len(result.front):
-        print(result.table().to_string(index=False))
-    for path, what in ((args.csv, "csv"), (args.png, "png")):
-        if path:
-            print(f"{what}: {path}")
-    return 0

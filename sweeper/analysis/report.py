@@ -5,9 +5,9 @@
 Sections: the Pareto frontier per phase (paper Fig. 1 style, log-log, frontier points
 labelled batch/chips/layout), MFU against tokens per batch per FFN layout (Fig. 7 style),
 latency against chips per layout (Fig. 6 style), held-out predicted vs measured with the
-error table (sweeper/calibrate.py), and the recommended layout per regime. Every measured
+error table (sweeper/analysis/calibrate.py), and the recommended layout per regime. Every measured
 number is labelled "measured on this host (emulated mesh)" (or the devices it ran on) and
-every cost-model number "analytical". The template is `dashboards/report.html.j2`.
+every cost-model number "analytical". The template is `sweeper/dashboards/report.html.j2` (package data).
 
 `summarize_sweep` is what `sweeper run` calls at the end: Pareto tables, held-out error,
 report path; each part that cannot be computed says why instead of failing the sweep.
@@ -17,18 +17,23 @@ from __future__ import annotations
 
 import base64
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import jinja2
 
-from sweeper import calibrate as cal
-from sweeper import pareto, plots
+from sweeper.analysis import calibrate as cal
+from sweeper.analysis import holdout
+from sweeper.analysis import pareto
+from sweeper.analysis import plots
+from sweeper.analysis.fit import CalibrationError
+from sweeper.formatting import jsonable, percent_dash, short_number
+from sweeper.paths import sweeper_home
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"   # sweeper/dashboards: package data
 TEMPLATE = "report.html.j2"
 REPORT_FILE = "report.html"
 FIGURES = ("pareto", "mfu", "latency", "predicted")
@@ -45,14 +50,7 @@ def _source_sentence(source: str, hardware: str) -> str:
             "MFU is relative to this host's measured peak.")
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "—"
-        return f"{value:.4g}"
-    return str(value)
+_fmt = short_number
 
 
 def _table(df: pd.DataFrame, columns: list[str] | None = None) -> dict[str, Any]:
@@ -94,7 +92,7 @@ def _model_pick(held: pd.DataFrame, phase: str, chips, batch) -> tuple[str, set[
         sel = sel.assign(tie_s=sel["predicted_s"])
     per = sel.groupby("key").agg(predicted_s=("predicted_s", "median"), tie_s=("tie_s", "median"))
     pick = per["predicted_s"].idxmin()
-    tied = set(per.index[abs(per["tie_s"] / per.loc[pick, "tie_s"] - 1) <= cal.PREDICTED_TIE])
+    tied = set(per.index[abs(per["tie_s"] / per.loc[pick, "tie_s"] - 1) <= holdout.PREDICTED_TIE])
     return pick, tied
 
 
@@ -119,7 +117,7 @@ def best_layouts_table(df: pd.DataFrame, held: pd.DataFrame | None) -> pd.DataFr
                    "best layout (measured)": per.index[0], LATENCY_COL: float(per.iloc[0]),
                    "layouts compared": len(per),
                    "runner-up": per.index[1] if len(per) > 1 else "—",
-                   "margin": plots.percent(float(per.iloc[1] / per.iloc[0] - 1)) if len(per) > 1 else "—"}
+                   "margin": percent_dash(float(per.iloc[1] / per.iloc[0] - 1)) if len(per) > 1 else "—"}
             if held is not None and len(held):
                 found = _model_pick(held, phase, chips, batch)
                 if found is not None:
@@ -143,19 +141,19 @@ def _varying(table: pd.DataFrame, keep: tuple[str, ...]) -> pd.DataFrame:
     return table[cols]
 
 
-def _fit_context(result: cal.Calibration) -> dict[str, Any]:
+def _fit_context(result: holdout.Calibration) -> dict[str, Any]:
     schemes = []
     for name, ho in result.holdouts.items():
         tau = f"{ho.kendall_tau:.2f}" if math.isfinite(ho.kendall_tau) else "—"
         schemes.append({"name": name if not ho.skipped else f"{name} (skipped: {ho.skipped})",
-                        "n_points": len(ho.points), "mape": plots.percent(ho.mape),
-                        "median": plots.percent(ho.median_ape), "max": plots.percent(ho.max_ape),
-                        "top1": plots.percent(ho.top1_agreement),
-                        "top1_tol": plots.percent(ho.top1_within_tolerance), "tau": tau,
+                        "n_points": len(ho.points), "mape": percent_dash(ho.mape),
+                        "median": percent_dash(ho.median_ape), "max": percent_dash(ho.max_ape),
+                        "top1": percent_dash(ho.top1_agreement),
+                        "top1_tol": percent_dash(ho.top1_within_tolerance), "tau": tau,
                         "groups": ho.groups})
     errors = result.main.errors.copy()
     for col in ("mape", "median_ape", "max_ape"):
-        errors[col] = errors[col].map(plots.percent)
+        errors[col] = errors[col].map(percent_dash)
     constants = []
     for key in ("peak_flops", "hbm_bandwidth", "ici_bandwidth", "collective_latency_s",
                 "op_overhead_s", "overlap"):
@@ -164,19 +162,17 @@ def _fit_context(result: cal.Calibration) -> dict[str, Any]:
     for kind, value in (getattr(result.fitted, "collective_latency_s_by_kind", {}) or {}).items():
         constants.append((f"collective latency [{kind}] (s)", "0", _fmt(float(value))))
     table = _table(errors)
-    return {"holdout_desc": "; ".join(cal.HOLDOUT_TEXT[n] for n in result.holdouts),
+    return {"holdout_desc": "; ".join(holdout.HOLDOUT_TEXT[n] for n in result.holdouts),
             "n_points": len(result.points), "n_trials": len({p.trial for p in result.points}),
-            "schemes": schemes, "table_scheme": cal.HOLDOUT_TEXT[result.headline],
+            "schemes": schemes, "table_scheme": holdout.HOLDOUT_TEXT[result.headline],
             "error_columns": table["columns"], "error_rows": table["rows"],
             "constants": constants}
 
 
 def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
-           calibration: cal.Calibration | None, fit_error: str | None,
+           calibration: holdout.Calibration | None, fit_error: str | None,
            parent_run_id: str | None = None) -> tuple[str, dict[str, bytes]]:
     """The HTML text and the PNG bytes of every figure."""
-    import jinja2
-
     source = str(attrs.get("source") or (df["source"].dropna().iloc[0] if df["source"].notna().any()
                                           else "measured"))
     hardware = str(attrs.get("hardware") or (df["hardware"].dropna().iloc[0]
@@ -186,8 +182,8 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
             "mfu": plots.png_bytes(plots.mfu_figure(df, label)),
             "latency": plots.png_bytes(plots.latency_figure(df, label))}
     if calibration is not None:
-        title = (f"held-out predictions ({cal.HOLDOUT_TEXT[calibration.headline]}): analytical, "
-                 f"fitted, against {label}; MAPE {plots.percent(calibration.main.mape)}")
+        title = (f"held-out predictions ({holdout.HOLDOUT_TEXT[calibration.headline]}): analytical, "
+                 f"fitted, against {label}; MAPE {percent_dash(calibration.main.mape)}")
         pngs["predicted"] = plots.png_bytes(plots.predicted_vs_measured_figure(
             calibration.main.points, title))
     pareto_ctx = []
@@ -225,13 +221,13 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
 class Report:
     path: Path
     figures: dict[str, Path]
-    calibration: cal.Calibration | None
+    calibration: holdout.Calibration | None
     fit_error: str | None
     logged: bool = False
     files: dict[str, str] = field(default_factory=dict)
 
 
-def write_report(data: cal.StudyData, out_dir: str | Path, calibration: cal.Calibration | None = None,
+def write_report(data: cal.StudyData, out_dir: str | Path, calibration: holdout.Calibration | None = None,
                  fit_error: str | None = None) -> Report:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -246,11 +242,11 @@ def write_report(data: cal.StudyData, out_dir: str | Path, calibration: cal.Cali
     return Report(path, figures, calibration, fit_error)
 
 
-def try_calibrate(data: cal.StudyData) -> tuple[cal.Calibration | None, str | None]:
+def try_calibrate(data: cal.StudyData) -> tuple[holdout.Calibration | None, str | None]:
     """All three hold-out schemes; a study that cannot be fitted gives the reason instead."""
     try:
-        return cal.calibrate_study(data, cal.HOLDOUTS), None
-    except cal.CalibrationError as err:
+        return cal.calibrate_study(data, holdout.HOLDOUTS), None
+    except CalibrationError as err:
         return None, str(err)
 
 
@@ -258,7 +254,7 @@ def log_report(report: Report, data: cal.StudyData) -> bool:
     """The HTML and its figures as artifacts of the sweep's parent run (`report/`)."""
     if not (data.parent_run_id and data.tracking_uri):
         return False
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient   # lazy: MLflow (~1 s) only when a store is read
 
     client = MlflowClient(tracking_uri=data.tracking_uri)
     client.log_artifact(data.parent_run_id, str(report.path), artifact_path="report")
@@ -275,8 +271,6 @@ def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | 
     writes the fitted profile and the report under `out_dir` (default
     $SWEEPER_HOME/reports/<study>) and logs both to the sweep's MLflow parent run.
     """
-    from sweeper.paths import sweeper_home
-
     data = cal.load_study_data(study, storage)
     if tracking_uri and not data.attrs.get("tracking_uri"):
         data.attrs["tracking_uri"] = tracking_uri
@@ -298,71 +292,7 @@ def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | 
             errors.append(f"MLflow (report): {err}")
     fronts = {phase: pareto.analyse(data.frame, phase).to_dict() for phase in pareto.PHASES}
     return {"study": study, "pareto": fronts,
-            "heldout": cal._jsonable(calibration.summary()) if calibration else {"skipped": fit_error},
+            "heldout": jsonable(calibration.summary()) if calibration else {"skipped": fit_error},
             "fitted_yaml": calibration.artifacts.get("fitted_yaml") if calibration else None,
             "report": str(report.path), "logged_to_mlflow": report.logged,
             "parent_run_id": data.parent_run_id, "errors": errors}
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """Readable lines for the end of `sweeper run`."""
-    lines = []
-    for phase, front in summary["pareto"].items():
-        lines.append(f"{phase} Pareto frontier ({front['x']} vs {front['y']}): "
-                     f"{front['n_front']} of {front['n_points']} trials, hypervolume "
-                     f"{_fmt(front['hypervolume'])}")
-        for row in front["front"]:
-            lines.append(f"  #{row.get('number')!s:<4} {row['label']:<28} {front['x']}={_fmt(row[front['x']])}"
-                         f"  {front['y']}={_fmt(row[front['y']])}")
-    held = summary["heldout"]
-    if "skipped" in held:
-        lines.append(f"held-out prediction error: not computed ({held['skipped']})")
-    else:
-        for name, ho in held["holdouts"].items():
-            if ho.get("skipped"):
-                lines.append(f"held-out ({name}): skipped, {ho['skipped']}")
-                continue
-            lines.append(f"held-out ({name}): MAPE {plots.percent(_num(ho['mape_heldout']))}, median "
-                         f"{plots.percent(_num(ho['median_ape_heldout']))}, max "
-                         f"{plots.percent(_num(ho['max_ape_heldout']))}, top-1 layout agreement "
-                         f"{plots.percent(_num(ho['top1_agreement']))} over {ho['ranking_groups']} groups")
-        lines.append(f"fitted profile: {summary['fitted_yaml']}")
-    lines.append(f"report: {summary['report']}")
-    for err in summary.get("errors", []):
-        lines.append(f"warning: {err}")
-    return "\n".join(lines)
-
-
-def _num(value) -> float:
-    return math.nan if value is None else float(value)
-
-
-def run_report(args) -> int:
-    """`sweeper report`."""
-    data = cal.load_study_data(args.study, args.storage)
-    calibration, fit_error = (None, "skipped (--no-fit)") if args.no_fit else try_calibrate(data)
-    if calibration is not None:
-        files = cal.write_outputs(calibration, Path(args.out) / "calibration")
-        if not args.no_mlflow:
-            try:
-                cal.log_to_mlflow(calibration, files)
-            except Exception as err:  # noqa: BLE001
-                print(f"sweeper report: MLflow logging failed: {err}", file=sys.stderr)
-    report = write_report(data, args.out, calibration, fit_error)
-    if not args.no_mlflow:
-        try:
-            report.logged = log_report(report, data)
-        except Exception as err:  # noqa: BLE001
-            print(f"sweeper report: MLflow logging failed: {err}", file=sys.stderr)
-    if args.json:
-        from sweeper.cli import print_json
-
-        print_json({"report": str(report.path), "figures": {k: str(v) for k, v in report.figures.items()},
-                    "calibrated": calibration is not None, "fit_error": fit_error,
-                    "logged_to_mlflow": report.logged, "parent_run_id": data.parent_run_id})
-    else:
-        print(f"report: {report.path}" + (f" (also on MLflow run {data.parent_run_id}, artifacts/report)"
-                                          if report.logged else ""))
-        if fit_error:
-            print(f"calibration: {fit_error}")
-    return 0

@@ -1,0 +1,1 @@
+"""From stored trials to answers: calibration, Pareto frontiers, plots, the HTML report."""

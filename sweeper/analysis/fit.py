@@ -1,0 +1,348 @@
+"""Fit the cost model's hardware constants to measured points (docs/architecture.md,
+"The analytical cost model"): only `HardwareProfile` constants, never the formulas of
+`workloads/costmodel.py`:
+
+  peak_flops      effective FLOP/s          compute_s = FLOPs / (n * peak_flops)
+  hbm_bandwidth   effective bytes/s         memory_s  = bytes read / hbm_bandwidth
+  ici_bandwidth   effective bytes/s         comm_s    = bytes * factor / ici_bandwidth
+  collective_latency_s_by_kind              + count * latency, per collective kind
+  op_overhead_s   per layer-phase           + op_overhead_s * n_layers
+  overlap         in [0, 1]                 (1 - o) * sum(terms) + o * max(terms)
+
+Each measured trial gives two points, `prefill_s` and `decode_step_s`. The objective is
+the relative error pred/measured - 1, minimised by `scipy.optimize.least_squares` over
+log-parameters (positive constants) and a logistic overlap.
+
+Speed: a point's latency is linear in 1/peak, 1/bandwidths and the latencies once overlap is
+fixed, so each point is decomposed once into its terms by calling `predict_phase` with unit
+profiles (`PhaseTerms`); the optimiser evaluates those terms with numpy. Every reported
+prediction is made again by `costmodel.predict_phase` with the fitted profile, and the two
+are checked to agree (a cost-model change that breaks the decomposition falls back to
+calling `predict_phase` inside the fit).
+
+Emulated mesh: the `host` profile is the whole machine and a trial's virtual chip gets a
+share of it (`workloads.hardware.per_chip`: peak numbers x cores fraction / chips). The fitted
+profile is the whole host; each point's own profile is that profile scaled by the trial's
+share, recorded with the trial (`hardware_share`; older studies: recovered from the stored
+prediction).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from workloads import costmodel
+from workloads.config import ConfigError, HardwareProfile, load_model
+from workloads.layouts import COLLECTIVE_KINDS, PHASES, PhaseLayout, stores_1d
+from workloads.layouts import Collective
+from workloads.trial import DEFAULTS as TRIAL_DEFAULTS, TrialConfig
+
+PHASE_METRIC = {"prefill": "prefill_s", "decode": "decode_step_s"}
+PRIOR_WEIGHT = 0.01      # weak pull of log peak/bandwidths toward the starting profile
+LATENCY_BOUNDS = (1e-12, 1.0)
+FACTOR_BOUND = 1e4       # peak and bandwidths move at most this factor from the start
+
+
+
+
+class CalibrationError(ConfigError):
+    """Too few measured points (or none): one line for the CLI, exit code 2."""
+
+
+# ----------------------------------------------------------------------------- points
+
+
+@dataclass
+class Point:
+    """One measured phase time of one trial, with what the cost model needs to predict it."""
+
+    trial: int
+    phase: str
+    config: TrialConfig
+    measured_s: float
+    scale: float = 1.0       # the trial's per-chip profile = fitted whole profile x scale
+
+    @property
+    def layout(self) -> PhaseLayout:
+        return self.config.prefill if self.phase == "prefill" else self.config.decode
+
+    @property
+    def layout_key(self) -> str:
+        return str(self.layout)
+
+    @property
+    def shape_key(self) -> tuple:
+        """Everything but the layouts: trials of one shape compete in the rankings."""
+        c = self.config
+        return (c.model.name, c.weights, c.input_len, c.decode_steps, c.batch, c.chips)
+
+
+def phase_arguments(config: TrialConfig, phase: str) -> dict[str, Any]:
+    """The arguments `costmodel.predict` gives `predict_phase` for this phase of a trial."""
+    layout = config.prefill if phase == "prefill" else config.decode
+    # the decode context exactly as costmodel.predict computes it (fit and sweep agree)
+    context = config.input_len if phase == "prefill" else costmodel.decode_context(config)
+    return dict(model=config.model, chips=config.chips, batch=config.batch, phase=phase,
+                input_len=config.input_len, context=context, layout=layout,
+                weights=config.weights, topology=config.mesh_shape,
+                one_d=stores_1d(config.prefill, config.decode), validate=False)
+
+
+def predict_point(point: Point, profile: HardwareProfile) -> float:
+    """The cost model's latency of the point with `profile` (the whole, unscaled profile)."""
+    args = phase_arguments(point.config, point.phase)
+    return costmodel.predict_phase(hw=profile.scaled(point.scale), **args).latency_s
+
+
+def _trial_scale(config: TrialConfig, row: Mapping, base: HardwareProfile) -> float:
+    """The trial's per-chip share of `base`: recorded with the trial (`hardware_share`).
+
+    Studies from before it was recorded: recovered from the compute time the sweep predicted
+    (pred compute_s = FLOPs / (chips * peak_chip), so peak_chip = (FLOPs / chips) / compute_s);
+    without a stored prediction, the whole profile split over the chips for a measured
+    (host) profile, the profile itself otherwise."""
+    recorded = _float(row.get("hardware_share"))
+    if math.isfinite(recorded) and recorded > 0:
+        return recorded
+    for phase in PHASES:
+        pred = _float(row.get(f"pred_{phase}_compute_s"))
+        if math.isfinite(pred) and pred > 0:
+            unit = costmodel.predict_phase(hw=_UNIT, **phase_arguments(config, phase))
+            return (unit.compute_s / pred) / base.peak_flops
+    return 1.0 / config.chips if base.measured else 1.0
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _config_of(row: Mapping, configs: Mapping[int, Mapping] | None) -> TrialConfig:
+    number = int(row["number"])
+    if configs and number in configs:
+        return TrialConfig.from_dict(configs[number], validate=False).resolved()
+    topology = row.get("topology")
+    data = {"model": load_model(row["model"]), "chips": int(row["chips"]),
+            "batch": int(row["batch"]), "input_len": int(row["input_len"]),
+            "decode_steps": int(row["decode_steps"]),
+            "weights": row.get("weights") or TRIAL_DEFAULTS["weights"],
+            "topology": topology if isinstance(topology, str) and topology else None,
+            "prefill": {"ffn": row["prefill_ffn"], "attn": row["prefill_attn"]},
+            "decode": {"ffn": row["decode_ffn"], "attn": row["decode_attn"]}}
+    return TrialConfig.from_dict(data, validate=False).resolved()
+
+
+def points_from_frame(df: pd.DataFrame, base: HardwareProfile,
+                      configs: Mapping[int, Mapping] | None = None,
+                      sources: Iterable[str] = ("measured",)) -> list[Point]:
+    """Two points (prefill_s, decode_step_s) per COMPLETE trial of an accepted source."""
+    sources = tuple(sources)
+    out: list[Point] = []
+    for _, row in df.iterrows():
+        if str(row.get("state", "COMPLETE")).upper() != "COMPLETE":
+            continue
+        if row.get("source") not in sources:
+            continue
+        config = _config_of(row, configs)
+        scale = _trial_scale(config, row, base)
+        for phase in PHASES:
+            value = _float(row.get(PHASE_METRIC[phase]))
+            if math.isfinite(value) and value > 0:
+                out.append(Point(int(row["number"]), phase, config, value, scale))
+    return out
+
+
+# ----------------------------------------------------------------------------- parameters
+
+_UNIT = HardwareProfile("unit", peak_flops=1.0, hbm_bandwidth=1.0, hbm_bytes=1.0, ici_bandwidth=1.0)
+
+
+def by_kind_supported() -> bool:
+    """Does the cost model charge `collective_latency_s_by_kind`? (A fitted per-kind
+    latency the model ignored would be a constant that changes nothing.)"""
+    if not any(f.name == "collective_latency_s_by_kind" for f in dataclasses.fields(HardwareProfile)):
+        return False
+    probe = dataclasses.replace(_UNIT, collective_latency_s_by_kind={"all-gather": 1.0})
+    ops = [Collective("all-gather", ("x",), 1, 2, 3, "probe")]
+    return costmodel.comm_time_s(ops, probe) > costmodel.comm_time_s(ops, _UNIT)
+
+
+@dataclass(frozen=True)
+class ParamSpace:
+    """The free constants and their transforms (log for positives, logistic for overlap)."""
+
+    kinds: tuple[str, ...]          # collective kinds with their own latency ("" = one for all)
+
+    @property
+    def names(self) -> list[str]:
+        lat = [f"collective_latency_s[{k}]" if k else "collective_latency_s" for k in self.kinds]
+        return ["peak_flops", "hbm_bandwidth", "ici_bandwidth", *lat, "op_overhead_s", "overlap"]
+
+    def start(self, base: HardwareProfile, latency: float, overlap: float) -> np.ndarray:
+        lat = [math.log(latency)] * len(self.kinds)
+        return np.array([math.log(base.peak_flops), math.log(base.hbm_bandwidth),
+                         math.log(base.ici_bandwidth), *lat, math.log(latency),
+                         _logit(overlap)])
+
+    def bounds(self, base: HardwareProfile) -> tuple[np.ndarray, np.ndarray]:
+        span = math.log(FACTOR_BOUND)
+        lo_lat, hi_lat = (math.log(b) for b in LATENCY_BOUNDS)
+        lows = [math.log(base.peak_flops) - span, math.log(base.hbm_bandwidth) - span,
+                math.log(base.ici_bandwidth) - span] + [lo_lat] * (len(self.kinds) + 1) + [-12.0]
+        highs = [math.log(base.peak_flops) + span, math.log(base.hbm_bandwidth) + span,
+                 math.log(base.ici_bandwidth) + span] + [hi_lat] * (len(self.kinds) + 1) + [12.0]
+        return np.array(lows), np.array(highs)
+
+    def profile(self, theta: np.ndarray, base: HardwareProfile, name: str | None = None) -> HardwareProfile:
+        peak, hbm, ici = (float(math.exp(v)) for v in theta[:3])
+        lat = [float(math.exp(v)) for v in theta[3:3 + len(self.kinds)]]
+        overhead = float(math.exp(theta[3 + len(self.kinds)]))
+        overlap = float(_sigmoid(theta[-1]))
+        values: dict[str, Any] = dict(peak_flops=peak, hbm_bandwidth=hbm, ici_bandwidth=ici,
+                                      op_overhead_s=overhead, overlap=overlap,
+                                      name=name or base.name)
+        if self.kinds == ("",):
+            values["collective_latency_s"] = lat[0]
+        else:
+            values["collective_latency_s"] = float(np.median(lat)) if lat else 0.0
+            values["collective_latency_s_by_kind"] = dict(zip(self.kinds, lat))
+        return dataclasses.replace(base, **values)
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+# ----------------------------------------------------------------------------- fast terms
+
+
+@dataclass
+class PhaseTerms:
+    """A point's latency terms at unit constants, taken from `predict_phase` (see module doc)."""
+
+    compute: np.ndarray      # FLOPs / n            (compute_s at peak 1)
+    memory: np.ndarray       # bytes read           (memory_s at bandwidth 1)
+    comm: np.ndarray         # bytes * factor       (comm_s at bandwidth 1, no latency)
+    counts: np.ndarray       # [points, kinds] collective ops per kind
+    layers: np.ndarray       # op_overhead_s multiplier
+    scale: np.ndarray        # per-point share of the profile
+
+    @classmethod
+    def of(cls, points: list[Point], kinds: tuple[str, ...]) -> "PhaseTerms":
+        rows = []
+        for p in points:
+            args = phase_arguments(p.config, p.phase)
+            base = costmodel.predict_phase(hw=_UNIT, **args)
+            with_overhead = costmodel.predict_phase(hw=dataclasses.replace(_UNIT, op_overhead_s=1.0), **args)
+            counts = []
+            for kind in kinds:
+                probe = (dataclasses.replace(_UNIT, collective_latency_s=1.0) if kind == ""
+                         else dataclasses.replace(_UNIT, collective_latency_s_by_kind={kind: 1.0}))
+                counts.append(costmodel.predict_phase(hw=probe, **args).comm_s - base.comm_s)
+            rows.append((base.compute_s, base.memory_s, base.comm_s, counts,
+                         with_overhead.latency_s - base.latency_s, p.scale))
+        return cls(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
+                   np.array([r[2] for r in rows]),
+                   np.array([r[3] for r in rows], dtype=float).reshape(len(rows), len(kinds)),
+                   np.array([r[4] for r in rows]), np.array([r[5] for r in rows]))
+
+    def latency(self, theta: np.ndarray, n_kinds: int) -> np.ndarray:
+        """costmodel.predict_phase's latency_s, vectorised over points (module doc formula)."""
+        peak, hbm, ici = np.exp(theta[:3])
+        lat = np.exp(theta[3:3 + n_kinds])
+        overhead = math.exp(theta[3 + n_kinds])
+        overlap = _sigmoid(theta[-1])
+        compute = self.compute / (peak * self.scale)
+        memory = self.memory / (hbm * self.scale)
+        comm = self.comm / (ici * self.scale) + self.counts @ lat
+        terms = np.stack([compute, memory, comm])
+        return ((1 - overlap) * terms.sum(axis=0) + overlap * terms.max(axis=0)
+                + overhead * self.layers)
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+@dataclass
+class Fit:
+    profile: HardwareProfile
+    cost: float
+    success: bool
+    message: str
+    nfev: int
+
+
+def fit_profile(points: list[Point], base: HardwareProfile, space: ParamSpace | None = None,
+                loss: str = "linear", name: str | None = None) -> Fit:
+    """Least squares on relative error over log-parameters; a few starts, the best kept."""
+    if not points:
+        raise CalibrationError("points", 0, "at least one measured point to fit")
+    space = space or default_space(points)
+    n_kinds = len(space.kinds)
+    measured = np.array([p.measured_s for p in points])
+    terms = PhaseTerms.of(points, space.kinds)
+    theta_check = space.start(base, 1e-5, 0.5)
+    exact = _fast_path_agrees(points, terms, space, theta_check, base)
+    anchor = np.array([math.log(base.peak_flops), math.log(base.hbm_bandwidth),
+                       math.log(base.ici_bandwidth)])
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        if exact:
+            pred = terms.latency(theta, n_kinds)
+        else:   # the cost model changed shape: call it for every point (slow, still right)
+            profile = space.profile(theta, base)
+            pred = np.array([predict_point(p, profile) for p in points])
+        prior = PRIOR_WEIGHT * (theta[:3] - anchor)
+        return np.concatenate([pred / measured - 1.0, prior])
+
+    lows, highs = space.bounds(base)
+    best = None
+    for latency0 in (1e-6, 1e-4):
+        for overlap0 in (0.2, 0.8):
+            x0 = np.clip(space.start(base, latency0, overlap0), lows + 1e-9, highs - 1e-9)
+            result = least_squares(residuals, x0, bounds=(lows, highs), loss=loss,
+                                   f_scale=0.1, x_scale=1.0, max_nfev=400 if exact else 60)
+            if best is None or result.cost < best.cost:
+                best = result
+    profile = space.profile(best.x, base, name)
+    return Fit(profile, float(best.cost), bool(best.success), str(best.message), int(best.nfev))
+
+
+def _fast_path_agrees(points, terms, space, theta, base) -> bool:
+    fast = terms.latency(theta, len(space.kinds))
+    profile = space.profile(theta, base)
+    slow = np.array([predict_point(p, profile) for p in points[:20]])
+    agrees = bool(np.allclose(fast[:len(slow)], slow, rtol=1e-9, atol=0.0))
+    if not agrees:
+        warnings.warn("calibrate: the cost model's latency is no longer (1-o)*sum + o*max + "
+                      "overhead of linear terms; fitting through predict_phase (slow)")
+    return agrees
+
+
+def default_space(points: list[Point]) -> ParamSpace:
+    """One latency per collective kind seen in the points (if the cost model charges it)."""
+    if not by_kind_supported():
+        return ParamSpace(("",))
+    seen = set()
+    for p in points:
+        args = phase_arguments(p.config, p.phase)
+        seen.update(c.kind for c in costmodel.predict_phase(hw=_UNIT, **args).collectives)
+    kinds = tuple(k for k in COLLECTIVE_KINDS if k in seen)
+    return ParamSpace(kinds or ("",))
+
+

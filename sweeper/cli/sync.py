@@ -1,0 +1,43 @@
+"""`sweeper sync`: reconcile a study's MLflow runs with its Optuna trials (sweeper/tracking/sync.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sweeper import paths
+from sweeper.cli.output import print_json
+from sweeper.formatting import one_line
+from sweeper.tracking.sync import sync_study
+from workloads.config import ConfigError
+
+
+def add_sync_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", required=True, help="study name (as `sweeper run` printed it)")
+    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
+    p.add_argument("--tracking-uri", help="MLflow store (default: the one the sweep logged to)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    if args.storage is not None:
+        paths.check_storage_url(args.storage)
+    if not args.study.strip():
+        raise ConfigError("--study", args.study, "a study name")
+    try:
+        report = sync_study(args.study, args.storage, args.tracking_uri)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - MLflow still unreachable: say so in one line
+        print(f"sweeper sync: error: MLflow did not answer ({one_line(err)[:300]}); nothing is "
+              "lost, run it again when it does", file=sys.stderr)
+        return 1
+    if args.json:
+        print_json(report.to_json())
+        return 0
+    print(f"study    {report.study}: {report.trials} finished trials; MLflow: "
+          f"{report.present} already logged, {len(report.created)} logged now, "
+          f"{len(report.removed)} duplicate or incomplete runs removed")
+    print(f"mlflow   {report.tracking_uri}  parent run {report.parent_run_id} "
+          f"({'created, ' if report.parent_created else ''}{report.parent_status})")
+    return 0
