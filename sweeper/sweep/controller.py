@@ -126,7 +126,7 @@ def check_memory_fits(space: SearchSpace) -> None:
             continue
         # only the byte counts of the prediction are used: any profile's speeds will do
         profile = dataclasses.replace(load_hardware("tpu-v4"), hbm_bytes=memory / config.chips)
-        budget = emulated_budget(space.memory_budget_bytes or profile.hbm_bytes, config.chips)
+        budget = emulated_budget(profile.hbm_bytes, config.chips)   # real memory only
         reason = feasibility(config, profile, budget)
         if reason is None or not reason.startswith("memory"):
             return
@@ -694,11 +694,14 @@ class Controller:
         if chip_profile is not None:
             budget = None
             if self.space.hardware.kind == "host":
-                budget = emulated_budget(self.space.memory_budget_bytes or chip_profile.hbm_bytes,
-                                         config.chips)
+                # the space's memory_budget_bytes is compared with the cost model as stated;
+                # the default (the host's memory) leaves room for what XLA CPU allocates
+                budget = self.space.memory_budget_bytes or emulated_budget(chip_profile.hbm_bytes,
+                                                                          config.chips)
             try:
                 reason = feasibility(config, chip_profile, budget)
-                if reason and budget is not None and reason.startswith("memory"):
+                if reason and not self.space.memory_budget_bytes and budget is not None and \
+                        reason.startswith("memory"):
                     reason += EMULATED_NOTE
                 prediction = predict(config, chip_profile).metrics()
             except ConfigError as err:
