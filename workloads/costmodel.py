@@ -216,9 +216,27 @@ def kv_bytes_per_chip(model: ModelConfig, chips: int, batch: int, context: int, 
     return float(place["pairs_per_chip"] * per_pair_token * context)
 
 
+@dataclass(frozen=True)
+class MaxContext:
+    """The longest context that fits, and the per-chip KV accounting behind it (`analytical`)."""
+    max_context: int
+    kv_bytes_per_token_per_chip: float
+    kv_budget_bytes_per_chip: float
+    kv_fraction: float
+    kv_heads_per_chip: float
+    sequences_per_chip: float
+    kv_replication: float
+    weight_bytes_per_chip: float
+    attention_kind: str
+    source: str = SOURCE
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, attn: str = "head",
                 kv_fraction: float = 0.3, topology: tuple[int, int, int] | None = None,
-                ffn: str = "ws2d") -> dict:
+                ffn: str = "ws2d") -> MaxContext:
     """Longest context whose KV cache fits in kv_fraction of each chip's HBM (paper §4.2, Table 1).
 
     Table 1 reserves 30% of 32 GiB per chip for the KV cache on 64 TPU v4 chips."""
@@ -233,18 +251,17 @@ def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int,
     place = kv_placement(model, chips, batch, attn, topology, ffn)
     per_token = kv_bytes_per_chip(model, chips, batch, 1, attn, topology, ffn)
     budget = kv_fraction * hw.hbm_bytes
-    return {
-        "source": SOURCE,
-        "max_context": int(budget // per_token),
-        "kv_bytes_per_token_per_chip": per_token,
-        "kv_budget_bytes_per_chip": budget,
-        "kv_fraction": kv_fraction,
-        "kv_heads_per_chip": place["kv_heads_per_chip"],
-        "sequences_per_chip": place["sequences_per_chip"],
-        "kv_replication": place["replication"],
-        "weight_bytes_per_chip": weight_bytes_per_chip(model, chips),
-        "attention_kind": model.attention_kind,
-    }
+    return MaxContext(
+        max_context=int(budget // per_token),
+        kv_bytes_per_token_per_chip=per_token,
+        kv_budget_bytes_per_chip=budget,
+        kv_fraction=kv_fraction,
+        kv_heads_per_chip=place["kv_heads_per_chip"],
+        sequences_per_chip=place["sequences_per_chip"],
+        kv_replication=place["replication"],
+        weight_bytes_per_chip=weight_bytes_per_chip(model, chips),
+        attention_kind=model.attention_kind,
+    )
 
 
 # --------------------------------------------------------------------------- communication
