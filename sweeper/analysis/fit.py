@@ -69,6 +69,7 @@ class Point:
     config: TrialConfig
     measured_s: float
     scale: float = 1.0       # the trial's per-chip profile = fitted whole profile x scale
+    ci_rel: float = math.nan  # the measurement's 95% CI half-width / median (nan: unknown)
 
     @property
     def layout(self) -> PhaseLayout:
@@ -77,6 +78,14 @@ class Point:
     @property
     def layout_key(self) -> str:
         return str(self.layout)
+
+    @property
+    def replicate_key(self) -> tuple:
+        """Everything that decides the program and its timing but the seed: points with the
+        same key are replicates of one configuration (the noise floor, holdout.noise_floor)."""
+        c = self.config
+        return (self.phase, c.model.name, c.weights, c.input_len, c.decode_steps, c.batch,
+                c.chips, tuple(c.mesh_shape), str(c.prefill), str(c.decode))
 
     @property
     def shape_key(self) -> tuple:
@@ -158,8 +167,26 @@ def points_from_frame(df: pd.DataFrame, base: HardwareProfile,
         for phase in PHASES:
             value = _float(row.get(PHASE_METRIC[phase]))
             if math.isfinite(value) and value > 0:
-                out.append(Point(int(row["number"]), phase, config, value, scale))
+                out.append(Point(int(row["number"]), phase, config, value, scale,
+                                 _float(row.get(f"{phase}_ci_rel"))))
     return out
+
+
+def point_weights(points: list[Point]) -> np.ndarray:
+    """Each point's weight in the fit: 1 / its relative uncertainty, normalised to mean 1.
+
+    sigma_i = sqrt(ci_i^2 + ci_typical^2), ci_typical = the median CI of the points: a noisy
+    point (wide CI) counts less, and a very quiet one at most ~1.4x a typical one, because
+    trials also differ from each other by more than their own CI (the replicate error).
+    Points without a CI get the typical one; with no CI at all every weight is 1."""
+    ci = np.array([p.ci_rel for p in points], float)
+    known = ci[np.isfinite(ci) & (ci > 0)]
+    if not len(known):
+        return np.ones(len(points))
+    typical = float(np.median(known))
+    ci = np.where(np.isfinite(ci) & (ci > 0), ci, typical)
+    weights = 1.0 / np.sqrt(ci ** 2 + typical ** 2)
+    return weights / weights.mean()
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -288,13 +315,15 @@ class Fit:
 
 
 def fit_profile(points: list[Point], base: HardwareProfile, space: ParamSpace | None = None,
-                loss: str = "linear", name: str | None = None) -> Fit:
-    """Least squares on relative error over log-parameters; a few starts, the best kept."""
+                loss: str = "linear", name: str | None = None, weighted: bool = True) -> Fit:
+    """Least squares on relative error over log-parameters; a few starts, the best kept.
+    `weighted`: each relative error times `point_weights` (its measured uncertainty)."""
     if not points:
         raise CalibrationError("points", 0, "at least one measured point to fit")
     space = space or default_space(points)
     n_kinds = len(space.kinds)
     measured = np.array([p.measured_s for p in points])
+    weights = point_weights(points) if weighted else np.ones(len(points))
     terms = PhaseTerms.of(points, space.kinds)
     theta_check = space.start(base, 1e-5, 0.5)
     exact = _fast_path_agrees(points, terms, space, theta_check, base)
@@ -308,7 +337,7 @@ def fit_profile(points: list[Point], base: HardwareProfile, space: ParamSpace | 
             profile = space.profile(theta, base)
             pred = np.array([predict_point(p, profile) for p in points])
         prior = PRIOR_WEIGHT * (theta[:3] - anchor)
-        return np.concatenate([pred / measured - 1.0, prior])
+        return np.concatenate([weights * (pred / measured - 1.0), prior])
 
     lows, highs = space.bounds(base)
     best = None

@@ -95,9 +95,10 @@ def _add_analysis_commands(sub) -> None:
     p = sub.add_parser("fit", help="fit the cost model's hardware constants to a study's "
                        "measured trials; report held-out prediction error")
     study_args(p)
-    p.add_argument("--holdout", choices=["kfold", "layout", "chips", "all"], default="kfold",
+    p.add_argument("--holdout", choices=["kfold", "layout", "chips", "extrapolation", "all"], default="kfold",
                    help="held-out points: k-fold over trials, leave-one-layout-out, "
-                   "leave-one-chip-count-out, or all three (the first gives the headline)")
+                   "leave-one-chip-count-out, extrapolation (fit on chip counts <= n/2, predict "
+                   "n), or all four (the first gives the headline)")
     p.add_argument("--out", metavar="FITTED.yaml", help="where to write the fitted hardware "
                    "profile (default: $SWEEPER_HOME/fits/<study>/<profile>-fitted.yaml)")
     p.add_argument("--hardware", help="starting profile (default: the one the sweep used)")
