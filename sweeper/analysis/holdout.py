@@ -223,7 +223,7 @@ def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | N
 
 def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
             space: ParamSpace | None = None, loss: str = "linear", seed: int = 0,
-            tie_reference: np.ndarray | None = None) -> Holdout:
+            tie_reference: np.ndarray | None = None, weighted: bool = True) -> Holdout:
     """Predict every point from a fit on the other folds; score only those predictions.
 
     `tie_reference`: one model's predictions of all points (the fit on everything), used only
@@ -241,7 +241,7 @@ def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
         # Latencies only for the kinds the training points contain; a held-out layout's
         # unseen kind is charged the fitted `collective_latency_s` (median of the others).
         fitted = fit_profile(train, base, default_space(train) if space is None else space,
-                             loss).profile
+                             loss, weighted=weighted).profile
         for j in test:
             predicted[j] = predict_point(points[j], fitted)
             fold_id[j] = i
@@ -384,7 +384,8 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 
 def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str] = ("kfold",),
-              study: str = "", loss: str = "linear", min_trials: int = MIN_TRIALS) -> Calibration:
+              study: str = "", loss: str = "linear", min_trials: int = MIN_TRIALS,
+              weighted: bool = True) -> Calibration:
     """Fit on all points (the profile to use) and evaluate each hold-out scheme."""
     holdouts = tuple(holdouts)
     for scheme in holdouts:
@@ -396,12 +397,13 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
                                f"complete measured trials to fit and hold out (it has {trials}, "
                                f"{len(points)} points); run more trials (--resume)")
     space = default_space(points)
-    fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted")
+    fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted", weighted=weighted)
     insample = point_frame(points, np.array([predict_point(p, fit.profile) for p in points]))
     reference = insample["predicted_s"].to_numpy()
-    results = {scheme: heldout(points, base, scheme, None, loss, tie_reference=reference)
+    results = {scheme: heldout(points, base, scheme, None, loss, tie_reference=reference,
+                               weighted=weighted)
                for scheme in holdouts}
     return Calibration(study, base, fit.profile, points, insample, results, holdouts[0], fit,
-                       noise=noise_floor(points))
+                       noise=noise_floor(points), weighted=weighted)
 
 
