@@ -226,14 +226,15 @@ def recorded_grid(data: dict, csv: Path, score_seed: int) -> Grid:
             missing += 1
     table, groups = merge_equivalent(space, table)
     return Grid(space, table, f"recorded on this host (`{csv.name}`, seed {score_seed})",
-                {"csv": str(csv.relative_to(ROOT)), "score_seed": score_seed, "missing": missing,
-                 "configurations": groups})
+                {"csv": str(csv.relative_to(ROOT)), "score_seed": score_seed,
+                 "unmeasured_before_merge": missing, "configurations": groups})
 
 
 def _cast(value, space, name: str):
     param = next(p for p in space.params if p.name == name)
     for choice in param.grid_values():
-        if str(choice) == str(value):
+        if str(choice) == str(value) or (isinstance(choice, (int, float)) and not isinstance(choice, bool)
+                                         and isinstance(value, (int, float)) and choice == value):
             return choice
     raise ValueError(f"recorded {name}={value!r} is not in the space's {param.grid_values()}")
 
@@ -403,8 +404,8 @@ def markdown(r: dict) -> str:
                   f"pruned or not measured), {g['source']}", ""]
         if "csv" in g:
             lines += [f"Grid: the recorded calibration sweep `{g['csv']}`, trials of seed "
-                      f"{g['score_seed']} ({g['missing']} points of the space were not measured: "
-                      "told PRUNED, never charged). Points that run the same program (every layout "
+                      f"{g['score_seed']} ({g['missing']} points of the space neither measured nor the same "
+                      "program as a measured one: told PRUNED, never charged). Points that run the same program (every layout "
                       "on one chip; ws1d and ws2d on an X = 1 torus) share the median of their "
                       f"measurements: {g['configurations']} configurations.", ""]
         if "study" in g:
@@ -527,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = {}
     for name, block in out["spaces"].items():
         for sampler, s in block["samplers"].items():
-            metrics[f"{name}_{sampler}_trials_to_95"] = s["median_trials_to_target"]
+            metrics[f"{name}_{sampler.replace('+', '_plus_')}_trials_to_95"] = s["median_trials_to_target"]
     common.log_mlflow(NAME, metrics, {"seeds": args.seeds, "samplers": ",".join(samplers),
                                       "load_average": context["load_average"]}, list(files))
     print(text)
