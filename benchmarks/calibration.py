@@ -166,6 +166,7 @@ def evaluate(csv: Path = RECORDED, base_yaml: Path = RECORDED_BASE, seed: int = 
     points = calfit.points_from_frame(frame, base)
     result = calho.calibrate(points, base, calho.HOLDOUTS, csv.stem)
     unweighted = calho.calibrate(points, base, ("kfold",), csv.stem, weighted=False)
+    ablation = term_ablation(points, base)
     load = frame.set_index("number")["host_load_avg_1m"] if "host_load_avg_1m" in frame else None
     rng = np.random.default_rng(seed)
     holdouts = {}
@@ -200,11 +201,28 @@ def evaluate(csv: Path = RECORDED, base_yaml: Path = RECORDED_BASE, seed: int = 
         "all_targets_met": all(all(v["met"] for v in holdouts[s].get("verdict", {"x": {"met": False}}).values())
                                for s in TARGET_SCHEMES if s in holdouts),
         "unweighted_kfold": common.clean(unweighted.holdouts["kfold"].summary()),
+        "term_ablation": ablation,
         "fitted": result.fitted_constants(),
         "start": {k: getattr(base, k) for k in ("peak_flops", "hbm_bandwidth", "ici_bandwidth")},
         "insample_mape": float(result.insample["ape"].mean()),
         "unfitted_mape": float(np.mean(start_ape)),
     }
+
+
+def term_ablation(points, base) -> dict:
+    """Held-out MAPE (k-fold, chips, extrapolation) of the model with each extra term removed,
+    and with none: what each term buys, measured on points the fit never saw."""
+    from sweeper.analysis import fit as calfit
+    from sweeper.analysis import holdout as calho
+
+    variants = {"all terms": calfit.EXTRA_TERMS, "paper constants only": ()}
+    for term in calfit.EXTRA_TERMS:
+        variants[f"without {term}"] = tuple(t for t in calfit.EXTRA_TERMS if t != term)
+    out = {}
+    for name, terms in variants.items():
+        res = calho.calibrate(points, base, TARGET_SCHEMES, "ablation", terms=terms)
+        out[name] = {s: common.clean(res.holdouts[s].mape) for s in TARGET_SCHEMES}
+    return out
 
 
 # ----------------------------------------------------------------------------- report
@@ -254,6 +272,13 @@ def markdown(r: dict) -> str:
         f"{pct(uw['median_ape_heldout'])}.",
         f"- The sweep's own profile, unfitted: MAPE {pct(r['unfitted_mape'])}; in-sample MAPE of the fit "
         f"on all points {pct(r['insample_mape'])} (not a claim).",
+        "",
+        "## What each fitted term buys (held-out MAPE)",
+        "",
+        "| model | " + " | ".join(TARGET_SCHEMES) + " |",
+        "|---|" + "---|" * len(TARGET_SCHEMES),
+        *[f"| {name} | " + " | ".join(pct(v.get(s)) for s in TARGET_SCHEMES) + " |"
+          for name, v in r["term_ablation"].items()],
         "",
         "## Where the error is (measured)",
         "",

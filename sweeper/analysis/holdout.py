@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
 
-from sweeper.analysis.fit import (CalibrationError, Fit, ParamSpace, Point, default_space,
-                                  fit_profile, predict_point)
+from sweeper.analysis.fit import (EXTRA_TERMS, CalibrationError, Fit, ParamSpace, Point,
+                                  default_space, fit_profile, predict_point)
 from workloads.config import ConfigError, HardwareProfile
 from workloads.layouts import PHASES
 
@@ -223,7 +223,8 @@ def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | N
 
 def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
             space: ParamSpace | None = None, loss: str = "linear", seed: int = 0,
-            tie_reference: np.ndarray | None = None, weighted: bool = True) -> Holdout:
+            tie_reference: np.ndarray | None = None, weighted: bool = True,
+            terms: tuple[str, ...] = EXTRA_TERMS) -> Holdout:
     """Predict every point from a fit on the other folds; score only those predictions.
 
     `tie_reference`: one model's predictions of all points (the fit on everything), used only
@@ -240,7 +241,7 @@ def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
         train = [points[j] for j in train_idx]
         # Latencies only for the kinds the training points contain; a held-out layout's
         # unseen kind is charged the fitted `collective_latency_s` (median of the others).
-        fitted = fit_profile(train, base, default_space(train) if space is None else space,
+        fitted = fit_profile(train, base, default_space(train, terms) if space is None else space,
                              loss, weighted=weighted).profile
         for j in test:
             predicted[j] = predict_point(points[j], fitted)
@@ -385,7 +386,7 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str] = ("kfold",),
               study: str = "", loss: str = "linear", min_trials: int = MIN_TRIALS,
-              weighted: bool = True) -> Calibration:
+              weighted: bool = True, terms: tuple[str, ...] = EXTRA_TERMS) -> Calibration:
     """Fit on all points (the profile to use) and evaluate each hold-out scheme."""
     holdouts = tuple(holdouts)
     for scheme in holdouts:
@@ -396,12 +397,12 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
         raise CalibrationError("study", study or "points", f"a study with at least {min_trials} "
                                f"complete measured trials to fit and hold out (it has {trials}, "
                                f"{len(points)} points); run more trials (--resume)")
-    space = default_space(points)
+    space = default_space(points, terms)
     fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted", weighted=weighted)
     insample = point_frame(points, np.array([predict_point(p, fit.profile) for p in points]))
     reference = insample["predicted_s"].to_numpy()
     results = {scheme: heldout(points, base, scheme, None, loss, tie_reference=reference,
-                               weighted=weighted)
+                               weighted=weighted, terms=terms)
                for scheme in holdouts}
     return Calibration(study, base, fit.profile, points, insample, results, holdouts[0], fit,
                        noise=noise_floor(points), weighted=weighted)
