@@ -126,3 +126,19 @@ def test_calibration_reports_the_noise_floor_beside_every_heldout_error(recorded
         assert "noise_floor_mape" in ho and "caveats" in ho
         if not ho["skipped"] and ho["ranking_groups"] < calho.MIN_GROUPS:
             assert any("too few groups" in c for c in ho["caveats"])
+
+
+def test_the_end_of_sweep_line_says_when_a_figure_is_not_a_verdict(recorded):
+    from sweeper.cli.run import heldout_line
+
+    _, base, points = recorded
+    summary = calho.calibrate(points, base, ("kfold",), "recorded").summary()
+    ho = dict(summary["holdouts"]["kfold"])
+    line = heldout_line("kfold", ho)
+    assert f"over {ho['ranking_groups']} groups" in line and "noise floor" in line
+    few = dict(ho, ranking_groups=3, caveats=calho.caveats(0.30, None, 3))
+    assert "too few groups to judge" in heldout_line("kfold", few)
+    noisy = calho.NoiseFloor(0.2, 0.2, 10, 5)
+    quiet = calho.NoiseFloor(0.01, 0.01, 10, 5)
+    assert any("noise floor" in c for c in calho.caveats(0.25, noisy, 12))
+    assert calho.caveats(0.25, quiet, 12) == []
