@@ -216,6 +216,8 @@ def recorded_grid(data: dict, csv: Path, score_seed: int) -> Grid:
         params = {n: _cast(row[flat.get(n, n)], space, n) for n in names}
         state = str(row["state"]).upper()
         values = [float(row[m]) for m in space.metric_names] if state == "COMPLETE" else None
+        if state in ("RUNNING", "WAITING"):
+            continue                     # the sweep was stopped before it finished: unmeasured
         table[_key(params)] = (state if state in ("COMPLETE", "PRUNED") else "FAIL", values)
     grid = space.grid()
     missing = 0
