@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
 
-from sweeper.analysis.fit import (EXTRA_TERMS, CalibrationError, Fit, ParamSpace, Point,
+from sweeper.analysis.fit import (DEFAULT_TERMS, CalibrationError, Fit, ParamSpace, Point,
                                   default_space, fit_profile, predict_point)
 from workloads.config import ConfigError, HardwareProfile
 from workloads.layouts import PHASES
@@ -224,7 +224,7 @@ def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | N
 def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
             space: ParamSpace | None = None, loss: str = "linear", seed: int = 0,
             tie_reference: np.ndarray | None = None, weighted: bool = True,
-            terms: tuple[str, ...] = EXTRA_TERMS) -> Holdout:
+            terms: tuple[str, ...] = DEFAULT_TERMS) -> Holdout:
     """Predict every point from a fit on the other folds; score only those predictions.
 
     `tie_reference`: one model's predictions of all points (the fit on everything), used only
@@ -386,7 +386,7 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str] = ("kfold",),
               study: str = "", loss: str = "linear", min_trials: int = MIN_TRIALS,
-              weighted: bool = True, terms: tuple[str, ...] = EXTRA_TERMS) -> Calibration:
+              weighted: bool = True, terms: tuple[str, ...] = DEFAULT_TERMS) -> Calibration:
     """Fit on all points (the profile to use) and evaluate each hold-out scheme."""
     holdouts = tuple(holdouts)
     for scheme in holdouts:
