@@ -110,7 +110,7 @@ def summary(out: Path, runs: dict, profile: dict, notes: dict, context: dict, en
         f"start, {end['load_average']} at the end: **this machine is shared with other jobs, so every "
         "emulated-mesh timing here is noisy**; ratios were measured side by side in this one run.",
         "",
-        f"Host profile (measured at the start of this run): peak {profile['peak_flops'] / 1e9:.0f} GFLOP/s "
+        f"Host profile ({notes.get('measured_at', '?')}, load {notes.get('load_average_1min', '?')}): peak {profile['peak_flops'] / 1e9:.0f} GFLOP/s "
         f"({notes.get('peak_flops_from', '')}: one core {(notes.get('peak_flops_one_core') or 0) / 1e9:.0f} "
         f"GFLOP/s, in-process {(notes.get('peak_flops_in_process') or 0) / 1e9:.0f} GFLOP/s), read "
         f"bandwidth {profile['hbm_bandwidth'] / 1e9:.1f} GB/s.",
