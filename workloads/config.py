@@ -83,7 +83,8 @@ def _check_fields(cls, data: Any, kind: str, source: str | None, prefix: str) ->
     """`data` is a mapping whose keys are fields of the dataclass `cls`."""
     if not isinstance(data, Mapping):
         raise ConfigError(prefix.rstrip(".") or kind, data, f"a mapping of {kind} fields", source)
-    check_keys(data, [f.name for f in dataclasses.fields(cls)], source, prefix)
+    check_keys(data, [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")],
+               source, prefix)
 
 
 def _choice(mapping: Mapping, key: str, choices: tuple, where: str | None, prefix: str = ""):
@@ -111,6 +112,14 @@ class ModelConfig:
     block: str = "parallel"      # paper §3.4: attention and MLP read the same normed input
     mlp: str = "gelu"            # gelu: W_in, W_out; swiglu: W_gate, W_up, W_out
     tie_embeddings: bool = True
+    # Set on a head-padded model (layouts.pad_model, paper §4): the model before padding.
+    # Padded heads are zero; MFU counts the unpadded model's FLOPs.
+    padded_from: "ModelConfig | None" = dataclasses.field(default=None, metadata={"internal": True})
+
+    @property
+    def unpadded(self) -> "ModelConfig":
+        """The model before head padding (itself when not padded)."""
+        return self.padded_from if self.padded_from is not None else self
 
     @property
     def attention_kind(self) -> str:
@@ -123,7 +132,10 @@ class ModelConfig:
         return 3 if self.mlp == "swiglu" else 2
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The unpadded model's fields (padding is a trial knob, `pad_heads`)."""
+        out = dataclasses.asdict(self.unpadded)
+        out.pop("padded_from")
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "ModelConfig":
@@ -208,6 +220,12 @@ class HardwareProfile:
     # Fitted terms the measurements demand (issue 10; sweeper/analysis/fit.py), 0 = the paper's model:
     collective_latency_s_per_device: float = 0.0   # + per collective op x (group size - 1)
     launch_overhead_s: float = 0.0                 # + once per program launch (a phase call)
+    # Measured per kind and group size by `sweeper profile` (workloads/opprofile.py): one
+    # collective over g chips takes latency + bytes_per_chip / bandwidth, bytes per chip as
+    # the HLO counts them (all-gather: output; reduce-scatter: input; others: the tensor).
+    # {kind: {g: seconds}} and {kind: {g: bytes/s}}; empty unless profiled.
+    collective_latency_s_by_group: dict = dataclasses.field(default_factory=dict, hash=False)
+    collective_bandwidth_by_group: dict = dataclasses.field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -256,8 +274,39 @@ class HardwareProfile:
             if value < 0:
                 raise ConfigError(where, seconds, "a number >= 0", source)
             values["collective_latency_s_by_kind"][kind] = value
+        for key, what in (("collective_latency_s_by_group", "seconds"),
+                          ("collective_bandwidth_by_group", "bytes/s")):
+            values[key] = _by_group(data.get(key) or {}, f"{prefix}{key}", what,
+                                    positive=key.startswith("collective_bandwidth"), source=source)
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
+
+
+def _by_group(data: Any, where: str, what: str, positive: bool, source: str | None) -> dict:
+    """{kind: {group size: number}} from a profile YAML (group sizes may be written as strings)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(where, data, f"a mapping {{all-gather: {{2: {what}, ...}}, ...}}", source)
+    out: dict[str, dict[int, float]] = {}
+    for kind, groups in data.items():
+        if kind not in COLLECTIVE_KINDS:
+            raise ConfigError(f"{where}.{kind}", kind, f"one of {list(COLLECTIVE_KINDS)}", source)
+        if not isinstance(groups, Mapping):
+            raise ConfigError(f"{where}.{kind}", groups, f"a mapping {{group size: {what}}}", source)
+        out[kind] = {}
+        for group, number in groups.items():
+            field_name = f"{where}.{kind}.{group}"
+            try:
+                size = int(group)
+            except (TypeError, ValueError):
+                size = 0
+            if size < 2:
+                raise ConfigError(field_name, group, "a group size, an integer >= 2", source)
+            value = parse_quantity(number, field_name, source)
+            if value < 0 or (positive and not value > 0):
+                raise ConfigError(field_name, number, "a positive number" if positive else
+                                  "a number >= 0", source)
+            out[kind][size] = value
+    return out
 
 
 GiB = 2**30

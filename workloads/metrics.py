@@ -38,7 +38,7 @@ class Measurement:
     decode_step_s_max: float = math.nan
     total_s: float = math.nan          # prefill + all decode steps: the user's end-to-end latency
     compile_s: float = math.nan        # reported separately, never part of a latency
-    # Noise of the numbers above (workloads/measure.py, "Measurement protocol" in README.md):
+    # Noise of the numbers above (docs/architecture.md, "Measurement protocol"):
     # *_ci_rel = half-width of the 95% confidence interval of the median / the median;
     # *_repeats = timed runs used; *_spread = (max - min) / median over those runs.
     prefill_ci_rel: float = math.nan
@@ -54,6 +54,10 @@ class Measurement:
     host_steal_frac: float = math.nan
     host_busy_frac: float = math.nan
     host_involuntary_switches: float = math.nan
+    # Peak resident memory of the worker process over the trial (workloads/hoststate.py;
+    # set by the sweep's worker, sweeper/sweep/workers.py): a trial near the host's memory
+    # is a noisy one.
+    worker_rss_peak_bytes: float = math.nan
     # Efficiency: mfu = model_flops / (n_chips * peak_flops_per_chip * seconds).
     prefill_mfu: float = math.nan
     decode_mfu: float = math.nan

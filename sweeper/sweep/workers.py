@@ -48,6 +48,7 @@ from typing import Any, Protocol
 from sweeper.formatting import one_line
 from workloads.config import ConfigError, HardwareProfile
 from workloads.costmodel import predict
+from workloads import hoststate
 from workloads.measure import run_trial
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
@@ -177,7 +178,9 @@ class MeshWorker:
         profile = HardwareProfile.from_dict(hardware) if hardware else None
         before = set(self.engine_cache)
         started = time.time()
+        hoststate.reset_peak_rss()      # this trial's memory high-water, not the actor's
         measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile)
+        measurement.worker_rss_peak_bytes = hoststate.peak_rss_bytes()
         finished = time.time()
         self.trials_run += 1
         new_entries = len(set(self.engine_cache) - before)
