@@ -11,8 +11,9 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
               factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
               like the paper we drop the ring's (K-1)/K; plus hw.collective_latency_s per op
   latency_s = (1 - overlap) * (compute + memory + comm) + overlap * max(...)
-              + hw.op_overhead_s * n_layers
-  (overlap, collective_latency_s and op_overhead_s default to 0: the paper's additive model;
+              + hw.op_overhead_s * n_layers + hw.launch_overhead_s
+              (+ hw.collective_latency_s_per_device * (group size - 1) per collective op, in comm_s)
+  (overlap, the latencies and overheads default to 0: the paper's additive model;
   sweeper/analysis/calibrate.py fits them to measurements without changing this structure.)
 
 Conventions that are choices, stated once:
@@ -282,6 +283,22 @@ def comm_time_s(collectives: list[Collective], hw: HardwareProfile) -> float:
     return seconds
 
 
+def collective_group_size(c: Collective, topology: tuple[int, int, int]) -> int:
+    """Devices taking part in one op of `c`: the product of its axes' sizes."""
+    sizes = dict(zip(("x", "y", "z"), topology))
+    return math.prod(sizes[a] for a in c.axes)
+
+
+def group_latency_s(collectives: list[Collective], topology: tuple[int, int, int],
+                    hw: HardwareProfile) -> float:
+    """Latency that grows with the group: a ring passes each op through g - 1 hops, and an
+    emulated mesh meets g device threads at a rendezvous (fitted, issue 10)."""
+    if not hw.collective_latency_s_per_device:
+        return 0.0
+    return sum(c.count * (collective_group_size(c, topology) - 1) for c in collectives) \
+        * hw.collective_latency_s_per_device
+
+
 def comm_bytes(collectives: list[Collective], what: tuple[str, ...] | None = None) -> int:
     """Bytes per chip of the collectives (optionally only those whose `what` starts with one of `what`)."""
     return sum(c.bytes_per_chip for c in collectives if what is None or c.what.startswith(what))
@@ -530,11 +547,13 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     memory_s = memory_read / hw.hbm_bandwidth
 
     collectives = forward_collectives(model, topology, layout, batch, seq_len, weights)
-    comm_s = comm_time_s(collectives, hw)
+    comm_s = comm_time_s(collectives, hw) + group_latency_s(collectives, topology, hw)
 
     terms = (compute_s, memory_s, comm_s)
     latency_s = ((1 - hw.overlap) * sum(terms) + hw.overlap * max(terms)
-                 + hw.op_overhead_s * model.n_layers)
+                 + hw.op_overhead_s * model.n_layers
+                 # one program per phase call: dispatch and the host sync, whatever its size
+                 + hw.launch_overhead_s)
     working = working_set_bytes(model, topology, layout, batch, seq_len, weights)
     peak = stored + kv + working
     return PhasePrediction(

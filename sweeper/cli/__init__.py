@@ -109,9 +109,10 @@ def _add_analysis_commands(sub) -> None:
     p.add_argument("--no-mlflow", action="store_true",
                    help="do not log to the sweep's MLflow parent run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--holdout", choices=["kfold", "layout", "chips", "loo", "all"], default=None,
+    p.add_argument("--holdout", choices=["kfold", "layout", "chips", "extrapolation", "loo", "all"], default=None,
                    help="held-out points: k-fold over trials, leave-one-layout-out, "
-                   "leave-one-chip-count-out, or all three (the first gives the headline); "
+                   "leave-one-chip-count-out, extrapolation (fit on chip counts <= n/2, predict "
+                   "n), or all four (the first gives the headline); "
                    "with --measurements: loo (default) or kfold over configurations")
     p.add_argument("--out", metavar="FITTED.yaml", help="where to write the fitted hardware "
                    "profile (default: $SWEEPER_HOME/fits/<study>/<profile>-fitted.yaml)")

@@ -39,17 +39,33 @@ def format_calibration(result: holdout.Calibration) -> str:
     lines.append(f"  overlap                {result.fitted.overlap:.3f}")
     lines.append(f"in-sample MAPE {percent_dash(float(result.insample['ape'].mean()))} (not a claim; "
                  "held-out below)")
-    header = f"{'hold-out':<8} {'points':>6} {'MAPE':>7} {'median':>7} {'max':>7} {'top-1':>6} " \
-             f"{'top-1~5%':>8} {'tau':>6} {'groups':>6}"
-    lines.append(header)
+    noise = result.noise
+    if noise is not None and noise.n_points:
+        lines.append(f"noise floor (replicate error: {noise.groups} configurations measured more than "
+                     f"once, each trial against the median of the others): MAPE "
+                     f"{percent_dash(noise.mape)}, median {percent_dash(noise.median_ape)} over "
+                     f"{noise.n_points} points")
+    else:
+        lines.append("noise floor: unknown (no configuration measured twice; add `seed: [0, 1]`)")
+    lines.append("points weighted by their measured 95% CI" if result.weighted else
+                 "points weighted equally")
+    header = f"{'hold-out':<13} {'points':>6} {'MAPE':>7} {'median':>7} {'max':>7} {'noise':>7} " \
+             f"{'top-1':>6} {'top-1~5%':>8} {'tau':>6} {'groups':>6}"
+    lines.append(header + "   (noise: replicate MAPE of the same held-out points)")
+    notes = []
     for name, ho in result.holdouts.items():
         if ho.skipped:
-            lines.append(f"{name:<8} skipped: {ho.skipped}")
+            lines.append(f"{name:<13} skipped: {ho.skipped}")
             continue
         tau = f"{ho.kendall_tau:.2f}" if math.isfinite(ho.kendall_tau) else "—"
-        lines.append(f"{name:<8} {len(ho.points):>6} {percent_dash(ho.mape):>7} {percent_dash(ho.median_ape):>7} "
-                     f"{percent_dash(ho.max_ape):>7} {percent_dash(ho.top1_agreement):>6} "
+        floor = percent_dash(ho.noise.mape) if ho.noise else "—"
+        lines.append(f"{name:<13} {len(ho.points):>6} {percent_dash(ho.mape):>7} {percent_dash(ho.median_ape):>7} "
+                     f"{percent_dash(ho.max_ape):>7} {floor:>7} {percent_dash(ho.top1_agreement):>6} "
                      f"{percent_dash(ho.top1_within_tolerance):>8} {tau:>6} {ho.groups:>6}")
+        notes += [f"  {name}: {c}" for c in ho.caveats]
+    if notes:
+        lines.append("not a verdict:")
+        lines.extend(notes)
     lines.append(f"per phase and layout ({result.headline}):")
     for _, row in result.main.errors.iterrows():
         lines.append(f"  {row['phase']:<8} {row['layout']:<14} n={row['n']:<4} MAPE {percent_dash(row['mape']):>6} "
@@ -62,7 +78,7 @@ def run_fit(args) -> int:
     if args.measurements:
         return run_fit_measurements(args)
     if args.holdout == "loo":
-        raise ConfigError("--holdout", "loo", "kfold, layout, chips or all with --study "
+        raise ConfigError("--holdout", "loo", "kfold, layout, chips, extrapolation or all with --study "
                           "(loo is for --measurements)")
     schemes = holdout.HOLDOUTS if args.holdout == "all" else (args.holdout or "kfold",)
     data = cal.load_study_data(args.study, args.storage)
@@ -96,6 +112,8 @@ def run_fit_measurements(args) -> int:
     if not args.hardware:
         raise ConfigError("--hardware", None, "the profile the measurements were taken on "
                           "(a preset such as tpu-v4, or a hardware YAML) with --measurements")
+    if args.holdout not in (None, "all", *external.EXTERNAL_HOLDOUTS):
+        raise ConfigError("--holdout", args.holdout, "loo, kfold or all with --measurements")
     holdouts = (external.EXTERNAL_HOLDOUTS if args.holdout == "all"
                 else (args.holdout or "loo",))
     base = load_hardware(args.hardware, field="--hardware")
