@@ -100,34 +100,18 @@ class RowTerms:
         calls = [(i, v, w, args) for i, r in enumerate(rows)
                  for v, ffn in enumerate(variants(r.point))
                  for w, args in phase_calls(r.point, ffn)]
-        columns = [_unit_terms(args, kinds) for *_, args in calls]
-        terms = PhaseTerms(*(np.array([c[k] for c in columns], dtype=float) for k in range(4)),
-                           np.array([c[4] for c in columns]), np.ones(len(columns)))
-        terms.counts = terms.counts.reshape(len(columns), len(kinds))
+        terms = PhaseTerms.from_calls([args for *_, args in calls], kinds, [1.0] * len(calls))
         return cls(terms, np.array([c[0] for c in calls]), np.array([c[1] for c in calls]),
                    np.array([c[2] for c in calls], dtype=float), len(rows))
 
-    def latency(self, theta: np.ndarray, n_kinds: int) -> np.ndarray:
+    def latency(self, theta: np.ndarray, space: ParamSpace) -> np.ndarray:
         """Each row's latency: the weighted sum of its calls, the fastest variant."""
-        per_call = self.terms.latency(theta, n_kinds) * self.weight
+        per_call = self.terms.latency(theta, space) * self.weight
         sums = np.zeros((self.n_rows, 3))
         np.add.at(sums, (self.row, self.variant), per_call)
         present = np.zeros((self.n_rows, 3), dtype=bool)
         present[self.row, self.variant] = True
         return np.where(present, sums, np.inf).min(axis=1)
-
-
-def _unit_terms(args: dict, kinds: tuple[str, ...]) -> tuple:
-    """compute, memory, comm, per-kind collective counts, layers (fit.PhaseTerms's columns)."""
-    base = costmodel.predict_phase(hw=_UNIT, **args)
-    overhead = costmodel.predict_phase(hw=dataclasses.replace(_UNIT, op_overhead_s=1.0), **args)
-    counts = []
-    for kind in kinds:
-        probe = (dataclasses.replace(_UNIT, collective_latency_s=1.0) if kind == ""
-                 else dataclasses.replace(_UNIT, collective_latency_s_by_kind={kind: 1.0}))
-        counts.append(costmodel.predict_phase(hw=probe, **args).comm_s - base.comm_s)
-    return (base.compute_s, base.memory_s, base.comm_s, counts,
-            overhead.latency_s - base.latency_s)
 
 
 def row_space(rows: list[Row]) -> ParamSpace:
@@ -173,7 +157,6 @@ def fit_rows(rows: list[Row], base: HardwareProfile, space: ParamSpace | None = 
     if not rows:
         raise CalibrationError("rows", 0, "at least one measurement row to fit")
     space = space or row_space(rows)
-    n_kinds = len(space.kinds)
     peak = base.peak_flops
     measured = np.array([r.point.measured for r in rows])
     is_mfu = np.array([r.point.metric == "mfu" for r in rows])
@@ -185,7 +168,7 @@ def fit_rows(rows: list[Row], base: HardwareProfile, space: ParamSpace | None = 
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         if exact:
-            latency = terms.latency(theta, n_kinds)
+            latency = terms.latency(theta, space)
         else:   # the cost model changed shape: call it for every row (slow, still right)
             profile = space.profile(theta, base)
             latency = np.array([predict_latency(r, profile) for r in rows])
@@ -208,7 +191,7 @@ def fit_rows(rows: list[Row], base: HardwareProfile, space: ParamSpace | None = 
 
 def _fast_path_agrees(rows, terms: RowTerms, space: ParamSpace, base) -> bool:
     theta = space.start(base, 1e-5, 0.5)
-    fast = terms.latency(theta, len(space.kinds))
+    fast = terms.latency(theta, space)
     profile = space.profile(theta, base)
     slow = np.array([predict_latency(r, profile) for r in rows])
     agrees = bool(np.allclose(fast, slow, rtol=1e-5, atol=0.0))   # float noise in a few sums

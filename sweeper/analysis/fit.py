@@ -294,6 +294,26 @@ def _sigmoid(x: float) -> float:
 # ----------------------------------------------------------------------------- fast terms
 
 
+def unit_terms(args: dict, kinds: tuple[str, ...]) -> tuple:
+    """One call's latency terms at unit constants (PhaseTerms's columns, without the scale):
+    compute, memory, comm, per-kind collective counts, per-device group latency, launches,
+    per-layer overhead — each read off `predict_phase` by probing one constant at a time."""
+    base = costmodel.predict_phase(hw=_UNIT, **args)
+
+    def probe(**fields) -> Any:
+        return costmodel.predict_phase(hw=dataclasses.replace(_UNIT, **fields), **args)
+
+    counts = []
+    for kind in kinds:
+        one = (probe(collective_latency_s=1.0) if kind == ""
+               else probe(collective_latency_s_by_kind={kind: 1.0}))
+        counts.append(one.comm_s - base.comm_s)
+    return (base.compute_s, base.memory_s, base.comm_s, counts,
+            probe(collective_latency_s_per_device=1.0).comm_s - base.comm_s,
+            probe(launch_overhead_s=1.0).latency_s - base.latency_s,
+            probe(op_overhead_s=1.0).latency_s - base.latency_s)
+
+
 @dataclass
 class PhaseTerms:
     """A point's latency terms at unit constants, taken from `predict_phase` (see module doc)."""
@@ -309,27 +329,18 @@ class PhaseTerms:
 
     @classmethod
     def of(cls, points: list[Point], kinds: tuple[str, ...]) -> "PhaseTerms":
-        rows = []
-        for p in points:
-            args = phase_arguments(p.config, p.phase)
-            base = costmodel.predict_phase(hw=_UNIT, **args)
+        return cls.from_calls([phase_arguments(p.config, p.phase) for p in points], kinds,
+                              [p.scale for p in points])
 
-            def probe(**fields) -> Any:
-                return costmodel.predict_phase(hw=dataclasses.replace(_UNIT, **fields), **args)
-
-            counts = []
-            for kind in kinds:
-                one = (probe(collective_latency_s=1.0) if kind == ""
-                       else probe(collective_latency_s_by_kind={kind: 1.0}))
-                counts.append(one.comm_s - base.comm_s)
-            rows.append((base.compute_s, base.memory_s, base.comm_s, counts,
-                         probe(collective_latency_s_per_device=1.0).comm_s - base.comm_s,
-                         probe(launch_overhead_s=1.0).latency_s - base.latency_s,
-                         probe(op_overhead_s=1.0).latency_s - base.latency_s, p.scale))
+    @classmethod
+    def from_calls(cls, calls: list[dict], kinds: tuple[str, ...],
+                   scales: list[float]) -> "PhaseTerms":
+        """The terms of `costmodel.predict_phase(**args)` for each call's arguments."""
+        rows = [unit_terms(args, kinds) for args in calls]
         col = lambda i: np.array([r[i] for r in rows], dtype=float)  # noqa: E731
         return cls(col(0), col(1), col(2),
                    np.array([r[3] for r in rows], dtype=float).reshape(len(rows), len(kinds)),
-                   col(4), col(5), col(6), col(7))
+                   col(4), col(5), col(6), np.array(scales, dtype=float))
 
     def latency(self, theta: np.ndarray, space: "ParamSpace") -> np.ndarray:
         """costmodel.predict_phase's latency_s, vectorised over points (module doc formula)."""
