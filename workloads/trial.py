@@ -34,15 +34,16 @@ class TrialConfig:
     warmup: int = 1
     ci_target: float = 0.02       # stop timing once both medians' 95% CI is within +-2%
     time_budget_s: float = 2.0    # ... or once the timed runs have taken this long
+    hosts: int = 1                # JAX processes the mesh spans, chips / hosts each (README "Multi-host trials")
 
     FIELDS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-              "prefill", "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s")
+              "prefill", "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s", "hosts")
     # The flat parameter names (MLflow params, table columns, the search space's flat view):
     # the one list everything else derives from. LAYOUT_PARAMS: how a trial is partitioned.
     LAYOUT_PARAMS = ("weights", "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn")
     FLAT_PARAMS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-                   "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats")
-    INT_FLAT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats")
+                   "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats", "hosts")
+    INT_FLAT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "hosts")
 
     @property
     def context_len(self) -> int:
@@ -80,6 +81,7 @@ class TrialConfig:
             "warmup": self.warmup,
             "ci_target": self.ci_target,
             "time_budget_s": self.time_budget_s,
+            "hosts": self.hosts,
         }
 
     def flat_params(self) -> dict[str, Any]:
@@ -96,7 +98,8 @@ class TrialConfig:
             raise ConfigError("model", None, "a preset name, a YAML path or a mapping (required)", source)
         model = load_model(data["model"], source=source)
         values: dict[str, Any] = {"model": model}
-        for key in ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "warmup"):
+        for key in ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "warmup",
+                    "hosts"):
             value = data.get(key, DEFAULTS.get(key))
             if value is None:
                 raise ConfigError(key, None, "a positive integer (required)", source)
@@ -108,6 +111,9 @@ class TrialConfig:
             values[key] = value
         for key in ("ci_target", "time_budget_s"):
             values[key] = parse_nonnegative(data.get(key, getattr(cls, key)), key, source)
+        if values["chips"] % values["hosts"]:
+            raise ConfigError("hosts", values["hosts"], f"a divisor of chips={values['chips']} "
+                              "(each host owns chips / hosts devices)", source)
         if data.get("topology") is not None:
             values["topology"] = parse_topology(data["topology"], values["chips"], "topology", source)
         weights = data.get("weights", DEFAULTS["weights"])

@@ -351,7 +351,8 @@ class Controller:
                                   f"cluster, e.g. 10.0.0.1:6379 ({one_line(err)})") from None
             self._ray_started = True
         env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
-        return RayPool(hw.kind, self.parallel, self.space.resources, env=env)
+        return RayPool(hw.kind, self.parallel, self.space.resources, env=env,
+                       verify=self.space.verify)
 
     def _finished_before(self) -> int:
         """Trials of a resumed study that count toward `trials`.
