@@ -278,8 +278,9 @@ class WorkerPool(Protocol):
     total_cores: int
     slot_cores: list[list[int]]
 
-    def warm_slot(self, slot: int, chips: int) -> bool:
-        """The slot's worker already has a mesh of `chips` devices (compiled programs cached)."""
+    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
+        """The slot's worker already has a mesh of `chips` devices over `hosts` processes
+        (compiled programs cached)."""
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
                number: int | None = None) -> _Handle:
@@ -573,7 +574,7 @@ class LocalPool:
         self.parallel = parallel
         self.slot_cores = [[] for _ in range(parallel)]
 
-    def warm_slot(self, slot: int, chips: int) -> bool:
+    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
         return True
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
