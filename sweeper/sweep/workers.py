@@ -485,7 +485,8 @@ class RayPool:
             raise handle.error
         hosts = len(handle.refs)
         results = []
-        for rank in sorted(handle.done):
+        # A failed multi-host trial: the hosts that returned (the failing one among them).
+        for rank in (sorted(handle.done) if handle.failed else range(hosts)):
             try:
                 results.append(self._result(handle, rank))
             except (TrialError, WorkerLost) as err:
