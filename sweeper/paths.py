@@ -103,35 +103,87 @@ def precreate_sqlite_wal(url: str) -> None:
 
 
 @contextlib.contextmanager
-def sqlite_creation_lock(url: str):
-    """Serialise opening (and so creating) a SQLite store across processes of this machine.
+def store_creation_lock(url: str):
+    """Serialise opening (and so creating) a store across the processes that share it.
 
     Optuna creates its tables and MLflow runs its schema migrations the first time a store
     is opened, and neither is safe against a second process doing the same at that moment
-    (two sweeps started together on a fresh $SWEEPER_HOME): one fails with "table already
-    exists" or a half-migrated schema. An exclusive `flock` on `<db>.lock` makes the second
-    wait until the first has finished. Other URLs (a database server) are left as they are.
+    (two sweeps started together on a fresh store): one fails with "table already exists"
+    ("duplicate key ... pg_type_typname_nsp_index" on PostgreSQL) or a half-migrated schema.
+    The second process waits until the first has finished:
+      SQLite      an exclusive `flock` on `<db>.lock` (processes of this machine);
+      PostgreSQL  a session advisory lock (`pg_advisory_lock`) held on the server, so every
+                  machine of a cluster that writes to the database takes part;
+      MySQL       a named lock (`GET_LOCK`), likewise.
+    Other URLs (a tracking server, files) are left as they are. A server that cannot be
+    reached is not waited for: opening the store then reports that error itself.
     """
     db = sqlite_path(url)
-    if db is None or str(db) in ("", ":memory:"):
-        yield
-        return
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
+    if db is not None:
+        if str(db) in ("", ":memory:"):
             yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            return
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with open(db.with_name(db.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return
+    match = _URL.match(url or "")
+    statements = _SERVER_LOCKS.get(match.group(1) if match else "")
+    connection = _server_lock(url, statements[0]) if statements else None
+    try:
+        yield
+    finally:
+        if connection is not None:
+            _server_unlock(connection, statements[1])
+
+
+# dialect -> (acquire, release): a lock held by one database session. PostgreSQL waits
+# without a timeout (a first MLflow migration takes seconds to a minute); MySQL's GET_LOCK
+# needs one.
+_LOCK_KEY = 0x53574545504552       # "SWEEPER": one lock for every sweeper store
+_SERVER_LOCKS = {
+    "postgresql": (f"SELECT pg_advisory_lock({_LOCK_KEY})",
+                   f"SELECT pg_advisory_unlock({_LOCK_KEY})"),
+    "mysql": ("SELECT GET_LOCK('sweeper-store-creation', 600)",
+              "SELECT RELEASE_LOCK('sweeper-store-creation')"),
+}
+
+
+def _server_lock(url: str, acquire: str):
+    """A connection holding the lock, or None if the server cannot be reached."""
+    import sqlalchemy   # lazy: SQLAlchemy only when a database server is opened
+
+    try:
+        engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+        connection = engine.connect()
+    except Exception:  # noqa: BLE001  unreachable, no driver: the store's own open says why
+        return None
+    connection.execute(sqlalchemy.text(acquire))
+    return connection
+
+
+def _server_unlock(connection, release: str) -> None:
+    import sqlalchemy   # lazy: as in _server_lock
+
+    try:
+        connection.execute(sqlalchemy.text(release))
+    finally:
+        connection.close()
 
 
 def open_optuna_storage(url: str):
-    """An Optuna storage for `url` (SQLite tuned as in `tune_sqlite`; other URLs as they are)."""
+    """An Optuna storage for `url`, created under `store_creation_lock` (SQLite tuned as in
+    `tune_sqlite`)."""
     import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
 
     if sqlite_path(url) is None:
-        return url
-    with sqlite_creation_lock(url):
+        with store_creation_lock(url):
+            return optuna.storages.RDBStorage(url)
+    with store_creation_lock(url):
         storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
     tune_sqlite(storage.engine)
     return storage

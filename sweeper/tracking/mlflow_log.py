@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sweeper.paths import (artifact_root, default_tracking_uri, precreate_sqlite_wal,
-                           sqlite_creation_lock, tune_sqlite)
+                           store_creation_lock, tune_sqlite)
 from workloads.trial import TrialConfig
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -112,7 +112,7 @@ class Tracker:
         _quiet_store_logs()
         self.tracking_uri = tracking_uri or default_tracking_uri()
         configure_http_client(self.tracking_uri)
-        with sqlite_creation_lock(self.tracking_uri):    # another sweep may be creating it
+        with store_creation_lock(self.tracking_uri):    # another sweep may be creating it
             precreate_sqlite_wal(self.tracking_uri)
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
             store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
