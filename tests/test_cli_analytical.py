@@ -51,6 +51,34 @@ def test_recommend_json_contract():
     assert out["alternatives"][0]["ffn"] == out["ffn"]
 
 
+def test_recommend_pads_the_paper_model_and_lists_what_it_rejects():
+    """The issue's question on the unpadded 540B preset: 48 heads padded to 64 (auto), 2D
+    weight-stationary with batch-sharded attention, and every rejection with its reason."""
+    args = ["recommend", "--model", "palm-540b", "--hardware", "tpu-v4", "--chips", "64",
+            "--batch", "64", "--phase", "decode", "--context", "2048"]
+    out = run_json(*args)
+    assert (out["ffn"], out["attn"], out["topology"]) == ("ws2d", "batch", [4, 4, 4])
+    assert (out["heads"], out["unpadded_heads"], out["pad_heads"]) == (64, 48, "auto")
+    assert out["padding_params"] > 17e9
+    assert all({"ffn", "attn", "kind", "reason"} <= set(r) for r in out["rejected"])
+    text = sweeper(*args)
+    assert "48 padded to 64" in text.stdout and "rejected layouts" in text.stdout
+    unpadded = run_json(*args, "--pad-heads", "none")
+    assert unpadded["ffn"].startswith("wg")
+    assert {r["kind"] for r in unpadded["rejected"]} >= {"heads do not divide"}
+
+
+def test_predict_names_a_degenerate_layout_as_its_program():
+    out = run_json("predict", "--model", "tiny", "--hardware", "tpu-v4", "--chips", "8", "--batch", "8",
+                   "--phase", "decode", "--ffn", "wg_x", "--attn", "head", "--topology", "1x4x2")
+    assert out["ffn"] == "ws1d" and out["same_program_as"] == ["wg_x"]
+
+
+def test_bad_pad_heads_is_one_line():
+    result = sweeper("recommend", *PALM_64, "--batch", "64", "--phase", "decode", "--pad-heads", "many")
+    assert_one_line_error(result, "--pad-heads", "many")
+
+
 def test_max_context_json_contract():
     out = run_json("max-context", "--model", "palm-540b", "--hardware", "tpu-v4", "--chips", "64",
                    "--batch", "128", "--attn", "batch")

@@ -8,12 +8,13 @@
   `layouts.forward_collectives` within 10%. Elements, not bytes: the XLA CPU backend runs
   bf16 collectives in f32 (`f32[...] all-gather(convert(...))`); the dtype seen is reported.
   The ops `layouts.LEFT_OUT` lists (norm statistics, an argmax gather) are skipped by size
-  (`hlo.left_out`).
+  (`hlo_check.left_out`, the tests' compiled-program check).
 
 The first tests pin the HLO parser itself on hand-written shard_map programs whose
 collectives are known exactly.
 """
 
+import dataclasses
 import math
 
 import jax
@@ -23,6 +24,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+import hlo_check
 from workloads import hlo
 from workloads.layouts import GATHER_AXES, forward_collectives
 from workloads.measure import analyse, compile_trial
@@ -47,6 +49,16 @@ CASES = {
                                          weights="int8",
                                          prefill={"ffn": "wg_xyz", "attn": "head"},
                                          decode={"ffn": "ws2d", "attn": "batch"}),
+    # Figure 5b in 1D weight-stationary (multiquery: K/V projected per batch shard, no K/V
+    # communication), and a model whose 6 heads are padded to 8 (paper §4).
+    "mqa-ws1d-batch": dict(BASE, model="tiny", chips=4, topology="1x2x2",
+                           prefill={"ffn": "ws1d", "attn": "batch"},
+                           decode={"ffn": "ws1d", "attn": "batch"}),
+    "padded6-ws2d-batch": dict(BASE, model=dict(name="six-heads", d_model=64, d_ff=256, n_layers=2,
+                                                n_heads=6, n_kv_heads=1, d_head=16, vocab=64),
+                               chips=4, topology="2x2x1", pad_heads="auto",
+                               prefill={"ffn": "ws2d", "attn": "head"},
+                               decode={"ffn": "ws2d", "attn": "batch"}),
 }
 PHASES = ("prefill", "decode")
 
@@ -75,7 +87,7 @@ def test_parser_sizes_each_kind_by_the_layouts_convention(mesh4):
     a, w = jnp.ones((16, 8), jnp.bfloat16), jnp.ones((8, 8), jnp.bfloat16)
     ops = compiled_ops(fn, mesh4, (P(("x", "y")), P()), P(("x", "y")), a, w)
     by_kind = {op.kind: op for op in ops}
-    assert set(by_kind) == {"all-gather", "reduce-scatter", "all-to-all", "all-reduce"}, hlo.describe(ops)
+    assert set(by_kind) == {"all-gather", "reduce-scatter", "all-to-all", "all-reduce"}, hlo_check.describe(ops)
     assert (by_kind["all-gather"].elements, by_kind["all-gather"].axes) == (16 * 8, ("x", "y"))
     assert (by_kind["reduce-scatter"].elements, by_kind["reduce-scatter"].axes) == (16 * 8, ("x", "y"))
     assert (by_kind["all-to-all"].elements, by_kind["all-to-all"].axes) == (4 * 8, ("x",))
@@ -95,7 +107,7 @@ def test_parser_multiplies_collectives_inside_a_loop(mesh4):
 
     ops = compiled_ops(fn, mesh4, P("x"), P("x"), jnp.ones((8, 8), jnp.float32))
     gathers = [op for op in ops if op.kind == "all-gather"]
-    assert sum(op.multiplicity for op in gathers) == 3, hlo.describe(ops)
+    assert sum(op.multiplicity for op in gathers) == 3, hlo_check.describe(ops)
     assert hlo.summarize(ops)[0].elements_per_chip == 3 * 4 * 16
 
 
@@ -127,7 +139,7 @@ ENTRY %main (x: bf16[2,4]) -> f32[2,4] {
 """
     ops = hlo.collective_ops(text, (2, 2, 1))
     assert [op.kind for op in sorted(ops, key=lambda o: o.kind)] == \
-        ["all-gather", "all-reduce", "reduce-scatter"], hlo.describe(ops)
+        ["all-gather", "all-reduce", "reduce-scatter"], hlo_check.describe(ops)
     by_kind = {op.kind: op for op in ops}
     assert by_kind["all-gather"].groups == [[0, 2], [1, 3]]
     assert by_kind["all-gather"].axes == ("x",)
@@ -163,7 +175,7 @@ def phase_ops(programs, name, phase):
 def expected(trial: TrialConfig, phase: str):
     layout = getattr(trial, phase)
     seq = trial.input_len if phase == "prefill" else 1
-    return forward_collectives(trial.model, trial.mesh_shape, layout, trial.batch, seq, trial.weights)
+    return forward_collectives(trial.run_model, trial.mesh_shape, layout, trial.batch, seq, trial.weights)
 
 
 PAIRS = [(name, phase) for name in CASES for phase in PHASES]
@@ -175,15 +187,15 @@ def test_all_to_all_exactly_when_attention_is_batch_sharded(programs, name, phas
     ops = phase_ops(programs, name, phase)
     a2a = [op for op in ops if op.kind == "all-to-all"]
     if getattr(trial, phase).attn == "batch":
-        assert a2a, f"batch-sharded attention without an all-to-all:\n{hlo.describe(ops)}"
+        assert a2a, f"batch-sharded attention without an all-to-all:\n{hlo_check.describe(ops)}"
     else:
-        assert not a2a, f"head-sharded attention with all-to-alls:\n{hlo.describe(ops)}"
+        assert not a2a, f"head-sharded attention with all-to-alls:\n{hlo_check.describe(ops)}"
 
 
 @pytest.mark.parametrize("phase", PHASES)
 def test_ws1d_moves_no_heads(programs, phase):
     ops = phase_ops(programs, "mqa-ws1d-head", phase)
-    assert not [op for op in ops if op.kind == "all-to-all"], hlo.describe(ops)
+    assert not [op for op in ops if op.kind == "all-to-all"], hlo_check.describe(ops)
 
 
 @pytest.mark.parametrize("name,phase", PAIRS)
@@ -196,15 +208,15 @@ def test_weights_move_only_in_weight_gathered_layouts(programs, name, phase):
                       and op.from_parameter < n_weight_leaves]
     ffn = getattr(trial, phase).ffn
     if not GATHER_AXES[ffn]:
-        assert not weight_gathers, f"{ffn} all-gathers a weight:\n{hlo.describe(weight_gathers)}"
+        assert not weight_gathers, f"{ffn} all-gathers a weight:\n{hlo_check.describe(weight_gathers)}"
         return
     want = [c for c in expected(trial, phase) if c.what.startswith("weights.")]
     assert sum(op.multiplicity for op in weight_gathers) == sum(c.count for c in want), \
-        hlo.describe(weight_gathers, want)
+        hlo_check.describe(weight_gathers, want)
     assert sorted(op.elements for op in weight_gathers) == \
-        sorted(c.elements for c in want for _ in range(c.count)), hlo.describe(weight_gathers, want)
+        sorted(c.elements for c in want for _ in range(c.count)), hlo_check.describe(weight_gathers, want)
     if trial.weights == "int8":   # int8 weights travel as int8 (paper §3.6)
-        assert {op.dtype for op in weight_gathers} == {"s8"}, hlo.describe(weight_gathers)
+        assert {op.dtype for op in weight_gathers} == {"s8"}, hlo_check.describe(weight_gathers)
 
 
 @pytest.mark.parametrize("name,phase", PAIRS)
@@ -213,18 +225,18 @@ def test_elements_per_kind_agree_with_layouts(programs, name, phase, record_prop
     ops = phase_ops(programs, name, phase)
     want = expected(trial, phase)
     tokens = trial.batch * (trial.input_len if phase == "prefill" else 1)
-    comparison = hlo.compare_with_layouts(ops, want, tokens, trial.batch, trial.chips)
+    comparison = hlo_check.compare_with_layouts(ops, want, tokens, trial.batch, trial.chips)
     record_property("dtype_seen", {k: c.dtype_seen for k, c in comparison.items()})
     bad = {k: c for k, c in comparison.items() if c.relative_error > TOLERANCE}
     report = "; ".join(f"{k}: compiled {c.compiled_elements} elements in {c.compiled_count} ops vs "
                        f"layouts.py {c.expected_elements} in {c.expected_count} "
                        f"({100 * c.relative_error:.1f}% off)" for k, c in bad.items())
-    assert not bad, f"{name} {phase}: {report}\n{hlo.describe(ops, want)}"
+    assert not bad, f"{name} {phase}: {report}\n{hlo_check.describe(ops, want)}"
     # What was skipped is only what layouts.LEFT_OUT names: small norm-statistic all-reduces.
     for c in comparison.values():
         skipped = [op for op in ops if op.name in c.skipped]
         assert all(op.kind == "all-reduce" and op.elements <= tokens for op in skipped), \
-            hlo.describe(skipped)
+            hlo_check.describe(skipped)
 
 
 @pytest.mark.parametrize("name,phase", PAIRS)
@@ -234,7 +246,7 @@ def test_each_collective_runs_over_the_axes_layouts_names(programs, name, phase)
     sizes = dict(zip("xyz", trial.mesh_shape))
     tokens = trial.batch * (trial.input_len if phase == "prefill" else 1)
     ops = [op for op in phase_ops(programs, name, phase)
-           if not hlo.left_out(op, tokens, trial.batch, trial.chips)]
+           if not hlo_check.left_out(op, tokens, trial.batch, trial.chips)]
     compiled, want = {}, {}
     for op in ops:
         key = (op.kind, op.axes)
@@ -242,9 +254,46 @@ def test_each_collective_runs_over_the_axes_layouts_names(programs, name, phase)
     for c in expected(trial, phase):
         key = (c.kind, tuple(a for a in c.axes if sizes[a] > 1))
         want[key] = want.get(key, 0) + c.elements * c.count
-    assert set(compiled) == set(want), hlo.describe(phase_ops(programs, name, phase), expected(trial, phase))
+    assert set(compiled) == set(want), hlo_check.describe(phase_ops(programs, name, phase), expected(trial, phase))
     for key in want:
         assert math.isclose(compiled[key], want[key], rel_tol=TOLERANCE), (key, compiled[key], want[key])
+
+
+def test_figure_5b_batch_sharded_multiquery_moves_no_whole_batch_kv(programs):
+    """Paper Fig. 5b: with batch-sharded attention no chip computes K/V for sequences it
+    does not hold. 2D weight-stationary: the yz-group's partial K/V is reduce-scattered over
+    x along the batch (2·T·K·D/YZ per chip) — no all-reduce of the whole batch's K/V
+    (2·T·K·D, head-sharded attention's). 1D: no K/V communication at all."""
+    trial = programs["mqa-wgxy-ws2d-batch"][0]
+    t, (_, y, z) = trial.batch, trial.mesh_shape
+    kv = 2 * t * trial.model.n_kv_heads * trial.model.d_head
+    decode = expected(trial, "decode")
+    assert [(c.kind, c.axes, c.elements) for c in decode if c.what.startswith("attn.kv")] == \
+        [("reduce-scatter", ("x",), kv // (y * z))]
+    ops = phase_ops(programs, "mqa-wgxy-ws2d-batch", "decode")
+    big_all_reduces = [op for op in ops if op.kind == "all-reduce"
+                       and not hlo_check.left_out(op, t, trial.batch, trial.chips)]
+    assert not big_all_reduces, hlo_check.describe(ops, decode)
+    head = forward_collectives(trial.model, trial.mesh_shape, dataclasses.replace(trial.decode, attn="head"),
+                               trial.batch, 1)
+    assert [(c.kind, c.elements) for c in head if c.what == "attn.kv"] == [("all-reduce", kv)]
+
+    one_d = programs["mqa-ws1d-batch"][0]
+    for phase in PHASES:
+        want = expected(one_d, phase)
+        assert not [c for c in want if c.what.startswith("attn.kv")], want
+        kinds = {op.kind for op in phase_ops(programs, "mqa-ws1d-batch", phase)
+                 if not hlo_check.left_out(op, t * (one_d.input_len if phase == "prefill" else 1),
+                                           one_d.batch, one_d.chips)}
+        assert kinds == {"all-gather", "reduce-scatter", "all-to-all"}, kinds
+
+
+def test_padded_heads_are_in_the_communication(programs):
+    """6 heads on 4 chips run as 8 (auto): Q and the attention output move 8 heads' worth."""
+    trial = programs["padded6-ws2d-batch"][0]
+    assert trial.model.n_heads == 6 and trial.run_model.n_heads == 8
+    q = [c for c in expected(trial, "decode") if c.what == "attn.q_to_batch"]
+    assert q and q[0].elements == trial.batch * 8 * trial.model.d_head // trial.chips
 
 
 def test_a_decomposed_all_reduce_is_credited_not_flagged():
@@ -256,9 +305,9 @@ def test_a_decomposed_all_reduce_is_credited_not_flagged():
     ops = [hlo.CollectiveOp("all-gather", "ag", "main", "f32", 1024, 4096, 2, multiplicity=2),
            hlo.CollectiveOp("reduce-scatter", "rs", "main", "f32", 256, 1024, 2, multiplicity=2),
            hlo.CollectiveOp("all-gather", "ag2", "main", "f32", 256, 1024, 2, multiplicity=2)]
-    comparison = hlo.compare_with_layouts(ops, want, tokens=4, batch=4, n_chips=4)
+    comparison = hlo_check.compare_with_layouts(ops, want, tokens=4, batch=4, n_chips=4)
     assert all(c.relative_error == 0 for c in comparison.values()), comparison
     assert comparison["all-reduce"].decomposed_all_reduce == 512
     # without the matching pair it stays a mismatch
-    comparison = hlo.compare_with_layouts(ops[:1], want, tokens=4, batch=4, n_chips=4)
+    comparison = hlo_check.compare_with_layouts(ops[:1], want, tokens=4, batch=4, n_chips=4)
     assert comparison["all-reduce"].relative_error == 1.0

@@ -17,6 +17,7 @@ import pytest
 from workloads import costmodel as cm
 from workloads.config import ConfigError, ModelConfig, load_hardware, load_model
 from workloads.layouts import Collective, PhaseLayout, forward_collectives
+from workloads.recommend import recommend
 from workloads.trial import TrialConfig
 
 TPU_V4 = load_hardware("tpu-v4")
@@ -171,19 +172,23 @@ def test_best_gather_degree_for_palm_540b_prefill():
     assert cm.best_gather_degree(PALM, 64, 512, 4096)["layout"] == "wg_xyz"
 
 
+def recommend_dict(*args, **kwargs) -> dict:
+    return recommend(*args, **kwargs).to_dict()
+
+
 def test_large_batch_prefill_recommends_weight_gathered_over_most_chips():
-    result = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048)
+    result = recommend_dict(PALM, TPU_V4, 64, 512, "prefill", 2048)
     assert result["ffn"] in ("wg_xy", "wg_xyz") and result["fits"]
     # The paper's choice (Table 2) is within 2% of the best by the formulas; see docs/architecture.md "The analytical cost model".
-    xyz = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="wg_xyz")
+    xyz = recommend_dict(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="wg_xyz")
     assert xyz["latency_s"] <= 1.02 * result["latency_s"]
-    ws2d = cm.recommend(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="ws2d")
+    ws2d = recommend_dict(PALM, TPU_V4, 64, 512, "prefill", 2048, ffn="ws2d")
     assert ws2d["comm_s"] > 4 * result["comm_s"]
 
 
 @pytest.mark.parametrize("batch, input_len", [(1, 2048), (64, 1)])
 def test_small_token_count_prefill_recommends_weight_stationary(batch, input_len):
-    result = cm.recommend(PALM, TPU_V4, 64, batch, "prefill", input_len)
+    result = recommend_dict(PALM, TPU_V4, 64, batch, "prefill", input_len)
     assert result["ffn"] in ("ws1d", "ws2d")
 
 
@@ -196,7 +201,7 @@ def test_unpadded_palm_540b_cannot_shard_48_heads_over_64_chips_but_xyz_gathered
 
 
 def test_decode_with_a_long_context_recommends_batch_sharded_attention():
-    result = cm.recommend(PALM, TPU_V4, 64, 512, "decode", 1, 2048)
+    result = recommend_dict(PALM, TPU_V4, 64, 512, "decode", 1, 2048)
     assert (result["ffn"], result["attn"]) == ("ws2d", "batch")
 
 
@@ -304,9 +309,12 @@ def test_predicted_flops_match_the_shared_definition_used_for_measured_mfu():
 
 
 def test_feasibility_names_the_layout_constraint():
-    reason = cm.feasibility(_trial(model="palm-540b", chips=64, batch=64,
-                                   prefill={"ffn": "ws2d"}, decode={"ffn": "ws2d"}), TPU_V4)
+    """Without padding, 48 heads do not split over 64 chips; `auto` pads them (paper §4)."""
+    unpadded = _trial(model="palm-540b", chips=64, batch=64, pad_heads="none",
+                      prefill={"ffn": "ws2d"}, decode={"ffn": "ws2d"})
+    reason = cm.feasibility(unpadded, TPU_V4)
     assert reason is not None and "n_heads" in reason
+    assert cm.feasibility(dataclasses.replace(unpadded, pad_heads="auto"), TPU_V4) is None
 
 
 def test_feasibility_reports_memory():
@@ -316,3 +324,22 @@ def test_feasibility_reports_memory():
     big = _trial(model="palm-540b-padded", chips=8, batch=64, input_len=2048, decode_steps=64,
                  prefill={"ffn": "ws2d"}, decode={"ffn": "ws2d"})
     assert "memory" in cm.feasibility(big, TPU_V4)
+
+
+def test_one_stored_weight_table_feeds_the_cost_model_and_the_engine_specs():
+    """layouts.STORED_WEIGHTS is the one table: the cost model's stored bytes per chip equal
+    the sizes of the engine's PartitionSpecs (partitioning.param_specs reads it too)."""
+    from workloads.layouts import STORED_WEIGHTS, stored_weights, weight_dims
+
+    model = load_model("tiny-gqa")
+    topology, chips = (2, 2, 2), 8
+    sizes = dict(zip("xyz", topology))
+    elements = 0
+    for w in stored_weights(model):
+        dims = weight_dims(w.name, False, model.n_kv_heads % chips == 0)
+        shape = ((w.stacked,) if w.stacked > 1 else ()) + w.shape(model)
+        elements += math.prod(n // math.prod(sizes[a] for a in axes) for n, axes in zip(shape, dims))
+    expected = model.n_layers * elements * 2 + model.vocab * model.d_model * 2 / chips
+    assert cm.weight_bytes_per_chip(model, chips, "bf16", topology) == expected
+    assert set(STORED_WEIGHTS) == {"w_in", "w_gate", "w_up", "w_out", "w_q", "w_o", "w_kv"}
+    assert not hasattr(cm, "_weight_matrices")

@@ -174,5 +174,79 @@ def test_kv_cache_placement(kind, ffn):
         assert per_chip["head"] == whole
 
 
+# --------------------------------------------------------------------------- verification that can fail
+# With the default init every prediction is the current token (confident, so greedy tokens
+# compare exactly) but attention never changes an argmax: greedy equality alone would pass a
+# broken attention. model.init_verification_params makes layer 0 a previous-token copy, so
+# the greedy tokens depend on the context; these tests prove the check can fail.
+
+VERIFY = MODEL_PRESETS["tiny-mha"]
+
+
+def _greedy(model, params):
+    return reference_generate(model, params, prompt_tokens(model, BATCH, INPUT_LEN, seed=0), STEPS)
+
+
+def _without_attention(params):
+    return {**params, "layers": [{**w, "w_o": w["w_o"] * 0} for w in params["layers"]]}
+
+
+@pytest.mark.parametrize("block", ["parallel", "serial"])
+def test_removing_attention_changes_the_greedy_tokens(block):
+    from workloads.model import init_verification_params
+
+    model = model_for("multihead", block)
+    params = init_verification_params(model, seed=0)
+    logits, tokens = _greedy(model, params)
+    _, tokens_without = _greedy(model, _without_attention(params))
+    assert (tokens != tokens_without).mean() > 0.3, (tokens, tokens_without)
+    # and the predictions stay confident, so layouts' bf16 rounding cannot flip them
+    top2 = [np.sort(np.asarray(step), axis=-1)[:, -2:] for step in logits]
+    assert min(float(np.min(t[:, 1] - t[:, 0])) for t in top2) > 1.0
+    # the default init would not have noticed (the issue's observation)
+    _, default = _greedy(model, init_params(model, seed=0))
+    _, default_without = _greedy(model, _without_attention(init_params(model, seed=0)))
+    assert (default == default_without).all()
+
+
+@pytest.mark.parametrize("prefill,decode,topology", [
+    (("ws2d", "head"), ("ws2d", "batch"), (2, 2, 2)),
+    (("wg_xy", "batch"), ("ws1d", "head"), (1, 2, 2)),
+])
+def test_sharded_engine_matches_the_reference_under_the_verification_init(prefill, decode, topology):
+    from workloads.model import init_verification_params
+
+    params = init_verification_params(VERIFY, seed=0)
+    trial = trial_for(VERIFY, topology, prefill, decode, "bf16")
+    logits, tokens = Engine(trial, params=params).generate()
+    ref_logits, ref_tokens = _greedy(VERIFY, params)
+    err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(logits, ref_logits))
+    assert err <= ATOL, err
+    np.testing.assert_array_equal(tokens, ref_tokens)
+
+
+def test_corrupting_one_kv_cache_entry_changes_the_next_token():
+    """Decode step 1 attends (layer 0) to the last prompt position: negating that one
+    position's V in the cache changes every sequence's next token; the intact cache gives
+    the reference's."""
+    import jax.numpy as jnp
+
+    from workloads.model import init_verification_params
+
+    params = init_verification_params(VERIFY, seed=0)
+    engine = Engine(trial_for(VERIFY, (2, 2, 2), ("ws2d", "head"), ("ws2d", "batch"), "bf16"),
+                    params=params)
+    logits, cache = engine.prefill(engine.params, engine.input_tokens())
+    cache = engine.handoff(cache)
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    last = INPUT_LEN - 1
+    corrupted = jax.device_put(cache.at[0, :, last, 1].multiply(-1), engine.cache_sharding("decode"))
+    _, ref_tokens = _greedy(VERIFY, params)
+    bad_logits, _ = engine.decode(engine.params, corrupted, token, INPUT_LEN)
+    good_logits, _ = engine.decode(engine.params, cache, token, INPUT_LEN)
+    np.testing.assert_array_equal(np.asarray(jnp.argmax(good_logits, -1)), ref_tokens[:, 1])
+    assert (np.asarray(jnp.argmax(bad_logits, -1)) != ref_tokens[:, 1]).all()
+
+
 def test_emulated_devices_available():
     assert len(jax.devices()) >= 8

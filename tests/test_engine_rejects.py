@@ -47,10 +47,14 @@ def test_batch_not_divisible_by_weight_gathered_degree():
 
 
 def test_heads_not_divisible():
+    """Without padding (pad_heads none) 4 heads do not split over 8 chips; `auto`, the
+    default, pads them to 8 instead (test_padding.py)."""
     model = dataclasses.replace(TINY, name="tiny-4-heads", n_heads=4, d_head=32)
-    err = rejected(trial(model=model))
+    err = rejected(dataclasses.replace(trial(model=model), pad_heads="none"))
     assert err.field == "model.n_heads" and err.value == 4
     assert "a multiple of 8 (ws2d splits n_heads over axes x·y·z=8 in prefill)" in str(err)
+    err = rejected(dataclasses.replace(trial(model=model), pad_heads=6))   # padded, still not 8
+    assert err.field == "model.n_heads" and err.value == 6
 
 
 def test_ws1d_mixed_with_another_layout_needs_x_equal_1():

@@ -36,6 +36,11 @@ parallel: 1
 """
 
 
+# Every figure of a report with a calibration section (Optuna's three views included).
+ALL_FIGURES = {"fig-pareto", "fig-mfu", "fig-latency", "fig-importance", "fig-parallel",
+               "fig-hypervolume", "fig-predicted"}
+
+
 def images(html: str) -> dict[str, bytes]:
     """id -> PNG bytes of every inlined image."""
     found = re.findall(r'<img alt="[^"]*" id="([^"]+)" src="data:image/png;base64,([^"]+)"', html)
@@ -55,13 +60,14 @@ def test_report_contains_every_figure_and_table(synthetic_calibrated):
     html, pngs = report.render(frame, study="synthetic", attrs={"source": "measured", "hardware": "host"},
                                calibration=calibration, fit_error=None)
     inlined = images(html)
-    assert set(inlined) == {"fig-pareto", "fig-mfu", "fig-latency", "fig-predicted"}
+    assert set(inlined) == ALL_FIGURES
     for blob in inlined.values():
         assert blob.startswith(b"\x89PNG\r\n\x1a\n") and len(blob) > 10_000
     assert set(pngs) == set(report.FIGURES)
     # Self-contained: nothing fetched from elsewhere.
     assert not re.search(r'(src|href)="(http|//)', html)
     for section in ('id="pareto"', 'id="mfu"', 'id="latency"', 'id="calibration"', 'id="recommend"',
+                    'id="importance"', 'id="parallel"', 'id="hypervolume"', 'class="importance-table"',
                     'class="error-table"', 'class="summary-table"', 'class="regime-table"',
                     'class="best-layout-table"', 'class="pareto-table"', 'class="fitted-table"'):
         assert section in html
@@ -113,7 +119,7 @@ def test_summarize_sweep_on_an_analytical_sweep(analytical_sweep, monkeypatch):
     assert summary["pareto"]["decode"]["n_points"] == 16 and summary["pareto"]["decode"]["front"]
     assert "measured" in summary["heldout"]["skipped"]           # nothing to calibrate against
     html = (root / "out" / "report.html").read_text()
-    assert {"fig-pareto", "fig-mfu", "fig-latency"} <= set(images(html))
+    assert ALL_FIGURES - {"fig-predicted"} == set(images(html))
     assert re.search(r'id="pareto">Pareto frontier per phase <span class="tag analytical">analytical',
                      html)                                     # not labelled as measured
     assert 'class="tag measured"' not in html
@@ -141,7 +147,7 @@ def test_report_cli_on_a_measured_study(tmp_path, capsys, monkeypatch):
     out = json.loads(capsys.readouterr().out)
     assert out["calibrated"] and out["logged_to_mlflow"]
     html = (tmp_path / "r" / "report.html").read_text()
-    assert set(images(html)) == {"fig-pareto", "fig-mfu", "fig-latency", "fig-predicted"}
+    assert set(images(html)) == ALL_FIGURES
     assert (tmp_path / "r" / "calibration" / "errors.csv").is_file()
     assert main(["report", "--study", "missing", "--storage", storage, "--out", str(tmp_path)]) == 2
 
@@ -191,5 +197,52 @@ def test_fit_pareto_report_on_a_real_host_sweep(tmp_path, monkeypatch, capsys):
     assert outputs[0] == outputs[1] and outputs[0]
     assert main(["report", "--study", "qs", "--out", str(tmp_path / "r")]) == 0
     html = (tmp_path / "r" / "report.html").read_text()
-    assert set(images(html)) == {"fig-pareto", "fig-mfu", "fig-latency", "fig-predicted"}
+    assert set(images(html)) == ALL_FIGURES
     assert "measured on <b>this host</b>" in html
+
+
+# ----------------------------------------------------------------------------- Optuna's views
+
+
+def _one_factor_frame():
+    """Decode latency set by batch alone (x1.0-1.05 noise); the FFN layout and seed do nothing."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, (batch, ffn, seed) in enumerate((b, f, s) for b in (4, 8, 16, 32) for f in ("ws1d", "ws2d")
+                                           for s in (0, 1)):
+        step = batch * 1e-3 * (1 + 0.05 * rng.random())
+        rows.append({"number": i, "state": "COMPLETE", "source": "measured", "hardware": "host",
+                     "model": "tiny", "chips": 2, "batch": batch, "topology": "1x2x1", "weights": "bf16",
+                     "prefill_ffn": "ws2d", "prefill_attn": "head", "decode_ffn": ffn,
+                     "decode_attn": "head", "seed": seed, "decode_step_s": step,
+                     "decode_cost_chip_s_per_token": 2 * step / batch})
+    rows.append({"number": len(rows), "state": "PRUNED", "batch": 64, "chips": 2})
+    return pd.DataFrame(rows)
+
+
+def test_importance_finds_the_one_parameter_that_matters():
+    from sweeper.analysis import optuna_views
+
+    df = _one_factor_frame()
+    decode = optuna_views.param_importance(df, "decode")
+    assert decode.skipped is None and decode.n_trials == 16 and decode.evaluator == "fANOVA"
+    assert set(decode.importances) == {"batch", "decode_ffn", "seed"}   # only what varies
+    assert sum(decode.importances.values()) == pytest.approx(1.0)
+    assert decode.importances["batch"] > 0.8
+    prefill = optuna_views.param_importance(df, "prefill")   # no prefill_s in this table
+    assert prefill.skipped and not prefill.importances
+
+
+def test_hypervolume_history_ends_at_the_frontier_hypervolume():
+    from sweeper.analysis import optuna_views, pareto
+
+    df = _one_factor_frame()
+    history = optuna_views.hypervolume_history(df)
+    decode = history[history["phase"] == "decode"]
+    assert list(decode["number"]) == list(df["number"])              # pruned trials included
+    assert (decode["hypervolume"].diff().dropna() >= 0).all()       # never decreases
+    assert decode["hypervolume"].iloc[-1] == pytest.approx(pareto.analyse(df, "decode").hypervolume)
+    assert decode["hypervolume"].iloc[0] < decode["hypervolume"].iloc[-1]

@@ -83,7 +83,8 @@ def _check_fields(cls, data: Any, kind: str, source: str | None, prefix: str) ->
     """`data` is a mapping whose keys are fields of the dataclass `cls`."""
     if not isinstance(data, Mapping):
         raise ConfigError(prefix.rstrip(".") or kind, data, f"a mapping of {kind} fields", source)
-    check_keys(data, [f.name for f in dataclasses.fields(cls)], source, prefix)
+    check_keys(data, [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")],
+               source, prefix)
 
 
 def _choice(mapping: Mapping, key: str, choices: tuple, where: str | None, prefix: str = ""):
@@ -111,6 +112,14 @@ class ModelConfig:
     block: str = "parallel"      # paper §3.4: attention and MLP read the same normed input
     mlp: str = "gelu"            # gelu: W_in, W_out; swiglu: W_gate, W_up, W_out
     tie_embeddings: bool = True
+    # Set on a head-padded model (layouts.pad_model, paper §4): the model before padding.
+    # Padded heads are zero; MFU counts the unpadded model's FLOPs.
+    padded_from: "ModelConfig | None" = dataclasses.field(default=None, metadata={"internal": True})
+
+    @property
+    def unpadded(self) -> "ModelConfig":
+        """The model before head padding (itself when not padded)."""
+        return self.padded_from if self.padded_from is not None else self
 
     @property
     def attention_kind(self) -> str:
@@ -123,7 +132,10 @@ class ModelConfig:
         return 3 if self.mlp == "swiglu" else 2
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The unpadded model's fields (padding is a trial knob, `pad_heads`)."""
+        out = dataclasses.asdict(self.unpadded)
+        out.pop("padded_from")
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "ModelConfig":

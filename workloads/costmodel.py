@@ -37,9 +37,10 @@ from typing import Any
 
 from workloads.config import ConfigError, HardwareProfile, ModelConfig
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS,
-                               Collective, PhaseLayout, forward_collectives, kv_heads_per_chip,
-                               kv_heads_sharded, split_axes, stores_1d, validate_layouts,
-                               validate_phase)
+                               Collective, PhaseLayout, axis_sizes, canonical_layout,
+                               forward_collectives,
+                               kv_heads_per_chip, kv_heads_sharded, role_axes, split_axes,
+                               stored_weights, stores_1d, validate_layouts, validate_phase)
 
 BF16 = 2                      # bytes per bf16 element (activations, KV cache, scales)
 SOURCE = "analytical"
@@ -127,21 +128,6 @@ def phase_model_flops(model: ModelConfig, batch: int, phase: str, input_len: int
 # --------------------------------------------------------------------------- weights
 
 
-def _weight_matrices(model: ModelConfig) -> list[tuple[str, int, int, str, str]]:
-    """(name, in_dim, out_dim, in_split, out_split) of each matrix of ONE layer, stored layout.
-
-    Stored layout (layouts.py): E_x F_yz / F_yz E_x; W_q E_x (HD)_yz; W_o (HD)_yz E_x;
-    W_k, W_v E_x (KD)_yz when K splits over all chips, else E_x (KD) (replicated over yz)."""
-    e, f, h, k, d = model.d_model, model.d_ff, model.n_heads, model.n_kv_heads, model.d_head
-    ups = ["W_gate", "W_up"] if model.mlp == "swiglu" else ["W_in"]
-    mats = [(name, e, f, "x", "yz") for name in ups]
-    mats.append(("W_out", f, e, "yz", "x"))
-    mats.append(("W_q", e, h * d, "x", "yz"))
-    mats.append(("W_o", h * d, e, "yz", "x"))
-    mats += [("W_k", e, k * d, "x", "kv"), ("W_v", e, k * d, "x", "kv")]
-    return mats
-
-
 def weight_bytes_per_chip(model: ModelConfig, chips: int, weights: str = "bf16",
                           topology: tuple[int, int, int] | None = None, one_d: bool = False,
                           embeddings: bool = True) -> float:
@@ -155,18 +141,20 @@ def weight_bytes_per_chip(model: ModelConfig, chips: int, weights: str = "bf16",
     _positive_int("chips", chips)
     _choice("weights", weights, WEIGHT_FORMATS)
     if topology is not None:
-        x, y, z = _check_topology(topology, chips)
-        if one_d:
-            x, y, z = 1, chips, 1
-        yz = y * z
-        split = {"x": x, "yz": yz, "kv": yz if kv_heads_sharded(model, chips) else 1}
-    else:
-        split = {"x": 1, "yz": chips, "kv": chips}   # even split: one axis carries it all
+        sizes = axis_sizes(_check_topology(topology, chips))
+        kv_split = kv_heads_sharded(model, chips)
+    else:   # even split: the 1D layout on 1 x n x 1, K/V split too
+        sizes, one_d, kv_split = axis_sizes((1, chips, 1)), True, True
+
+    def split(role: str) -> int:
+        return math.prod(sizes[a] for a in role_axes(role, one_d, kv_split))
+
     total = 0.0
-    for _name, n_in, n_out, s_in, s_out in _weight_matrices(model):
-        elements = n_in * n_out / (split[s_in] * split[s_out])
-        if weights == "int8":
-            total += elements * 1 + (n_out / split[s_out]) * BF16   # scales follow the outputs
+    for w in stored_weights(model):   # layouts.STORED_WEIGHTS: the engine's table too
+        n_in, n_out = w.shape(model)
+        elements = w.stacked * n_in * n_out / (split(w.row_role) * split(w.col_role))
+        if weights == "int8":   # scales follow the outputs
+            total += elements * 1 + w.stacked * (n_out / split(w.col_role)) * BF16
         else:
             total += elements * BF16
     total *= model.n_layers
@@ -180,7 +168,7 @@ def _gathered_weight_read_bytes(model: ModelConfig, chips: int, weights: str, m_
     """HBM bytes one chip reads per forward pass in a weight-gathered layout: every matrix
     after the all-gather is size / M (M = chips the weights stay split over)."""
     wbytes = 1 if weights == "int8" else BF16
-    per_layer = sum(n_in * n_out for _, n_in, n_out, _, _ in _weight_matrices(model))
+    per_layer = sum(w.stacked * math.prod(w.shape(model)) for w in stored_weights(model))
     blocks = model.n_layers * per_layer * wbytes / m_rest
     return blocks + model.vocab * model.d_model * BF16 / chips   # unembedding stays V_xyz
 
@@ -432,6 +420,10 @@ class PhasePrediction:
     hbm_bytes: float
     collectives: list[Collective] = field(default_factory=list)
     source: str = SOURCE
+    executed_flops: float = 0.0    # what the chips run: `flops` plus the padded heads' share
+    heads: int = 0                 # query heads as run (padded)
+    unpadded_heads: int = 0        # the model's own; MFU counts these (paper §4)
+    padding_params: int = 0        # parameters the padded heads add (zero weights)
 
     @property
     def bound(self) -> str:
@@ -495,6 +487,7 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     _choice("attn", layout.attn, ATTN_LAYOUTS)
     context = input_len if context is None else _positive_number("context", context)
     topology = best_topology(model, chips) if topology is None else _check_topology(topology, chips)
+    layout = canonical_layout(layout, topology)   # a gather over size-1 axes is weight-stationary
     one_d = (layout.ffn == "ws1d") if one_d is None else one_d
     if validate:   # this phase's constraints first (so the message names it), then storage
         validate_phase(model, topology, layout, batch, phase)
@@ -502,8 +495,11 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     seq_len = input_len if phase == "prefill" else 1
     tokens = batch * seq_len
 
-    flops = tokens * model_flops_per_token(model, context)
-    compute_s = flops / (chips * hw.peak_flops)
+    # Paper §4: padded heads cost compute time but not MFU, which counts the unpadded
+    # model's FLOPs (`flops`); the chips execute `executed_flops`.
+    flops = tokens * model_flops_per_token(model.unpadded, context)
+    executed_flops = tokens * model_flops_per_token(model, context)
+    compute_s = executed_flops / (chips * hw.peak_flops)
 
     stored = weight_bytes_per_chip(model, chips, weights, topology, one_d)
     _, _, _, m_rest = split_axes(layout.ffn, topology)
@@ -533,7 +529,9 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
         weight_bytes_per_chip=stored, kv_bytes_per_chip=kv, working_set_bytes_per_chip=working,
         peak_bytes_per_chip=peak, memory_read_bytes_per_chip=memory_read,
         comm_bytes_per_chip=float(comm_bytes(collectives)), fits=peak <= hw.hbm_bytes,
-        hbm_bytes=hw.hbm_bytes, collectives=collectives)
+        hbm_bytes=hw.hbm_bytes, collectives=collectives, executed_flops=executed_flops,
+        heads=model.n_heads, unpadded_heads=model.unpadded.n_heads,
+        padding_params=param_count(model) - param_count(model.unpadded))
 
 
 # --------------------------------------------------------------------------- a whole trial
@@ -564,13 +562,14 @@ def predict(trial, hw: HardwareProfile):
 
     topology = trial.mesh_shape
     one_d = stores_1d(trial.prefill, trial.decode)
-    validate_layouts(trial.model, topology, trial.prefill, trial.decode, trial.batch)
-    pre = predict_phase(trial.model, hw, trial.chips, trial.batch, "prefill", trial.input_len,
+    model = trial.run_model            # padded per trial.pad_heads (paper §4)
+    validate_layouts(model, topology, trial.prefill, trial.decode, trial.batch)
+    pre = predict_phase(model, hw, trial.chips, trial.batch, "prefill", trial.input_len,
                         trial.input_len, trial.prefill, trial.weights, topology, one_d, validate=False)
     ctx = decode_context(trial)
-    dec = predict_phase(trial.model, hw, trial.chips, trial.batch, "decode", trial.input_len,
+    dec = predict_phase(model, hw, trial.chips, trial.batch, "decode", trial.input_len,
                         ctx, trial.decode, trial.weights, topology, one_d, validate=False)
-    kv_full = max(kv_bytes_per_chip(trial.model, trial.chips, trial.batch, trial.context_len,
+    kv_full = max(kv_bytes_per_chip(model, trial.chips, trial.batch, trial.context_len,
                                     layout.attn, topology, layout.ffn)
                   for layout in (trial.prefill, trial.decode))
     peak = pre.weight_bytes_per_chip + kv_full + max(pre.working_set_bytes_per_chip,
@@ -596,7 +595,8 @@ def predict(trial, hw: HardwareProfile):
                      "decode": _collective_stats(dec.collectives)}
     m.extra = {"topology": list(topology), "decode_context": ctx,
                "prefill_bound": pre.bound, "decode_bound": dec.bound,
-               "prefill_flops": pre.flops, "decode_flops": dec.flops}
+               "prefill_flops": pre.flops, "decode_flops": dec.flops,
+               "heads": model.n_heads, "padding_params": pre.padding_params}
     return m
 
 
@@ -604,7 +604,7 @@ def feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float | None = 
     """None when the trial can run; else a one-line reason (layout constraint or memory)."""
     try:
         topology = trial.mesh_shape
-        validate_layouts(trial.model, topology, trial.prefill, trial.decode, trial.batch)
+        validate_layouts(trial.run_model, topology, trial.prefill, trial.decode, trial.batch)
     except ConfigError as err:
         return str(err)
     budget = hw.hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
@@ -636,73 +636,6 @@ def _topology_candidates(model: ModelConfig, chips: int) -> list[tuple[int, int,
 def _significant(value: float, digits: int = 9) -> float:
     """Round to significant digits, so float noise in a sum never decides a ranking."""
     return float(f"{value:.{digits}g}")
-
-
-def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
-              input_len: int = 1, context: int | None = None, weights: str = "bf16",
-              topology: tuple[int, int, int] | None = None, ffn: str | None = None,
-              attn: str | None = None, search_topology: bool = False) -> dict:
-    """The fastest valid (ffn, attn, topology) for one phase, with the ranked alternatives.
-
-    Every candidate that passes layouts.validate_layouts (as both phases' layout, so the
-    stored weights serve it) is predicted; those that fit in HBM rank before those that do
-    not, then by latency. No hand-written rule decides: the crossovers the paper states
-    (ws2d over ws1d above 4F/E chips, weight-gathered once B*L is large, batch-sharded
-    attention when the KV cache dominates) come out of the formulas.
-
-    Topology: the paper fixes X, Y, Z by the 2D weight-stationary optimum and chooses the
-    weight-gathered variant among the axis subsets x, xy, xyz of that torus (§3.2.3, A.2.2),
-    so the default candidate is best_topology(model, chips) (what TrialConfig uses);
-    `topology` fixes another, `search_topology=True` tries every factorisation.
-    `ffn`, `attn` restrict the search. Alternatives: the best candidate per (ffn, attn)."""
-    _positive_int("chips", chips)
-    _positive_int("batch", batch)
-    _choice("phase", phase, PHASES)
-    _choice("weights", weights, WEIGHT_FORMATS)
-    ffns = FFN_LAYOUTS if ffn is None else (_choice("ffn", ffn, FFN_LAYOUTS),)
-    attns = ATTN_LAYOUTS if attn is None else (_choice("attn", attn, ATTN_LAYOUTS),)
-    if topology is not None:
-        topologies = [_check_topology(topology, chips)]
-    elif search_topology:
-        topologies = _topology_candidates(model, chips)
-    else:
-        topologies = [best_topology(model, chips)]
-    results: list[PhasePrediction] = []
-    rejected: list[ConfigError] = []
-    for f in ffns:
-        for a in attns:
-            for t in topologies:
-                layout = PhaseLayout(f, a)
-                try:
-                    results.append(predict_phase(model, hw, chips, batch, phase, input_len, context,
-                                                 layout, weights, t))
-                except ConfigError as err:
-                    rejected.append(err)
-    if not results:   # nothing can run: the first constraint that failed says why
-        raise rejected[0]
-    order = {t: i for i, t in enumerate(topologies)}
-    results.sort(key=lambda p: (not p.fits, _significant(p.latency_s), order[p.topology]))
-    best = results[0]
-    per_pair: dict[tuple[str, str], PhasePrediction] = {}
-    for p in results:
-        per_pair.setdefault((p.ffn, p.attn), p)
-    seq_len = input_len if phase == "prefill" else 1
-    gather = best_gather_degree(model, chips, batch, seq_len, best.topology, weights)
-    out = best.to_dict()
-    out.update({
-        "source": SOURCE,
-        "alternatives": [{"ffn": p.ffn, "attn": p.attn, "topology": list(p.topology),
-                          "latency_s": p.latency_s, "compute_s": p.compute_s,
-                          "memory_s": p.memory_s, "comm_s": p.comm_s, "mfu": p.mfu,
-                          "peak_bytes_per_chip": p.peak_bytes_per_chip, "fits": p.fits,
-                          "bound": p.bound}
-                         for p in per_pair.values()],
-        "candidates": len(results),
-        "rejected": len(rejected),
-        "gather_degree_continuous": gather["continuous"],
-        "ws2d_crossover_chips": ws2d_crossover_chips(model),
-    })
-    return out
 
 
 # --------------------------------------------------------------------------- scaling-book roofline

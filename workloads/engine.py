@@ -25,8 +25,9 @@ from jax.sharding import PartitionSpec as P
 
 from workloads import partitioning as part
 from workloads.config import ConfigError, ModelConfig
-from workloads.layouts import AXES, WEIGHT_FORMATS, PhaseLayout, stores_1d, validate_layouts
-from workloads.model import check_model, init_params, prompt_tokens
+from workloads.layouts import (AXES, WEIGHT_FORMATS, PhaseLayout, resolve_padding, stores_1d,
+                               validate_layouts)
+from workloads.model import check_model, init_params, pad_params, prompt_tokens, unpad_params
 from workloads.partitioning import Plan
 from workloads.quant import dequantize_params, quantize_params
 from workloads.trial import TrialConfig
@@ -165,13 +166,16 @@ class Engine:
         topology = tuple(mesh.devices.shape) if mesh is not None else trial.mesh_shape
         _validate(trial, topology)
         self.trial = dataclasses.replace(trial, topology=topology)
-        self.model: ModelConfig = trial.model
+        # The model as run: query heads padded per trial.pad_heads (paper §4; zero heads).
+        self.model: ModelConfig = self.trial.run_model
         self.mesh = mesh if mesh is not None else make_mesh(topology)
         one_d = stores_1d(trial.prefill, trial.decode)
         self.prefill_plan = Plan(self.model, topology, trial.prefill, one_d)
         self.decode_plan = Plan(self.model, topology, trial.decode, one_d)
 
-        source = init_params(self.model, trial.seed) if params is None else params
+        # `params` (and the default init) are the unpadded model's; padding adds zero heads.
+        source = init_params(self.model.unpadded, trial.seed) if params is None else params
+        source = pad_params(source, self.model)
         self._model_params = quantize_params(source) if trial.weights == "int8" else source
         int8 = trial.weights == "int8"
         specs = part.param_specs(self.model, one_d, self.prefill_plan.kv_split, int8)
@@ -237,11 +241,13 @@ class Engine:
         return [jax.device_put(jnp.int32(self.trial.input_len + i), replicated) for i in range(steps)]
 
     def reference_params(self) -> dict:
-        """Unsharded bf16 weights the engine computes with (dequantised for int8): run the
-        reference with these to compare like with like."""
+        """Unsharded bf16 weights the engine computes with (dequantised for int8), without
+        the zero padded heads: run the reference on `self.model.unpadded` (= trial.model)
+        with these to compare like with like."""
+        params = self._model_params
         if self.trial.weights == "int8":
-            return dequantize_params(self._model_params)
-        return self._model_params
+            params = dequantize_params(params)
+        return unpad_params(params, self.model)
 
     def cache_sharding(self, phase: str) -> NamedSharding:
         plan = self.prefill_plan if phase == "prefill" else self.decode_plan
@@ -311,5 +317,6 @@ def _validate(trial: TrialConfig, topology: tuple[int, int, int]) -> None:
     for phase in ("prefill", "decode"):
         if not isinstance(getattr(trial, phase), PhaseLayout):
             raise ConfigError(phase, getattr(trial, phase), "a PhaseLayout(ffn, attn)")
-    validate_layouts(trial.model, topology, trial.prefill, trial.decode, trial.batch)
-    check_model(trial.model)
+    model = resolve_padding(trial.model, trial.pad_heads, topology, trial.prefill, trial.decode)
+    validate_layouts(model, topology, trial.prefill, trial.decode, trial.batch)
+    check_model(model)

@@ -84,7 +84,6 @@ class CollectiveOp:
     axes: tuple[str, ...] | None = None  # mesh axes the groups span (when a mesh is given)
     multiplicity: int = 1                # executions per program run (while trip counts)
     upcast_from: str | None = None       # e.g. "bf16" when a convert from bf16 feeds it
-    trip_count_known: bool = True
     from_parameter: int | None = None    # entry parameter it moves (e.g. a weight), if direct
 
     @property
@@ -168,15 +167,12 @@ def parse_module(hlo_text: str) -> tuple[dict[str, list[Instruction]], str | Non
     return computations, entry
 
 
-def _multiplicities(computations: dict[str, list[Instruction]], entry: str | None
-                    ) -> tuple[dict[str, int], set[str]]:
+def _multiplicities(computations: dict[str, list[Instruction]], entry: str | None) -> dict[str, int]:
     """How many times each computation runs per execution of the entry.
 
-    While bodies run `known_trip_count` times; a body without one counts once and is
-    returned in the second set so callers can flag the number as a lower bound.
+    While bodies run `known_trip_count` times; a body without one counts once (a lower bound).
     """
     edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    unknown_trip: set[str] = set()
     for comp, instrs in computations.items():
         for ins in instrs:
             if ins.opcode in ("async-done", "async-update"):
@@ -185,9 +181,6 @@ def _multiplicities(computations: dict[str, list[Instruction]], entry: str | Non
             if ins.opcode == "while":
                 trip = _TRIP.search(ins.attrs)
                 factor = int(trip.group(1)) if trip else 1
-                body = re.search(r"\bbody=%?([\w.\-]+)", ins.attrs)
-                if body and not trip:
-                    unknown_trip.add(body.group(1))
             for key, callee in _CALLED.findall(ins.attrs):
                 edges[comp].append((callee, factor if key == "body" else 1))
             branches = _BRANCHES.search(ins.attrs)
@@ -215,12 +208,7 @@ def _multiplicities(computations: dict[str, list[Instruction]], entry: str | Non
     for node in reversed(order):
         for callee, factor in edges.get(node, []):
             counts[callee] += counts[node] * factor
-    # Computations inside an unknown-trip body inherit the flag.
-    flagged = set(unknown_trip)
-    for node in reversed(order):
-        if node in flagged:
-            flagged.update(callee for callee, _ in edges.get(node, []))
-    return dict(counts), flagged
+    return dict(counts)
 
 
 def parse_replica_groups(attrs: str) -> list[list[int]]:
@@ -292,7 +280,7 @@ def collective_ops(hlo_text: str, mesh_shape: tuple[int, ...] | None = None,
                    n_devices: int | None = None) -> list[CollectiveOp]:
     """Every collective instruction of a compiled HLO module, with sizes per device."""
     computations, entry = parse_module(hlo_text)
-    counts, unknown = _multiplicities(computations, entry)
+    counts = _multiplicities(computations, entry)
     if n_devices is None:
         match = re.search(r"num_partitions=(\d+)", hlo_text)
         n_devices = int(match.group(1)) if match else None
@@ -328,7 +316,6 @@ def collective_ops(hlo_text: str, mesh_shape: tuple[int, ...] | None = None,
                 multiplicity=counts.get(comp, 0),
                 upcast_from=(_upcast_source(source, by_name, computations)
                              or _downcast_consumer(ins, instrs, computations)),
-                trip_count_known=comp not in unknown,
                 from_parameter=_parameter_source(source, by_name, comp == entry))
             if mesh_shape is not None:
                 op.axes = group_axes(groups, mesh_shape) if groups else ("x", "y", "z")[:len(mesh_shape)]
@@ -441,97 +428,3 @@ def summarize(ops: list[CollectiveOp]) -> list[CollectiveStat]:
 def comm_bytes(ops: list[CollectiveOp]) -> float:
     """All collective bytes per device per program execution, as run."""
     return float(sum(op.total_bytes for op in ops))
-
-
-# --------------------------------------------------------------------------- vs layouts.py
-
-
-def left_out(op: CollectiveOp, tokens: int, batch: int, n_chips: int) -> bool:
-    """Ops layouts.LEFT_OUT omits on purpose, recognised by size: the norm statistics (an
-    all-reduce of one value per token the chip holds) and a greedy argmax's (max, index)
-    all-gather (at most 2 values per sequence per chip)."""
-    if op.kind == "all-reduce" and op.elements <= tokens:
-        return True
-    return op.kind == "all-gather" and op.elements <= 2 * batch * n_chips
-
-
-@dataclass
-class KindComparison:
-    """One collective kind of one program: compiled vs layouts.forward_collectives."""
-
-    kind: str
-    compiled_elements: int          # per device, summed over executions
-    expected_elements: int
-    compiled_count: int
-    expected_count: int
-    dtype_seen: str
-    skipped: list[str] = field(default_factory=list)   # left-out ops, by name
-    decomposed_all_reduce: int = 0   # all-reduce elements found as reduce-scatter + all-gather
-
-    @property
-    def relative_error(self) -> float:
-        if self.expected_elements == 0:
-            return 0.0 if self.compiled_elements == 0 else math.inf
-        return abs(self.compiled_elements - self.expected_elements) / self.expected_elements
-
-
-def compare_with_layouts(ops: list[CollectiveOp], expected, tokens: int, batch: int,
-                         n_chips: int) -> dict[str, KindComparison]:
-    """Per kind: element counts of the compiled program against `expected` (a list of
-    `layouts.Collective`), skipping the left-out ops. Element counts, not bytes: the CPU
-    backend runs bf16 collectives in f32, which changes bytes but not elements.
-
-    A backend may decompose an all-reduce of N elements into a reduce-scatter (input N)
-    and an all-gather (output N). When the compiled all-reduces fall short of layouts.py
-    by D and both the reduce-scatters and all-gathers exceed it by D (within 10%), the D
-    elements are credited to those two kinds (`decomposed_all_reduce` says so).
-    """
-    out: dict[str, KindComparison] = {}
-    kinds = {op.kind for op in ops} | {c.kind for c in expected}
-    for kind in sorted(kinds):
-        mine = [op for op in ops if op.kind == kind]
-        skipped = [op for op in mine if left_out(op, tokens, batch, n_chips)]
-        kept = [op for op in mine if op not in skipped]
-        theirs = [c for c in expected if c.kind == kind]
-        out[kind] = KindComparison(
-            kind=kind,
-            compiled_elements=sum(op.total_elements for op in kept),
-            expected_elements=sum(c.elements * c.count for c in theirs),
-            compiled_count=sum(op.multiplicity for op in kept),
-            expected_count=sum(c.count for c in theirs),
-            dtype_seen=",".join(sorted({op.dtype for op in kept})),
-            skipped=[op.name for op in skipped])
-    _credit_decomposed_all_reduce(out)
-    return out
-
-
-def _credit_decomposed_all_reduce(out: dict[str, KindComparison], tol: float = 0.10) -> None:
-    ar, rs, ag = (out.get(k) for k in ("all-reduce", "reduce-scatter", "all-gather"))
-    if ar is None or rs is None or ag is None:
-        return
-    deficit = ar.expected_elements - ar.compiled_elements
-    if deficit <= 0:
-        return
-    extra_rs = rs.compiled_elements - rs.expected_elements
-    extra_ag = ag.compiled_elements - ag.expected_elements
-    if abs(extra_rs - deficit) <= tol * deficit and abs(extra_ag - deficit) <= tol * deficit:
-        ar.expected_elements -= deficit
-        rs.expected_elements += deficit
-        ag.expected_elements += deficit
-        for c in (ar, rs, ag):
-            c.decomposed_all_reduce = deficit
-
-
-def describe(ops: list[CollectiveOp], expected=()) -> str:
-    """A readable listing of compiled ops and expected collectives (for failure messages)."""
-    lines = ["compiled:"]
-    for op in ops:
-        up = f" (from {op.upcast_from})" if op.upcast_from else ""
-        lines.append(f"  {op.kind:15s} axes={','.join(op.axes or ()) or '-':6s} elements={op.elements:>9d}"
-                     f" x{op.multiplicity} {op.dtype}{up} {op.name}")
-    if expected:
-        lines.append("layouts.py:")
-        for c in expected:
-            lines.append(f"  {c.kind:15s} axes={','.join(c.axes):6s} elements={c.elements:>9d}"
-                         f" x{c.count} {c.what}")
-    return "\n".join(lines)

@@ -121,3 +121,31 @@ class HostSampler:
         return interval_state(self._cpu, cpu_times(self.cores),
                               involuntary_switches() - self._switches, load_average(),
                               len(self.cores))
+
+
+# ----------------------------------------------------------------------------- memory high-water
+# The peak resident set size of a worker process over one trial (`worker_rss_peak_bytes`):
+# the kernel's VmHWM, reset before the trial by writing 5 to /proc/self/clear_refs (Linux
+# >= 4.0), so a long-lived Ray actor reports each trial's own peak, not its lifetime's.
+PROC_STATUS = Path("/proc/self/status")
+PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def reset_peak_rss() -> bool:
+    """Start a new high-water interval; False where the kernel does not allow it."""
+    try:
+        PROC_CLEAR_REFS.write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> float:
+    """VmHWM of this process in bytes (getrusage's lifetime peak where /proc is missing)."""
+    try:
+        for line in PROC_STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) * 1024.0       # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0   # kB on Linux

@@ -51,7 +51,13 @@ size is its output, a reduce-scatter's its input (paper §3.1 / Fig. A.1):
 Attention `batch` (Fig. 4c/5b) adds, in any FFN layout, all-to-alls over R that move the
 head-sharded Q into batch sharding over all n chips and the output back:
                   A2A_R(Q), A2A_R(out)                             T*H*D/n each
-                  (+ A2A_R of K and V when they are head-sharded, i.e. K % n == 0)
+  K and V (Fig. 5b): no chip computes K or V for sequences it does not hold.
+    K % n == 0 (K/V head-sharded like Q): A2A_R(K, V)              2*T*K*D/n
+    else (K/V weights replicated over yz): each chip projects only its own sequences;
+      ws1d, wg_*: local, no communication (the input already holds the full E);
+      ws2d: the yz-group of a chip projects the X*B/n sequences its x-row holds, partial
+      over x, and RS_x (over the batch) leaves each chip its B/n   2*T*K*D/YZ
+      (this replaces head-sharded attention's AR_x of the whole batch's K/V, 2*T*K*D)
 Serial block: the attention and the MLP each do their own input all-gather and output
 reduce-scatter over R (the paper's "two all-reduces per layer"), so the activation
 collectives of the residual stream appear twice.
@@ -67,6 +73,7 @@ the norm statistics (psum of T values per norm), the argmax's (max, index) gathe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -142,6 +149,147 @@ def kv_heads_sharded(model: ModelConfig, shards: int) -> bool:
 def kv_heads_per_chip(model: ModelConfig, shards: int) -> int:
     """Head-sharded attention: KV heads each chip holds (GQA chapter: replication at TP > K)."""
     return max(model.n_kv_heads // shards, 1)
+
+
+# --------------------------------------------------------------------------- stored weights
+# The ONE table of how a layer's weights are stored (paper §3.2.3, the module doc above):
+# the engine's PartitionSpecs (partitioning.param_specs) and the cost model's byte counts
+# (costmodel.weight_bytes_per_chip) both read it. A dimension's role says how it is split:
+#   "e":  E_x in the 2D layout, unsplit in the 1D layout (E F_xyz)
+#   "f":  F_yz (z-major) in 2D, F_xyz (z, y, x) in 1D; also the H·D columns of W_q / rows of W_o
+#   "kv": like "f" when the KV heads split over all chips (K % n == 0), else replicated
+
+
+@dataclass(frozen=True)
+class StoredWeight:
+    """One stored matrix of a layer: engine name, dimension sizes by symbol, split roles."""
+
+    name: str                 # the engine's pytree name (W_k and W_v travel stacked as w_kv)
+    rows: str                 # "E", "F", "HD" or "KD"
+    cols: str
+    row_role: str             # "e", "f" or "kv"
+    col_role: str
+    stacked: int = 1          # w_kv holds W_k and W_v: [2, E, K·D]
+
+    def shape(self, model: ModelConfig) -> tuple[int, int]:
+        return _dim_size(model, self.rows), _dim_size(model, self.cols)
+
+
+def _dim_size(model: ModelConfig, symbol: str) -> int:
+    return {"E": model.d_model, "F": model.d_ff, "HD": model.n_heads * model.d_head,
+            "KD": model.n_kv_heads * model.d_head}[symbol]
+
+
+STORED_WEIGHTS: dict[str, StoredWeight] = {w.name: w for w in [
+    StoredWeight("w_in", "E", "F", "e", "f"),        # gelu MLP
+    StoredWeight("w_gate", "E", "F", "e", "f"),      # swiglu MLP
+    StoredWeight("w_up", "E", "F", "e", "f"),
+    StoredWeight("w_out", "F", "E", "f", "e"),
+    StoredWeight("w_q", "E", "HD", "e", "f"),
+    StoredWeight("w_o", "HD", "E", "f", "e"),
+    StoredWeight("w_kv", "E", "KD", "e", "kv", stacked=2),
+]}
+
+
+def stored_weights(model: ModelConfig) -> list[StoredWeight]:
+    """The matrices of one layer as stored (W_in or W_gate + W_up, W_out, W_q, W_o, W_k/W_v)."""
+    ups = ["w_gate", "w_up"] if model.mlp == "swiglu" else ["w_in"]
+    return [STORED_WEIGHTS[name] for name in ups + ["w_out", "w_q", "w_o", "w_kv"]]
+
+
+def role_axes(role: str, one_d: bool, kv_split: bool) -> tuple[str, ...]:
+    """Mesh axes a dimension of this role is split over, major first."""
+    if role == "e":
+        return () if one_d else ("x",)
+    f_axes = ("z", "y", "x") if one_d else ("z", "y")
+    if role == "f" or (role == "kv" and kv_split):
+        return f_axes
+    return ()
+
+
+def weight_dims(name: str, one_d: bool, kv_split: bool) -> tuple[tuple[str, ...], ...]:
+    """Mesh axes of each dimension of a stored weight, major first (w_kv: [2, E, K·D])."""
+    w = STORED_WEIGHTS[name]
+    dims = (role_axes(w.row_role, one_d, kv_split), role_axes(w.col_role, one_d, kv_split))
+    return ((),) + dims if w.stacked > 1 else dims
+
+
+# --------------------------------------------------------------------------- degenerate layouts
+
+
+def canonical_layout(layout: PhaseLayout, topology: tuple[int, int, int]) -> PhaseLayout:
+    """The layout's name for the program it is on this topology.
+
+    A gather over an axis of size 1 moves nothing, so a weight-gathered layout whose
+    gathered axes all have size 1 is the weight-stationary program (wg_x on 1xYxZ is
+    ws2d), and one whose size-1 axes are its last ones is the smaller wg layout (wg_xyz on
+    XxYx1 is wg_xy). 2D weight-stationary with X = 1 is 1D weight-stationary (same stored
+    layout E F_yz, same collectives). One program, one name, one prediction."""
+    sizes = axis_sizes(topology)
+    ffn = layout.ffn
+    if ffn.startswith("wg"):
+        live = tuple(a for a in GATHER_AXES[ffn] if sizes[a] > 1)
+        names = {axes: name for name, axes in GATHER_AXES.items() if name.startswith("wg")}
+        ffn = "ws2d" if not live else names.get(live, ffn)
+    if ffn == "ws2d" and sizes["x"] == 1:
+        ffn = "ws1d"
+    return PhaseLayout(ffn, layout.attn)
+
+
+# --------------------------------------------------------------------------- head padding
+# Paper §4: "we padded the number of attention heads up from 48 to 64 in order to partition
+# more effectively on 64+ chips" (18B more parameters, about 3% MFU). Padded query heads
+# have zero W_q columns and zero W_o rows, so they contribute nothing; the layouts see the
+# padded count, MFU keeps the unpadded model's FLOPs.
+
+PAD_HEADS_CHOICES = ("auto", "none")
+
+
+def head_divisor(topology: tuple[int, int, int], prefill: PhaseLayout, decode: PhaseLayout) -> int:
+    """What the query-head count must be a multiple of: the chips each phase splits heads
+    over (M) and the stored layout's split ((HD)_yz, or (HD)_xyz when both phases are ws1d)."""
+    x, y, z = topology
+    need = [x * y * z if stores_1d(prefill, decode) else y * z]
+    need += [split_axes(layout.ffn, topology)[3] for layout in (prefill, decode)]
+    return math.lcm(*need)
+
+
+def padded_head_count(model: ModelConfig, pad_heads, topology: tuple[int, int, int],
+                      prefill: PhaseLayout, decode: PhaseLayout, source: str | None = None) -> int:
+    """Query heads to run with: `none` -> as is; `auto` -> the smallest count >= n_heads the
+    layouts' sharded axes divide (also a multiple of the KV heads, so GQA groups stay whole);
+    an integer N -> N (at least n_heads)."""
+    heads = model.n_heads
+    if pad_heads in (None, "none") or any(l.ffn not in GATHER_AXES for l in (prefill, decode)):
+        return heads        # an unknown layout: validate_layouts names it
+    step = model.n_kv_heads if model.n_kv_heads < heads else 1   # MHA pads K with H
+    if pad_heads == "auto":
+        unit = math.lcm(head_divisor(topology, prefill, decode), step)
+        return -(-heads // unit) * unit
+    if isinstance(pad_heads, bool) or not isinstance(pad_heads, int) or pad_heads < heads \
+            or pad_heads % step:
+        _reject("pad_heads", pad_heads, f"auto, none or an integer >= n_heads={heads}"
+                + (f" and a multiple of n_kv_heads={step}" if step > 1 else ""), source)
+    return pad_heads
+
+
+def pad_model(model: ModelConfig, heads: int) -> ModelConfig:
+    """The model with `heads` query heads, the extra ones zero (`padded_from` = the original).
+
+    Multiquery / grouped-query: every KV group gets heads / K query heads (the first H / K
+    of each group are the real ones). Multihead (K = H): K is padded with H."""
+    base = model.unpadded
+    if heads == base.n_heads:
+        return base
+    kv = heads if base.n_kv_heads == base.n_heads else base.n_kv_heads
+    return dataclasses.replace(base, n_heads=heads, n_kv_heads=kv, padded_from=base)
+
+
+def resolve_padding(model: ModelConfig, pad_heads, topology: tuple[int, int, int],
+                    prefill: PhaseLayout, decode: PhaseLayout, source: str | None = None) -> ModelConfig:
+    """The model as run: padded per `pad_heads` (auto | none | N) for these layouts."""
+    base = model.unpadded
+    return pad_model(base, padded_head_count(base, pad_heads, topology, prefill, decode, source))
 
 
 # --------------------------------------------------------------------------- validation
@@ -243,6 +391,8 @@ def layer_collectives(model: ModelConfig, topology: tuple[int, int, int], layout
         add("reduce-scatter", ("x",), t * h * d // yz, "attn.q")
         if kv_split:
             add("reduce-scatter", ("x",), 2 * t * k * d // yz, "attn.kv")
+        elif layout.attn == "batch":   # Fig. 5b: project own x-row's sequences, RS_x over batch
+            add("reduce-scatter", ("x",), 2 * t * k * d // yz, "attn.kv_to_batch")
         else:
             add("all-reduce", ("x",), 2 * t * k * d, "attn.kv")
         add("all-gather", ("x",), t * h * d // yz, "attn.out")

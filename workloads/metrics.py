@@ -54,6 +54,10 @@ class Measurement:
     host_steal_frac: float = math.nan
     host_busy_frac: float = math.nan
     host_involuntary_switches: float = math.nan
+    # Peak resident memory of the worker process over the trial (workloads/hoststate.py;
+    # set by the sweep's worker, sweeper/sweep/workers.py): a trial near the host's memory
+    # is a noisy one.
+    worker_rss_peak_bytes: float = math.nan
     # Efficiency: mfu = model_flops / (n_chips * peak_flops_per_chip * seconds).
     prefill_mfu: float = math.nan
     decode_mfu: float = math.nan

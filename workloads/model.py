@@ -91,6 +91,134 @@ def init_params(model: ModelConfig, seed: int) -> dict:
     return params
 
 
+def init_verification_params(model: ModelConfig, seed: int, copy_gain: float = 4.0,
+                             sharpness: float = 16.0) -> dict:
+    """Weights under which the next greedy token depends on the context, by construction,
+    with wide margins (so comparing greedy tokens between layouts proves something):
+    layer 0 is a *previous-token copy*: every head attends (one-hot) to position i-1 and
+    copies its normed embedding, scaled by `copy_gain`, into the residual stream, so the
+    model predicts the token BEFORE the current one. Removing attention (the model then
+    predicts the current token) or corrupting the KV-cache entry of position i-1 changes
+    the greedy tokens; test_engine_equivalence.py proves both.
+
+    How: embedding dimension 0 is a constant, so W_q, W_k read a position-independent
+    q, k from it; k is q rotated by one RoPE step per frequency pair, so after RoPE the score
+    peaks at relative position 1 (sum_f cos((i - j - 1) theta_f)); `sharpness` sets the
+    gap to the runner-up (~0.5 * sharpness^2 / sqrt(D) logits, 32 for D = 16). W_v = identity and
+    W_o = copy_gain * identity need H·D = K·D = E (a multihead model such as tiny-mha).
+    The other layers and the MLPs keep the default init, scaled down by 10, so every
+    weight still reaches the logits (the logit tolerance checks them)."""
+    e, h, k, d = model.d_model, model.n_heads, model.n_kv_heads, model.d_head
+    if not (h == k and h * d == e and model.n_layers >= 1):
+        raise ConfigError("model", model.name, "a multihead model with n_heads * d_head = "
+                          "d_model (e.g. tiny-mha) for the previous-token verification init")
+    params = init_params(model, seed)
+    embed = np.asarray(params["embed"], np.float32)
+    embed[:, 0] = 1.0                                  # the constant feature q and k read
+    # Every row with RMS 1: the normed input's feature 0 is then the same for every token,
+    # so the scores depend on relative position only.
+    embed /= np.sqrt(np.mean(embed * embed, axis=1, keepdims=True))
+    params["embed"] = jnp.asarray(embed, jnp.bfloat16)
+    half = d // 2
+    theta = ROPE_BASE ** (-np.arange(half) / half)
+    # Only the two fastest RoPE frequencies (theta 1 and 10^(-4/half)...): the score
+    # sum_f cos((i - j - 1) theta_f) then has its runner-up 25% below the peak for the
+    # contexts the tests use (<= 16; slower pairs would flatten it).
+    amplitude = np.where(np.arange(half) < 2, sharpness, 0.0)
+    q = np.concatenate([amplitude, np.zeros(half)])                          # (q1, q2) = (a, 0)
+    key = np.concatenate([amplitude * np.cos(theta), amplitude * np.sin(theta)])  # q rotated by theta
+    w_q, w_k = np.zeros((e, h * d), np.float32), np.zeros((e, k * d), np.float32)
+    w_q[0] = np.tile(q, h)
+    w_k[0] = np.tile(key, k)
+
+    def small(w):
+        return jnp.asarray(np.asarray(w, np.float32) * 0.1, jnp.bfloat16)
+
+    layers = []
+    for i, w in enumerate(params["layers"]):
+        w = {name: (small(v) if name in ("w_o", "w_out", "w_in", "w_gate", "w_up") else v)
+             for name, v in w.items()}
+        if i == 0:
+            w.update(w_q=jnp.asarray(w_q, jnp.bfloat16), w_k=jnp.asarray(w_k, jnp.bfloat16),
+                     w_v=jnp.asarray(np.eye(e, k * d), jnp.bfloat16),
+                     w_o=jnp.asarray(copy_gain * np.eye(h * d, e), jnp.bfloat16))
+        layers.append(w)
+    params["layers"] = layers
+    return params
+
+
+def _head_slots(model: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the real query heads and real KV heads in a padded model's head
+    dimensions (layouts.pad_model: each KV group's first H/K query heads are real; a
+    multihead model's first K KV heads are)."""
+    base = model.unpadded
+    group, padded_group = base.n_heads // base.n_kv_heads, model.n_heads // model.n_kv_heads
+    q = np.array([g * padded_group + j for g in range(base.n_kv_heads) for j in range(group)]) \
+        if model.n_kv_heads == base.n_kv_heads else np.arange(base.n_heads)
+    return q, np.arange(base.n_kv_heads)
+
+
+def _embed_heads(w, axis: int, slots: np.ndarray, padded: int, d_head: int):
+    """Place the heads of `w` (head-major along `axis`, d_head each) at `slots` of
+    `padded` heads; the others are zero."""
+    w = np.asarray(w, np.float32)
+    shape = list(w.shape)
+    heads = shape[axis] // d_head
+    split = w.reshape(shape[:axis] + [heads, d_head] + shape[axis + 1:])
+    out = np.zeros(shape[:axis] + [padded, d_head] + shape[axis + 1:], np.float32)
+    index = [slice(None)] * out.ndim
+    index[axis] = slots
+    out[tuple(index)] = split
+    return jnp.asarray(out.reshape(shape[:axis] + [padded * d_head] + shape[axis + 1:]), jnp.bfloat16)
+
+
+def pad_params(params: dict, model: ModelConfig) -> dict:
+    """Unpadded model weights -> the head-padded `model`'s (paper §4): padded query heads
+    get zero W_q columns and zero W_o rows, so they add nothing to the residual stream;
+    a multihead model's padded KV heads get zero W_k, W_v columns."""
+    base = model.unpadded
+    if model is base or model.n_heads == base.n_heads:
+        return params
+    q_slots, kv_slots = _head_slots(model)
+    d = model.d_head
+    layers = []
+    for w in params["layers"]:
+        w = dict(w)
+        w["w_q"] = _embed_heads(w["w_q"], 1, q_slots, model.n_heads, d)
+        w["w_o"] = _embed_heads(w["w_o"], 0, q_slots, model.n_heads, d)
+        if model.n_kv_heads != base.n_kv_heads:
+            for name in ("w_k", "w_v"):
+                w[name] = _embed_heads(w[name], 1, kv_slots, model.n_kv_heads, d)
+        layers.append(w)
+    return {**params, "layers": layers}
+
+
+def unpad_params(params: dict, model: ModelConfig) -> dict:
+    """The inverse of pad_params: the real heads' weights only (for the reference)."""
+    base = model.unpadded
+    if model is base or model.n_heads == base.n_heads:
+        return params
+    q_slots, kv_slots = _head_slots(model)
+    d = model.d_head
+
+    def take(w, axis, slots, heads):
+        shape = list(w.shape)
+        split = jnp.reshape(w, shape[:axis] + [heads, d] + shape[axis + 1:])
+        kept = jnp.take(split, jnp.asarray(slots), axis=axis)
+        return jnp.reshape(kept, shape[:axis] + [len(slots) * d] + shape[axis + 1:])
+
+    layers = []
+    for w in params["layers"]:
+        w = dict(w)
+        w["w_q"] = take(w["w_q"], 1, q_slots, model.n_heads)
+        w["w_o"] = take(w["w_o"], 0, q_slots, model.n_heads)
+        if model.n_kv_heads != base.n_kv_heads:
+            for name in ("w_k", "w_v"):
+                w[name] = take(w[name], 1, kv_slots, model.n_kv_heads)
+        layers.append(w)
+    return {**params, "layers": layers}
+
+
 def prompt_tokens(model: ModelConfig, batch: int, length: int, seed: int) -> np.ndarray:
     """Deterministic prompt [batch, length] int32 from a seed (independent of the weights' stream)."""
     rng = np.random.default_rng([seed, 1])

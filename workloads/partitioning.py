@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from workloads.config import ModelConfig
-from workloads.layouts import AXES, PhaseLayout, kv_heads_sharded, split_axes
+from workloads.layouts import AXES, PhaseLayout, kv_heads_sharded, split_axes, weight_dims
 from workloads.model import NORM_EPS, ROPE_BASE, layer_shapes
 from workloads.quant import is_quantized
 
@@ -119,20 +119,8 @@ class Plan:
 
 
 # --------------------------------------------------------------------------- stored weights
-
-
-def weight_dims(name: str, one_d: bool, kv_split: bool) -> tuple[tuple[str, ...], ...]:
-    """Mesh axes of each dimension of a stored weight, major first (paper §3.2.3:
-    E_x F_yz for ws2d and the weight-gathered layouts; E F_xyz when both phases are ws1d)."""
-    e_axes = () if one_d else ("x",)
-    f_axes = ("z", "y", "x") if one_d else ("z", "y")
-    if name in ("w_q", "w_in", "w_gate", "w_up"):
-        return (e_axes, f_axes)
-    if name == "w_kv":          # [2 (K and V), E, K*D]; replicated over yz unless K % n == 0
-        return ((), e_axes, f_axes if kv_split else ())
-    if name in ("w_o", "w_out"):
-        return (f_axes, e_axes)
-    raise KeyError(name)
+# Which mesh axes each stored dimension is split over: layouts.weight_dims, the one table
+# (layouts.STORED_WEIGHTS) the cost model counts bytes from too.
 
 
 def param_specs(model: ModelConfig, one_d: bool, kv_split: bool, int8: bool) -> dict:
@@ -306,8 +294,10 @@ def ws1d_ffn(plan: Plan, h, w):
 
 def ws1d_qkv(plan: Plan, h, w):
     q = matmul(h, stationary_weight(plan, w["w_q"], "w_q"))    # heads over xyz, local
-    kv = _project_kv(plan, h, stationary_weight(plan, w["w_kv"], "w_kv"))   # local K/V
-    return _heads(plan, q), kv
+    w_kv = stationary_weight(plan, w["w_kv"], "w_kv")
+    if _kv_by_batch(plan):   # Fig. 5b: project only this chip's sequences (B_xyz), no comm
+        return _heads(plan, q), _project_kv(plan, local_chunk(plan, h, plan.rest, axis=0), w_kv)
+    return _heads(plan, q), _project_kv(plan, h, w_kv)         # local K/V
 
 
 def ws1d_attn_out(plan: Plan, o, w):
@@ -337,12 +327,31 @@ def ws2d_ffn(plan: Plan, h, w):
 def ws2d_qkv(plan: Plan, h, w):
     q = matmul(h, stationary_weight(plan, w["w_q"], "w_q"))    # BL(HD)_yz partial-x
     q = psum_scatter(plan, _heads(plan, q), ("x",), axis=2)  # RS_x -> BLH_xyzD
-    kv = _project_kv(plan, h, stationary_weight(plan, w["w_kv"], "w_kv"))   # BL 2 K D, partial-x
+    w_kv = stationary_weight(plan, w["w_kv"], "w_kv")
+    if _kv_by_batch(plan):
+        return q, _ws2d_kv_by_batch(plan, h, w_kv)
+    kv = _project_kv(plan, h, w_kv)                             # BL 2 K D, partial-x
     if plan.kv_split:
         kv = psum_scatter(plan, kv, ("x",), axis=3)             # RS_x: like Q
     else:
         kv = psum(plan, kv, ("x",))                             # AR_x: every chip gets all K heads
     return q, kv
+
+
+def _ws2d_kv_by_batch(plan: Plan, h, w_kv):
+    """Fig. 5b in 2D weight-stationary, K/V replicated over yz: chip (x, y, z) must end
+    with the K/V of batch chunk x·YZ + yz (the cache is B_xyz, mesh order). Its yz-group
+    (the X chips of one y, z) projects the X chunks {x'·YZ + yz}, partial over x (E is
+    E_x), and ONE reduce-scatter over x on that batch dimension sums them and leaves chip
+    x its own chunk. No chip projects the sequences of another yz-group."""
+    x_size = plan.sizes["x"]
+    yz = plan.size(("y", "z"))
+    b = h.shape[0]
+    rows = h.reshape((x_size, yz, b // (x_size * yz)) + h.shape[1:])
+    mine = jax.lax.dynamic_index_in_dim(rows, axis_index(plan, ("y", "z")), axis=1, keepdims=False)
+    kv = _project_kv(plan, mine.reshape((-1,) + h.shape[1:]), w_kv)     # [X·B/n, L, 2, K, D] partial-x
+    kv = kv.reshape((x_size, -1) + kv.shape[1:])
+    return psum_scatter(plan, kv, ("x",), axis=0, tiled=False)          # RS_x over batch -> B_xyz
 
 
 def ws2d_attn_out(plan: Plan, o, w):
@@ -371,8 +380,10 @@ def weight_gathered_ffn(plan: Plan, h, w):
 
 def wg_qkv(plan: Plan, h, w):
     q = matmul(h, gathered_weight(plan, w["w_q"], "w_q"))      # AG_G(W_q); heads over R
-    kv = _project_kv(plan, h, gathered_weight(plan, w["w_kv"], "w_kv"))   # AG_G(W_k, W_v), one op
-    return _heads(plan, q), kv
+    w_kv = gathered_weight(plan, w["w_kv"], "w_kv")             # AG_G(W_k, W_v), one op
+    if _kv_by_batch(plan):   # Fig. 5b: only this chip's sequences (B_G split over R), no comm
+        h = local_chunk(plan, h, plan.rest, axis=0)
+    return _heads(plan, q), _project_kv(plan, h, w_kv)
 
 
 def wg_attn_out(plan: Plan, o, w):
@@ -402,14 +413,15 @@ def head_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: b
 
 
 def batch_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: bool):
-    """Fig. 4c / 5b: all-to-all the small Q (and K/V) from head- to batch-sharding over R,
-    attend against a KV cache sharded over batch on all n chips, all-to-all the output back."""
+    """Fig. 4c / 5b: all-to-all the small per-token Q (and K/V when head-sharded) from head-
+    to batch-sharding over R, attend against a KV cache sharded over batch on all n chips,
+    all-to-all the output back. Replicated K/V arrive already batch-sharded: no chip
+    computed them for sequences it does not hold (_kv_by_batch)."""
     rest = plan.rest
     q = _heads_in_head_order(plan, all_to_all(plan, q, rest, split_axis=0, concat_axis=2), axis=2)
     if plan.kv_split:
         kv = _heads_in_head_order(plan, all_to_all(plan, kv, rest, split_axis=0, concat_axis=3), axis=3)
-    else:   # every chip computed all K heads: keep this chip's sequences, no communication
-        kv = local_chunk(plan, kv, rest, axis=0)
+    # else: the *_qkv function already projected only this chip's sequences (_kv_by_batch)
     out, cache = attend(q, kv, cache, layer, pos, prefill)
     out = all_to_all(plan, _heads_in_mesh_order(plan, out, axis=2), rest, split_axis=2, concat_axis=0)
     return out, cache
@@ -454,6 +466,11 @@ def _heads(plan: Plan, x):
 
 def _flat(o):
     return o.reshape(o.shape[:-2] + (-1,))
+
+
+def _kv_by_batch(plan: Plan) -> bool:
+    """Batch-sharded attention with replicated K/V weights: project K/V per batch shard."""
+    return plan.batch_attention and not plan.kv_split
 
 
 def _project_kv(plan: Plan, h, w_kv):

@@ -14,8 +14,8 @@ from typing import Any, Mapping
 from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
                               read_yaml)
 from workloads.costmodel import best_topology
-from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout,
-                               validate_layouts)
+from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, WEIGHT_FORMATS,
+                               PhaseLayout, resolve_padding, validate_layouts)
 
 
 @dataclass(frozen=True)
@@ -34,16 +34,26 @@ class TrialConfig:
     warmup: int = 1
     ci_target: float = 0.02       # stop timing once both medians' 95% CI is within +-2%
     time_budget_s: float = 2.0    # ... or once the timed runs have taken this long
+    # Paper §4 head padding: auto (pad the query heads to the smallest count the layouts'
+    # sharded axes divide; no-op when they already do) | none | an integer N.
+    pad_heads: str | int = "auto"
     hosts: int = 1                # JAX processes the mesh spans, chips / hosts each (README "Multi-host trials")
 
     FIELDS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-              "prefill", "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s", "hosts")
+              "prefill", "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s",
+              "pad_heads", "hosts")
     # The flat parameter names (MLflow params, table columns, the search space's flat view):
     # the one list everything else derives from. LAYOUT_PARAMS: how a trial is partitioned.
     LAYOUT_PARAMS = ("weights", "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn")
     FLAT_PARAMS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-                   "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats", "hosts")
+                   "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats",
+                   "pad_heads", "hosts")
     INT_FLAT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "hosts")
+
+    @property
+    def run_model(self) -> ModelConfig:
+        """The model as the engine and the cost model run it: padded per `pad_heads`."""
+        return resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill, self.decode)
 
     @property
     def context_len(self) -> int:
@@ -61,7 +71,9 @@ class TrialConfig:
         return dataclasses.replace(self, topology=self.mesh_shape)
 
     def validate(self, source: str | None = None) -> "TrialConfig":
-        validate_layouts(self.model, self.mesh_shape, self.prefill, self.decode, self.batch, source)
+        model = resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill,
+                                self.decode, source)
+        validate_layouts(model, self.mesh_shape, self.prefill, self.decode, self.batch, source)
         return self
 
     def to_dict(self) -> dict:
@@ -81,6 +93,7 @@ class TrialConfig:
             "warmup": self.warmup,
             "ci_target": self.ci_target,
             "time_budget_s": self.time_budget_s,
+            "pad_heads": self.pad_heads,
             "hosts": self.hosts,
         }
 
@@ -122,6 +135,7 @@ class TrialConfig:
         values["weights"] = weights
         for phase in ("prefill", "decode"):
             values[phase] = parse_phase_layout(data.get(phase, {}), phase, source)
+        values["pad_heads"] = parse_pad_heads(data.get("pad_heads", DEFAULTS["pad_heads"]), source)
         trial = cls(**values)
         return trial.validate(source) if validate else trial
 
@@ -151,6 +165,19 @@ def flat_params_of(data: Mapping[str, Any]) -> dict[str, Any]:
         else:
             flat[name] = data.get(name, DEFAULTS.get(name))
     return flat
+
+
+def parse_pad_heads(value: Any, source: str | None = None, field: str = "pad_heads") -> str | int:
+    """auto | none | a positive integer (a YAML `null` or `false` reads as none)."""
+    if value is None or value is False:
+        return "none"
+    if value in PAD_HEADS_CHOICES:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(field, value, "auto, none or a positive integer (query heads to run)", source)
+    return value
 
 
 def parse_phase_layout(data: Any, phase: str, source: str | None = None) -> PhaseLayout:

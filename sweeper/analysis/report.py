@@ -28,7 +28,7 @@ import jinja2
 from sweeper.analysis import calibrate as cal
 from sweeper.analysis import holdout
 from sweeper.analysis import pareto
-from sweeper.analysis import plots
+from sweeper.analysis import optuna_views, plots
 from sweeper.analysis.fit import CalibrationError
 from sweeper.formatting import jsonable, percent_dash, short_number
 from sweeper.paths import sweeper_home
@@ -36,7 +36,7 @@ from sweeper.paths import sweeper_home
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"   # sweeper/dashboards: package data
 TEMPLATE = "report.html.j2"
 REPORT_FILE = "report.html"
-FIGURES = ("pareto", "mfu", "latency", "predicted")
+FIGURES = ("pareto", "mfu", "latency", "importance", "parallel", "hypervolume", "predicted")
 
 
 def _source_sentence(source: str, hardware: str) -> str:
@@ -181,6 +181,8 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
     pngs = {"pareto": plots.png_bytes(plots.pareto_figure(df, label)),
             "mfu": plots.png_bytes(plots.mfu_figure(df, label)),
             "latency": plots.png_bytes(plots.latency_figure(df, label))}
+    views, view_pngs = optuna_context(df, label)
+    pngs.update(view_pngs)
     if calibration is not None:
         title = (f"held-out predictions ({holdout.HOLDOUT_TEXT[calibration.headline]}): analytical, "
                  f"fitted, against {label}; MAPE {percent_dash(calibration.main.mape)}")
@@ -213,8 +215,32 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
         images={k: base64.b64encode(v).decode("ascii") for k, v in pngs.items()},
         pareto=pareto_ctx, fit=_fit_context(calibration) if calibration else None,
         fit_error=fit_error or "", regimes=_table(regimes_table(df)) if len(df) else _table(pd.DataFrame()),
-        best_layouts=_table(best_layouts_table(df, held)))
+        best_layouts=_table(best_layouts_table(df, held)), optuna=views)
     return html, pngs
+
+
+def optuna_context(df: pd.DataFrame, label: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Optuna's analyses (sweeper/analysis/optuna_views.py): template context and PNGs."""
+    importances = [optuna_views.param_importance(df, phase) for phase in pareto.PHASES]
+    rows = [{"phase": r.phase, "target": f"log10 {r.metric}", "parameter": name,
+             "importance": percent_dash(value), "trials": r.n_trials}
+            for r in importances for name, value in r.importances.items()]
+    rows += [{"phase": r.phase, "target": f"log10 {r.metric}", "parameter": "—",
+              "importance": f"not computed: {r.skipped}", "trials": r.n_trials}
+             for r in importances if r.skipped]
+    history = optuna_views.hypervolume_history(df)
+    finals = history.groupby("phase")["hypervolume"].last() if len(history) else {}
+    evaluator = next((r.evaluator for r in importances if r.evaluator), "fANOVA")
+    pngs = {"importance": plots.png_bytes(optuna_views.importance_figure(importances, label)),
+            "parallel": plots.png_bytes(optuna_views.parallel_coordinates_figure(df, label)),
+            "hypervolume": plots.png_bytes(optuna_views.hypervolume_figure(history, label))}
+    context = {"evaluator": evaluator,
+               "importance": _table(pd.DataFrame(rows, columns=["phase", "target", "parameter",
+                                                                "importance", "trials"])),
+               "hv_note": "Final: " + ", ".join(f"{p} {short_number(float(v))}"
+                                                for p, v in dict(finals).items()) + "."
+               if len(finals) else ""}
+    return context, pngs
 
 
 @dataclass

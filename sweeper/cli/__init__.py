@@ -13,6 +13,7 @@ from typing import Callable
 
 from sweeper.cli import analytical   # pure Python: no JAX import on this path
 from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a sweep starts
+from sweeper.cli import studies   # export, compare, schema: the analysis stack when they run
 from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
 from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
 from workloads.config import ConfigError
@@ -128,6 +129,20 @@ def _add_analysis_commands(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="folder for report.html")
     p.add_argument("--no-fit", action="store_true", help="leave out the calibration section")
     p.set_defaults(handler=report)
+
+    p = sub.add_parser("export", help="a study's whole trial table (params, measured and "
+                       "predicted metrics, state, reason) as CSV or Parquet")
+    studies.add_export_arguments(p)
+    p.set_defaults(handler=studies.cmd_export)
+
+    p = sub.add_parser("compare", help="two studies side by side: frontier overlay per phase, "
+                       "hypervolume of each (shared reference) and per-layout median latency change")
+    studies.add_compare_arguments(p)
+    p.set_defaults(handler=studies.cmd_compare)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of search-space files (for editors)")
+    p.add_argument("--out", metavar="FILE", help="write it to FILE instead of stdout")
+    p.set_defaults(handler=studies.cmd_schema)
 
 
 def version() -> str:

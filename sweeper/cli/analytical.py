@@ -17,7 +17,10 @@ from sweeper.formatting import format_fields, format_table, human_bytes, human_s
 from workloads import costmodel
 from workloads.config import ConfigError, load_model, parse_topology
 from workloads.hardware import load_hardware
-from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout
+from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout,
+                               resolve_padding)
+from workloads.recommend import recommend
+from workloads.trial import parse_pad_heads
 from workloads.validate import one_of
 
 HEADER = "analytical prediction (Pope et al. 2022 cost model from peak hardware numbers; not a measurement)"
@@ -43,6 +46,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--attn", help=f"attention layout: {' | '.join(ATTN_LAYOUTS)} (default: recommended)")
     p.add_argument("--weights", default="bf16", help="bf16 | int8 (default bf16)")
     p.add_argument("--topology", help="XxYxZ with X*Y*Z = chips (default: the best ws2d split)")
+    _pad_arg(p)
     p.set_defaults(handler=run_predict)
 
     p = sub.add_parser("recommend", help="fastest FFN/attention layout for one phase, with alternatives")
@@ -53,7 +57,14 @@ def add_parsers(sub) -> None:
                    "paper keeps X, Y, Z of the stored weights)")
     p.add_argument("--search-topology", action="store_true",
                    help="also try every X*Y*Z factorisation of chips")
+    _pad_arg(p)
     p.set_defaults(handler=run_recommend)
+
+
+def _pad_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pad-heads", default="auto",
+                   help="auto | none | N: pad the query heads with zero heads so the layout's "
+                        "axes divide them, as the paper padded PaLM 540B's 48 to 64 (default auto)")
 
 
 def _common_args(p: argparse.ArgumentParser) -> None:
@@ -153,17 +164,23 @@ def run_predict(args) -> int:
     ffn = None if args.ffn is None else _choice("--ffn", args.ffn, FFN_LAYOUTS)
     attn = None if args.attn is None else _choice("--attn", args.attn, ATTN_LAYOUTS)
     topology = _topology(args)
+    pad = parse_pad_heads(args.pad_heads, field="--pad-heads")
     if ffn is not None and attn is not None:
-        pred = costmodel.predict_phase(model, hw, args.chips, args.batch, phase, input_len, context,
-                                       PhaseLayout(ffn, attn), weights, topology)
+        layout = PhaseLayout(ffn, attn)
+        mesh = topology or costmodel.best_topology(model, args.chips)
+        run_model = resolve_padding(model, pad, mesh, layout, layout, None)
+        pred = costmodel.predict_phase(run_model, hw, args.chips, args.batch, phase, input_len,
+                                       context, layout, weights, mesh)
         result, chosen = pred.to_dict(), "given"
+        result["same_program_as"] = [ffn] if pred.ffn != ffn else []
     else:   # fill in what was left out with the best layout consistent with what was given
-        result = costmodel.recommend(model, hw, args.chips, args.batch, phase, input_len, context,
-                                     weights, topology, ffn=ffn, attn=attn)
+        result = recommend(model, hw, args.chips, args.batch, phase, input_len, context, weights,
+                           topology, ffn=ffn, attn=attn, pad_heads=pad).to_dict()
         for key in ("alternatives", "candidates", "rejected", "gather_degree_continuous",
                     "ws2d_crossover_chips"):
             result.pop(key, None)
         chosen = "recommended"
+    result["pad_heads"] = pad
     payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
                "input_len": input_len, "layout_chosen_by": chosen, **result}
     _emit(args, payload, lambda: _predict_text(model, hw, args, result, chosen))
@@ -182,6 +199,7 @@ def _predict_text(model, hw, args, r: dict, chosen: str) -> str:
         ("  memory", human_seconds(r["memory_s"])),
         ("  communication", human_seconds(r["comm_s"])),
         ("MFU", percent(r["mfu"])),
+        ("heads", _heads_text(r)),
         ("cost", f"{human_seconds(r['cost_chip_s_per_token'])} chip-time per token"),
         ("weights per chip", human_bytes(r["weight_bytes_per_chip"])),
         ("KV cache per chip", human_bytes(r["kv_bytes_per_chip"])),
@@ -197,6 +215,15 @@ def _predict_text(model, hw, args, r: dict, chosen: str) -> str:
     return f"{head}\n\n{table}"
 
 
+def _heads_text(r: dict) -> str:
+    """Query heads as run; the padding's cost when padded (paper §4)."""
+    alias = f"; {', '.join(r['same_program_as'])} is this program here" if r.get("same_program_as") else ""
+    if r["heads"] == r["unpadded_heads"]:
+        return f"{r['heads']} (pad_heads {r['pad_heads']}, no padding needed){alias}"
+    return (f"{r['unpadded_heads']} padded to {r['heads']} (+{r['padding_params'] / 1e9:.1f}B zero "
+            f"parameters, counted in time and memory; MFU counts the unpadded model){alias}")
+
+
 def _collective_rows(collectives: list[dict]) -> list[dict]:
     return [{"what": c["what"], "kind": c["kind"], "axes": c["axes"], "count": c["count"],
              "bytes per chip": c["bytes_per_chip"]} for c in collectives]
@@ -210,8 +237,9 @@ def run_recommend(args) -> int:
     phase, input_len, context = _phase_inputs(args)
     weights = _choice("--weights", args.weights, WEIGHT_FORMATS)
     topology = _topology(args)
-    result = costmodel.recommend(model, hw, args.chips, args.batch, phase, input_len, context,
-                                 weights, topology, search_topology=args.search_topology)
+    pad = parse_pad_heads(args.pad_heads, field="--pad-heads")
+    result = recommend(model, hw, args.chips, args.batch, phase, input_len, context, weights,
+                       topology, search_topology=args.search_topology, pad_heads=pad).to_dict()
     payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
                "input_len": input_len, **result}
     _emit(args, payload, lambda: _recommend_text(model, hw, args, result))
@@ -224,19 +252,26 @@ def _recommend_text(model, hw, args, r: dict) -> str:
         ("recommended", f"ffn {r['ffn']}, attention {r['attn']}, topology "
                         f"{'x'.join(map(str, r['topology']))}"),
         ("latency", f"{human_seconds(r['latency_s'])}  ({r['bound']}-bound), MFU {percent(r['mfu'])}"),
+        ("heads", _heads_text(r)),
         ("peak per chip", f"{human_bytes(r['peak_bytes_per_chip'])} of {human_bytes(r['hbm_bytes'])}"
                           f" -> {'fits' if r['fits'] else 'DOES NOT FIT (nothing fits)'}"),
         ("gather degree N*", f"{r['gather_degree_continuous']:.1f}  (sqrt(BL n / F), App. A.2.2)"),
         ("ws2d beats ws1d", f"above {r['ws2d_crossover_chips']:g} chips (from the A.2.1 formulas)"),
     ], title=_title(model, hw, args.chips, args.batch, "recommend"))
+    alternatives = [{**a, "same_program_as": ", ".join(a["same_program_as"]) or "-"}
+                    for a in r["alternatives"]]
     table = format_table(
-        r["alternatives"],
-        ["ffn", "attn", "topology", "latency_s", "compute_s", "memory_s", "comm_s", "mfu",
-         "peak_bytes_per_chip", "fits"],
+        alternatives,
+        ["ffn", "attn", "topology", "heads", "latency_s", "compute_s", "memory_s", "comm_s", "mfu",
+         "peak_bytes_per_chip", "fits", "same_program_as"],
         headers={"latency_s": "latency", "compute_s": "compute", "memory_s": "memory",
                  "comm_s": "comm", "mfu": "MFU", "peak_bytes_per_chip": "peak/chip"},
         formats={"latency_s": human_seconds, "compute_s": human_seconds, "memory_s": human_seconds,
                  "comm_s": human_seconds, "mfu": percent, "peak_bytes_per_chip": human_bytes},
         title=f"alternatives, best per layout ({r['candidates']} valid candidates, "
-              f"{r['rejected']} rejected by layout constraints)")
-    return f"{head}\n\n{table}"
+              f"{len(r['rejected'])} rejected)")
+    rejected = format_table(
+        [{**x, "topology": "x".join(map(str, x["topology"]))} for x in r["rejected"]],
+        ["ffn", "attn", "topology", "kind", "reason"],
+        title="rejected layouts") if r["rejected"] else "rejected layouts: none"
+    return f"{head}\n\n{table}\n\n{rejected}"

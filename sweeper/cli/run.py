@@ -10,7 +10,7 @@ import sys
 from sweeper import paths
 from sweeper.cli.output import print_json
 from sweeper.formatting import metric_text, one_line, percent_dash, short_number
-from sweeper.sweep.space import load_space
+from sweeper.sweep.overrides import load_space_with_overrides
 from workloads.config import ConfigError
 
 
@@ -24,6 +24,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue a study (--study, else the latest of this space)")
     p.add_argument("--trials", type=int, help="override the space's trial count")
     p.add_argument("--parallel", type=int, help="override the space's trials in flight")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the space file before it is validated: KEY a "
+                   "dotted path (params.batch, sampler.type, objectives.0.metric), VALUE YAML "
+                   "(e.g. --set params.batch=[4,8] --set trials=10); repeatable")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--no-analysis", action="store_true",
                    help="skip the end-of-sweep analysis (calibration, report)")
@@ -33,7 +37,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # the controller imports Optuna, Ray and MLflow where it uses them
     from sweeper.sweep.controller import run_sweep   # lazy: the controller imports pandas
 
-    space = load_space(args.space)          # every input error exits 2 here, before any work
+    # every input error (in the file or a --set override) exits 2 here, before any work
+    space = load_space_with_overrides(args.space, args.set)
     for flag in ("trials", "parallel"):
         value = getattr(args, flag)
         if value is not None and value < 1:

@@ -5,7 +5,7 @@
     sampler: {type: guided, options: {hardware: fitted.yaml}}   # predict with `sweeper fit`'s profile
 
 Seeding (`seed_points(space)`): for every combination of the searched workload parameters
-(batch, chips, input_len, decode_steps, weights), `costmodel.recommend` picks the fastest
+(batch, chips, input_len, decode_steps, weights), `workloads.recommend.recommend` picks the fastest
 layout and, when `topology` is searched, topology of each phase, among the layouts the
 space allows (paper §3: which layout wins depends on batch, chips and phase; the cost
 model decides, no hand-written rule). Each recommended point becomes a trial config,
@@ -43,6 +43,7 @@ from optuna.samplers import BaseSampler
 from workloads import costmodel
 from workloads.config import ConfigError
 from workloads.hardware import load_hardware, per_chip, worker_share
+from workloads.recommend import recommend
 from workloads.trial import DEFAULTS as TRIAL_DEFAULTS
 
 log = logging.getLogger(__name__)
@@ -197,9 +198,8 @@ def _recommended(space, profile, values: dict, phase: str, search_topology: bool
     context = (input_len if phase == "prefill"
                else costmodel.decode_context(SimpleNamespace(**shape)))
     try:
-        rec = costmodel.recommend(space.model, profile(chips), chips, batch, phase,
-                                  input_len=input_len, context=context, weights=weights,
-                                  search_topology=search_topology)
+        rec = recommend(space.model, profile(chips), chips, batch, phase, input_len=input_len,
+                        context=context, weights=weights, search_topology=search_topology).to_dict()
     except ConfigError:
         return None
     ffns, attns = _allowed(space, phase, "ffn"), _allowed(space, phase, "attn")

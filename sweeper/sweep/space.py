@@ -9,8 +9,9 @@ parameters to search, what to optimise and under which constraints:
     input_len: 32                    # any TrialConfig field not searched is fixed here
     decode_steps: 8
     params:                          # searched: batch chips topology weights input_len decode_steps
-      batch: [4, 8, 16]              #   prefill_ffn prefill_attn decode_ffn decode_attn, and
-                                     #   ffn / attn (the same layout in both phases)
+      batch: [4, 8, 16]              #   prefill_ffn prefill_attn decode_ffn decode_attn,
+                                     #   ffn / attn (the same layout in both phases), and
+                                     #   pad_heads (auto | none | N: paper §4 head padding)
       chips: {choices: [1, 2, 4]}    # categorical (a list is shorthand for choices)
       input_len: {low: 16, high: 256, log: true}   # integer range (optional log, step)
       decode_ffn: [ws1d, ws2d]
@@ -53,14 +54,16 @@ from workloads.hardware import HOST, load_hardware
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout, stores_1d,
                                validate_layouts)
 from workloads.metrics import METRIC_NAMES, Measurement
-from workloads.trial import TrialConfig, flat_params_of, parse_nonnegative, parse_phase_layout
+from workloads.trial import (TrialConfig, flat_params_of, parse_nonnegative, parse_pad_heads,
+                             parse_phase_layout)
 from workloads.validate import check_keys as _check_keys, one_of
 
 # What can be searched, and which of those are integers.
 # `ffn` / `attn` set the layout of both phases at once (e.g. Figure 6 compares ws1d and ws2d
 # with the same layout in prefill and decode).
 PARAM_NAMES = ("batch", "chips", "topology", "prefill_ffn", "prefill_attn", "decode_ffn",
-               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps", "seed", "hosts")
+               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps", "seed",
+               "pad_heads", "hosts")
 INT_PARAMS = ("batch", "chips", "input_len", "decode_steps", "seed", "hosts")   # seed: replicates
 LAYOUT_PARAMS = {"prefill_ffn": FFN_LAYOUTS, "prefill_attn": ATTN_LAYOUTS,
                  "decode_ffn": FFN_LAYOUTS, "decode_attn": ATTN_LAYOUTS,
@@ -69,7 +72,8 @@ AUTO_TOPOLOGY = "auto"   # the cost model's best split (TrialConfig.topology = N
 
 # Trial fields that a space file may fix (TrialConfig.FIELDS without the model).
 FIXED_FIELDS = ("chips", "batch", "input_len", "decode_steps", "topology", "weights", "prefill",
-                "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s", "hosts")
+                "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s", "pad_heads",
+                "hosts")
 SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objectives",
                 "constraints", "sampler", "trials", "parallel", "timeout_s", "max_retries",
                 "memory_budget_bytes", "resources", "verify")
@@ -190,6 +194,8 @@ def _param_value(name: str, value: Any, field: str, source: str | None):
         return _one_of(field, value, LAYOUT_PARAMS[name], source)
     if name == "weights":
         return _one_of(field, value, WEIGHT_FORMATS, source)
+    if name == "pad_heads":   # auto | none | N (paper §4 head padding)
+        return parse_pad_heads(value, source, field)
     if name == "topology":
         if value == AUTO_TOPOLOGY:
             return value
@@ -434,7 +440,7 @@ class SearchSpace:
                         layout[part] = params[name]
             data[phase] = layout
         for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology", "seed",
-                     "hosts"):
+                     "pad_heads", "hosts"):
             if name in params:
                 data[name] = params[name]
         if data.get("topology") == AUTO_TOPOLOGY:
@@ -627,6 +633,8 @@ def _parse_fixed(data: Mapping, source: str | None) -> dict[str, Any]:
             fixed[key] = _one_of(key, value, WEIGHT_FORMATS, source)
         elif key in ("ci_target", "time_budget_s"):
             fixed[key] = parse_nonnegative(value, key, source)
+        elif key == "pad_heads":
+            fixed[key] = parse_pad_heads(value, source)
         else:
             minimum = 0 if key in ("seed", "warmup", "decode_steps") else 1
             fixed[key] = _int(value, key, source, minimum)

@@ -61,6 +61,7 @@ from sweeper.formatting import one_line
 from sweeper.sweep.slices import JOIN_TIMEOUT_S, PLACE_TIMEOUT_S, SlicePlan, free_port, plan_slice
 from workloads.config import ConfigError, HardwareProfile
 from workloads.costmodel import predict
+from workloads import hoststate
 from workloads.measure import run_trial
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
@@ -224,8 +225,10 @@ class MeshWorker:
         profile = HardwareProfile.from_dict(hardware) if hardware else None
         before = set(self.engine_cache)
         started = time.time()
+        hoststate.reset_peak_rss()      # this trial's memory high-water, not the actor's
         measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile,
                                 verify=verify)
+        measurement.worker_rss_peak_bytes = hoststate.peak_rss_bytes()
         finished = time.time()
         self.trials_run += 1
         new_entries = len(set(self.engine_cache) - before)

@@ -1,0 +1,189 @@
+"""Which layout to run one phase with: every candidate evaluated or rejected with its reason.
+
+    rec = recommend(model, hw, chips=64, batch=64, phase="decode", context=2048)
+    rec.best.prediction.latency_s, rec.candidates, rec.rejected
+
+A question is answered as long as one layout can run it: a layout whose heads, batch or
+dimensions do not divide over its axes is *rejected* with that reason (and so is one that
+does not fit in HBM, after being predicted), never an error. ConfigError only when no
+layout is valid at all.
+
+Two rules make the candidates the paper's:
+- head padding (paper §4: PaLM 540B's 48 heads padded to 64 "to partition more effectively
+  on 64+ chips"): `pad_heads="auto"` pads each candidate's query heads to the smallest
+  count its sharded axes divide (layouts.padded_head_count); the extra parameters, FLOPs
+  and memory are in its prediction, MFU counts the unpadded model (costmodel.predict_phase);
+- degenerate layouts: a gather over mesh axes of total size 1 is the weight-stationary
+  program (layouts.canonical_layout). Such a layout is predicted once, under its canonical
+  name, and the requested names it stands for are listed as `aliases`.
+
+Pure Python (no JAX); plain dataclasses cross the module boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workloads import costmodel
+from workloads.config import ConfigError, HardwareProfile, ModelConfig
+from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout,
+                               canonical_layout, resolve_padding)
+
+# Why a layout was not recommended (Rejected.kind).
+HEADS, BATCH, DIMENSIONS, MEMORY = ("heads do not divide", "batch does not divide",
+                                    "dimensions do not divide", "does not fit memory")
+
+
+@dataclass
+class Candidate:
+    """One evaluated (ffn, attn, topology) with its analytical prediction."""
+
+    ffn: str
+    attn: str
+    topology: tuple[int, int, int]
+    heads: int                                  # query heads as run (padded)
+    prediction: costmodel.PhasePrediction
+    aliases: list[str] = field(default_factory=list)   # requested ffn names that are this program
+
+    @property
+    def fits(self) -> bool:
+        return self.prediction.fits
+
+    def summary(self) -> dict:
+        p = self.prediction
+        return {"ffn": self.ffn, "attn": self.attn, "topology": list(self.topology),
+                "heads": self.heads, "same_program_as": list(self.aliases),
+                "latency_s": p.latency_s, "compute_s": p.compute_s, "memory_s": p.memory_s,
+                "comm_s": p.comm_s, "mfu": p.mfu, "peak_bytes_per_chip": p.peak_bytes_per_chip,
+                "fits": p.fits, "bound": p.bound}
+
+
+@dataclass
+class Rejected:
+    """A layout that is not recommended, and why (one line)."""
+
+    ffn: str
+    attn: str
+    topology: tuple[int, int, int]
+    kind: str        # HEADS, BATCH, DIMENSIONS or MEMORY
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"ffn": self.ffn, "attn": self.attn, "topology": list(self.topology),
+                "kind": self.kind, "reason": self.reason}
+
+
+@dataclass
+class Recommendation:
+    """The answer for one phase: the best candidate, every candidate, every rejection."""
+
+    phase: str
+    pad_heads: str | int
+    best: Candidate
+    candidates: list[Candidate]           # ranked: fits first, then latency
+    rejected: list[Rejected]
+    gather_degree_continuous: float       # App. A.2.2 N* = sqrt(BL n / F)
+    ws2d_crossover_chips: float           # App. A.2.1, from the formulas
+
+    def alternatives(self) -> list[Candidate]:
+        """The best candidate per (ffn, attn), in rank order."""
+        seen: dict[tuple[str, str], Candidate] = {}
+        for c in self.candidates:
+            seen.setdefault((c.ffn, c.attn), c)
+        return list(seen.values())
+
+    def to_dict(self) -> dict:
+        """The best prediction's fields at the top level (as `predict`), then the lists."""
+        out = self.best.prediction.to_dict()
+        out.update({
+            "source": costmodel.SOURCE,
+            "pad_heads": self.pad_heads,
+            "same_program_as": list(self.best.aliases),
+            "alternatives": [c.summary() for c in self.alternatives()],
+            "candidates": len(self.candidates),
+            "rejected": [r.to_dict() for r in self.rejected],
+            "gather_degree_continuous": self.gather_degree_continuous,
+            "ws2d_crossover_chips": self.ws2d_crossover_chips,
+        })
+        return out
+
+
+def rejection_kind(err: ConfigError) -> str:
+    """The constraint a layout validation error names, as a Rejected.kind."""
+    if err.field in ("model.n_heads", "model.n_kv_heads", "pad_heads"):
+        return HEADS
+    if err.field == "batch":
+        return BATCH
+    return DIMENSIONS
+
+
+def _topologies(model: ModelConfig, chips: int, topology, search_topology: bool):
+    if topology is not None:
+        return [costmodel._check_topology(topology, chips)]
+    if search_topology:
+        return costmodel._topology_candidates(model, chips)
+    return [costmodel.best_topology(model, chips)]
+
+
+def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
+              input_len: int = 1, context: float | None = None, weights: str = "bf16",
+              topology: tuple[int, int, int] | None = None, ffn: str | None = None,
+              attn: str | None = None, search_topology: bool = False,
+              pad_heads: str | int = "auto") -> Recommendation:
+    """The fastest valid (ffn, attn, topology) for one phase; see the module docstring.
+
+    Every candidate is predicted as both phases' layout (the stored weights serve it).
+    Ranking: those that fit in HBM first, then latency, then the topology order (the
+    paper's best 2D split first). `ffn`, `attn` restrict the search; `topology` fixes the
+    mesh, `search_topology=True` tries every factorisation of `chips`."""
+    costmodel._positive_int("chips", chips)
+    costmodel._positive_int("batch", batch)
+    costmodel._choice("phase", phase, PHASES)
+    costmodel._choice("weights", weights, WEIGHT_FORMATS)
+    ffns = FFN_LAYOUTS if ffn is None else (costmodel._choice("ffn", ffn, FFN_LAYOUTS),)
+    attns = ATTN_LAYOUTS if attn is None else (costmodel._choice("attn", attn, ATTN_LAYOUTS),)
+    topologies = _topologies(model.unpadded, chips, topology, search_topology)
+
+    evaluated: dict[tuple, Candidate] = {}
+    rejected: list[Rejected] = []
+    for t in topologies:
+        for f in ffns:
+            for a in attns:
+                layout = canonical_layout(PhaseLayout(f, a), t)
+                key = (layout.ffn, layout.attn, t)
+                if key in evaluated:        # a degenerate name for a program already predicted
+                    evaluated[key].aliases.append(f)
+                    continue
+                try:
+                    run_model = resolve_padding(model, pad_heads, t, layout, layout)
+                    prediction = costmodel.predict_phase(run_model, hw, chips, batch, phase,
+                                                         input_len, context, layout, weights, t)
+                except ConfigError as err:
+                    rejected.append(Rejected(f, a, t, rejection_kind(err), str(err)))
+                    continue
+                evaluated[key] = Candidate(layout.ffn, layout.attn, t, run_model.n_heads, prediction,
+                                           [f] if f != layout.ffn else [])
+                if not prediction.fits:
+                    rejected.append(Rejected(layout.ffn, a, t, MEMORY, _memory_reason(prediction)))
+    if not evaluated:   # nothing can run: say why for each layout
+        reasons = "; ".join(f"{r.ffn}/{r.attn} on {'x'.join(map(str, r.topology))}: {r.reason}"
+                            for r in rejected)
+        raise ConfigError("layout", f"{phase} of batch {batch} on {chips} chips",
+                          f"at least one valid layout (every one is rejected: {reasons})")
+    order = {t: i for i, t in enumerate(topologies)}
+    ranked = sorted(evaluated.values(), key=lambda c: (
+        not c.fits, costmodel._significant(c.prediction.latency_s), order[c.topology]))
+    best = ranked[0]
+    seq_len = input_len if phase == "prefill" else 1
+    gather = costmodel.best_gather_degree(model.unpadded, chips, batch, seq_len,
+                                          best.topology, weights)
+    return Recommendation(phase=phase, pad_heads=pad_heads, best=best, candidates=ranked,
+                          rejected=rejected, gather_degree_continuous=gather["continuous"],
+                          ws2d_crossover_chips=costmodel.ws2d_crossover_chips(model.unpadded))
+
+
+def _memory_reason(p: costmodel.PhasePrediction) -> str:
+    return (f"peak {costmodel._bytes_text(p.peak_bytes_per_chip)} per chip (weights "
+            f"{costmodel._bytes_text(p.weight_bytes_per_chip)}, KV cache "
+            f"{costmodel._bytes_text(p.kv_bytes_per_chip)}) exceeds HBM "
+            f"{costmodel._bytes_text(p.hbm_bytes)}")
