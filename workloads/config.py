@@ -217,6 +217,12 @@ class HardwareProfile:
     # Fitted fixed cost per collective op of one kind (all-gather, ...); a kind not listed
     # costs `collective_latency_s`. Not hashed: a dict (frozen dataclass stays hashable).
     collective_latency_s_by_kind: dict = dataclasses.field(default_factory=dict, hash=False)
+    # Measured per kind and group size by `sweeper profile` (workloads/opprofile.py): one
+    # collective over g chips takes latency + bytes_per_chip / bandwidth, bytes per chip as
+    # the HLO counts them (all-gather: output; reduce-scatter: input; others: the tensor).
+    # {kind: {g: seconds}} and {kind: {g: bytes/s}}; empty unless profiled.
+    collective_latency_s_by_group: dict = dataclasses.field(default_factory=dict, hash=False)
+    collective_bandwidth_by_group: dict = dataclasses.field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -264,8 +270,39 @@ class HardwareProfile:
             if value < 0:
                 raise ConfigError(where, seconds, "a number >= 0", source)
             values["collective_latency_s_by_kind"][kind] = value
+        for key, what in (("collective_latency_s_by_group", "seconds"),
+                          ("collective_bandwidth_by_group", "bytes/s")):
+            values[key] = _by_group(data.get(key) or {}, f"{prefix}{key}", what,
+                                    positive=key.startswith("collective_bandwidth"), source=source)
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
+
+
+def _by_group(data: Any, where: str, what: str, positive: bool, source: str | None) -> dict:
+    """{kind: {group size: number}} from a profile YAML (group sizes may be written as strings)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(where, data, f"a mapping {{all-gather: {{2: {what}, ...}}, ...}}", source)
+    out: dict[str, dict[int, float]] = {}
+    for kind, groups in data.items():
+        if kind not in COLLECTIVE_KINDS:
+            raise ConfigError(f"{where}.{kind}", kind, f"one of {list(COLLECTIVE_KINDS)}", source)
+        if not isinstance(groups, Mapping):
+            raise ConfigError(f"{where}.{kind}", groups, f"a mapping {{group size: {what}}}", source)
+        out[kind] = {}
+        for group, number in groups.items():
+            field_name = f"{where}.{kind}.{group}"
+            try:
+                size = int(group)
+            except (TypeError, ValueError):
+                size = 0
+            if size < 2:
+                raise ConfigError(field_name, group, "a group size, an integer >= 2", source)
+            value = parse_quantity(number, field_name, source)
+            if value < 0 or (positive and not value > 0):
+                raise ConfigError(field_name, number, "a positive number" if positive else
+                                  "a number >= 0", source)
+            out[kind][size] = value
+    return out
 
 
 GiB = 2**30

@@ -293,7 +293,7 @@ def decode_loop(decode, greedy, params, cache, token, positions, keep_logits: bo
 
     Nothing here waits for the device: each step's program is dispatched as soon as the
     previous one is queued (its outputs are futures), as a serving loop runs. A caller that
-    times it synchronises once, after the last step (README "Measurement protocol")."""
+    times it synchronises once, after the last step (docs/architecture.md, "Measurement protocol")."""
     tokens, kept = [], []
     for pos in positions:
         logits, cache = decode(params, cache, token, pos)

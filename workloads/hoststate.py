@@ -1,5 +1,5 @@
 """What else the host was doing while a trial was timed: load average, CPU steal and
-involuntary context switches (README.md, "Measurement protocol").
+involuntary context switches (docs/architecture.md, "Measurement protocol").
 
 An emulated mesh shares this host's cores with every other process, so a timing is only
 as good as the host was quiet. `HostSampler` reads the counters before and after the timed

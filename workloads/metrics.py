@@ -38,7 +38,7 @@ class Measurement:
     decode_step_s_max: float = math.nan
     total_s: float = math.nan          # prefill + all decode steps: the user's end-to-end latency
     compile_s: float = math.nan        # reported separately, never part of a latency
-    # Noise of the numbers above (workloads/measure.py, "Measurement protocol" in README.md):
+    # Noise of the numbers above (docs/architecture.md, "Measurement protocol"):
     # *_ci_rel = half-width of the 95% confidence interval of the median / the median;
     # *_repeats = timed runs used; *_spread = (max - min) / median over those runs.
     prefill_ci_rel: float = math.nan

@@ -30,7 +30,7 @@ class TrialConfig:
     prefill: PhaseLayout = field(default_factory=PhaseLayout)
     decode: PhaseLayout = field(default_factory=PhaseLayout)
     seed: int = 0
-    repeats: int = 3              # the fewest timed runs (README "Measurement protocol")
+    repeats: int = 3              # the fewest timed runs (docs/architecture.md, "Measurement protocol")
     warmup: int = 1
     ci_target: float = 0.02       # stop timing once both medians' 95% CI is within +-2%
     time_budget_s: float = 2.0    # ... or once the timed runs have taken this long

@@ -12,6 +12,7 @@ from importlib import metadata
 from typing import Callable
 
 from sweeper.cli import analytical   # pure Python: no JAX import on this path
+from sweeper.cli import profile as profile_cmd  # imports no JAX until the device count is set
 from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a sweep starts
 from sweeper.cli import studies   # export, compare, schema: the analysis stack when they run
 from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
@@ -34,7 +35,8 @@ def _add_analytical_commands(sub) -> None:
 
 # ----------------------------------------------------------------- engine
 def _add_engine_commands(sub) -> None:
-    """trial, host-profile: the sharded JAX engine (workloads/engine.py, workloads/measure.py)."""
+    """trial, host-profile, profile: the sharded JAX engine (workloads/engine.py,
+    workloads/measure.py) and the op-level profile of a mesh (workloads/opprofile.py)."""
     p = sub.add_parser("trial", help="run one trial on an emulated mesh (or real devices) and "
                        "print its Measurement")
     p.add_argument("--config", required=True, metavar="TRIAL.yaml",
@@ -50,6 +52,8 @@ def _add_engine_commands(sub) -> None:
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.add_argument("--refresh", action="store_true", help="measure again, replacing the cache")
     p.set_defaults(handler=trial_cmd.host_profile)
+
+    profile_cmd.add_parser(sub)
 
 
 # ----------------------------------------------------------------- sweeps

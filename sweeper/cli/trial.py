@@ -97,6 +97,14 @@ def _pct(v: float) -> str:
     return "-" if not math.isfinite(v) else f"{100 * v:.2f} %"
 
 
+def _noise(ci_rel: float, repeats: float) -> str:
+    """'  +-1.8% (95% CI of the median, 14 runs)'; the CI needs >= 6 runs."""
+    runs = f"{repeats:.0f} runs" if math.isfinite(repeats) else "no runs"
+    if not math.isfinite(ci_rel):
+        return f"  (no 95% CI: {runs})"
+    return f"  +-{100 * ci_rel:.1f}% (95% CI of the median, {runs})"
+
+
 def format_measurement(config, m) -> str:
     x, y, z = config.mesh_shape
     rows = [
@@ -106,10 +114,14 @@ def format_measurement(config, m) -> str:
         ("measured on", f"{m.hardware}" + (" (emulated mesh: wall times of this host)"
                                             if m.extra.get("emulated_mesh") else "")),
         ("compile_s", f"{m.compile_s:.3f} s" + (" (cache hit)" if m.extra.get("compile_cache_hit") else "")),
-        ("prefill_s", f"{_seconds(m.prefill_s)}  [min {_seconds(m.prefill_s_min)}, max {_seconds(m.prefill_s_max)}]"),
+        ("prefill_s", f"{_seconds(m.prefill_s)}  [min {_seconds(m.prefill_s_min)}, max {_seconds(m.prefill_s_max)}]"
+                      f"{_noise(m.prefill_ci_rel, m.prefill_repeats)}"),
         ("decode_step_s", f"{_seconds(m.decode_step_s)}  [min {_seconds(m.decode_step_s_min)}, "
-                          f"max {_seconds(m.decode_step_s_max)}]"),
+                          f"max {_seconds(m.decode_step_s_max)}]{_noise(m.decode_ci_rel, m.decode_repeats)}"),
         ("handoff_s", _seconds(m.extra.get("handoff_s", math.nan))),
+        ("host while timed", f"load {m.host_load_avg_1m:.2f} on {m.extra.get('host_cores', '?')} core(s), "
+                             f"busy {_pct(m.host_busy_frac)}, steal {_pct(m.host_steal_frac)}, "
+                             f"{m.host_involuntary_switches:,.0f} involuntary switches"),
         ("total_s", _seconds(m.total_s)),
         ("prefill_mfu", _pct(m.prefill_mfu)),
         ("decode_mfu", _pct(m.decode_mfu)),

@@ -10,8 +10,9 @@ parameters to search, what to optimise and under which constraints:
     decode_steps: 8
     params:                          # searched: batch chips topology weights input_len decode_steps
       batch: [4, 8, 16]              #   prefill_ffn prefill_attn decode_ffn decode_attn,
-                                     #   ffn / attn (the same layout in both phases), and
-                                     #   pad_heads (auto | none | N: paper §4 head padding)
+                                     #   ffn / attn (the same layout in both phases),
+                                     #   pad_heads (auto | none | N: paper §4 head padding),
+                                     #   and seed (replicates)
       chips: {choices: [1, 2, 4]}    # categorical (a list is shorthand for choices)
       input_len: {low: 16, high: 256, log: true}   # integer range (optional log, step)
       decode_ffn: [ws1d, ws2d]
