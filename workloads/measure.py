@@ -75,8 +75,9 @@ def run_inputs(entry: CompiledTrial) -> tuple:
 
 
 def cache_key(trial: TrialConfig) -> tuple:
-    """Everything that changes the compiled programs; not the seed, repeats or warmup."""
-    return (tuple(sorted(trial.model.to_dict().items())), trial.chips, tuple(trial.mesh_shape),
+    """Everything that changes the compiled programs; not the seed, repeats or warmup.
+    The model is the one the engine runs (`run_model`: query heads padded per `pad_heads`)."""
+    return (tuple(sorted(trial.model.to_dict().items())), trial.run_model.n_heads, trial.chips, tuple(trial.mesh_shape),
             trial.batch, trial.input_len, trial.decode_steps, trial.weights,
             (trial.prefill.ffn, trial.prefill.attn), (trial.decode.ffn, trial.decode.attn))
 

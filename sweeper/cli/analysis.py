@@ -59,7 +59,12 @@ def format_calibration(result: holdout.Calibration) -> str:
 
 def run_fit(args) -> int:
     """`sweeper fit`: fit, evaluate on held-out points, write the YAML, log to MLflow."""
-    schemes = holdout.HOLDOUTS if args.holdout == "all" else (args.holdout,)
+    if args.measurements:
+        return run_fit_measurements(args)
+    if args.holdout == "loo":
+        raise ConfigError("--holdout", "loo", "kfold, layout, chips or all with --study "
+                          "(loo is for --measurements)")
+    schemes = holdout.HOLDOUTS if args.holdout == "all" else (args.holdout or "kfold",)
     data = cal.load_study_data(args.study, args.storage)
     base = load_hardware(args.hardware, field="--hardware") if args.hardware else None
     result = cal.calibrate_study(data, schemes, base, args.loss)
@@ -80,6 +85,40 @@ def run_fit(args) -> int:
         print(f"fitted profile: {files['fitted_yaml']} (use it with --hardware)")
         print(f"error table, plot: {out_dir}" + (f"; logged to MLflow run {result.parent_run_id}"
                                                  if logged else ""))
+    return 0
+
+
+def run_fit_measurements(args) -> int:
+    """`sweeper fit --measurements FILE.csv --hardware H`: the same fit and JSON keys as a
+    study's, on published numbers (sweeper/analysis/external.py)."""
+    from sweeper.analysis import external   # the analysis stack (scipy), as for --study
+
+    if not args.hardware:
+        raise ConfigError("--hardware", None, "the profile the measurements were taken on "
+                          "(a preset such as tpu-v4, or a hardware YAML) with --measurements")
+    holdouts = (external.EXTERNAL_HOLDOUTS if args.holdout == "all"
+                else (args.holdout or "loo",))
+    base = load_hardware(args.hardware, field="--hardware")
+    result = external.calibrate_measurements(args.measurements, base, holdouts, args.loss)
+    out = Path(args.out) if args.out else (sweeper_home(create=True) / "fits"
+                                           / Path(args.measurements).stem / f"{result.fitted.name}.yaml")
+    cal.write_profile(result.fitted, out, note=(
+        f"fitted by `sweeper fit --measurements {args.measurements} --hardware {args.hardware}` "
+        f"({len(result.points)} rows); held-out MAPE {percent_dash(result.main.mape)} "
+        f"({external.EXTERNAL_HOLDOUT_TEXT[result.headline]})"))
+    result.artifacts = {"fitted_yaml": str(out)}
+    if args.json:
+        data = jsonable(result.summary())
+        data["mlflow_logged"] = False     # no sweep, no parent run to log to
+        print_json(data)
+        return 0
+    print(format_calibration(result).replace("measured points", "published rows", 1)
+          .replace("trials x prefill, decode", "configurations", 1))
+    print("per row (held out):")
+    for _, row in result.main.points.iterrows():
+        print(f"  row {row['row']:>3} {row['metric']:<9} measured {row['measured']:<9.4g} "
+              f"predicted {row['predicted']:<9.4g} {row['relative_error']:+7.1%}  {row['source']}")
+    print(f"fitted profile: {out} (use it with --hardware)")
     return 0
 
 
