@@ -1,20 +1,24 @@
-"""Benchmark: how well does the fitted cost model predict held-out measurements?
+"""Benchmark: how well does the fitted cost model predict measurements it never saw?
 
-    python -m benchmarks.calibration                       # run the quickstart host sweep, then fit
-    python -m benchmarks.calibration --study NAME          # a finished study instead
-    python -m benchmarks.calibration --space search_spaces/decode-layouts.yaml --trials 8
+    python -m benchmarks.calibration                          # the recorded calibration sweep
+    python -m benchmarks.calibration --record STUDY [--storage URL] [--wall-s S --load L]
+                                                              # record a finished study first
 
-Targets (issue 5; for scale: Vidur reports under 9% error, GenZ about 6%, LLMCompass about
-4% end to end): held-out MAPE <= 10% and top-1 layout agreement >= 90%, on k-fold held-out
-points of the quickstart host sweep. Leave-one-layout-out and leave-one-chip-count-out are
-reported beside them.
+The data is the calibration sweep (`search_spaces/calibration.yaml`), recorded ONCE on this
+host and committed as `benchmarks/data/calibration-trials.csv` (the study's trial table,
+`sweeper.tracking.results` columns) with the profile the sweep predicted with
+(`calibration-host.yaml`) and how it ran (`calibration-sweep.json`: wall time, load).
+Re-fitting it needs no measurement, so the numbers are reproducible.
 
-Context printed with the numbers, because an emulated mesh shares this host's cores:
-- the replicate noise floor: trials the sampler ran with the same configuration, each
-  predicted by the median of its replicates (no model can beat this by much);
-- the spread of the repeats inside a trial ((max - min) / median);
-- the same fit on each trial's fastest repeat (`*_s_min`), the least-disturbed timing.
-Writes JSON and Markdown (default benchmarks/results/calibration.{json,md}).
+Targets (issue 10): held-out MAPE <= 10% and median APE <= 5% for k-fold,
+leave-one-chip-count-out and extrapolation; top-1 layout agreement >= 90% over >= 10 groups.
+A target is "met" only when the figure clears it by more than its measured uncertainty: the
+95% bootstrap interval (resampling trials; for top-1, ranking groups) lies entirely on the
+right side. The noise floor (replicate error) stands beside every error. When a target is
+missed, the results say by how much and where the error is (per phase x layout and per chip
+count, measured), and how much of it is noise (the noise floor; the correlation of each
+point's error with its own measured CI and the host load while it ran).
+Writes benchmarks/results/calibration.{json,md}.
 """
 
 from __future__ import annotations
@@ -22,175 +26,312 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from benchmarks import common
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "benchmarks" / "data"
+RECORDED = DATA / "calibration-trials.csv"
+RECORDED_BASE = DATA / "calibration-host.yaml"
+RECORDED_META = DATA / "calibration-sweep.json"
 TARGET_MAPE = 0.10
+TARGET_MEDIAN = 0.05
 TARGET_TOP1 = 0.90
-DEFAULT_SPACE = "search_spaces/quickstart.yaml"
+MIN_GROUPS = 10
+TARGET_SCHEMES = ("kfold", "chips", "extrapolation")
+BOOTSTRAP = 2000
 
 
-def replicate_noise(frame: pd.DataFrame) -> dict:
-    """APE of each replicate against the median of the others, per phase metric."""
-    keys = ["model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-            "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn"]
-    done = frame[frame["state"] == "COMPLETE"]
+# ----------------------------------------------------------------------------- record
+
+
+def record(study: str, storage: str | None, wall_s: float | None, load: str | None) -> dict:
+    """Export a finished study's trial table, base profile and run notes to benchmarks/data/."""
+    from sweeper.analysis import calibrate as cal
+
+    data = cal.load_study_data(study, storage)
+    DATA.mkdir(parents=True, exist_ok=True)
+    data.frame.to_csv(RECORDED, index=False)
+    base = cal.study_base_profile(data.attrs)
+    cal.write_profile(base, RECORDED_BASE, note=f"the profile study {study} predicted with "
+                      f"(hardware {data.attrs.get('hardware')}), recorded by benchmarks.calibration")
+    states = data.frame["state"].astype(str).str.upper().value_counts().to_dict()
+    meta = {"study": study, "space": "search_spaces/calibration.yaml", "trials": states,
+            "wall_s": wall_s, "load_average": load,
+            "host_load_avg_1m_median": _median(data.frame.get("host_load_avg_1m")),
+            "note": "measured once on the 2-core development VM while other jobs ran"}
+    RECORDED_META.write_text(json.dumps(common.clean(meta), indent=2))
+    return meta
+
+
+def _median(series) -> float | None:
+    if series is None:
+        return None
+    values = pd.to_numeric(series, errors="coerce").dropna()
+    return float(values.median()) if len(values) else None
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def bootstrap_ci(points: pd.DataFrame, stat, rng: np.random.Generator,
+                 unit: str = "trial") -> tuple[float | None, float | None]:
+    """95% interval of `stat(ape)` resampling whole trials (both phases of a trial together,
+    replicates are separate trials)."""
+    groups = [g["ape"].to_numpy() for _, g in points.groupby(unit)]
+    if len(groups) < 2:
+        return None, None
+    values = []
+    for _ in range(BOOTSTRAP):
+        pick = rng.integers(0, len(groups), len(groups))
+        values.append(stat(np.concatenate([groups[i] for i in pick])))
+    return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
+
+
+def top1_ci(points: pd.DataFrame, rng: np.random.Generator) -> tuple[float | None, float | None]:
+    """95% interval of top-1 agreement, resampling ranking groups."""
+    from sweeper.analysis import holdout as calho
+
+    hits = []
+    for g in calho.layout_rankings(points):
+        if g["tie_s"].max() <= g["tie_s"].min() * (1 + calho.PREDICTED_TIE):
+            continue
+        pick = g["predicted_s"].idxmin()
+        tied = g.index[abs(g["tie_s"] / g.loc[pick, "tie_s"] - 1) <= calho.PREDICTED_TIE]
+        hits.append(g["measured_s"].idxmin() in tied)
+    if len(hits) < 2:
+        return None, None
+    hits = np.array(hits, float)
+    draws = [hits[rng.integers(0, len(hits), len(hits))].mean() for _ in range(BOOTSTRAP)]
+    return float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
+
+
+def verdicts(h: dict) -> dict:
+    """"met" only when the 95% interval is on the target's side; the miss, by how much."""
     out = {}
-    for metric in ("prefill_s", "decode_step_s"):
-        apes = []
-        for _, grp in done.groupby(keys, dropna=False):
-            values = grp[metric].dropna().to_numpy(float)
-            if len(values) < 2:
-                continue
-            for i, v in enumerate(values):
-                others = np.delete(values, i)
-                apes.append(abs(np.median(others) - v) / v)
-        out[metric] = {"replicate_points": len(apes),
-                       "replicate_mape": float(np.mean(apes)) if apes else None}
-    for metric in ("prefill_s", "decode_step_s"):
-        spread = ((done[f"{metric}_max"] - done[f"{metric}_min"]) / done[metric]).dropna()
-        out[metric]["median_repeat_spread"] = float(spread.median()) if len(spread) else None
+    mape_hi, med_hi = h["mape_ci95"][1], h["median_ci95"][1]
+    out["mape"] = _verdict(h["mape_heldout"], mape_hi, TARGET_MAPE, upper=True)
+    out["median"] = _verdict(h["median_ape_heldout"], med_hi, TARGET_MEDIAN, upper=True)
+    if h["ranking_groups"] < MIN_GROUPS:
+        out["top1"] = {"met": False, "text": f"not judged: {h['ranking_groups']} groups (< {MIN_GROUPS})"}
+    else:
+        out["top1"] = _verdict(h["top1_agreement"], h["top1_ci95"][0], TARGET_TOP1, upper=False)
     return out
 
 
-def run_quickstart(space: str, trials: int | None, parallel: int | None) -> str:
-    from sweeper.sweep.controller import run_sweep
+def _verdict(value, bound, target, upper: bool) -> dict:
+    if value is None or not math.isfinite(value):
+        return {"met": False, "text": "no value"}
+    if bound is None:
+        return {"met": False, "text": "no interval (too few trials)"}
+    met = bound <= target if upper else bound >= target
+    if met:
+        return {"met": True, "text": f"met (95% CI bound {common.pct(bound)})"}
+    if (value <= target) if upper else (value >= target):
+        return {"met": False, "text": f"not shown: {common.pct(value)} is on the target's side but its "
+                                      f"95% CI reaches {common.pct(bound)}"}
+    return {"met": False, "text": f"missed by {100 * abs(value - target):.1f} points"}
 
-    result = run_sweep(space, trials=trials, parallel=parallel, progress=True)
-    print(f"sweep {result.study_name}: {result.counts} in {result.elapsed_s:.0f}s", file=sys.stderr)
-    return result.study_name
+
+def attribution(points: pd.DataFrame) -> dict:
+    """Where the held-out error is, measured: per phase x layout and per chip count, and how
+    it moves with each point's own measurement noise and the host load."""
+    by_layout = (points.groupby(["phase", "layout"])["ape"].agg(["count", "mean", "median"])
+                 .reset_index().sort_values("mean", ascending=False))
+    by_chips = points.groupby(["phase", "chips"])["ape"].agg(["count", "mean", "median"]).reset_index()
+    signed = (points["predicted_s"] / points["measured_s"] - 1)
+    bias = points.assign(signed=signed).groupby(["phase", "chips"])["signed"].median().reset_index()
+    out = {"by_layout": json.loads(by_layout.to_json(orient="records")),
+           "by_chips": json.loads(by_chips.to_json(orient="records")),
+           "bias_by_chips": json.loads(bias.to_json(orient="records"))}
+    for col in ("ci_rel", "host_load_avg_1m"):
+        if col in points and points[col].notna().sum() >= 5:
+            rho = points[["ape", col]].dropna().corr(method="spearman").iloc[0, 1]
+            out[f"spearman_ape_vs_{col}"] = float(rho)
+    return out
 
 
-def evaluate(study: str, storage: str | None) -> dict:
-    from sweeper.analysis import calibrate as cal
-    from sweeper.analysis import holdout as calho
+def evaluate(csv: Path = RECORDED, base_yaml: Path = RECORDED_BASE, seed: int = 0) -> dict:
     from sweeper.analysis import fit as calfit
+    from sweeper.analysis import holdout as calho
+    from workloads.hardware import load_hardware
 
-    data = cal.load_study_data(study, storage)
-    base = cal.study_base_profile(data.attrs)
-    start = time.perf_counter()
-    result = cal.calibrate_study(data, calho.HOLDOUTS, base)
-    fit_s = time.perf_counter() - start
-    fastest = data.frame.copy()
-    fastest["prefill_s"], fastest["decode_step_s"] = fastest["prefill_s_min"], fastest["decode_step_s_min"]
-    min_points = calfit.points_from_frame(fastest, base, data.configs)
-    on_min = calho.calibrate(min_points, base, ("kfold",), study)
-    kfold = result.holdouts["kfold"]
-    # The profile the sweep predicted with, unfitted: what calibration improves on.
-    start_ape = [abs(calfit.predict_point(p, base) / p.measured_s - 1) for p in result.points]
+    frame = pd.read_csv(csv)
+    base = load_hardware(str(base_yaml), field="hardware")
+    points = calfit.points_from_frame(frame, base)
+    result = calho.calibrate(points, base, calho.HOLDOUTS, csv.stem)
+    unweighted = calho.calibrate(points, base, ("kfold",), csv.stem, weighted=False)
+    ablation = term_ablation(points, base)
+    load = frame.set_index("number")["host_load_avg_1m"] if "host_load_avg_1m" in frame else None
+    rng = np.random.default_rng(seed)
+    holdouts = {}
+    for name, ho in result.holdouts.items():
+        h = common.clean(ho.summary())
+        if not ho.skipped:
+            pts = ho.points.copy()
+            if load is not None:
+                pts["host_load_avg_1m"] = pts["trial"].map(load)
+            h["mape_ci95"] = bootstrap_ci(pts, np.mean, rng)
+            h["median_ci95"] = bootstrap_ci(pts, np.median, rng)
+            h["top1_ci95"] = top1_ci(pts, rng)
+            h["verdict"] = verdicts(h)
+            h["verdict_text"] = "; ".join(f"{k}: {v['text']}" for k, v in h["verdict"].items())
+            h["attribution"] = attribution(pts)
+            h["errors"] = json.loads(ho.errors.to_json(orient="records"))
+        holdouts[name] = h
+    start_ape = [abs(calfit.predict_point(p, base) / p.measured_s - 1) for p in points]
+    meta = json.loads(RECORDED_META.read_text()) if RECORDED_META.is_file() else {}
+    states = frame["state"].astype(str).str.upper()
     return {
-        "study": study, "storage": data.storage, "hardware": data.attrs.get("hardware"),
-        "trials_complete": int((data.frame["state"] == "COMPLETE").sum()),
-        "n_points": len(result.points), "fit_and_holdouts_s": round(fit_s, 2),
-        "targets": {"mape_heldout_max": TARGET_MAPE, "top1_agreement_min": TARGET_TOP1},
-        "mape_heldout": kfold.mape, "median_ape_heldout": kfold.median_ape,
-        "max_ape_heldout": kfold.max_ape, "top1_agreement": kfold.top1_agreement,
-        "top1_within_5pct": kfold.top1_within_tolerance, "kendall_tau": kfold.kendall_tau,
-        "ranking_groups": kfold.groups,
-        "meets_mape_target": bool(kfold.mape <= TARGET_MAPE),
-        "meets_top1_target": bool(kfold.top1_agreement >= TARGET_TOP1)
-        if math.isfinite(kfold.top1_agreement) else False,
-        "holdouts": {n: h.summary() for n, h in result.holdouts.items()},
-        "errors_kfold": json.loads(kfold.errors.to_json(orient="records")),
+        "source_text": f"the recorded calibration sweep `{csv.name}` (study {meta.get('study', '?')}, "
+                       f"measured on this host)",
+        "recorded": meta, "csv": str(csv.relative_to(ROOT)) if csv.is_relative_to(ROOT) else str(csv),
+        "trials_complete": int((states == "COMPLETE").sum()), "trials_total": int(len(frame)),
+        "n_points": len(points),
+        "targets": {"mape_max": TARGET_MAPE, "median_max": TARGET_MEDIAN, "top1_min": TARGET_TOP1,
+                    "min_groups": MIN_GROUPS, "schemes": list(TARGET_SCHEMES)},
+        "noise_floor": result.noise.summary() if result.noise else None,
+        "measurement_ci_rel_median": {ph: _median(frame.get(f"{ph}_ci_rel")) for ph in ("prefill", "decode")},
+        "holdouts": holdouts,
+        "all_targets_met": all(all(v["met"] for v in holdouts[s].get("verdict", {"x": {"met": False}}).values())
+                               for s in TARGET_SCHEMES if s in holdouts),
+        "unweighted_kfold": common.clean(unweighted.holdouts["kfold"].summary()),
+        "term_ablation": ablation,
         "fitted": result.fitted_constants(),
         "start": {k: getattr(base, k) for k in ("peak_flops", "hbm_bandwidth", "ici_bandwidth")},
         "insample_mape": float(result.insample["ape"].mean()),
         "unfitted_mape": float(np.mean(start_ape)),
-        "fastest_repeat_fit": on_min.holdouts["kfold"].summary(),
-        "noise": replicate_noise(data.frame),
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                 "python": platform.python_version()},
     }
 
 
-def pct(value) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"
+def term_ablation(points, base) -> dict:
+    """Held-out MAPE (k-fold, chips, extrapolation) of the model with each extra term removed,
+    and with none: what each term buys, measured on points the fit never saw."""
+    from sweeper.analysis import fit as calfit
+    from sweeper.analysis import holdout as calho
+
+    variants = {"all terms": calfit.EXTRA_TERMS, "paper constants only": ()}
+    for term in calfit.EXTRA_TERMS:
+        variants[f"without {term}"] = tuple(t for t in calfit.EXTRA_TERMS if t != term)
+    out = {}
+    for name, terms in variants.items():
+        res = calho.calibrate(points, base, TARGET_SCHEMES, "ablation", terms=terms)
+        out[name] = {s: common.clean(res.holdouts[s].mape) for s in TARGET_SCHEMES}
+    return out
+
+
+# ----------------------------------------------------------------------------- report
 
 
 def markdown(r: dict) -> str:
-    ok = lambda flag: "**met**" if flag else "**not met**"  # noqa: E731
+    pct = common.pct
+    rec = r["recorded"]
+    nf = r["noise_floor"] or {}
     lines = [
-        f"# Calibration benchmark: study `{r['study']}`",
+        "# Calibration benchmark: the recorded calibration sweep",
         "",
-        f"Measured on this host (emulated mesh, hardware `{r['hardware']}`, {r['host']['cpus']} CPUs); "
-        f"{r['trials_complete']} complete trials, {r['n_points']} points (prefill_s and decode_step_s). "
-        "Every error below is on held-out points only.",
+        f"Data: {r['source_text']}; {r['trials_complete']} of {r['trials_total']} trials complete, "
+        f"{r['n_points']} points (prefill_s and decode_step_s). Sweep wall time "
+        f"{rec.get('wall_s') or '?'} s, load average {rec.get('load_average') or '?'} (median 1-min "
+        f"load during the timed runs {rec.get('host_load_avg_1m_median') or '?'}) on a 2-core host "
+        "shared with other jobs. Every error below is on held-out points only.",
         "",
-        "| target | value | |",
-        "|---|---|---|",
-        f"| held-out MAPE (k-fold) <= {pct(r['targets']['mape_heldout_max'])} | {pct(r['mape_heldout'])} | "
-        f"{ok(r['meets_mape_target'])} |",
-        f"| top-1 layout agreement >= {pct(r['targets']['top1_agreement_min'])} | {pct(r['top1_agreement'])} "
-        f"over {r['ranking_groups']} groups | {ok(r['meets_top1_target'])} |",
+        f"Noise floor (replicate error: {nf.get('groups', 0)} configurations measured in two trials, "
+        f"each against the other): MAPE {pct(nf.get('mape'))}, median {pct(nf.get('median_ape'))} over "
+        f"{nf.get('n_points', 0)} points (prefill {pct((nf.get('by_phase') or {}).get('prefill', {}).get('mape'))}, "
+        f"decode {pct((nf.get('by_phase') or {}).get('decode', {}).get('mape'))}). Median 95% CI of one "
+        f"trial's own median: prefill ±{pct(r['measurement_ci_rel_median']['prefill'])}, decode "
+        f"±{pct(r['measurement_ci_rel_median']['decode'])}.",
         "",
-        "| hold-out | points | MAPE | median APE | max APE | top-1 | top-1 within 5% | Kendall tau | groups |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| hold-out | points | MAPE [95% CI] | median APE [95% CI] | noise floor | top-1 [95% CI] | groups | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, h in r["holdouts"].items():
-        tau = "—" if h["kendall_tau"] is None or not math.isfinite(h["kendall_tau"]) else f"{h['kendall_tau']:.2f}"
-        lines.append(f"| {name}{' (skipped)' if h['skipped'] else ''} | {h['n_points']} | {pct(h['mape_heldout'])} | "
-                     f"{pct(h['median_ape_heldout'])} | {pct(h['max_ape_heldout'])} | {pct(h['top1_agreement'])} | "
-                     f"{pct(h['top1_within_5pct'])} | {tau} | {h['ranking_groups']} |")
-    f = r["fastest_repeat_fit"]
-    n = r["noise"]
+        if h.get("skipped"):
+            lines.append(f"| {name} | — | skipped: {h['skipped']} | | | | | |")
+            continue
+        mc, dc, tc = h["mape_ci95"], h["median_ci95"], h["top1_ci95"]
+        lines.append(f"| {name} | {h['n_points']} | {pct(h['mape_heldout'])} [{pct(mc[0])}, {pct(mc[1])}] | "
+                     f"{pct(h['median_ape_heldout'])} [{pct(dc[0])}, {pct(dc[1])}] | "
+                     f"{pct(h['noise_floor_mape'])} | {pct(h['top1_agreement'])} [{pct(tc[0])}, {pct(tc[1])}] | "
+                     f"{h['ranking_groups']} | {h['verdict_text']} |")
+    uw = r["unweighted_kfold"]
     lines += [
         "",
-        "Context (measurement noise of this host):",
+        f"Targets (issue 10): MAPE <= {pct(TARGET_MAPE, 0)} and median <= {pct(TARGET_MEDIAN, 0)} for "
+        f"{', '.join(TARGET_SCHEMES)}; top-1 >= {pct(TARGET_TOP1, 0)} over >= {MIN_GROUPS} groups. "
+        f"All met: **{'yes' if r['all_targets_met'] else 'no'}** (met = the 95% bootstrap interval, "
+        "resampling trials or groups, is on the target's side).",
         "",
-        f"- replicate noise floor (same configuration run in several trials, each predicted by the "
-        f"median of the others): prefill {pct(n['prefill_s']['replicate_mape'])} over "
-        f"{n['prefill_s']['replicate_points']} points, decode {pct(n['decode_step_s']['replicate_mape'])} "
-        f"over {n['decode_step_s']['replicate_points']} points;",
-        f"- median spread of the repeats inside a trial ((max-min)/median): prefill "
-        f"{pct(n['prefill_s']['median_repeat_spread'])}, decode {pct(n['decode_step_s']['median_repeat_spread'])};",
-        f"- the same fit on each trial's fastest repeat: k-fold MAPE {pct(f['mape_heldout'])}, median "
-        f"{pct(f['median_ape_heldout'])}, top-1 {pct(f['top1_agreement'])};",
-        f"- the sweep's own profile, unfitted (`{r['hardware']}` as measured): MAPE {pct(r['unfitted_mape'])};",
-        f"- in-sample MAPE of the fit on all points: {pct(r['insample_mape'])} (not a claim).",
+        f"- The same k-fold with equal weights (no CI weighting): MAPE {pct(uw['mape_heldout'])}, median "
+        f"{pct(uw['median_ape_heldout'])}.",
+        f"- The sweep's own profile, unfitted: MAPE {pct(r['unfitted_mape'])}; in-sample MAPE of the fit "
+        f"on all points {pct(r['insample_mape'])} (not a claim).",
         "",
-        "Fitted constants (whole host; each trial's virtual chip gets its share):",
+        "## What each fitted term buys (held-out MAPE)",
+        "",
+        "| model | " + " | ".join(TARGET_SCHEMES) + " |",
+        "|---|" + "---|" * len(TARGET_SCHEMES),
+        *[f"| {name} | " + " | ".join(pct(v.get(s)) for s in TARGET_SCHEMES) + " |"
+          for name, v in r["term_ablation"].items()],
+        "",
+        "## Where the error is (measured)",
         "",
     ]
+    for name in TARGET_SCHEMES:
+        h = r["holdouts"].get(name)
+        if not h or h.get("skipped"):
+            continue
+        a = h["attribution"]
+        lines += [f"### {name}", ""]
+        corr = ", ".join(f"{k.replace('spearman_ape_vs_', '')} {v:+.2f}" for k, v in a.items()
+                         if k.startswith("spearman"))
+        if corr:
+            lines += [f"Spearman correlation of a point's held-out error with its own noise: {corr}.", ""]
+        lines += ["| phase | chips | n | MAPE | median | median signed error (pred/meas - 1) |",
+                  "|---|---|---|---|---|---|"]
+        bias = {(b["phase"], b["chips"]): b["signed"] for b in a["bias_by_chips"]}
+        for row in a["by_chips"]:
+            lines.append(f"| {row['phase']} | {row['chips']} | {row['count']} | {pct(row['mean'])} | "
+                         f"{pct(row['median'])} | {bias.get((row['phase'], row['chips']), 0):+.1%} |")
+        lines += ["", "| phase | layout | n | MAPE | median |", "|---|---|---|---|---|"]
+        for row in a["by_layout"][:8]:
+            lines.append(f"| {row['phase']} | {row['layout']} | {row['count']} | {pct(row['mean'])} | "
+                         f"{pct(row['median'])} |")
+        lines.append("")
+    lines += ["## Fitted constants (fit on all points; whole host, each virtual chip gets its share)", ""]
     for key, value in r["fitted"].items():
         lines.append(f"- `{key}`: {value}")
-    lines += ["", "Held-out error per phase and layout (k-fold):", "",
-              "| phase | layout | n | MAPE | median | max |", "|---|---|---|---|---|---|"]
-    for row in r["errors_kfold"]:
-        lines.append(f"| {row['phase']} | {row['layout']} | {row['n']} | {pct(row['mape'])} | "
-                     f"{pct(row['median_ape'])} | {pct(row['max_ape'])} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--study", help="a finished study (default: run the quickstart sweep)")
-    parser.add_argument("--storage", help="Optuna storage URL of --study")
-    parser.add_argument("--space", default=DEFAULT_SPACE, help="space to sweep when no --study")
-    parser.add_argument("--trials", type=int, help="override the space's trial count")
-    parser.add_argument("--parallel", type=int, help="override the space's trials in flight")
-    parser.add_argument("--out", default="benchmarks/results", help="folder for calibration.{json,md}")
+    parser.add_argument("--record", metavar="STUDY", help="export this finished study to benchmarks/data/ first")
+    parser.add_argument("--storage", help="Optuna storage URL of --record")
+    parser.add_argument("--wall-s", type=float, help="with --record: the sweep's wall time")
+    parser.add_argument("--load", help="with --record: load average at the start and end")
+    parser.add_argument("--csv", default=str(RECORDED), help="recorded trial table")
+    parser.add_argument("--out", default=str(common.RESULTS), help="folder for calibration.{json,md}")
     args = parser.parse_args(argv)
     from workloads.config import ConfigError
 
     try:
-        study = args.study or run_quickstart(args.space, args.trials, args.parallel)
-        result = evaluate(study, args.storage)
+        if args.record:
+            print(json.dumps(record(args.record, args.storage, args.wall_s, args.load)), file=sys.stderr)
+        result = evaluate(Path(args.csv))
     except ConfigError as err:
         print(f"benchmarks.calibration: error: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    clean = json.loads(json.dumps(result, default=float).replace("NaN", "null"))
-    (out / "calibration.json").write_text(json.dumps(clean, indent=2))
-    (out / "calibration.md").write_text(markdown(clean))
-    print(markdown(clean))
-    print(f"written: {out / 'calibration.json'}, {out / 'calibration.md'}", file=sys.stderr)
+    text = markdown(common.clean(result))
+    files = common.write("calibration", result, text, Path(args.out))
+    print(text)
+    print(f"written: {', '.join(map(str, files))}", file=sys.stderr)
     return 0
 
 

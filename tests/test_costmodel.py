@@ -46,12 +46,12 @@ def test_import_does_not_pull_in_jax():
 ])
 def test_table1_max_context(preset, attn, batch, expected):
     result = cm.max_context(load_model(preset), TPU_V4, 64, batch, attn, kv_fraction=0.3)
-    assert within(result["max_context"], expected, 0.03), result
+    assert within(result.max_context, expected, 0.03), result
 
 
 def test_table1_head_sharded_multiquery_replicates_the_kv_head_on_every_chip():
     result = cm.max_context(load_model("palm-540b"), TPU_V4, 64, 128, "head")
-    assert result["kv_heads_per_chip"] == 1 and result["kv_replication"] == 64
+    assert result.kv_heads_per_chip == 1 and result.kv_replication == 64
 
 
 def test_max_context_rejects_a_batch_that_does_not_split_over_the_chips():

@@ -4,9 +4,10 @@ for an accelerator slice. `sweeper run --address` (a subprocess, as a user runs 
 `resources: {slice: 1}` per worker: with two slots, one worker lands on each node, and every
 trial records the node it ran on and the resources it held (Optuna user attrs, MLflow tags).
 
-The multi-host slice plan (`sweeper.sweep.slices`) is checked without hardware: on the same
-cluster a placement group reserves one `slice` per node (STRICT_SPREAD), one actor per host
-reports where it landed and the `jax.distributed.initialize` arguments it was given.
+A multi-host trial (`hosts: 2`, README "Multi-host trials") runs on the same cluster: one
+JAX process per node (STRICT_SPREAD), two emulated devices each, joined by
+`jax.distributed`; it equals the one-host trial (reference logits, collectives). A slice the
+cluster cannot hold is refused with nothing left reserved.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mlflow.tracking import MlflowClient
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from sweeper.sweep.slices import ENV_COORDINATOR, distributed_args_from_env, plan_slice, start_slice  # noqa: E402
+from sweeper.sweep.slices import EMULATED_BUNDLE, JOIN_TIMEOUT_S, plan_slice  # noqa: E402
 from workloads.config import ConfigError  # noqa: E402
 
 
@@ -82,42 +83,65 @@ def test_sweep_workers_are_placed_on_both_nodes_holding_their_resources(cluster,
         assert tags["node_ip"] == t.user_attrs["worker"]["node_ip"]
 
 
-def test_a_slice_gets_one_actor_per_host_and_rank_0_coordinates(cluster):
-    from ray.util.placement_group import remove_placement_group
-
-    plan = plan_slice(hosts=2, chips_per_host=1, accelerator="slice")
-    pg, actors, places, connected = start_slice(plan, initialize=False)
-    try:
-        assert [p["rank"] for p in places] == [0, 1]
-        assert {p["node_id"] for p in places} == node_ids()            # STRICT_SPREAD
-        coordinator = f"{places[0]['node_ip']}:{plan.coordinator_port}"
-        assert connected == [{"rank": r, "coordinator_address": coordinator, "num_processes": 2,
-                              "process_id": r} for r in range(2)]
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-        remove_placement_group(pg)
+def test_a_multi_host_trial_spans_both_nodes_and_equals_the_one_host_trial(cluster, tmp_path,
+                                                                           session_sweeper_home):
+    space = tmp_path / "hosts.yaml"
+    space.write_text(yaml.safe_dump({
+        "name": "multihost", "model": "tiny", "hardware": "host", "chips": 4, "batch": 4,
+        "input_len": 8, "decode_steps": 2, "repeats": 1, "warmup": 0, "time_budget_s": 0,
+        "params": {"hosts": [1, 2]}, "sampler": {"type": "grid"}, "trials": 2, "parallel": 1,
+        "timeout_s": 400, "verify": True, "memory_budget_bytes": "1GiB"}))
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "run", str(space), "--address", cluster.address,
+         "--storage", storage, "--tracking-uri", tracking, "--study", "multihost", "--json",
+         "--no-analysis"], capture_output=True, text=True, timeout=900,
+        env={**os.environ, "SWEEPER_HOME": str(session_sweeper_home)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = optuna.load_study(study_name="multihost", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 2, [t.user_attrs.get("reason") for t in trials]
+    by_hosts = {t.params["hosts"]: t.user_attrs for t in trials}
+    client = MlflowClient(tracking)
+    for hosts, attrs in by_hosts.items():
+        m = attrs["measurement"]
+        assert m["tokens_match"] == 1.0 and m["verify_max_abs_err"] <= 0.1      # the reference
+        assert client.get_run(attrs["mlflow_run_id"]).data.params["hosts"] == str(hosts)
+    for metric in ("prefill_comm_bytes_per_chip", "decode_comm_bytes_per_chip"):
+        assert by_hosts[1]["measurement"][metric] == by_hosts[2]["measurement"][metric]
+    hosts = by_hosts[2]["worker"]["hosts"]
+    assert [h["rank"] for h in hosts] == [0, 1]
+    assert {h["node_id"] for h in hosts} == node_ids()          # STRICT_SPREAD: one per node
 
 
 def test_a_slice_the_cluster_cannot_hold_is_refused_not_half_started(cluster):
-    plan = plan_slice(hosts=3, chips_per_host=1, accelerator="slice")   # 3 hosts, 2 nodes
-    with pytest.raises(TimeoutError, match="cannot place 3"):
-        start_slice(plan, timeout_s=2, initialize=False)
+    from sweeper.sweep.workers import RayPool, TrialError
+    from workloads.trial import TrialConfig
+
+    pool = RayPool("devices", 1, {"slice": 1}, place_timeout_s=2)      # 3 hosts, 2 nodes
+    try:
+        trial = TrialConfig.from_dict({"model": "tiny", "chips": 3, "batch": 3, "hosts": 3,
+                                       "topology": [1, 3, 1]}, validate=False)
+        handle = pool.submit(0, trial, None, 0)
+        assert pool.ready([handle], 0) == [handle]
+        with pytest.raises(TrialError, match="cannot place 3 hosts"):
+            pool.outcome(handle)
+    finally:
+        pool.close()
     assert ray.available_resources().get("slice") == 2.0                # nothing held
 
 
 def test_tpu_pod_slice_plan():
     # A TPU v4-32: 4 hosts x 4 chips; rank 0 on the slice's head host.
-    plan = plan_slice(4, 4, "TPU", rank0_resources={"TPU-v4-32-head": 1})
+    plan = plan_slice(4, 4, {"TPU": 4}, nodes=4, rank0_resources={"TPU-v4-32-head": 1})
     assert plan.chips == 16 and plan.strategy == "STRICT_SPREAD"
     assert plan.bundles == [{"TPU": 4.0, "TPU-v4-32-head": 1.0}] + [{"TPU": 4.0}] * 3
-    env = plan.host_env(3, "10.0.0.7")
-    assert env[ENV_COORDINATOR] == "10.0.0.7:8476"
-    assert distributed_args_from_env(env) == {"coordinator_address": "10.0.0.7:8476",
-                                              "num_processes": 4, "process_id": 3}
-    assert distributed_args_from_env({}) is None
-    assert plan_slice(1, 8, "GPU").strategy == "STRICT_PACK"          # one host: no spread
+    assert plan.distributed_args(3, "10.0.0.7:8476") == {
+        "coordinator_address": "10.0.0.7:8476", "num_processes": 4, "process_id": 3,
+        "initialization_timeout": JOIN_TIMEOUT_S}
+    assert plan_slice(1, 8, {"GPU": 8}).strategy == "PACK"             # one host: no spread
+    assert plan_slice(2, 2, nodes=1).bundles == [EMULATED_BUNDLE] * 2  # emulated, one machine
     with pytest.raises(ConfigError):
-        plan.distributed_args(4, "10.0.0.7")
+        plan.distributed_args(4, "10.0.0.7:8476")
     with pytest.raises(ConfigError):
         plan_slice(0, 4)

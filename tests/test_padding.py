@@ -110,3 +110,13 @@ def test_pad_and_unpad_are_inverse():
     for a, b in zip(params["layers"], back["layers"]):
         for name in ("w_q", "w_o", "w_k", "w_v"):
             np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
+
+
+def test_trials_differing_only_in_padding_do_not_share_compiled_programs():
+    from workloads.measure import cache_key
+    from workloads.trial import TrialConfig
+
+    base = {"model": "palm-540b", "chips": 64, "batch": 64, "topology": [4, 4, 4]}
+    to64, to128 = (TrialConfig.from_dict(dict(base, pad_heads=n)) for n in (64, 128))
+    assert (to64.run_model.n_heads, to128.run_model.n_heads) == (64, 128)
+    assert cache_key(to64) != cache_key(to128)

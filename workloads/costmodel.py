@@ -11,8 +11,9 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
               factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
               like the paper we drop the ring's (K-1)/K; plus hw.collective_latency_s per op
   latency_s = (1 - overlap) * (compute + memory + comm) + overlap * max(...)
-              + hw.op_overhead_s * n_layers
-  (overlap, collective_latency_s and op_overhead_s default to 0: the paper's additive model;
+              + hw.op_overhead_s * n_layers + hw.launch_overhead_s
+              (+ hw.collective_latency_s_per_device * (group size - 1) per collective op, in comm_s)
+  (overlap, the latencies and overheads default to 0: the paper's additive model;
   sweeper/analysis/calibrate.py fits them to measurements without changing this structure.)
 
 Conventions that are choices, stated once:
@@ -216,9 +217,27 @@ def kv_bytes_per_chip(model: ModelConfig, chips: int, batch: int, context: int, 
     return float(place["pairs_per_chip"] * per_pair_token * context)
 
 
+@dataclass(frozen=True)
+class MaxContext:
+    """The longest context that fits, and the per-chip KV accounting behind it (`analytical`)."""
+    max_context: int
+    kv_bytes_per_token_per_chip: float
+    kv_budget_bytes_per_chip: float
+    kv_fraction: float
+    kv_heads_per_chip: float
+    sequences_per_chip: float
+    kv_replication: float
+    weight_bytes_per_chip: float
+    attention_kind: str
+    source: str = SOURCE
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, attn: str = "head",
                 kv_fraction: float = 0.3, topology: tuple[int, int, int] | None = None,
-                ffn: str = "ws2d") -> dict:
+                ffn: str = "ws2d") -> MaxContext:
     """Longest context whose KV cache fits in kv_fraction of each chip's HBM (paper §4.2, Table 1).
 
     Table 1 reserves 30% of 32 GiB per chip for the KV cache on 64 TPU v4 chips."""
@@ -233,18 +252,17 @@ def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int,
     place = kv_placement(model, chips, batch, attn, topology, ffn)
     per_token = kv_bytes_per_chip(model, chips, batch, 1, attn, topology, ffn)
     budget = kv_fraction * hw.hbm_bytes
-    return {
-        "source": SOURCE,
-        "max_context": int(budget // per_token),
-        "kv_bytes_per_token_per_chip": per_token,
-        "kv_budget_bytes_per_chip": budget,
-        "kv_fraction": kv_fraction,
-        "kv_heads_per_chip": place["kv_heads_per_chip"],
-        "sequences_per_chip": place["sequences_per_chip"],
-        "kv_replication": place["replication"],
-        "weight_bytes_per_chip": weight_bytes_per_chip(model, chips),
-        "attention_kind": model.attention_kind,
-    }
+    return MaxContext(
+        max_context=int(budget // per_token),
+        kv_bytes_per_token_per_chip=per_token,
+        kv_budget_bytes_per_chip=budget,
+        kv_fraction=kv_fraction,
+        kv_heads_per_chip=place["kv_heads_per_chip"],
+        sequences_per_chip=place["sequences_per_chip"],
+        kv_replication=place["replication"],
+        weight_bytes_per_chip=weight_bytes_per_chip(model, chips),
+        attention_kind=model.attention_kind,
+    )
 
 
 # --------------------------------------------------------------------------- communication
@@ -263,6 +281,22 @@ def comm_time_s(collectives: list[Collective], hw: HardwareProfile) -> float:
         # per-kind fitted latency where calibrate.py set one (HardwareProfile field)
         seconds += c.count * hw.collective_latency_s_by_kind.get(c.kind, hw.collective_latency_s)
     return seconds
+
+
+def collective_group_size(c: Collective, topology: tuple[int, int, int]) -> int:
+    """Devices taking part in one op of `c`: the product of its axes' sizes."""
+    sizes = dict(zip(("x", "y", "z"), topology))
+    return math.prod(sizes[a] for a in c.axes)
+
+
+def group_latency_s(collectives: list[Collective], topology: tuple[int, int, int],
+                    hw: HardwareProfile) -> float:
+    """Latency that grows with the group: a ring passes each op through g - 1 hops, and an
+    emulated mesh meets g device threads at a rendezvous (fitted, issue 10)."""
+    if not hw.collective_latency_s_per_device:
+        return 0.0
+    return sum(c.count * (collective_group_size(c, topology) - 1) for c in collectives) \
+        * hw.collective_latency_s_per_device
 
 
 def comm_bytes(collectives: list[Collective], what: tuple[str, ...] | None = None) -> int:
@@ -513,11 +547,13 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     memory_s = memory_read / hw.hbm_bandwidth
 
     collectives = forward_collectives(model, topology, layout, batch, seq_len, weights)
-    comm_s = comm_time_s(collectives, hw)
+    comm_s = comm_time_s(collectives, hw) + group_latency_s(collectives, topology, hw)
 
     terms = (compute_s, memory_s, comm_s)
     latency_s = ((1 - hw.overlap) * sum(terms) + hw.overlap * max(terms)
-                 + hw.op_overhead_s * model.n_layers)
+                 + hw.op_overhead_s * model.n_layers
+                 # one program per phase call: dispatch and the host sync, whatever its size
+                 + hw.launch_overhead_s)
     working = working_set_bytes(model, topology, layout, batch, seq_len, weights)
     peak = stored + kv + working
     return PhasePrediction(

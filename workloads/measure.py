@@ -75,8 +75,9 @@ def run_inputs(entry: CompiledTrial) -> tuple:
 
 
 def cache_key(trial: TrialConfig) -> tuple:
-    """Everything that changes the compiled programs; not the seed, repeats or warmup."""
-    return (tuple(sorted(trial.model.to_dict().items())), trial.chips, tuple(trial.mesh_shape),
+    """Everything that changes the compiled programs; not the seed, repeats or warmup.
+    The model is the one the engine runs (`run_model`: query heads padded per `pad_heads`)."""
+    return (tuple(sorted(trial.model.to_dict().items())), trial.run_model.n_heads, trial.chips, tuple(trial.mesh_shape),
             trial.batch, trial.input_len, trial.decode_steps, trial.weights,
             (trial.prefill.ffn, trial.prefill.attn), (trial.decode.ffn, trial.decode.attn))
 
@@ -311,18 +312,36 @@ def spread(samples) -> float:
     return (max(samples) - min(samples)) / statistics.median(samples) if samples else math.nan
 
 
-def repeat_until_precise(run, precise, min_runs: int, budget_s: float, clock=time.perf_counter) -> list:
+def repeat_until_precise(run, precise, min_runs: int, budget_s: float, clock=time.perf_counter,
+                         agree=None) -> list:
     """Call `run()` at least `min_runs` times, then until `precise(results)` or until the
     calls have taken `budget_s` seconds (checked after each call, so the last one may
-    overrun it by one run)."""
+    overrun it by one run).
+
+    `agree(precise, out_of_time) -> (precise, out_of_time)`: on a multi-host mesh every
+    process must make the same number of runs (each run's collectives need all of them),
+    so the hosts' flags are combined before deciding (`hosts_agree`)."""
     results = []
     start = clock()
     while True:
         results.append(run())
         if len(results) < min_runs:
             continue
-        if precise(results) or clock() - start >= budget_s:
+        done, out_of_time = precise(results), clock() - start >= budget_s
+        if agree is not None:
+            done, out_of_time = agree(done, out_of_time)
+        if done or out_of_time:
             return results
+
+
+def hosts_agree(precise: bool, out_of_time: bool) -> tuple[bool, bool]:
+    """Across every JAX process: precise when all hosts are, out of time when any host is."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    flags = np.asarray(multihost_utils.process_allgather(np.array([precise, out_of_time])))
+    flags = flags.reshape(-1, 2)
+    return bool(flags[:, 0].all()), bool(flags[:, 1].any())
 
 
 def _stats(values: list[float]) -> tuple[float, float, float]:
@@ -347,10 +366,13 @@ def time_runs(entry: CompiledTrial, trial: TrialConfig) -> tuple[list[RunTimes],
             phases.append([r.decode_step_s for r in runs])
         return all(ci_rel(times) <= trial.ci_target for times in phases)
 
+    import jax
+
     host = HostSampler().start()
     start = time.perf_counter()
     runs = repeat_until_precise(lambda: run_once(entry, trial), precise, trial.repeats,
-                                trial.time_budget_s)
+                                trial.time_budget_s,
+                                agree=hosts_agree if jax.process_count() > 1 else None)
     return runs, time.perf_counter() - start, host.stop()
 
 
@@ -386,6 +408,9 @@ def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: boo
         raise ConfigError("chips", trial.chips, f"at most the {jax.device_count()} devices this "
                           f"process has ({jax.default_backend()}); set XLA_FLAGS="
                           f"--xla_force_host_platform_device_count={trial.chips} before importing jax")
+    if jax.process_count() != trial.hosts:
+        raise ConfigError("hosts", trial.hosts, f"the number of JAX processes this trial runs in "
+                          f"({jax.process_count()}); a sweep's Ray pool starts one per host")
     profile = resolve_hardware(hardware, trial.chips)
     entry, hit = compile_trial(trial, engine_cache)
     analysis = analyse(entry, trial.mesh_shape)
@@ -443,6 +468,8 @@ def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: boo
         "time_budget_s": trial.time_budget_s,
         "decode_run_s": statistics.median(r.decode_s for r in runs),
         "host_cores": state.cores,
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
     }
     if is_emulated():
         m.extra["note"] = (f"emulated mesh: {n} virtual devices on this host; wall times of this "

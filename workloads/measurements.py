@@ -48,6 +48,7 @@ GATHERED_FAMILY = "wg"          # ffn value: the best of wg_x, wg_xy, wg_xyz
 REQUIRED = ("model", "chips", "batch", "phase", "input_len", "ffn", "attn", "weights", "source")
 OPTIONAL = ("topology", "context", "decode_steps", "block", "pad_heads", "latency_s", "mfu")
 COLUMNS = REQUIRED + OPTIONAL
+_UNIT_HW = HardwareProfile("unit", 1.0, 1.0, 1.0, 1.0)   # FLOP counts need no real profile
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,35 @@ def _run_model(point: MeasuredPoint, layout: PhaseLayout, topology) -> ModelConf
     return model
 
 
+def variants(point: MeasuredPoint) -> tuple[str, ...]:
+    """The FFN layouts the row may have run: one, or the three weight-gathered ones (`wg`)."""
+    return _ffns(point)
+
+
+def phase_calls(point: MeasuredPoint, ffn: str) -> list[tuple[float, dict]]:
+    """(weight, costmodel.predict_phase keyword arguments) of each phase the row's number
+    covers, with one FFN layout: its latency is sum(weight x latency_s) (a decode over
+    several steps counts each step at the mean KV length). The one place the row's
+    configuration becomes cost-model calls: `predict_point` and the fit
+    (sweeper/analysis/external.py) both use it."""
+    topology = _topology(point)
+    layout = PhaseLayout(ffn, point.attn)
+    common = dict(model=_run_model(point, layout, topology), chips=point.chips, batch=point.batch,
+                  input_len=point.input_len, layout=layout, weights=point.weights,
+                  topology=topology, one_d=stores_1d(layout, layout), validate=False)
+    steps = point.decode_steps
+    prefill = (1.0, dict(common, phase="prefill", context=point.context))
+    decode = (float(steps), dict(common, phase="decode",
+                                 context=point.context + (steps / 2 if steps > 1 else 0)))
+    return {"prefill": [prefill], "decode": [decode], "total": [prefill, decode]}[point.phase]
+
+
+def model_flops(point: MeasuredPoint) -> float:
+    """The unpadded model's FLOPs of the row's number (the paper's MFU numerator)."""
+    return sum(weight * costmodel.predict_phase(hw=_UNIT_HW, **args).flops
+               for weight, args in phase_calls(point, _ffns(point)[0]))
+
+
 def predict_point(point: MeasuredPoint, hardware: HardwareProfile) -> float:
     """The cost model's value of the row's metric: latency in seconds (of the phase, or of
     all decode steps), or MFU. For ffn `wg`, the fastest weight-gathered variant."""
@@ -234,27 +264,11 @@ def predict_point(point: MeasuredPoint, hardware: HardwareProfile) -> float:
 
 def _predict(point: MeasuredPoint, hw: HardwareProfile, ffn: str) -> tuple[float, float]:
     """(latency_s, mfu) of the row's phase with one FFN layout."""
-    topology = _topology(point)
-    layout = PhaseLayout(ffn, point.attn)
-    model = _run_model(point, layout, topology)
-    one_d = stores_1d(layout, layout)
-
-    def phase(name: str, context: float):
-        return costmodel.predict_phase(model, hw, point.chips, point.batch, name, point.input_len,
-                                       context, layout, point.weights, topology, one_d,
-                                       validate=False)
-
-    steps = point.decode_steps
-    decode_context = point.context + (steps / 2 if steps > 1 else 0)
-    if point.phase == "prefill":
-        p = phase("prefill", point.context)
-        return p.latency_s, p.mfu
-    if point.phase == "decode":
-        d = phase("decode", decode_context)
-        return steps * d.latency_s, d.mfu
-    pre, dec = phase("prefill", point.context), phase("decode", decode_context)
-    latency = pre.latency_s + steps * dec.latency_s
-    flops = pre.flops + steps * dec.flops             # the unpadded model's (paper's MFU)
+    latency = flops = 0.0
+    for weight, args in phase_calls(point, ffn):
+        p = costmodel.predict_phase(hw=hw, **args)
+        latency += weight * p.latency_s
+        flops += weight * p.flops                     # the unpadded model's (paper's MFU)
     return latency, flops / (point.chips * hw.peak_flops * latency)
 
 

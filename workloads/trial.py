@@ -37,17 +37,18 @@ class TrialConfig:
     # Paper §4 head padding: auto (pad the query heads to the smallest count the layouts'
     # sharded axes divide; no-op when they already do) | none | an integer N.
     pad_heads: str | int = "auto"
+    hosts: int = 1                # JAX processes the mesh spans, chips / hosts each (README "Multi-host trials")
 
     FIELDS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
               "prefill", "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s",
-              "pad_heads")
+              "pad_heads", "hosts")
     # The flat parameter names (MLflow params, table columns, the search space's flat view):
     # the one list everything else derives from. LAYOUT_PARAMS: how a trial is partitioned.
     LAYOUT_PARAMS = ("weights", "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn")
     FLAT_PARAMS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
                    "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats",
-                   "pad_heads")
-    INT_FLAT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats")
+                   "pad_heads", "hosts")
+    INT_FLAT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "hosts")
 
     @property
     def run_model(self) -> ModelConfig:
@@ -93,6 +94,7 @@ class TrialConfig:
             "ci_target": self.ci_target,
             "time_budget_s": self.time_budget_s,
             "pad_heads": self.pad_heads,
+            "hosts": self.hosts,
         }
 
     def flat_params(self) -> dict[str, Any]:
@@ -109,7 +111,8 @@ class TrialConfig:
             raise ConfigError("model", None, "a preset name, a YAML path or a mapping (required)", source)
         model = load_model(data["model"], source=source)
         values: dict[str, Any] = {"model": model}
-        for key in ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "warmup"):
+        for key in ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "warmup",
+                    "hosts"):
             value = data.get(key, DEFAULTS.get(key))
             if value is None:
                 raise ConfigError(key, None, "a positive integer (required)", source)
@@ -121,6 +124,9 @@ class TrialConfig:
             values[key] = value
         for key in ("ci_target", "time_budget_s"):
             values[key] = parse_nonnegative(data.get(key, getattr(cls, key)), key, source)
+        if values["chips"] % values["hosts"]:
+            raise ConfigError("hosts", values["hosts"], f"a divisor of chips={values['chips']} "
+                              "(each host owns chips / hosts devices)", source)
         if data.get("topology") is not None:
             values["topology"] = parse_topology(data["topology"], values["chips"], "topology", source)
         weights = data.get("weights", DEFAULTS["weights"])

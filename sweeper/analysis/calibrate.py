@@ -156,6 +156,9 @@ def log_to_mlflow(result: Calibration, files: Mapping[str, str]) -> bool:
                     metrics.append(Metric(f"heldout_{key}" if key != "top1_agreement"
                                           else "top1_agreement", float(value), now, 0))
     metrics.append(Metric("calibration_points", float(len(result.points)), now, 0))
+    if result.noise is not None and math.isfinite(result.noise.mape):   # beside every error
+        metrics.append(Metric("noise_floor_mape", float(result.noise.mape), now, 0))
+        metrics.append(Metric("noise_floor_median_ape", float(result.noise.median_ape), now, 0))
     client.log_batch(result.parent_run_id, metrics=metrics)
     for path in files.values():
         client.log_artifact(result.parent_run_id, path, artifact_path="calibration")

@@ -1,8 +1,9 @@
 """Held-out error of the fitted cost model, and `calibrate`: the fit plus its evaluation.
 
 Every point is predicted by a fit that did not see it: k-fold over trial shapes (all layouts
-of one batch/chips shape held out together), leave-one-layout-out, or
-leave-one-chip-count-out. Only those predictions enter MAPE, median and max absolute
+of one batch/chips shape held out together), leave-one-layout-out,
+leave-one-chip-count-out, or extrapolation (fit on chip counts <= n/2, predict n: the
+question "I measured small meshes, how fast is the big one?"). Only those predictions enter MAPE, median and max absolute
 percent error and the ranking agreement (per (batch, chips, phase) group, with model,
 weights and lengths equal: does the fitted model pick the measured-best layout, and
 Kendall's tau between predicted and measured layout times; groups where the model predicts
@@ -20,20 +21,24 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
 
-from sweeper.analysis.fit import (CalibrationError, Fit, ParamSpace, Point, default_space,
-                                  fit_profile, predict_point)
+from sweeper.analysis.fit import (DEFAULT_TERMS, CalibrationError, Fit, ParamSpace, Point,
+                                  default_space, fit_profile, predict_point)
 from workloads.config import ConfigError, HardwareProfile
 from workloads.layouts import PHASES
 
-HOLDOUTS = ("kfold", "layout", "chips")
+HOLDOUTS = ("kfold", "layout", "chips", "extrapolation")
 HOLDOUT_TEXT = {
     "kfold": "k-fold over trial shapes (all layouts of one batch/chips/... shape held out together)",
     "layout": "leave-one-layout-out (every point of one FFN/attention layout held out together)",
     "chips": "leave-one-chip-count-out (every point of one chip count held out together)",
+    "extrapolation": "extrapolation (each chip count n >= 4 predicted by a fit on chip counts "
+                     "<= n/2 only)",
 }
+EXTRAPOLATE_FROM = 4     # n/2 must include a multi-chip count, or no collective was ever seen
+NOISE_COMPARABLE = 0.5   # noise floor >= half the error: the error is mostly measurement noise
+MIN_GROUPS = 10          # fewer ranking groups: top-1 agreement moves by >= 10% per group
 MIN_TRIALS = 6           # 12 points for at most 9 constants, with points left to hold out
 K_FOLDS = 5
-TOP1_TOLERANCE = 0.05    # "within 5%": the model's pick is measured within 5% of the best
 TOP1_TOLERANCE = 0.05    # "within 5%": the model's pick is measured within 5% of the best
 PREDICTED_TIE = 1e-9     # predictions this close are one pick (float noise of equal formulas)
 
@@ -41,9 +46,35 @@ PREDICTED_TIE = 1e-9     # predictions this close are one pick (float noise of e
 # ----------------------------------------------------------------------------- held-out error
 
 
+def splits(points: list[Point], scheme: str, k: int = K_FOLDS,
+           seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(training, held-out) index arrays per fold. Extrapolation trains on chip counts
+    <= n/2 and holds out n (the points of counts in between are in neither); every other
+    scheme trains on the complement of its held-out fold."""
+    if scheme == "extrapolation":
+        return extrapolation_splits(points)
+    out = []
+    for test in folds(points, scheme, k, seed):
+        held = set(test.tolist())
+        out.append((np.array([i for i in range(len(points)) if i not in held], int), test))
+    return out
+
+
+def extrapolation_splits(points: list[Point]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each chip count n >= EXTRAPOLATE_FROM: train on chips <= n/2, hold out chips == n."""
+    chips = np.array([p.config.chips for p in points])
+    out = []
+    for n in sorted(set(chips.tolist())):
+        train = np.flatnonzero(chips <= n / 2)
+        if n >= EXTRAPOLATE_FROM and len(set(chips[train].tolist())) >= 2:
+            out.append((train, np.flatnonzero(chips == n)))
+    return out
+
+
 def folds(points: list[Point], scheme: str, k: int = K_FOLDS, seed: int = 0) -> list[np.ndarray]:
-    """Index arrays of held-out points, each point held out exactly once."""
-    if scheme not in HOLDOUTS:
+    """Index arrays of held-out points, each point held out exactly once (not extrapolation,
+    whose held-out sets are `splits`')."""
+    if scheme not in HOLDOUTS or scheme == "extrapolation":
         raise ConfigError("--holdout", scheme, f"one of {list(HOLDOUTS)}")
     if scheme == "kfold":
         # Folds of trial shapes: every trial of one (batch, chips, ...) shape, both phases,
@@ -66,6 +97,76 @@ def folds(points: list[Point], scheme: str, k: int = K_FOLDS, seed: int = 0) -> 
     return out
 
 
+# ----------------------------------------------------------------------------- noise floor
+
+
+@dataclass
+class NoiseFloor:
+    """The replicate error: the same configuration measured in several trials (other seed),
+    each measurement predicted by the median of its replicates. No model of the
+    configuration can predict a single trial better than this, on average."""
+
+    mape: float
+    median_ape: float
+    n_points: int                        # points that have at least one replicate
+    groups: int                          # configurations measured more than once
+    by_phase: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {"mape": self.mape, "median_ape": self.median_ape, "n_points": self.n_points,
+                "groups": self.groups, "by_phase": self.by_phase}
+
+
+def replicate_apes(points: list[Point]) -> dict[int, float]:
+    """Point index -> |median of its replicates - it| / it, for points with replicates."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(points):
+        groups.setdefault(p.replicate_key, []).append(i)
+    out = {}
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        values = np.array([points[i].measured_s for i in members])
+        for j, i in enumerate(members):
+            out[i] = abs(float(np.median(np.delete(values, j))) - values[j]) / values[j]
+    return out
+
+
+def noise_floor(points: list[Point], only: Iterable[int] | None = None) -> NoiseFloor:
+    """The replicate error of `points` (of those indices in `only`, when given)."""
+    apes = replicate_apes(points)
+    if only is not None:
+        keep = set(only)
+        apes = {i: v for i, v in apes.items() if i in keep}
+
+    def stats(values: list[float]) -> tuple[float, float]:
+        return (float(np.mean(values)), float(np.median(values))) if values else (math.nan, math.nan)
+
+    mape, median = stats(list(apes.values()))
+    by_phase = {}
+    for phase in PHASES:
+        vals = [v for i, v in apes.items() if points[i].phase == phase]
+        m, med = stats(vals)
+        by_phase[phase] = {"mape": m, "median_ape": med, "n_points": len(vals)}
+    groups = len({points[i].replicate_key for i in apes})
+    return NoiseFloor(mape, median, len(apes), groups, by_phase)
+
+
+def caveats(mape: float, noise: NoiseFloor | None, groups: int) -> list[str]:
+    """Why a held-out figure is not a verdict: the noise floor is comparable to the error,
+    or the ranking check has too few groups. Empty when neither."""
+    out = []
+    if noise is not None and math.isfinite(noise.mape) and math.isfinite(mape) \
+            and noise.mape >= NOISE_COMPARABLE * mape:
+        out.append(f"noise floor {100 * noise.mape:.1f}% is comparable to the error: model "
+                   "error and measurement noise cannot be told apart")
+    elif noise is None or not noise.n_points:
+        out.append("no replicated configurations: noise floor unknown")
+    if groups < MIN_GROUPS:
+        out.append(f"top-1 over {groups} groups: too few groups to judge (>= {MIN_GROUPS})")
+    return out
+
+
 @dataclass
 class Holdout:
     """Held-out predictions of one scheme and the numbers computed from them."""
@@ -81,6 +182,11 @@ class Holdout:
     groups: int
     folds: int
     skipped: str | None = None           # why a scheme could not run (one group only)
+    noise: NoiseFloor | None = None      # replicate error of the held-out points
+
+    @property
+    def caveats(self) -> list[str]:
+        return [] if self.skipped else caveats(self.mape, self.noise, self.groups)
 
     @property
     def errors(self) -> pd.DataFrame:
@@ -92,7 +198,11 @@ class Holdout:
                 "max_ape_heldout": self.max_ape, "top1_agreement": self.top1_agreement,
                 "top1_within_5pct": self.top1_within_tolerance,
                 "kendall_tau": self.kendall_tau, "ranking_groups": self.groups,
-                "skipped": self.skipped}
+                "noise_floor_mape": self.noise.mape if self.noise else math.nan,
+                "noise_floor_median_ape": self.noise.median_ape if self.noise else math.nan,
+                "noise_floor_points": self.noise.n_points if self.noise else 0,
+                "noise_floor": self.noise.summary() if self.noise else None,
+                "caveats": self.caveats, "skipped": self.skipped}
 
 
 def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | None = None) -> pd.DataFrame:
@@ -104,6 +214,7 @@ def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | N
                      "topology": "x".join(map(str, c.mesh_shape)), "chips": c.chips,
                      "batch": c.batch, "model": c.model.name, "weights": c.weights,
                      "input_len": c.input_len, "decode_steps": c.decode_steps,
+                     "seed": c.seed, "ci_rel": p.ci_rel,
                      "measured_s": p.measured_s, "predicted_s": float(pred),
                      "ape": abs(float(pred) - p.measured_s) / p.measured_s,
                      "fold": int(fold[i]) if fold is not None else -1})
@@ -112,34 +223,38 @@ def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | N
 
 def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
             space: ParamSpace | None = None, loss: str = "linear", seed: int = 0,
-            tie_reference: np.ndarray | None = None) -> Holdout:
+            tie_reference: np.ndarray | None = None, weighted: bool = True,
+            terms: tuple[str, ...] = DEFAULT_TERMS) -> Holdout:
     """Predict every point from a fit on the other folds; score only those predictions.
 
     `tie_reference`: one model's predictions of all points (the fit on everything), used only
     to tell which layouts the formulas make equal; without it, the held-out predictions."""
-    splits = folds(points, scheme, seed=seed)
+    parts = splits(points, scheme, seed=seed)
     predicted = np.full(len(points), math.nan)
     fold_id = np.full(len(points), -1)
-    if len(splits) < 2:
+    if len(parts) < (1 if scheme == "extrapolation" else 2):
         df = point_frame(points, predicted, fold_id)
-        return Holdout(scheme, df, *([math.nan] * 6), 0, len(splits),
-                       skipped=f"only one {scheme} group: nothing to hold out")
-    for i, test in enumerate(splits):
-        held = set(test.tolist())
-        train = [p for j, p in enumerate(points) if j not in held]
+        why = (f"needs chip counts n >= {EXTRAPOLATE_FROM} and at least two counts <= n/2"
+               if scheme == "extrapolation" else f"only one {scheme} group: nothing to hold out")
+        return Holdout(scheme, df, *([math.nan] * 6), 0, len(parts), skipped=why)
+    for i, (train_idx, test) in enumerate(parts):
+        train = [points[j] for j in train_idx]
         # Latencies only for the kinds the training points contain; a held-out layout's
         # unseen kind is charged the fitted `collective_latency_s` (median of the others).
-        fitted = fit_profile(train, base, default_space(train) if space is None else space,
-                             loss).profile
+        fitted = fit_profile(train, base, default_space(train, terms) if space is None else space,
+                             loss, weighted=weighted).profile
         for j in test:
             predicted[j] = predict_point(points[j], fitted)
             fold_id[j] = i
     df = point_frame(points, predicted, fold_id)
     df["tie_s"] = tie_reference if tie_reference is not None else df["predicted_s"]
+    predicted_idx = np.flatnonzero(fold_id >= 0)
+    df = df.iloc[predicted_idx].reset_index(drop=True)   # extrapolation leaves some unpredicted
     top1, top1_tol, tau, groups = ranking_agreement(df)
     ape = df["ape"]
     return Holdout(scheme, df, float(ape.mean()), float(ape.median()), float(ape.max()),
-                   top1, top1_tol, tau, groups, len(splits))
+                   top1, top1_tol, tau, groups, len(parts),
+                   noise=noise_floor(points, predicted_idx.tolist()))
 
 
 def error_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -228,6 +343,8 @@ class Calibration:
     holdouts: dict[str, Holdout]
     headline: str
     fit: Fit
+    noise: NoiseFloor | None = None      # replicate error of all points
+    weighted: bool = True                # points weighted by their measured uncertainty
     parent_run_id: str | None = None
     tracking_uri: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict)
@@ -252,6 +369,8 @@ class Calibration:
                 "top1_within_5pct": h.top1_within_tolerance, "kendall_tau": h.kendall_tau,
                 "n_points": len(self.points), "n_trials": len({p.trial for p in self.points}),
                 "ranking_groups": h.groups,
+                "noise_floor": self.noise.summary() if self.noise else None, "caveats": h.caveats,
+                "weighted": self.weighted,
                 "fitted": self.fitted_constants(),
                 "start": {k: getattr(self.base, k) for k in ("peak_flops", "hbm_bandwidth",
                                                              "ici_bandwidth")},
@@ -266,7 +385,8 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 
 def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str] = ("kfold",),
-              study: str = "", loss: str = "linear", min_trials: int = MIN_TRIALS) -> Calibration:
+              study: str = "", loss: str = "linear", min_trials: int = MIN_TRIALS,
+              weighted: bool = True, terms: tuple[str, ...] = DEFAULT_TERMS) -> Calibration:
     """Fit on all points (the profile to use) and evaluate each hold-out scheme."""
     holdouts = tuple(holdouts)
     for scheme in holdouts:
@@ -277,12 +397,14 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
         raise CalibrationError("study", study or "points", f"a study with at least {min_trials} "
                                f"complete measured trials to fit and hold out (it has {trials}, "
                                f"{len(points)} points); run more trials (--resume)")
-    space = default_space(points)
-    fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted")
+    space = default_space(points, terms)
+    fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted", weighted=weighted)
     insample = point_frame(points, np.array([predict_point(p, fit.profile) for p in points]))
     reference = insample["predicted_s"].to_numpy()
-    results = {scheme: heldout(points, base, scheme, None, loss, tie_reference=reference)
+    results = {scheme: heldout(points, base, scheme, None, loss, tie_reference=reference,
+                               weighted=weighted, terms=terms)
                for scheme in holdouts}
-    return Calibration(study, base, fit.profile, points, insample, results, holdouts[0], fit)
+    return Calibration(study, base, fit.profile, points, insample, results, holdouts[0], fit,
+                       noise=noise_floor(points), weighted=weighted)
 
 

@@ -150,7 +150,9 @@ def _fit_context(result: holdout.Calibration) -> dict[str, Any]:
                         "median": percent_dash(ho.median_ape), "max": percent_dash(ho.max_ape),
                         "top1": percent_dash(ho.top1_agreement),
                         "top1_tol": percent_dash(ho.top1_within_tolerance), "tau": tau,
-                        "groups": ho.groups})
+                        "groups": ho.groups,
+                        "noise": percent_dash(ho.noise.mape) if ho.noise else "—",
+                        "caveats": "; ".join(ho.caveats) or "—"})
     errors = result.main.errors.copy()
     for col in ("mape", "median_ape", "max_ape"):
         errors[col] = errors[col].map(percent_dash)
@@ -162,7 +164,14 @@ def _fit_context(result: holdout.Calibration) -> dict[str, Any]:
     for kind, value in (getattr(result.fitted, "collective_latency_s_by_kind", {}) or {}).items():
         constants.append((f"collective latency [{kind}] (s)", "0", _fmt(float(value))))
     table = _table(errors)
+    noise = result.noise
+    noise_text = (f"{noise.groups} configurations measured in more than one trial, each trial "
+                  f"against the median of the others: MAPE {percent_dash(noise.mape)}, median "
+                  f"{percent_dash(noise.median_ape)} over {noise.n_points} points"
+                  if noise is not None and noise.n_points else
+                  "unknown: no configuration was measured twice")
     return {"holdout_desc": "; ".join(holdout.HOLDOUT_TEXT[n] for n in result.holdouts),
+            "noise": noise_text,
             "n_points": len(result.points), "n_trials": len({p.trial for p in result.points}),
             "schemes": schemes, "table_scheme": holdout.HOLDOUT_TEXT[result.headline],
             "error_columns": table["columns"], "error_rows": table["rows"],

@@ -105,14 +105,26 @@ def _add_analysis_commands(sub) -> None:
         return run_report(args)
 
     p = sub.add_parser("fit", help="fit the cost model's hardware constants to a study's "
-                       "measured trials; report held-out prediction error")
-    study_args(p)
-    p.add_argument("--holdout", choices=["kfold", "layout", "chips", "all"], default="kfold",
+                       "measured trials (or a CSV of measurements taken elsewhere); report "
+                       "held-out prediction error")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--study", help="study name (as `sweeper run` printed it)")
+    source.add_argument("--measurements", metavar="FILE.csv", help="published measurements, one "
+                        "row per number (format: workloads/measurements.py; e.g. "
+                        "benchmarks/data/paper-tpu-v4.csv); needs --hardware")
+    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
+    p.add_argument("--no-mlflow", action="store_true",
+                   help="do not log to the sweep's MLflow parent run")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--holdout", choices=["kfold", "layout", "chips", "extrapolation", "loo", "all"], default=None,
                    help="held-out points: k-fold over trials, leave-one-layout-out, "
-                   "leave-one-chip-count-out, or all three (the first gives the headline)")
+                   "leave-one-chip-count-out, extrapolation (fit on chip counts <= n/2, predict "
+                   "n), or all four (the first gives the headline); "
+                   "with --measurements: loo (default) or kfold over configurations")
     p.add_argument("--out", metavar="FITTED.yaml", help="where to write the fitted hardware "
                    "profile (default: $SWEEPER_HOME/fits/<study>/<profile>-fitted.yaml)")
-    p.add_argument("--hardware", help="starting profile (default: the one the sweep used)")
+    p.add_argument("--hardware", help="starting profile (default: the one the sweep used; "
+                   "required with --measurements: the chip the numbers were measured on)")
     p.add_argument("--loss", choices=["linear", "soft_l1", "huber"], default="linear",
                    help="least-squares loss on relative errors (default linear)")
     p.add_argument("--artifacts-dir", help="folder for the error table and plot")

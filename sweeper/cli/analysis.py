@@ -39,17 +39,33 @@ def format_calibration(result: holdout.Calibration) -> str:
     lines.append(f"  overlap                {result.fitted.overlap:.3f}")
     lines.append(f"in-sample MAPE {percent_dash(float(result.insample['ape'].mean()))} (not a claim; "
                  "held-out below)")
-    header = f"{'hold-out':<8} {'points':>6} {'MAPE':>7} {'median':>7} {'max':>7} {'top-1':>6} " \
-             f"{'top-1~5%':>8} {'tau':>6} {'groups':>6}"
-    lines.append(header)
+    noise = result.noise
+    if noise is not None and noise.n_points:
+        lines.append(f"noise floor (replicate error: {noise.groups} configurations measured more than "
+                     f"once, each trial against the median of the others): MAPE "
+                     f"{percent_dash(noise.mape)}, median {percent_dash(noise.median_ape)} over "
+                     f"{noise.n_points} points")
+    else:
+        lines.append("noise floor: unknown (no configuration measured twice; add `seed: [0, 1]`)")
+    lines.append("points weighted by their measured 95% CI" if result.weighted else
+                 "points weighted equally")
+    header = f"{'hold-out':<13} {'points':>6} {'MAPE':>7} {'median':>7} {'max':>7} {'noise':>7} " \
+             f"{'top-1':>6} {'top-1~5%':>8} {'tau':>6} {'groups':>6}"
+    lines.append(header + "   (noise: replicate MAPE of the same held-out points)")
+    notes = []
     for name, ho in result.holdouts.items():
         if ho.skipped:
-            lines.append(f"{name:<8} skipped: {ho.skipped}")
+            lines.append(f"{name:<13} skipped: {ho.skipped}")
             continue
         tau = f"{ho.kendall_tau:.2f}" if math.isfinite(ho.kendall_tau) else "—"
-        lines.append(f"{name:<8} {len(ho.points):>6} {percent_dash(ho.mape):>7} {percent_dash(ho.median_ape):>7} "
-                     f"{percent_dash(ho.max_ape):>7} {percent_dash(ho.top1_agreement):>6} "
+        floor = percent_dash(ho.noise.mape) if ho.noise else "—"
+        lines.append(f"{name:<13} {len(ho.points):>6} {percent_dash(ho.mape):>7} {percent_dash(ho.median_ape):>7} "
+                     f"{percent_dash(ho.max_ape):>7} {floor:>7} {percent_dash(ho.top1_agreement):>6} "
                      f"{percent_dash(ho.top1_within_tolerance):>8} {tau:>6} {ho.groups:>6}")
+        notes += [f"  {name}: {c}" for c in ho.caveats]
+    if notes:
+        lines.append("not a verdict:")
+        lines.extend(notes)
     lines.append(f"per phase and layout ({result.headline}):")
     for _, row in result.main.errors.iterrows():
         lines.append(f"  {row['phase']:<8} {row['layout']:<14} n={row['n']:<4} MAPE {percent_dash(row['mape']):>6} "
@@ -59,7 +75,12 @@ def format_calibration(result: holdout.Calibration) -> str:
 
 def run_fit(args) -> int:
     """`sweeper fit`: fit, evaluate on held-out points, write the YAML, log to MLflow."""
-    schemes = holdout.HOLDOUTS if args.holdout == "all" else (args.holdout,)
+    if args.measurements:
+        return run_fit_measurements(args)
+    if args.holdout == "loo":
+        raise ConfigError("--holdout", "loo", "kfold, layout, chips, extrapolation or all with --study "
+                          "(loo is for --measurements)")
+    schemes = holdout.HOLDOUTS if args.holdout == "all" else (args.holdout or "kfold",)
     data = cal.load_study_data(args.study, args.storage)
     base = load_hardware(args.hardware, field="--hardware") if args.hardware else None
     result = cal.calibrate_study(data, schemes, base, args.loss)
@@ -80,6 +101,42 @@ def run_fit(args) -> int:
         print(f"fitted profile: {files['fitted_yaml']} (use it with --hardware)")
         print(f"error table, plot: {out_dir}" + (f"; logged to MLflow run {result.parent_run_id}"
                                                  if logged else ""))
+    return 0
+
+
+def run_fit_measurements(args) -> int:
+    """`sweeper fit --measurements FILE.csv --hardware H`: the same fit and JSON keys as a
+    study's, on published numbers (sweeper/analysis/external.py)."""
+    from sweeper.analysis import external   # the analysis stack (scipy), as for --study
+
+    if not args.hardware:
+        raise ConfigError("--hardware", None, "the profile the measurements were taken on "
+                          "(a preset such as tpu-v4, or a hardware YAML) with --measurements")
+    if args.holdout not in (None, "all", *external.EXTERNAL_HOLDOUTS):
+        raise ConfigError("--holdout", args.holdout, "loo, kfold or all with --measurements")
+    holdouts = (external.EXTERNAL_HOLDOUTS if args.holdout == "all"
+                else (args.holdout or "loo",))
+    base = load_hardware(args.hardware, field="--hardware")
+    result = external.calibrate_measurements(args.measurements, base, holdouts, args.loss)
+    out = Path(args.out) if args.out else (sweeper_home(create=True) / "fits"
+                                           / Path(args.measurements).stem / f"{result.fitted.name}.yaml")
+    cal.write_profile(result.fitted, out, note=(
+        f"fitted by `sweeper fit --measurements {args.measurements} --hardware {args.hardware}` "
+        f"({len(result.points)} rows); held-out MAPE {percent_dash(result.main.mape)} "
+        f"({external.EXTERNAL_HOLDOUT_TEXT[result.headline]})"))
+    result.artifacts = {"fitted_yaml": str(out)}
+    if args.json:
+        data = jsonable(result.summary())
+        data["mlflow_logged"] = False     # no sweep, no parent run to log to
+        print_json(data)
+        return 0
+    print(format_calibration(result).replace("measured points", "published rows", 1)
+          .replace("trials x prefill, decode", "configurations", 1))
+    print("per row (held out):")
+    for _, row in result.main.points.iterrows():
+        print(f"  row {row['row']:>3} {row['metric']:<9} measured {row['measured']:<9.4g} "
+              f"predicted {row['predicted']:<9.4g} {row['relative_error']:+7.1%}  {row['source']}")
+    print(f"fitted profile: {out} (use it with --hardware)")
     return 0
 
 

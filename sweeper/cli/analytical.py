@@ -134,12 +134,13 @@ def run_max_context(args) -> int:
     attn = _choice("--attn", args.attn, ATTN_LAYOUTS)
     result = costmodel.max_context(model, hw, args.chips, args.batch, attn, args.kv_fraction)
     payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
-               "chips": args.chips, "batch": args.batch, "attn": attn, **result}
+               "chips": args.chips, "batch": args.batch, "attn": attn, **result.to_dict()}
     _emit(args, payload, lambda: _max_context_text(model, hw, args, attn, result))
     return 0
 
 
-def _max_context_text(model, hw, args, attn: str, r: dict) -> str:
+def _max_context_text(model, hw, args, attn: str, result: costmodel.MaxContext) -> str:
+    r = result.to_dict()
     heads = f"{model.n_kv_heads} KV head{'s' if model.n_kv_heads != 1 else ''}"
     return format_fields([
         ("max context", f"{r['max_context']:,} tokens"),

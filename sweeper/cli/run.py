@@ -78,15 +78,27 @@ def format_sweep_summary(summary: dict) -> str:
             if ho.get("skipped"):
                 lines.append(f"held-out ({name}): skipped, {ho['skipped']}")
                 continue
-            lines.append(f"held-out ({name}): MAPE {percent_dash(_num(ho['mape_heldout']))}, median "
-                         f"{percent_dash(_num(ho['median_ape_heldout']))}, max "
-                         f"{percent_dash(_num(ho['max_ape_heldout']))}, top-1 layout agreement "
-                         f"{percent_dash(_num(ho['top1_agreement']))} over {ho['ranking_groups']} groups")
+            lines.append(heldout_line(name, ho))
         lines.append(f"fitted profile: {summary['fitted_yaml']}")
     lines.append(f"report: {summary['report']}")
     for err in summary.get("errors", []):
         lines.append(f"warning: {err}")
     return "\n".join(lines)
+
+
+def heldout_line(name: str, ho: dict) -> str:
+    """One hold-out scheme's figures, the noise floor beside the error and, in the same line,
+    why a figure is not a verdict (`caveats`, sweeper/analysis/holdout.py: too few ranking
+    groups, or a noise floor comparable to the error)."""
+    floor = _num(ho.get("noise_floor_mape"))
+    noise = (f"noise floor {percent_dash(floor)}" if math.isfinite(floor)
+             else "noise floor unknown")
+    line = (f"held-out ({name}): MAPE {percent_dash(_num(ho['mape_heldout']))} ({noise}), median "
+            f"{percent_dash(_num(ho['median_ape_heldout']))}, max "
+            f"{percent_dash(_num(ho['max_ape_heldout']))}, top-1 layout agreement "
+            f"{percent_dash(_num(ho['top1_agreement']))} over {ho['ranking_groups']} groups")
+    caveats = ho.get("caveats") or []
+    return line + (f" (not a verdict: {'; '.join(caveats)})" if caveats else "")
 
 
 def _num(value) -> float:

@@ -462,7 +462,8 @@ class Controller:
                                   f"cluster, e.g. 10.0.0.1:6379 ({one_line(err)})") from None
             self._ray_started = True
         env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
-        return RayPool(hw.kind, self.parallel, self.space.resources, env=env)
+        return RayPool(hw.kind, self.parallel, self.space.resources, env=env,
+                       verify=self.space.verify)
 
     def _finished_before(self) -> int:
         """Trials of a resumed study that count toward `trials`.
@@ -686,7 +687,7 @@ class Controller:
             self._record(trial, PRUNED, f"infeasible: {err}", None, flat, None, {})
             return
         flat = config.flat_params()
-        slot = self._choose_slot(free, config.chips)
+        slot = self._choose_slot(free, config.chips, config.hosts)
         hardware, chip_profile, share = self.trial_hardware(config.chips, slot)
         # recorded so calibration reads the share the prediction used (docs/architecture.md)
         trial.set_user_attr("hardware_share", share)
@@ -721,10 +722,10 @@ class Controller:
         self.in_flight[id(handle)] = _InFlight(trial, config, flat, prediction, hardware, slot,
                                                handle, time.monotonic() + self.space.timeout_s)
 
-    def _choose_slot(self, free: list[int], chips: int) -> int:
+    def _choose_slot(self, free: list[int], chips: int, hosts: int = 1) -> int:
         """A free slot whose worker already has this mesh (warm compile cache), else any."""
         for slot in free:
-            if self.pool.warm_slot(slot, chips):
+            if self.pool.warm_slot(slot, chips, hosts):
                 return slot
         return free[0]
 

@@ -33,16 +33,21 @@ def _phase_layout() -> dict:
                            "attn": {"enum": list(sp.LAYOUT_PARAMS["attn"])}}}
 
 
+# pad_heads (workloads/trial.py parse_pad_heads): auto | none | a positive integer.
+_PAD_HEADS = {"anyOf": [{"enum": ["auto", "none", None, False]}, {"type": "integer", "minimum": 1}]}
+
+
 def _fixed_field(name: str) -> dict:
     """The schema of one fixed trial field; a KeyError for a field added without one."""
     minimum = 0 if name in ("seed", "warmup", "decode_steps") else 1
     types = {"prefill": _phase_layout(), "decode": _phase_layout(), "topology": _TOPOLOGY,
              "weights": {"enum": list(WEIGHT_FORMATS)},
              "ci_target": {"type": "number", "minimum": 0},
-             "time_budget_s": {"type": "number", "minimum": 0}}
+             "time_budget_s": {"type": "number", "minimum": 0}, "pad_heads": _PAD_HEADS}
     if name in types:
         return types[name]
-    if name in ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "warmup"):
+    if name in ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "warmup",
+                "hosts"):
         return {"type": "integer", "minimum": minimum}
     raise KeyError(f"no JSON Schema type for the fixed field {name!r}: add it to schema.py")
 
@@ -56,6 +61,8 @@ def _param_value(name: str) -> dict:
         return {"enum": list(WEIGHT_FORMATS)}
     if name == "topology":
         return _TOPOLOGY["anyOf"][0]
+    if name == "pad_heads":
+        return _PAD_HEADS
     raise KeyError(f"no JSON Schema type for the searchable parameter {name!r}: add it to schema.py")
 
 
@@ -101,6 +108,8 @@ def _space_field(name: str) -> dict:
         "max_retries": {"type": "integer", "minimum": 0},
         "memory_budget_bytes": _QUANTITY,
         "resources": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
+        "verify": {"type": "boolean",
+                   "description": "measured trials also run the unsharded reference"},
     }
     if name not in types:
         raise KeyError(f"no JSON Schema type for the space field {name!r}: add it to schema.py")

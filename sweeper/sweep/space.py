@@ -26,7 +26,9 @@ parameters to search, what to optimise and under which constraints:
     timeout_s: 300                   # per trial
     max_retries: 1                   # re-runs of a trial whose worker died
     memory_budget_bytes: 2GiB        # per chip, host only (feasibility check)
-    resources: {GPU: 1}              # Ray resources per worker (devices)
+    resources: {GPU: 1}              # Ray resources per worker (devices; per host if hosts > 1)
+    hosts: 2                         # JAX processes per trial (a fixed field or a param; default 1)
+    verify: true                     # also compare each measured trial with the reference
 
 Everything is checked here, before Ray, Optuna or MLflow start; each error is one
 `ConfigError` line naming the file, the field, the value and what is accepted.
@@ -63,8 +65,8 @@ from workloads.validate import check_keys as _check_keys, one_of
 # with the same layout in prefill and decode).
 PARAM_NAMES = ("batch", "chips", "topology", "prefill_ffn", "prefill_attn", "decode_ffn",
                "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps", "seed",
-               "pad_heads")
-INT_PARAMS = ("batch", "chips", "input_len", "decode_steps", "seed")   # seed: replicates
+               "pad_heads", "hosts")
+INT_PARAMS = ("batch", "chips", "input_len", "decode_steps", "seed", "hosts")   # seed: replicates
 LAYOUT_PARAMS = {"prefill_ffn": FFN_LAYOUTS, "prefill_attn": ATTN_LAYOUTS,
                  "decode_ffn": FFN_LAYOUTS, "decode_attn": ATTN_LAYOUTS,
                  "ffn": FFN_LAYOUTS, "attn": ATTN_LAYOUTS}
@@ -72,10 +74,11 @@ AUTO_TOPOLOGY = "auto"   # the cost model's best split (TrialConfig.topology = N
 
 # Trial fields that a space file may fix (TrialConfig.FIELDS without the model).
 FIXED_FIELDS = ("chips", "batch", "input_len", "decode_steps", "topology", "weights", "prefill",
-                "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s", "pad_heads")
+                "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s", "pad_heads",
+                "hosts")
 SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objectives",
                 "constraints", "sampler", "trials", "parallel", "timeout_s", "max_retries",
-                "memory_budget_bytes", "resources")
+                "memory_budget_bytes", "resources", "verify")
 
 HARDWARE_KINDS = ("host", "devices", "analytical")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/sweep/guided.py
@@ -387,6 +390,7 @@ class SearchSpace:
     max_retries: int = DEFAULTS["max_retries"]
     memory_budget_bytes: float | None = None
     resources: Mapping[str, float] = field(default_factory=dict)
+    verify: bool = False                     # measured trials also run the unsharded reference
     description: str = ""
     source: str | None = None                # the space file
     text: str | None = None                  # its contents (logged as an MLflow artifact)
@@ -438,7 +442,7 @@ class SearchSpace:
                         layout[part] = params[name]
             data[phase] = layout
         for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology", "seed",
-                     "pad_heads"):
+                     "pad_heads", "hosts"):
             if name in params:
                 data[name] = params[name]
         if data.get("topology") == AUTO_TOPOLOGY:
@@ -569,12 +573,16 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ConfigError(f"resources.{key}", value, "a number >= 0", source)
     description = data.get("description") or ""
+    verify = data.get("verify", False)
+    if not isinstance(verify, bool):
+        raise ConfigError("verify", verify, "true or false", source)
 
     space = SearchSpace(name=name, model=model, hardware=hardware, fixed=fixed, params=params,
                         objectives=objectives, constraints=constraints, sampler=sampler,
                         trials=trials, parallel=parallel, timeout_s=timeout_s,
                         max_retries=max_retries, memory_budget_bytes=budget,
-                        resources=dict(resources), description=str(description).strip(),
+                        resources=dict(resources), verify=verify,
+                        description=str(description).strip(),
                         source=source, text=text)
     if sampler.type == "grid" and space.grid_size() > GRID_LIMIT:
         raise ConfigError("sampler.type", "grid", f"tpe, nsga2 or random for a space of "

@@ -12,6 +12,17 @@ match is not reused; the slot starts (or reuses) one for that count, keeping a f
 Real devices (`hardware: devices`): an actor asks Ray for the space's `resources` (e.g.
 {GPU: 1}, {TPU: 4}); no device-count flag, no pinning.
 
+Multi-host trials (`hosts: H`, README "Multi-host trials"): the slot's worker is a group of
+H actors, one per host, reserved together by a placement group (`sweeper/sweep/slices.py`:
+STRICT_SPREAD over nodes on a cluster, PACK on one machine); each owns `chips / H` devices
+(emulated: its device-count flag and a share of the slot's cores) and joins the others
+with `jax.distributed.initialize` at rank 0's address before its first trial, then waits
+at a barrier before each trial (`JOIN_TIMEOUT_S`). Every host runs the same trial and
+measures; the trial's numbers are the slowest host's (largest `total_s`), each host's in
+`extra["hosts"]`. When any host raises or dies, the trial fails with that host's reason and
+every actor of the group is killed and its placement group removed (the others would wait
+in a collective forever); the slot starts a new group for its next trial.
+
 Every actor keeps an engine/compile cache (`run_trial(engine_cache=...)`) across its
 trials, so a repeated shape and layout is not compiled again.
 
@@ -30,8 +41,9 @@ killed (`discard`) and the slot starts a new one for the next trial.
 
 Test-only: `SWEEPER_TEST_TRIAL_DELAY_S` makes a worker sleep before a trial (`SECONDS`, or
 `SECONDS:N1,N2` for trials N1 and N2 only), so that the fault tests can kill a worker or let
-a trial time out in the middle of it. It is forwarded from the controller's environment to
-the workers and has no use outside tests.
+a trial time out in the middle of it. `SWEEPER_TEST_FAIL_HOST=RANK` makes host RANK of a
+multi-host trial raise before the trial. Both are forwarded from the controller's environment
+to the workers and have no use outside tests.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ from typing import Any, Protocol
 import psutil
 
 from sweeper.formatting import one_line
+from sweeper.sweep.slices import JOIN_TIMEOUT_S, PLACE_TIMEOUT_S, SlicePlan, free_port, plan_slice
 from workloads.config import ConfigError, HardwareProfile
 from workloads.costmodel import predict
 from workloads import hoststate
@@ -85,6 +98,7 @@ class TrialError(RuntimeError):
 
 
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
+TEST_FAIL_HOST_ENV = "SWEEPER_TEST_FAIL_HOST"      # test-only, see the module docstring
 
 
 def trial_delay_s(number: int | None, environ: dict | None = None) -> float:
@@ -153,8 +167,12 @@ def split_cores(parallel: int, available: list[int] | None = None) -> list[list[
 class MeshWorker:
     """Owns one mesh (N emulated or real devices) and an engine cache; runs trials on it."""
 
-    def __init__(self, slot: int, chips: int | None, cores: list[int] | None):
-        self.slot, self.chips = slot, chips
+    def __init__(self, slot: int, chips: int | None, cores: list[int] | None,
+                 rank: int = 0, hosts: int = 1):
+        self.slot, self.chips = slot, chips        # chips: the whole mesh's, all hosts
+        self.rank, self.hosts = rank, hosts
+        self.joined = hosts == 1                   # jax.distributed joined (multi-host)
+        self.trials_started = 0
         self.cores: list[int] | None = None
         if cores:
             mine = os.sched_getaffinity(0)
@@ -167,7 +185,31 @@ class MeshWorker:
 
     def where(self) -> dict[str, Any]:
         """Where this worker runs (no JAX import: answers as soon as the process is up)."""
-        return {**where_am_i(), "slot": self.slot, "chips": self.chips}
+        info = {**where_am_i(), "slot": self.slot, "chips": self.chips}
+        if self.hosts > 1:
+            info.update(rank=self.rank, hosts=self.hosts)
+        return info
+
+    def coordinator(self) -> str:
+        """Rank 0 of a multi-host group: `ip:port` of the coordinator service it will start
+        (this node's IP and a port free on it), the address every host joins."""
+        return f"{where_am_i().get('node_ip') or '127.0.0.1'}:{free_port()}"
+
+    def join(self, coordinator: str) -> None:
+        """Join the slice's other hosts (once), then meet them at this trial's barrier, so a
+        host that never arrives fails the trial after JOIN_TIMEOUT_S instead of hanging."""
+        import jax   # lazy: JAX starts its backend; only in the process that runs a trial
+        from jax._src import distributed   # the runtime client: the one barrier with a timeout
+
+        if not self.joined:
+            # CPU collectives across processes (the emulated mesh) go over gloo.
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            jax.distributed.initialize(coordinator_address=coordinator, num_processes=self.hosts,
+                                       process_id=self.rank, initialization_timeout=JOIN_TIMEOUT_S)
+            self.joined = True
+        self.trials_started += 1
+        distributed.global_state.client.wait_at_barrier(
+            f"sweeper-trial-{self.trials_started}", JOIN_TIMEOUT_S * 1000)
 
     def info(self) -> dict[str, Any]:
         import jax   # lazy: JAX starts its backend; only in the process that runs a trial
@@ -177,16 +219,22 @@ class MeshWorker:
                 "xla_flags": os.environ.get("XLA_FLAGS", ""), "cache_entries": len(self.engine_cache),
                 "trials_run": self.trials_run}
 
-    def run(self, config: dict, hardware: dict | None, number: int | None = None) -> dict[str, Any]:
+    def run(self, config: dict, hardware: dict | None, number: int | None = None,
+            coordinator: str | None = None, verify: bool = False) -> dict[str, Any]:
         delay = trial_delay_s(number)
         if delay:
             time.sleep(delay)       # test-only: a window to kill this worker mid-trial
+        if self.hosts > 1:
+            if os.environ.get(TEST_FAIL_HOST_ENV, "") == str(self.rank):
+                raise RuntimeError(f"injected failure on host {self.rank} ({TEST_FAIL_HOST_ENV})")
+            self.join(coordinator)
         trial = TrialConfig.from_dict(config, validate=False)
         profile = HardwareProfile.from_dict(hardware) if hardware else None
         before = set(self.engine_cache)
         started = time.time()
         hoststate.reset_peak_rss()      # this trial's memory high-water, not the actor's
-        measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile)
+        measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile,
+                                verify=verify)
         measurement.worker_rss_peak_bytes = hoststate.peak_rss_bytes()
         finished = time.time()
         self.trials_run += 1
@@ -211,6 +259,21 @@ class _Handle:
     ref: Any = None                 # Ray ObjectRef (RayPool) or the finished result (LocalPool)
     error: BaseException | None = None
     where: Any = None               # ObjectRef of the actor's `where()` (RayPool)
+    refs: list = field(default_factory=list)     # RayPool: one run() ObjectRef per host
+    wheres: list = field(default_factory=list)   # RayPool: one where() ObjectRef per host
+    done: set = field(default_factory=set)       # indices of hosts whose run() has returned
+    failed: bool = False            # a host of a multi-host trial raised or died
+
+
+@dataclass
+class _Worker:
+    """A slot's worker for one mesh: one actor, or one per host with their placement group."""
+
+    actors: list
+    wheres: list                    # ObjectRefs of each actor's where()
+    group: Any = None               # placement group (multi-host)
+    coordinator: Any = None         # ObjectRef of rank 0's coordinator() (multi-host)
+    error: BaseException | None = None   # the group could not be placed
 
 
 class WorkerPool(Protocol):
@@ -225,8 +288,9 @@ class WorkerPool(Protocol):
     total_cores: int
     slot_cores: list[list[int]]
 
-    def warm_slot(self, slot: int, chips: int) -> bool:
-        """The slot's worker already has a mesh of `chips` devices (compiled programs cached)."""
+    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
+        """The slot's worker already has a mesh of `chips` devices over `hosts` processes
+        (compiled programs cached)."""
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
                number: int | None = None) -> _Handle:
@@ -252,12 +316,14 @@ class WorkerPool(Protocol):
 
 
 class RayPool:
-    """`parallel` slots; each slot runs one trial at a time on an actor it owns."""
+    """`parallel` slots; each slot runs one trial at a time on a worker it owns (one actor,
+    or one actor per host for a multi-host trial)."""
 
     local = False
 
     def __init__(self, hardware_kind: str, parallel: int, resources: dict[str, float] | None = None,
-                 env: dict[str, str] | None = None, max_workers_per_slot: int = 3):
+                 env: dict[str, str] | None = None, max_workers_per_slot: int = 3,
+                 verify: bool = False, place_timeout_s: float = PLACE_TIMEOUT_S):
         import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
         self.ray = ray
@@ -266,27 +332,29 @@ class RayPool:
         self.resources = dict(resources or {})
         self.env = dict(env or {})
         self.max_workers_per_slot = max_workers_per_slot
+        self.verify = verify
+        self.place_timeout_s = place_timeout_s
         self.emulated = hardware_kind == "host"
         self.slot_cores = split_cores(parallel) if self.emulated else [[] for _ in range(parallel)]
         self.total_cores = len(os.sched_getaffinity(0))
         self.shares_cores = self.emulated and parallel > self.total_cores
-        self._actors: list[OrderedDict] = [OrderedDict() for _ in range(parallel)]
-        self._where: dict[Any, Any] = {}       # actor -> ObjectRef of its where()
+        self._workers: list[OrderedDict] = [OrderedDict() for _ in range(parallel)]
         self._remote = ray.remote(MeshWorker)
         self._pids: set[int] = set()           # this host's worker processes seen
 
-    # chips -> actor, per slot (emulated: one process per device count; devices: one per slot)
-    def _actor_key(self, chips: int):
-        return chips if self.emulated else "devices"
+    # (chips, hosts) -> worker, per slot (emulated: one process per device count; devices:
+    # one per slot and host count)
+    def _worker_key(self, chips: int, hosts: int = 1):
+        return (chips, hosts) if self.emulated else ("devices", hosts)
 
-    def _options(self, chips: int) -> dict[str, Any]:
+    def _options(self, local_chips: int) -> dict[str, Any]:
         env = dict(self.env)
         if self.emulated:
             # This process's own XLA flags pass on, minus any device count of its own.
             inherited = re.sub(r"--xla_force_host_platform_device_count=\S*", "",
                                os.environ.get("XLA_FLAGS", "")).split()
             env["XLA_FLAGS"] = " ".join(
-                [*inherited, f"--xla_force_host_platform_device_count={chips}"])
+                [*inherited, f"--xla_force_host_platform_device_count={local_chips}"])
             # Our own pinning decides the cores, not Ray's CPU accounting.
             opts: dict[str, Any] = {"num_cpus": 0}
         else:
@@ -294,56 +362,104 @@ class RayPool:
             opts = {"num_cpus": res.pop("CPU", 0), "num_gpus": res.pop("GPU", 0)}
             if res:
                 opts["resources"] = res
-        if os.environ.get(TEST_DELAY_ENV):
-            env[TEST_DELAY_ENV] = os.environ[TEST_DELAY_ENV]
+        for name in (TEST_DELAY_ENV, TEST_FAIL_HOST_ENV):
+            if os.environ.get(name):
+                env[name] = os.environ[name]
         opts["runtime_env"] = {"env_vars": env}
         opts["max_restarts"] = 0
         opts["max_concurrency"] = 1
         return opts
 
-    def actor(self, slot: int, chips: int):
-        actors = self._actors[slot]
-        key = self._actor_key(chips)
-        if key in actors:
-            actors.move_to_end(key)
-            return actors[key]
-        while len(actors) >= self.max_workers_per_slot:
-            _, old = actors.popitem(last=False)        # least recently used
+    def worker(self, slot: int, chips: int, hosts: int = 1) -> _Worker:
+        workers = self._workers[slot]
+        key = self._worker_key(chips, hosts)
+        if key in workers:
+            workers.move_to_end(key)
+            return workers[key]
+        while len(workers) >= self.max_workers_per_slot:
+            _, old = workers.popitem(last=False)        # least recently used
             self._kill(old)
+        worker = self._start(slot, chips) if hosts == 1 else self._start_group(slot, chips, hosts)
+        workers[key] = worker
+        return worker
+
+    def _start(self, slot: int, chips: int) -> _Worker:
         cores = self.slot_cores[slot] if self.emulated else None
         actor = self._remote.options(**self._options(chips)).remote(slot, chips, cores)
-        self._where[actor] = actor.where.remote()     # runs first: the actor is single-threaded
-        actors[key] = actor
-        return actor
+        return _Worker([actor], [actor.where.remote()])   # where() runs first: one thread
 
-    def _kill(self, actor) -> None:
-        self._where.pop(actor, None)
-        self.ray.kill(actor)
+    def _start_group(self, slot: int, chips: int, hosts: int) -> _Worker:
+        """Reserve one bundle per host (whole or not at all), start one actor per bundle."""
+        from ray.util.placement_group import placement_group, remove_placement_group   # lazy: Ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy   # lazy: Ray
 
-    def warm_slot(self, slot: int, chips: int) -> bool:
-        return self._actor_key(chips) in self._actors[slot]
+        nodes = sum(1 for n in self.ray.nodes() if n.get("Alive"))
+        per_host = {} if self.emulated else self.resources
+        plan: SlicePlan = plan_slice(hosts, chips // hosts, per_host, nodes=nodes)
+        group = placement_group(plan.bundles, strategy=plan.strategy)
+        ready, _ = self.ray.wait([group.ready()], timeout=self.place_timeout_s)
+        if not ready:
+            remove_placement_group(group)
+            return _Worker([], [], error=TrialError(
+                f"cannot place {hosts} hosts x {plan.bundles[-1]} ({plan.strategy}, {nodes} "
+                f"nodes) within {self.place_timeout_s:g}s"))
+        # An emulated slot's cores are shared out among its hosts (one machine).
+        cores = split_cores(hosts, self.slot_cores[slot]) if self.emulated else [None] * hosts
+        actors = []
+        for rank in range(hosts):
+            opts = self._options(plan.chips_per_host)
+            if self.emulated:
+                opts["num_cpus"] = plan.bundles[rank]["CPU"]      # fits its bundle exactly
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=rank)
+            actors.append(self._remote.options(**opts).remote(slot, chips, cores[rank], rank, hosts))
+        wheres = [a.where.remote() for a in actors]
+        return _Worker(actors, wheres, group, coordinator=actors[0].coordinator.remote())
+
+    def _kill(self, worker: _Worker) -> None:
+        for actor in worker.actors:
+            self.ray.kill(actor)
+        if worker.group is not None:
+            from ray.util.placement_group import remove_placement_group   # lazy: Ray
+
+            remove_placement_group(worker.group)
+            worker.group = None
+
+    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
+        return self._worker_key(chips, hosts) in self._workers[slot]
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
                number: int | None = None) -> _Handle:
-        actor = self.actor(slot, trial.chips)
-        ref = actor.run.remote(trial.to_dict(), hardware.to_dict() if hardware else None, number)
-        return _Handle(slot, self._actor_key(trial.chips), ref, where=self._where.get(actor))
+        worker = self.worker(slot, trial.chips, trial.hosts)
+        handle = _Handle(slot, self._worker_key(trial.chips, trial.hosts), wheres=worker.wheres)
+        if worker.error is not None:
+            self._workers[slot].pop(handle.key, None)
+            handle.error = worker.error
+            return handle
+        args = (trial.to_dict(), hardware.to_dict() if hardware else None, number)
+        # Rank 0's address is an ObjectRef argument: Ray hands it over once rank 0 answers.
+        handle.refs = [a.run.remote(*args, worker.coordinator, self.verify) for a in worker.actors]
+        handle.ref = handle.refs[0]
+        handle.where = worker.wheres[0]
+        return handle
 
     def placement(self, handle: _Handle, timeout: float = 0.0) -> dict | None:
-        """Where the trial's worker runs, once its process has answered (else None)."""
-        if handle.where is None:
+        """Where the trial's worker runs, once its processes have answered (else None);
+        a multi-host trial: rank 0's, with every host's under `hosts`."""
+        if not handle.wheres:
             return None
-        ready, _ = self.ray.wait([handle.where], num_returns=1, timeout=timeout)
-        if not ready:
+        ready, _ = self.ray.wait(handle.wheres, num_returns=len(handle.wheres), timeout=timeout)
+        if len(ready) < len(handle.wheres):
             return None
         try:
-            where = self.ray.get(handle.where)
-        except Exception:  # noqa: BLE001 - the actor died before it could answer
-            handle.where = None
+            places = self.ray.get(handle.wheres)
+        except Exception:  # noqa: BLE001 - an actor died before it could answer
+            handle.wheres = []
             return None
-        if where.get("host") == socket.gethostname() and where.get("pid"):
-            self._pids.add(int(where["pid"]))
-        return where
+        for where in places:
+            if where.get("host") == socket.gethostname() and where.get("pid"):
+                self._pids.add(int(where["pid"]))
+        return places[0] if len(places) == 1 else {**places[0], "hosts": places}
 
     def alive_nodes(self) -> list[str]:
         """The Ray nodes the cluster's control store (GCS) still counts as alive."""
@@ -362,46 +478,121 @@ class RayPool:
         self._pids.clear()
         return killed
 
+    def _finished(self, handle: _Handle) -> bool:
+        """Every host has returned, or one of several has failed (the others may be waiting
+        for it in a collective: they are not waited for)."""
+        if handle.error is not None:
+            return True
+        pending = [r for i, r in enumerate(handle.refs) if i not in handle.done]
+        if pending:
+            done, _ = self.ray.wait(pending, num_returns=len(pending), timeout=0)
+            for ref in done:
+                index = handle.refs.index(ref)
+                handle.done.add(index)
+                if len(handle.refs) > 1 and self._raised(ref):
+                    handle.failed = True
+        return handle.failed or len(handle.done) == len(handle.refs)
+
+    def _raised(self, ref) -> bool:
+        try:
+            self.ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - any failure of a host fails its trial
+            return True
+        return False
+
     def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
         if not handles:
             return []
-        by_ref = {h.ref: h for h in handles}
-        done, _ = self.ray.wait(list(by_ref), num_returns=1, timeout=max(timeout, 0.0))
-        if done:  # collect everything already finished, not just one
-            done, _ = self.ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
-        return [by_ref[r] for r in done]
+        finished = [h for h in handles if self._finished(h)]
+        if finished:
+            return finished
+        pending = [r for h in handles for i, r in enumerate(h.refs) if i not in h.done]
+        if pending:
+            self.ray.wait(pending, num_returns=1, timeout=max(timeout, 0.0))
+        return [h for h in handles if self._finished(h)]
 
     def outcome(self, handle: _Handle) -> Outcome:
+        if handle.error is not None:
+            raise handle.error
+        hosts = len(handle.refs)
+        results = []
+        # A failed multi-host trial: the hosts that returned (the failing one among them).
+        for rank in (sorted(handle.done) if handle.failed else range(hosts)):
+            try:
+                results.append(self._result(handle, rank))
+            except (TrialError, WorkerLost) as err:
+                self.discard(handle)       # every host of the trial goes, and its reservation
+                if hosts == 1:
+                    raise
+                reason = f"host {rank} of {hosts}: {err}"
+                if isinstance(err, WorkerLost):
+                    raise WorkerLost(reason) from None
+                raise TrialError(reason, err.config_error) from None
+        if hosts == 1:
+            return results[0]
+        return slowest_host(results)
+
+    def _result(self, handle: _Handle, rank: int) -> Outcome:
         ray = self.ray
         try:
-            data = ray.get(handle.ref)
+            data = ray.get(handle.refs[rank])
         except ray.exceptions.RayTaskError as err:      # the trial itself raised
             cause = getattr(err, "cause", None) or err
             raise TrialError(one_line(cause), isinstance(cause, ConfigError)) from None
         except ray.exceptions.RayError as err:
             # The actor died (RayActorError), Ray's memory monitor killed it (OutOfMemoryError),
             # its node died, its result was lost: the worker is gone either way.
-            placement = self.placement(handle)
+            placement = self._host_placement(handle, rank)
             self.discard(handle)
             raise WorkerLost(lost_reason(err, placement)) from None
         return Outcome(Measurement.from_dict(data["measurement"]), data["started"],
                        data["finished"], data["worker"])
 
+    def _host_placement(self, handle: _Handle, rank: int) -> dict | None:
+        if rank >= len(handle.wheres):
+            return None
+        ready, _ = self.ray.wait([handle.wheres[rank]], timeout=0)
+        try:
+            return self.ray.get(handle.wheres[rank]) if ready else None
+        except Exception:  # noqa: BLE001 - the actor died before it could answer
+            return None
+
     def discard(self, handle: _Handle) -> None:
-        """Kill the worker a trial ran on (timeout, crash): the slot starts a fresh one."""
-        actor = self._actors[handle.slot].pop(handle.key, None)
-        if actor is not None:
-            self._kill(actor)
+        """Kill the worker a trial ran on (timeout, crash; every host of a multi-host
+        trial, and its placement group): the slot starts a fresh one."""
+        worker = self._workers[handle.slot].pop(handle.key, None)
+        if worker is not None:
+            self._kill(worker)
 
     def workers(self) -> list[dict]:
-        refs = [a.info.remote() for slot in self._actors for a in slot.values()]
+        refs = [a.info.remote() for slot in self._workers for w in slot.values() for a in w.actors]
         return self.ray.get(refs) if refs else []
 
     def close(self) -> None:
-        for slot in self._actors:
-            for actor in slot.values():
-                self._kill(actor)
+        for slot in self._workers:
+            for worker in slot.values():
+                self._kill(worker)
             slot.clear()
+
+
+def slowest_host(results: list[Outcome]) -> Outcome:
+    """A multi-host trial's outcome: the slowest host's measurement (largest `total_s`;
+    every host waits for the others in each collective, so they differ little), with each
+    host's timings in `extra["hosts"]` and each host's placement in `worker["hosts"]`."""
+    def total(o: Outcome) -> float:
+        value = o.measurement.total_s
+        return value if value == value else -1.0       # NaN never wins
+
+    rank = max(range(len(results)), key=lambda r: total(results[r]))
+    slowest = results[rank].measurement
+    slowest.extra = {**slowest.extra, "slowest_host": rank, "hosts": [
+        {"rank": r, "prefill_s": o.measurement.prefill_s,
+         "decode_step_s": o.measurement.decode_step_s, "total_s": o.measurement.total_s,
+         "node_id": o.worker.get("node_id"), "pid": o.worker.get("pid")}
+        for r, o in enumerate(results)]}
+    worker = {**results[0].worker, "hosts": [o.worker for o in results], "slowest_host": rank}
+    return Outcome(slowest, min(o.started for o in results), max(o.finished for o in results),
+                   worker)
 
 
 class LocalPool:
@@ -415,7 +606,7 @@ class LocalPool:
         self.parallel = parallel
         self.slot_cores = [[] for _ in range(parallel)]
 
-    def warm_slot(self, slot: int, chips: int) -> bool:
+    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
         return True
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,

@@ -1,0 +1,144 @@
+"""Calibration on REAL measurements: the recorded calibration sweep (benchmarks/data/,
+`search_spaces/calibration.yaml` measured on the development VM; benchmarks/calibration.py
+--record wrote it). Covers the CI weighting, each hold-out scheme and the noise floor on data
+no synthetic oracle produced (tests/test_calibrate.py covers the same code on synthetic data).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sweeper.analysis import fit as calfit
+from sweeper.analysis import holdout as calho
+from workloads.hardware import load_hardware
+
+ROOT = Path(__file__).resolve().parents[1]
+CSV = ROOT / "benchmarks" / "data" / "calibration-trials.csv"
+BASE = ROOT / "benchmarks" / "data" / "calibration-host.yaml"
+CONFIG_COLUMNS = ["model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
+                  "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn"]
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    frame = pd.read_csv(CSV)
+    base = load_hardware(str(BASE), field="hardware")
+    points = calfit.points_from_frame(frame, base)
+    assert len({p.trial for p in points}) >= calho.MIN_TRIALS
+    return frame, base, points
+
+
+def test_recorded_points_carry_their_measured_ci(recorded):
+    frame, _, points = recorded
+    done = frame[frame["state"] == "COMPLETE"].set_index("number")
+    for p in points:
+        assert p.ci_rel == pytest.approx(done.loc[p.trial, f"{p.phase}_ci_rel"], nan_ok=True)
+        assert p.config.seed == done.loc[p.trial, "seed"]
+    assert np.isfinite([p.ci_rel for p in points]).all()
+
+
+def test_weights_follow_the_ci_and_are_equal_without_one(recorded):
+    _, _, points = recorded
+    w = calfit.point_weights(points)
+    ci = np.array([p.ci_rel for p in points])
+    assert w.mean() == pytest.approx(1.0)
+    assert np.all(np.diff(w[np.argsort(ci)]) <= 1e-12)       # wider CI, smaller weight
+    assert w.max() / w.min() > 1.5                            # the recorded CIs do differ
+    blind = [calfit.Point(p.trial, p.phase, p.config, p.measured_s, p.scale) for p in points]
+    assert np.all(calfit.point_weights(blind) == 1.0)
+
+
+def test_the_weighted_fit_minimises_the_weighted_error(recorded):
+    """Each fit is the optimum of its own objective: the weights reach the optimiser."""
+    _, base, points = recorded
+    space = calfit.default_space(points)
+    measured = np.array([p.measured_s for p in points])
+    w = calfit.point_weights(points)
+
+    def errors(profile):
+        return np.array([calfit.predict_point(p, profile) for p in points]) / measured - 1
+
+    weighted = errors(calfit.fit_profile(points, base, space, weighted=True).profile)
+    equal = errors(calfit.fit_profile(points, base, space, weighted=False).profile)
+    assert np.sum((w * weighted) ** 2) <= np.sum((w * equal) ** 2) * 1.01
+    assert np.sum(equal ** 2) <= np.sum(weighted ** 2) * 1.01
+    assert not np.allclose(weighted, equal, rtol=1e-3)        # and the weights change the fit
+
+
+@pytest.mark.parametrize("scheme", ["kfold", "layout", "chips"])
+def test_each_point_is_held_out_once_by_a_fit_that_never_saw_it(recorded, scheme):
+    _, _, points = recorded
+    parts = calho.splits(points, scheme)
+    held = np.concatenate([test for _, test in parts])
+    assert sorted(held.tolist()) == list(range(len(points)))
+    for train, test in parts:
+        assert not set(train.tolist()) & set(test.tolist())
+        if scheme == "chips":
+            assert len({points[i].config.chips for i in test}) == 1
+        if scheme == "layout":
+            assert len({points[i].layout_key for i in test}) == 1
+
+
+def test_extrapolation_trains_on_half_the_chips_or_fewer(recorded):
+    _, base, points = recorded
+    parts = calho.splits(points, "extrapolation")
+    assert parts, "the recorded sweep has chip counts >= 4"
+    for train, test in parts:
+        (n,) = {points[i].config.chips for i in test}
+        assert n >= calho.EXTRAPOLATE_FROM
+        assert max(points[i].config.chips for i in train) <= n / 2
+        assert len({points[i].config.chips for i in train}) >= 2
+    ho = calho.heldout(points, base, "extrapolation")
+    assert not ho.skipped and len(ho.points) == sum(len(t) for _, t in parts)
+    assert ho.points["chips"].min() >= calho.EXTRAPOLATE_FROM
+    assert np.isfinite(ho.points["predicted_s"]).all() and math.isfinite(ho.mape)
+
+
+def test_noise_floor_is_the_replicate_error_of_the_recorded_trials(recorded):
+    """Recomputed from the CSV with pandas alone: configurations run with several seeds,
+    each trial against the median of the others."""
+    frame, _, points = recorded
+    done = frame[frame["state"] == "COMPLETE"]
+    expected = []
+    for metric in ("prefill_s", "decode_step_s"):
+        for _, grp in done.groupby(CONFIG_COLUMNS, dropna=False):
+            values = grp[metric].to_numpy(float)
+            for i, v in enumerate(values):
+                if len(values) > 1:
+                    expected.append(abs(np.median(np.delete(values, i)) - v) / v)
+    floor = calho.noise_floor(points)
+    assert floor.n_points == len(expected) and floor.n_points >= 2, "replicated configurations"
+    assert floor.mape == pytest.approx(np.mean(expected))
+    assert floor.median_ape == pytest.approx(np.median(expected))
+
+
+def test_calibration_reports_the_noise_floor_beside_every_heldout_error(recorded):
+    _, base, points = recorded
+    result = calho.calibrate(points, base, calho.HOLDOUTS, "recorded")
+    summary = result.summary()
+    assert summary["noise_floor"]["n_points"] == result.noise.n_points
+    for name, ho in summary["holdouts"].items():
+        assert "noise_floor_mape" in ho and "caveats" in ho
+        if not ho["skipped"] and ho["ranking_groups"] < calho.MIN_GROUPS:
+            assert any("too few groups" in c for c in ho["caveats"])
+
+
+def test_the_end_of_sweep_line_says_when_a_figure_is_not_a_verdict(recorded):
+    from sweeper.cli.run import heldout_line
+
+    _, base, points = recorded
+    summary = calho.calibrate(points, base, ("kfold",), "recorded").summary()
+    ho = dict(summary["holdouts"]["kfold"])
+    line = heldout_line("kfold", ho)
+    assert f"over {ho['ranking_groups']} groups" in line and "noise floor" in line
+    few = dict(ho, ranking_groups=3, caveats=calho.caveats(0.30, None, 3))
+    assert "too few groups to judge" in heldout_line("kfold", few)
+    noisy = calho.NoiseFloor(0.2, 0.2, 10, 5)
+    quiet = calho.NoiseFloor(0.01, 0.01, 10, 5)
+    assert any("noise floor" in c for c in calho.caveats(0.25, noisy, 12))
+    assert calho.caveats(0.25, quiet, 12) == []

@@ -1,0 +1,111 @@
+"""`sweeper fit --measurements`: the cost model fitted to published numbers (the paper's TPU
+v4 measurements shipped in benchmarks/data/), its JSON keys equal to a study fit's, bad CSV
+rows one line and exit 2, and the shipped `tpu-v4-fitted` preset."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sweeper.analysis import fit as calfit
+from sweeper.analysis import holdout as calho
+from sweeper.cli import main
+from synthetic import synthetic_trials
+from test_calibrate import START, TRUTH, grid
+from workloads.config import HardwareProfile, load_hardware
+from workloads.measurements import COLUMNS, load_measurements, predict_point
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER = ROOT / "benchmarks" / "data" / "paper-tpu-v4.csv"
+GOOD = {"model": "palm-540b", "chips": "64", "topology": "4x4x4", "batch": "64",
+        "phase": "decode", "input_len": "2048", "context": "2048", "decode_steps": "64",
+        "ffn": "ws2d", "attn": "batch", "weights": "int8", "pad_heads": "64",
+        "latency_s": "1.824", "source": "Section 4.4"}
+
+
+def study_fit_keys() -> set[str]:
+    """The keys `sweeper fit --study --json` prints: a real calibration's summary plus the
+    CLI's `mlflow_logged` (sweeper/cli/analysis.py run_fit)."""
+    frame = synthetic_trials(grid(chips=(2, 4)), TRUTH, START, noise=0.02, seed=0)
+    result = calho.calibrate(calfit.points_from_frame(frame, START), START, ("kfold",), "s")
+    return set(result.summary()) | {"mlflow_logged"}
+
+
+def test_fit_measurements_json_has_the_study_fits_keys(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
+    out = tmp_path / "tpu-v4-fitted.yaml"
+    code = main(["fit", "--measurements", str(PAPER), "--hardware", "tpu-v4", "--holdout", "loo",
+                 "--json", "--out", str(out)])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == study_fit_keys()
+    rows = len(load_measurements(PAPER))
+    assert data["n_points"] == rows and data["holdout"] == "loo"
+    assert data["holdouts"]["loo"]["n_points"] == rows
+    # held out: every row predicted by a fit that did not see it, so no better than in-sample
+    assert math.isfinite(data["mape_heldout"])
+    assert data["mape_heldout"] >= data["insample_mape"] - 1e-9
+    fitted = HardwareProfile.from_dict(yaml.safe_load(out.read_text()), source=str(out))
+    assert fitted.peak_flops == pytest.approx(data["fitted"]["peak_flops"])
+    assert data["artifacts"]["fitted_yaml"] == str(out)
+
+
+def write_csv(tmp_path: Path, row: dict, header=None) -> Path:
+    header = header or [c for c in COLUMNS if c in row or c == "mfu"]
+    path = tmp_path / "bad.csv"
+    path.write_text(",".join(header) + "\n" + ",".join(row.get(c, "") for c in header) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("change, expect", [
+    ({"drop": "batch"}, "'batch'"),
+    ({"chips": "sixty-four"}, "column chips"),
+    ({"ffn": "ws3d"}, "column ffn"),
+    ({"model": "palm-999b"}, "column model"),
+])
+def test_bad_csv_rows_are_one_line_exit_2(tmp_path, capsys, change, expect):
+    row = dict(GOOD)
+    header = None
+    if "drop" in change:
+        header = [c for c in COLUMNS if c in row and c != change["drop"]] + ["mfu"]
+    else:
+        row.update(change)
+    path = write_csv(tmp_path, row, header)
+    code = main(["fit", "--measurements", str(path), "--hardware", "tpu-v4", "--json"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert str(path) in err and expect in err and "Traceback" not in err
+
+
+def test_measurements_need_a_hardware_profile(tmp_path, capsys):
+    code = main(["fit", "--measurements", str(PAPER)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--hardware" in err
+
+
+HEADLINES = {   # the paper's headline numbers (rows of the shipped CSV, by their source)
+    "Section 4.4 / Figure 1 minimum decode latency int8",
+    "Figure 1 minimum decode latency bf16",
+    "Table 2 high-throughput prefill latency",
+    "Table 2 high-throughput decode latency",
+    "Table 2 low-latency prefill latency",
+    "Table D.2 (20 in / 8 out) batch 1024 total",
+}
+
+
+def test_fitted_preset_predicts_the_headline_numbers_closer_than_peak():
+    peak, fitted = load_hardware("tpu-v4"), load_hardware("tpu-v4-fitted")
+    rows = [p for p in load_measurements(PAPER)
+            if any(p.source.startswith(h) for h in HEADLINES)]
+    assert len(rows) == len(HEADLINES)
+
+    def mape(profile):
+        return sum(abs(predict_point(p, profile) / p.measured - 1) for p in rows) / len(rows)
+
+    assert fitted.peak_flops < peak.peak_flops      # effective, not the datasheet's
+    assert mape(fitted) < mape(peak)
