@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     step("sweep_overhead", ["--out", str(out)] + (["--trials", "20"] if args.quick else []))
     # calibration and search efficiency use the recorded calibration sweep (benchmarks/data/)
     step("calibration", ["--out", str(out)])
+    # the committed op-level profile (benchmarks/data/) alone against the same sweep
+    step("profile_predict", ["--out", str(out)])
     step("search_efficiency", ["--out", str(out), "--gp-seeds", "3"]
          + (["--seeds", "3"] if args.quick else ["--seeds", "10"]))
     text = summary(out, runs, profile.to_dict(), notes, context, common.machine_context(),

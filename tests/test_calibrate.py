@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import json
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -18,7 +19,7 @@ from sweeper.analysis import fit as calfit
 from sweeper.analysis import holdout as calho
 from synthetic import synthetic_trials
 from workloads import costmodel
-from workloads.config import HardwareProfile, load_hardware
+from workloads.config import COLLECTIVE_KINDS, HardwareProfile, load_hardware
 from workloads.trial import TrialConfig
 
 TRUTH = HardwareProfile(
@@ -286,3 +287,24 @@ def test_extra_terms_are_recovered_when_the_data_has_them():
     with_term = calho.heldout(points, START, "chips", terms=terms)
     without = calho.heldout(points, START, "chips", terms=())
     assert with_term.mape < without.mape
+
+
+def test_a_start_profile_with_group_measurements_keeps_the_fast_path(synthetic):
+    """`sweeper profile`'s by-group fields override the fitted constants for the collectives
+    they price, so the fit starts from the profile without them: the fast path (PhaseTerms)
+    still agrees with predict_phase, and the fit is the one from the scalar constants."""
+    _, points = synthetic
+    profiled = dataclasses.replace(
+        START, collective_latency_s_by_group={k: {2: 1e-4, 4: 2e-4} for k in COLLECTIVE_KINDS},
+        collective_bandwidth_by_group={k: {2: 1e9, 4: 2e9} for k in COLLECTIVE_KINDS})
+    # the by-group fields do change the prediction (so dropping them is a real choice)
+    assert calfit.predict_point(points[0], profiled) != calfit.predict_point(points[0], START)
+    stripped = calfit.without_group_measurements(profiled)
+    space = calfit.default_space(points)
+    terms = calfit.PhaseTerms.of(points, space.kinds)
+    assert calfit._fast_path_agrees(points, terms, space, space.start(stripped, 1e-5, 0.5), stripped)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # the slow-path warning would fail the test
+        fit = calfit.fit_profile(points[:40], profiled)
+    assert fit.profile.collective_bandwidth_by_group == {}
+    assert fit.profile.peak_flops == pytest.approx(calfit.fit_profile(points[:40], START).profile.peak_flops)

@@ -343,3 +343,47 @@ def test_one_stored_weight_table_feeds_the_cost_model_and_the_engine_specs():
     assert cm.weight_bytes_per_chip(model, chips, "bf16", topology) == expected
     assert set(STORED_WEIGHTS) == {"w_in", "w_gate", "w_up", "w_out", "w_q", "w_o", "w_kv"}
     assert not hasattr(cm, "_weight_matrices")
+
+
+# --------------------------------------------------------------------------- profiled collectives
+
+
+def test_profiled_collectives_are_priced_by_kind_and_group_size():
+    """`sweeper profile`'s fields: one op = latency[g] + bytes / bandwidth[g] (bf16 moves as
+    f32 on XLA CPU, so 4 bytes per element; no all-reduce factor); a missing g uses the
+    nearest measured one; a kind not profiled keeps the paper's formula."""
+    hw = dataclasses.replace(
+        TPU_V4, collective_latency_s=1e-6,
+        collective_latency_s_by_group={"all-reduce": {2: 3e-5, 8: 9e-5}},
+        collective_bandwidth_by_group={"all-reduce": {2: 2e9, 8: 1e9}})
+    topology = (2, 4, 1)
+    ar_x = Collective("all-reduce", ("x",), 1000, 2, 3, "a")          # g = 2: measured
+    ar_y = Collective("all-reduce", ("y",), 1000, 2, 1, "b")          # g = 4: nearest is 2
+    ar_xy = Collective("all-reduce", ("x", "y"), 1000, 2, 2, "c")     # g = 8: measured
+    ag = Collective("all-gather", ("y",), 500, 2, 1, "d")             # not profiled
+    expected = (3 * (3e-5 + 4000 / 2e9) + 1 * (3e-5 + 4000 / 2e9) + 2 * (9e-5 + 4000 / 1e9)
+                + 1000 / hw.ici_bandwidth + 1e-6)
+    assert cm.comm_time_s([ar_x, ar_y, ar_xy, ag], hw, topology) == pytest.approx(expected)
+    # without a topology (or without the fields) the paper's formula, unchanged
+    plain = dataclasses.replace(hw, collective_latency_s_by_group={}, collective_bandwidth_by_group={})
+    assert cm.comm_time_s([ar_x, ag], hw) == cm.comm_time_s([ar_x, ag], plain, topology) == \
+        pytest.approx((2 * 6000 + 1000) / hw.ici_bandwidth + 4 * 1e-6)
+
+
+def test_a_profile_with_group_measurements_changes_predict_phase_and_scales_with_its_share():
+    layout = PhaseLayout("ws2d", "batch")
+    base = cm.predict_phase(PALM, TPU_V4, 64, 64, "decode", 1, 2048, layout)
+    kinds = {c.kind for c in base.collectives}
+    profiled = dataclasses.replace(
+        TPU_V4, collective_latency_s_by_group={k: {2: 1e-4} for k in kinds},
+        collective_bandwidth_by_group={k: {2: 1e9} for k in kinds})
+    pred = cm.predict_phase(PALM, profiled, 64, 64, "decode", 1, 2048, layout)
+    topology = base.topology
+    expected = sum(c.count * (1e-4 + c.elements * 4 / 1e9) for c in base.collectives)
+    assert pred.comm_s == pytest.approx(expected)
+    assert pred.compute_s == base.compute_s and pred.memory_s == base.memory_s
+    # a share of the profile gets that share of each measured bandwidth (latency unchanged)
+    half = profiled.scaled(0.5)
+    assert half.collective_bandwidth_by_group == {k: {2: 5e8} for k in kinds}
+    assert half.collective_latency_s_by_group == profiled.collective_latency_s_by_group
+    assert topology == pred.topology

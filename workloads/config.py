@@ -307,7 +307,9 @@ class HardwareProfile:
         return dataclasses.replace(
             self, peak_flops=self.peak_flops * fraction, hbm_bandwidth=self.hbm_bandwidth * fraction,
             ici_bandwidth=self.ici_bandwidth * fraction,
-            hbm_bytes=self.hbm_bytes * fraction if memory else self.hbm_bytes)
+            hbm_bytes=self.hbm_bytes * fraction if memory else self.hbm_bytes,
+            collective_bandwidth_by_group={kind: {g: bw * fraction for g, bw in groups.items()}
+                                           for kind, groups in self.collective_bandwidth_by_group.items()})
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "HardwareProfile":

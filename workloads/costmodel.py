@@ -273,14 +273,43 @@ def collective_factor(kind: str) -> float:
     return 2.0 if kind == "all-reduce" else 1.0
 
 
-def comm_time_s(collectives: list[Collective], hw: HardwareProfile) -> float:
-    """Bytes * factor / interconnect bandwidth, plus a fixed latency per collective op."""
+def comm_time_s(collectives: list[Collective], hw: HardwareProfile,
+                topology: tuple[int, int, int] | None = None) -> float:
+    """Bytes * factor / interconnect bandwidth, plus a fixed latency per collective op; a
+    collective whose kind the profile measured by group size (`sweeper profile`) is priced
+    from that measurement instead."""
     seconds = 0.0
     for c in collectives:
+        profiled = _profiled_op_s(c, hw, topology)
+        if profiled is not None:
+            seconds += c.count * profiled
+            continue
         seconds += c.bytes_per_chip * collective_factor(c.kind) / hw.ici_bandwidth
         # per-kind fitted latency where calibrate.py set one (HardwareProfile field)
         seconds += c.count * hw.collective_latency_s_by_kind.get(c.kind, hw.collective_latency_s)
     return seconds
+
+
+# XLA CPU runs bf16 collectives in f32, and `sweeper profile` times f32 tensors
+# (workloads/opprofile.py), so a profiled bf16 op moves 4 bytes per element.
+_PROFILED_ELEMENT_BYTES = {2: 4}
+
+
+def _profiled_op_s(c: Collective, hw: HardwareProfile,
+                   topology: tuple[int, int, int] | None) -> float | None:
+    """One op of `c` as `sweeper profile` measured it: latency + bytes / bandwidth for its
+    kind and group size (no all-reduce factor: the profile timed all-reduce itself); None
+    when the profile has no such measurement."""
+    latency = hw.collective_latency_s_by_group.get(c.kind)
+    bandwidth = hw.collective_bandwidth_by_group.get(c.kind)
+    if topology is None or not latency or not bandwidth:
+        return None
+    g = collective_group_size(c, topology)
+    # a group size the profile did not time (e.g. g = 1 or a mesh wider than the profiled
+    # one): the nearest one it did, the best measured stand-in for the same kind
+    nearest = lambda sizes: min(sizes, key=lambda k: (abs(k - g), k))  # noqa: E731
+    op_bytes = c.elements * _PROFILED_ELEMENT_BYTES.get(c.dtype_bytes, c.dtype_bytes)
+    return latency[nearest(latency)] + op_bytes / bandwidth[nearest(bandwidth)]
 
 
 def collective_group_size(c: Collective, topology: tuple[int, int, int]) -> int:
@@ -547,7 +576,7 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     memory_s = memory_read / hw.hbm_bandwidth
 
     collectives = forward_collectives(model, topology, layout, batch, seq_len, weights)
-    comm_s = comm_time_s(collectives, hw) + group_latency_s(collectives, topology, hw)
+    comm_s = comm_time_s(collectives, hw, topology) + group_latency_s(collectives, topology, hw)
 
     terms = (compute_s, memory_s, comm_s)
     latency_s = ((1 - hw.overlap) * sum(terms) + hw.overlap * max(terms)

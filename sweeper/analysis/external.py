@@ -37,6 +37,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from sweeper.analysis.fit import (PRIOR_WEIGHT, CalibrationError, Fit, ParamSpace,
+                                  without_group_measurements,
                                   PhaseTerms, by_kind_supported)
 from sweeper.analysis.holdout import K_FOLDS, Calibration, Holdout, ranking_agreement
 from workloads import costmodel
@@ -157,6 +158,7 @@ def fit_rows(rows: list[Row], base: HardwareProfile, space: ParamSpace | None = 
     if not rows:
         raise CalibrationError("rows", 0, "at least one measurement row to fit")
     space = space or row_space(rows)
+    base = without_group_measurements(base)   # as fit.fit_profile: the fit's start
     peak = base.peak_flops
     measured = np.array([r.point.measured for r in rows])
     is_mfu = np.array([r.point.metric == "mfu" for r in rows])

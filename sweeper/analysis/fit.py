@@ -373,6 +373,10 @@ def fit_profile(points: list[Point], base: HardwareProfile, space: ParamSpace | 
     `weighted`: each relative error times `point_weights` (its measured uncertainty)."""
     if not points:
         raise CalibrationError("points", 0, "at least one measured point to fit")
+    # A profile's measured times by kind and group size (`sweeper profile`) would override
+    # the fitted bandwidth and latencies for those collectives, leaving them unfittable and
+    # breaking PhaseTerms's linear terms: the fit starts from the profile's scalar constants.
+    base = without_group_measurements(base)
     space = space or default_space(points)
     measured = np.array([p.measured_s for p in points])
     weights = point_weights(points) if weighted else np.ones(len(points))
@@ -402,6 +406,14 @@ def fit_profile(points: list[Point], base: HardwareProfile, space: ParamSpace | 
                 best = result
     profile = space.profile(best.x, base, name)
     return Fit(profile, float(best.cost), bool(best.success), str(best.message), int(best.nfev))
+
+
+def without_group_measurements(profile: HardwareProfile) -> HardwareProfile:
+    """`profile` with its per-group collective measurements dropped (the fit's start)."""
+    if not (profile.collective_latency_s_by_group or profile.collective_bandwidth_by_group):
+        return profile
+    return dataclasses.replace(profile, collective_latency_s_by_group={},
+                               collective_bandwidth_by_group={})
 
 
 def _fast_path_agrees(points, terms, space, theta, base) -> bool:
