@@ -91,7 +91,9 @@ def evaluate(profile_path: Path, devices: int) -> dict:
 
     frame = pd.read_csv(TRIALS)
     profile = load_hardware(str(profile_path), field="profile")
-    whole_host = profile.scaled(devices)      # module doc: per device of N -> the whole host
+    # Profiles written before `sweeper profile` stored the whole host were per device of N.
+    per_device = "# Per device." in profile_path.read_text()
+    whole_host = profile.scaled(devices) if per_device else profile
     host = load_hardware(str(HOST), field="hardware")
     points = calfit.points_from_frame(frame, host)      # scales: the recorded hardware_share
     out = {"profile": str(profile_path.relative_to(ROOT)) if profile_path.is_relative_to(ROOT)

@@ -9,7 +9,7 @@ import yaml
 
 from workloads import opprofile
 from workloads.config import COLLECTIVE_KINDS, ConfigError
-from workloads.hardware import load_hardware
+from workloads.hardware import load_hardware, per_chip
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +66,13 @@ def test_quick_profile_fits_every_kind_and_group(quick_profile):
 def test_profile_yaml_loads_as_hardware(quick_profile, tmp_path):
     path = opprofile.write_profile(quick_profile, tmp_path / "prof.yaml")
     hw = load_hardware(str(path))
-    assert hw.name == "prof" and hw.measured
-    assert hw.peak_flops == pytest.approx(quick_profile.peak_flops)
+    assert hw.name == "prof" and hw.measured          # the whole host: trials take their share
+    chip = per_chip(hw, quick_profile.devices)         # one of the profiled mesh's devices
+    assert chip.peak_flops == pytest.approx(quick_profile.peak_flops)
+    assert chip.hbm_bytes == pytest.approx(quick_profile.hbm_bytes)
     for f in quick_profile.fits:
-        assert hw.collective_latency_s_by_group[f.kind][f.group] == pytest.approx(f.latency_s)
-        assert hw.collective_bandwidth_by_group[f.kind][f.group] == pytest.approx(f.bandwidth)
+        assert chip.collective_latency_s_by_group[f.kind][f.group] == pytest.approx(f.latency_s)
+        assert chip.collective_bandwidth_by_group[f.kind][f.group] == pytest.approx(f.bandwidth)
     assert set(hw.collective_latency_s_by_kind) <= set(COLLECTIVE_KINDS)
     assert (tmp_path / "prof.points.json").exists()
 

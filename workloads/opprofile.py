@@ -371,13 +371,19 @@ def to_hardware(op: OpProfile, name: str | None = None) -> HardwareProfile:
         ici = statistics.median(f.bandwidth for f in op.fits)
     else:                      # one device: nothing to communicate with; a local copy's rate
         ici = op.memory_bandwidth
-    return HardwareProfile(
+    per_device = HardwareProfile(
         name=name or f"opprofile-{op.platform}-{op.devices}",
         peak_flops=op.peak_flops, hbm_bandwidth=op.memory_bandwidth, hbm_bytes=op.hbm_bytes,
         ici_bandwidth=ici, collective_latency_s=statistics.median(by_kind.values()) if by_kind else 0.0,
         measured=True, collective_latency_s_by_kind=by_kind,
         collective_latency_s_by_group=latency_by_group,
         collective_bandwidth_by_group=bandwidth_by_group)
+    if op.platform != "cpu":
+        return dataclasses.replace(per_device, measured=False)   # a real chip's own numbers
+    # An emulated mesh's devices share this host: store the whole host (measured: true), so
+    # the one resolver (workloads/hardware.py per_chip) gives each of a trial's chips its share,
+    # whatever the trial's chip count (docs/architecture.md "Hardware profiles and shares").
+    return per_device.scaled(op.devices, memory=True)
 
 
 def write_profile(op: OpProfile, path: str | Path, name: str | None = None) -> Path:
@@ -392,7 +398,8 @@ def write_profile(op: OpProfile, path: str | Path, name: str | None = None) -> P
     hardware = to_hardware(op, name or path.stem)
     header = (f"# sweeper profile --chips {op.devices}: op-level profile of {op.devices} "
               f"{op.platform} devices, model {op.model}, {op.elapsed_s:.0f} s.\n"
-              "# Per device. collective_*_by_group: time = latency + bytes/bandwidth per kind and\n"
+              "# Whole host on an emulated mesh (measured: true; per_chip splits it over a trial's chips),\n"
+              "# one device on an accelerator. collective_*_by_group: time = latency + bytes/bandwidth per kind and\n"
               "# group size, bytes per chip as in the HLO (all-gather: output; reduce-scatter: input).\n")
     path.write_text(header + yaml.safe_dump(hardware.to_dict(), sort_keys=False))
     path.with_suffix(".points.json").write_text(json.dumps(op.to_dict(), indent=1))
