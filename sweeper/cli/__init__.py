@@ -90,7 +90,8 @@ def _add_analysis_commands(sub) -> None:
 
     # The analysis stack (pandas, scipy, matplotlib) is imported when one of these runs.
     def fit(args):
-        paths.check_study_name(args.study)
+        if args.study is not None:      # else --measurements: a CSV, no study
+            paths.check_study_name(args.study)
         from sweeper.cli.analysis import run_fit
         return run_fit(args)
 
