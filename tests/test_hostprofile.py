@@ -49,9 +49,8 @@ def test_one_core_measurement_runs_pinned_in_a_child(sweeper_home):
     assert len(result["cores"]) == 1 and result["cores"][0] in os.sched_getaffinity(0)
     assert set(result["rates"]) == {f"{d}->{a} {n}" for n, d, a in hostprofile.MATMULS}
     assert all(rate > 0 for rate in result["rates"].values()) and result["bandwidth"] > 0
-    # bf16 inputs with f32 accumulation is the engine's matmul; on CPU it is the fast one.
-    assert max(result["rates"].values()) == max(
-        v for k, v in result["rates"].items() if k.startswith("bfloat16->float32"))
+    # Which dtype pair is fastest is a timing claim (it flips under load): the peak is the
+    # maximum over the pairs whatever their order (README "The host peak").
 
 
 def test_a_cache_from_an_older_measurement_is_measured_again(sweeper_home, monkeypatch):
