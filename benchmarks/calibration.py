@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from benchmarks import common
 
@@ -45,12 +46,14 @@ TARGET_TOP1 = 0.90
 MIN_GROUPS = 10
 TARGET_SCHEMES = ("kfold", "chips", "extrapolation")
 BOOTSTRAP = 2000
+TARGET_OVERHEAD_SHARE = 0.05   # issue 14: orchestration share of the calibration sweep
 
 
 # ----------------------------------------------------------------------------- record
 
 
-def record(study: str, storage: str | None, wall_s: float | None, load: str | None) -> dict:
+def record(study: str, storage: str | None, wall_s: float | None, load: str | None,
+           note: str) -> dict:
     """Export a finished study's trial table, base profile and run notes to benchmarks/data/."""
     from sweeper.analysis import calibrate as cal
 
@@ -61,10 +64,15 @@ def record(study: str, storage: str | None, wall_s: float | None, load: str | No
     cal.write_profile(base, RECORDED_BASE, note=f"the profile study {study} predicted with "
                       f"(hardware {data.attrs.get('hardware')}), recorded by benchmarks.calibration")
     states = data.frame["state"].astype(str).str.upper().value_counts().to_dict()
+    from sweeper.tracking import results
+
+    space = yaml.safe_load((ROOT / "search_spaces" / "calibration.yaml").read_text())
+    overhead = (common.orchestration(results.load_study(study, data.storage), wall_s,
+                                     int(space.get("parallel", 1))) if wall_s else None)
     meta = {"study": study, "space": "search_spaces/calibration.yaml", "trials": states,
             "wall_s": wall_s, "load_average": load,
             "host_load_avg_1m_median": _median(data.frame.get("host_load_avg_1m")),
-            "note": "measured once on the 2-core development VM while other jobs ran"}
+            "orchestration": overhead, "note": note}
     RECORDED_META.write_text(json.dumps(common.clean(meta), indent=2))
     return meta
 
@@ -238,9 +246,10 @@ def markdown(r: dict) -> str:
         f"Data: {r['source_text']}; {r['trials_complete']} of {r['trials_total']} trials complete, "
         f"{r['n_points']} points (prefill_s and decode_step_s). Sweep wall time "
         f"{rec.get('wall_s') or '?'} s, load average {rec.get('load_average') or '?'} (median 1-min "
-        f"load during the timed runs {rec.get('host_load_avg_1m_median') or '?'}) on a 2-core host "
-        "shared with other jobs. Every error below is on held-out points only.",
+        f"load during the timed runs {rec.get('host_load_avg_1m_median') or '?'}); "
+        f"{rec.get('note') or 'measured on this host'}. Every error below is on held-out points only.",
         "",
+        *_orchestration_lines(rec.get("orchestration")),
         f"Noise floor (replicate error: {nf.get('groups', 0)} configurations measured in two trials, "
         f"each against the other): MAPE {pct(nf.get('mape'))}, median {pct(nf.get('median_ape'))} over "
         f"{nf.get('n_points', 0)} points (prefill {pct((nf.get('by_phase') or {}).get('prefill', {}).get('mape'))}, "
@@ -310,12 +319,28 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _orchestration_lines(o: dict | None) -> list[str]:
+    """Issue 14: the sweep's own orchestration overhead, measured on this sweep."""
+    if not o:
+        return []
+    pct, share = common.pct, o["orchestration_share"]
+    return [f"Sweep overhead: {o['ran']} trials ran for {o['trial_run_s_sum']:.0f} s of the "
+            f"{o['parallel']} worker slots' {o['parallel'] * o['wall_s']:.0f} s, so "
+            f"**{pct(share)}** of the slot time was outside trials "
+            f"({o['overhead_per_trial_s']:.2f} s a trial: Ray and worker start-up, Optuna, MLflow, "
+            f"idle slots at the end); target <= {pct(TARGET_OVERHEAD_SHARE, 0)}: "
+            f"{common.met(share <= TARGET_OVERHEAD_SHARE)} (one sweep, no replicate: no interval).",
+            ""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", metavar="STUDY", help="export this finished study to benchmarks/data/ first")
     parser.add_argument("--storage", help="Optuna storage URL of --record")
     parser.add_argument("--wall-s", type=float, help="with --record: the sweep's wall time")
     parser.add_argument("--load", help="with --record: load average at the start and end")
+    parser.add_argument("--note", default="measured on the 2-core development VM",
+                        help="with --record: how the host was while it ran")
     parser.add_argument("--csv", default=str(RECORDED), help="recorded trial table")
     parser.add_argument("--out", default=str(common.RESULTS), help="folder for calibration.{json,md}")
     args = parser.parse_args(argv)
@@ -323,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.record:
-            print(json.dumps(record(args.record, args.storage, args.wall_s, args.load)), file=sys.stderr)
+            print(json.dumps(record(args.record, args.storage, args.wall_s, args.load, args.note)), file=sys.stderr)
         result = evaluate(Path(args.csv))
     except ConfigError as err:
         print(f"benchmarks.calibration: error: {err}", file=sys.stderr)

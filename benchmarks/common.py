@@ -112,3 +112,27 @@ def table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def met(flag: bool | None) -> str:
     return "—" if flag is None else ("**met**" if flag else "**not met**")
+
+
+def trial_run_times(study) -> list[tuple[float, float, bool]]:
+    """(started, finished, compile-cache hit) of every trial a worker ran, from the
+    `worker` user attribute each trial carries (epoch seconds on the worker)."""
+    out = []
+    for trial in study.get_trials(deepcopy=False):
+        worker = trial.user_attrs.get("worker") or {}
+        if "started" in worker and "finished" in worker:
+            out.append((float(worker["started"]), float(worker["finished"]), bool(worker.get("cache_hit"))))
+    return out
+
+
+def orchestration(study, wall_s: float, parallel: int) -> dict[str, float]:
+    """How much of a sweep's slot time was outside trials: 1 - sum(trial run time) /
+    (parallel x wall). Ray and worker start-up with their JAX imports, Optuna ask/tell,
+    MLflow logging and slots idle at the end all count as orchestration."""
+    runs = trial_run_times(study)
+    total = sum(finished - started for started, finished, _ in runs)
+    hits = sum(hit for *_, hit in runs)
+    return {"wall_s": wall_s, "parallel": parallel, "ran": len(runs), "trial_run_s_sum": total,
+            "orchestration_share": 1 - total / (parallel * wall_s) if wall_s else None,
+            "overhead_per_trial_s": (parallel * wall_s - total) / len(runs) if runs else None,
+            "compile_cache_hits": hits, "compile_cache_hit_rate": hits / max(len(runs), 1)}

@@ -92,13 +92,10 @@ def run_sweeper(trials: int, storage: str, tracking_uri: str) -> dict:
     start = time.perf_counter()
     result = run_sweep(space, storage=storage, tracking_uri=tracking_uri, progress=False)
     wall = time.perf_counter() - start
-    runs, hits, first_start = [], 0, None
-    for t in result.study.get_trials(deepcopy=False):
-        worker = t.user_attrs.get("worker") or {}
-        if "started" in worker:
-            runs.append(worker["finished"] - worker["started"])
-            hits += bool(worker.get("cache_hit"))
-            first_start = min(first_start or worker["started"], worker["started"])
+    times = common.trial_run_times(result.study)
+    runs = [finished - started for started, finished, _ in times]
+    hits = sum(hit for *_, hit in times)
+    first_start = min((started for started, *_ in times), default=None)
     return {"framework": "sweeper run", "wall_s": wall, "trials": len(runs),
             "counts": result.counts, "trial_run_s_sum": sum(runs),
             "overhead_per_trial_s": (wall - sum(runs)) / max(len(runs), 1),
@@ -156,20 +153,9 @@ def run_quickstart(storage: str, tracking_uri: str) -> dict:
     result = run_sweep(str(Path(__file__).resolve().parents[1] / "search_spaces" / "quickstart.yaml"),
                        storage=storage, tracking_uri=tracking_uri, progress=False)
     wall = time.perf_counter() - start
-    runs, hits = [], 0
-    for t in result.study.get_trials(deepcopy=False):
-        worker = t.user_attrs.get("worker") or {}
-        if "started" in worker:
-            runs.append(worker["finished"] - worker["started"])
-            hits += bool(worker.get("cache_hit"))
-    parallel = 2
-    return {"study": result.study_name, "storage": storage, "wall_s": wall, "counts": result.counts,
-            "trials": sum(result.counts.values()), "ran": len(runs), "trial_run_s_sum": sum(runs),
-            "parallel": parallel,
-            # slot-seconds not spent inside a trial: Ray and worker start-up, JAX imports,
-            # asking/telling Optuna, MLflow logging, idle slots at the end
-            "orchestration_share": 1 - sum(runs) / (parallel * wall),
-            "compile_cache_hits": hits, "compile_cache_hit_rate": hits / max(len(runs), 1)}
+    return {"study": result.study_name, "storage": storage, "counts": result.counts,
+            "trials": sum(result.counts.values()),
+            **common.orchestration(result.study, wall, parallel=2)}
 
 
 def _host_hardware() -> dict:
