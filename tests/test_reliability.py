@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -444,3 +445,59 @@ def test_a_host_space_no_point_of_which_fits_in_memory_is_rejected_before_ray(tm
                    "XLA CPU")
     assert not home.exists()
     check_memory_fits(load_space(write(tmp_path / "ok.yaml", memory_space([8, 2_000_000]))))
+
+
+# ----------------------------------------------------------------------------- read-only MLflow
+
+def make_unwritable(path: Path) -> Callable[[], None]:
+    """Make `path` refuse writes for real; returns the undo. chmod binds no one as root:
+    there the file is made immutable (`chattr +i`, which root cannot write through)."""
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+        return lambda: path.chmod(0o644)
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("running as root without chattr +i: no way to make a file read-only")
+    return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+# slow: one Ray start-up and 2 device trials (~40 s alone)
+@pytest.mark.slow
+def test_a_read_only_mlflow_db_is_one_warning_line_and_sync_restores_the_runs(tmp_path):
+    """Issue 15: a read-only mlflow.db printed ~368 lines of MLflow tracebacks. Now: one
+    line naming the store and the `sweeper sync` hint, the sweep finishes (exit 0) with every
+    trial in Optuna, and `sweeper sync` logs them all once the store is writable again."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+    from sweeper.tracking.mlflow_log import PARENT_TAG, Tracker
+
+    home = tmp_path / "home"
+    home.mkdir()
+    db = home / "mlflow.db"
+    tracking = f"sqlite:///{db}"
+    Tracker(tracking)                      # an intact, empty store: it passes the start check
+    space = write(tmp_path / "ro.yaml", {**DEVICES, "name": "ro"})
+    undo = make_unwritable(db)
+    try:
+        proc = sweeper("run", space, "--study", "ro", "--trials", "2", "--no-analysis",
+                       home=home, timeout=600)
+    finally:
+        undo()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    mentions = [line for line in proc.stderr.splitlines() if "mlflow" in line.lower()]
+    assert len(mentions) == 1, proc.stderr[-3000:]
+    assert str(db) in mentions[0] and "readonly database" in mentions[0], mentions
+    assert "sweeper sync --study ro" in mentions[0], mentions
+    storage = f"sqlite:///{home / 'optuna.db'}"
+    trials = optuna.load_study(study_name="ro", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    client = MlflowClient(tracking)
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+    synced = sweeper("sync", "--study", "ro", home=home)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    parent = optuna.load_study(study_name="ro", storage=storage).user_attrs["mlflow_parent_run_id"]
+    experiment = client.get_run(parent).info.experiment_id
+    runs = client.search_runs([experiment], f"tags.`{PARENT_TAG}` = '{parent}'")
+    assert sorted(int(r.data.tags["trial_number"]) for r in runs) == [0, 1]
+    assert {r.info.status for r in runs} == {"FINISHED"}

@@ -7,7 +7,7 @@ import sys
 
 from sweeper import paths
 from sweeper.cli.output import print_json
-from sweeper.formatting import one_line
+from sweeper.tracking.mlflow_log import store_error
 from sweeper.tracking.sync import sync_study
 from workloads.config import ConfigError
 
@@ -28,8 +28,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - MLflow still unreachable: say so in one line
-        print(f"sweeper sync: error: MLflow did not answer ({one_line(err)[:300]}); nothing is "
-              "lost, run it again when it does", file=sys.stderr)
+        print(f"sweeper sync: error: the MLflow store failed ({store_error(err)}); nothing is "
+              "lost, run it again when it answers (and accepts writes)", file=sys.stderr)
         return 1
     if args.json:
         print_json(report.to_json())

@@ -12,8 +12,9 @@ in Optuna first and then logged here; when MLflow does not answer:
   whole study (`sweeper.tracking.sync.reconcile`): every missing run is logged, doubled ones removed;
 - at the end of the sweep it tries once more, whatever the backoff, reconciles when anything
   may be missing or doubled (a resumed sweep, an outage, a tracking server whose requests may
-  have been retried) and records the final counts on the parent run. If MLflow is still
-  down it prints the `sweeper sync` command that finishes the job later.
+  have been retried) and records the final counts on the parent run.
+- stderr gets ONE line per outage (the store, the innermost error, the `sweeper sync`
+  command that catches up later), not MLflow's own traceback per failed write.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from sweeper.formatting import one_line
-from sweeper.tracking.mlflow_log import Tracker, trial_run_fields
+from sweeper.tracking.mlflow_log import Tracker, store_error, trial_run_fields
 from sweeper.tracking.sync import reconcile
 
 MAX_BACKOFF_S = 60.0
@@ -44,6 +44,7 @@ class TrackingLink:
         self._up = True
         self._backoff = 0.0
         self._retry_at = 0.0
+        self._warned = False
 
     # ------------------------------------------------------------------ the parent run
     def start(self) -> None:
@@ -102,9 +103,8 @@ class TrackingLink:
 
         if self._call("end of sweep", finish, force=True):
             return True
-        print(f"sweeper: MLflow is unreachable: {len(self.unlogged)} trials of this run are "
-              f"stored in Optuna only; when {self.tracking_uri} answers, run: sweeper sync "
-              f"--study {self.study_name} --storage {self.storage}", file=sys.stderr)
+        if not self._warned:       # (a store that failed at the end only: say it here)
+            self._warn(self.errors[-1])
         return False
 
     # ------------------------------------------------------------------ outages
@@ -121,21 +121,28 @@ class TrackingLink:
             self._failed(what, err)
             return False
         if not self._up:
-            self._up, self._backoff = True, 0.0
+            self._up, self._backoff, self._warned = True, 0.0, False
             print(f"sweeper: MLflow answers again; backfilling the {len(self.unlogged)} trials "
                   "it missed", file=sys.stderr)
             self._backfill()
         return True
 
     def _failed(self, what: str, err: BaseException) -> None:
-        self.errors.append(f"{what}: {one_line(err)}")
-        if self._up:
-            print(f"sweeper: MLflow logging failed ({what}: {one_line(err)[:300]}); trials are "
-                  f"still stored in Optuna and are logged when {self.tracking_uri} answers "
-                  "again", file=sys.stderr)
+        self.errors.append(f"{what}: {store_error(err)}")
+        if self._up and not self._warned:
+            self._warn(self.errors[-1])
         self._up = False
         self._backoff = min(MAX_BACKOFF_S, max(2.0, 2 * self._backoff))
         self._retry_at = time.monotonic() + self._backoff
+
+    def _warn(self, error: str) -> None:
+        """ONE line per sweep for a store that fails (a server down, a read-only mlflow.db):
+        the store, why, and how to catch up. Later failures only add to `errors`."""
+        self._warned = True
+        print(f"sweeper: MLflow store {self.tracking_uri} failed ({error}); every trial is "
+              f"still stored in Optuna and logged when the store answers again, or later "
+              f"with: sweeper sync --study {self.study_name} --storage {self.storage}",
+              file=sys.stderr)
 
     def _backfill(self) -> None:
         try:

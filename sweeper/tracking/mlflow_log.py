@@ -94,8 +94,22 @@ def git_revision(root: Path = PROJECT_ROOT) -> str:
 
 def _quiet_store_logs() -> None:
     # Creating a SQLite store runs Alembic migrations that log a dozen INFO lines.
-    for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking._tracking_service.utils"):
+    for name in ("alembic", "mlflow.tracking._tracking_service.utils"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # MLflow's SQL store logs every failed write with its full traceback (~45 lines; a
+    # read-only mlflow.db printed hundreds per sweep) and then raises it as an
+    # MlflowException anyway: the caller reports that in one line (`TrackingLink`, `sync`).
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+
+def store_error(err: BaseException) -> str:
+    """A store failure as one short line: the innermost cause (`OperationalError: attempt to
+    write a readonly database`), without SQLAlchemy's autoflush and SQL text around it."""
+    root = err
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    text = " ".join(str(root).split())
+    return f"{type(root).__name__}: {text}"[:300]
 
 
 def _finite(metrics: Mapping[str, float] | None) -> dict[str, float]:
