@@ -48,6 +48,7 @@ What happens when things fail (docs/architecture.md "Reliability"; each case has
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -145,6 +146,67 @@ def _order(value: Any) -> Any:
 
 
 CLUSTER_CHECK_S = 3.0      # how often the controller asks Ray which nodes are alive
+SHUTDOWN_WAIT_S = 30.0     # at most this long for ray.shutdown() when a sweep ends
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGTERM and SIGINT wait until the block (ray.init) has returned, then reach the
+    caller's handlers (the CLI's: stop cleanly, exit 143 / 130).
+
+    Interrupted half-way, ray.init leaves a core worker that crashes the process at exit
+    (SIGSEGV or abort instead of 143, seen with a SIGTERM 10-11 s into a sweep); and it
+    replaces the driver's SIGTERM handler with its own sys.exit(15) (a traceback, exit 15),
+    which is kept from being installed here and the caller's put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    pending: list[int] = []
+    for sig in previous:
+        signal.signal(sig, lambda signum, _frame: pending.append(signum))
+    try:
+        import ray._private.utils as ray_utils    # lazy: Ray (~1 s)
+    except ImportError:
+        ray_utils = None
+    set_sigterm = getattr(ray_utils, "set_sigterm_handler", None)
+    if set_sigterm is not None:
+        ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if set_sigterm is not None:
+            ray_utils.set_sigterm_handler = set_sigterm
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    if pending and callable(previous[pending[0]]):
+        previous[pending[0]](pending[0], None)     # raises: the stop the caller asked for
+
+
+def shutdown_ray(wait_s: float = SHUTDOWN_WAIT_S) -> bool:
+    """ray.shutdown(), waited for at most `wait_s`; False when it did not return in time.
+
+    Everything is recorded before it is called, and a stopped sweep must exit: a shutdown
+    that waits on a lost node or a control store that stopped answering is left behind
+    (in a daemon thread; the process exits without it, and the OS ends its children)."""
+    import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
+
+    done = threading.Event()
+
+    def shutdown() -> None:
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - a Ray half started or already gone: nothing to end
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=shutdown, name="ray-shutdown", daemon=True).start()
+    if done.wait(wait_s):
+        return True
+    print(f"sweeper: Ray did not shut down within {wait_s:g}s; leaving it (every trial is "
+          "recorded)", file=sys.stderr)
+    return False
 
 
 @dataclass
@@ -447,20 +509,16 @@ class Controller:
                 # Remote nodes import the project from here, installed or not.
                 root = Path(__file__).resolve().parents[2]
                 kwargs["runtime_env"] = {"py_modules": [str(root / "sweeper"), str(root / "workloads")]}
-            previous = signal.getsignal(signal.SIGTERM)
+            self._ray_started = True
             try:
-                ray.init(**kwargs)
-                # ray.init replaces the driver's SIGTERM handler with sys.exit (a traceback,
-                # exit 15): the caller's handler (the CLI's: stop cleanly, exit 143) is kept.
-                if threading.current_thread() is threading.main_thread() and previous is not None:
-                    signal.signal(signal.SIGTERM, previous)
+                with signals_deferred():
+                    ray.init(**kwargs)
             except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception on a timeout
                 if not self.address:      # (a loaded machine): one line, no study created
                     raise ClusterLost(f"the local Ray cluster did not start "
                                       f"({one_line(err)[:200]}); try again") from None
                 raise ConfigError("--address", self.address, f"the address of a running Ray "
                                   f"cluster, e.g. 10.0.0.1:6379 ({one_line(err)})") from None
-            self._ray_started = True
         env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
         return RayPool(hw.kind, self.parallel, self.space.resources, env=env,
                        verify=self.space.verify)
@@ -556,7 +614,8 @@ class Controller:
             reason = INTERRUPTED
             if isinstance(err, ClusterLost):
                 reason = f"interrupted: {err}"
-                self.pool.kill_orphans()      # no raylet is left to stop them
+                if self.pool is not None:     # (None: the local Ray did not start)
+                    self.pool.kill_orphans()  # no raylet is left to stop them
             for flight in list(self.in_flight.values()):
                 self._record(flight.trial, optuna.trial.TrialState.FAIL, reason, flight.config,
                              flight.flat, None, flight.prediction, interrupted=True)
@@ -595,9 +654,7 @@ class Controller:
                               f"({one_line(err)[:200]})", file=sys.stderr)
                 finally:
                     if self._ray_started:
-                        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
-
-                        ray.shutdown()
+                        shutdown_ray()
 
     def _study_counts(self) -> dict[str, int]:
         return study_counts(self.study)
