@@ -389,7 +389,7 @@ def test_a_stopped_sweep_exits_128_plus_signal_and_its_trial_can_be_resumed(sign
 # slow: a few Ray start-ups (~10 s each alone)
 @pytest.mark.slow
 @pytest.mark.ci_slow
-@pytest.mark.parametrize("after_s", [2, 5, 8])
+@pytest.mark.parametrize("after_s", [2, 6, 8, 10])
 def test_a_sigterm_during_start_up_exits_143_not_a_crash(after_s, tmp_path):
     """SIGTERM while Ray starts: ray.init used to install sys.exit(15) (exit 15), or, cut
     half-way, left a core worker that crashed the process at exit (SIGSEGV/abort). Now the
@@ -559,3 +559,80 @@ def test_a_read_only_mlflow_db_is_one_warning_line_and_sync_restores_the_runs(tm
     runs = client.search_runs([experiment], f"tags.`{PARENT_TAG}` = '{parent}'")
     assert sorted(int(r.data.tags["trial_number"]) for r in runs) == [0, 1]
     assert {r.info.status for r in runs} == {"FINISHED"}
+
+
+# ----------------------------------------------------------------------------- multi-node failover
+
+@pytest.fixture
+def two_node_cluster():
+    """A head and a second raylet on this machine, one `slice` each (tests/test_multinode.py);
+    this process does not connect as a driver (the sweep does, with --address)."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": {"slice": 1}, "include_dashboard": False})
+    worker_node = cluster.add_node(num_cpus=1, resources={"slice": 1})
+    cluster.wait_for_nodes()
+    try:
+        yield cluster, worker_node
+    finally:
+        cluster.shutdown()
+
+
+# slow: one two-node cluster, a node lost for ~15 s (Ray's health check), a retried trial
+@pytest.mark.slow
+def test_a_lost_worker_node_fails_over_to_the_head_and_the_sweep_finishes(two_node_cluster,
+                                                                          tmp_path):
+    """kill -9 of the NON-head node's raylet while one of its trials runs: that trial is
+    retried on the surviving node (recorded: attempts 2, the lost attempt under
+    `worker.lost` with the dead node), the sweep finishes with exit 0, every trial COMPLETE."""
+    import optuna
+    from ray._private import ray_constants
+
+    cluster, worker_node = two_node_cluster
+    space = write(tmp_path / "failover.yaml", {
+        "name": "failover", "model": "tiny", "hardware": "devices", "chips": 1, "input_len": 8,
+        "decode_steps": 2, "repeats": 1, "warmup": 0, "params": {"batch": [2, 4]},
+        "sampler": {"type": "grid"}, "trials": 2, "parallel": 2, "timeout_s": 300,
+        "resources": {"slice": 1}})
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    environ = {**os.environ, "SWEEPER_HOME": str(tmp_path / "home"),
+               "SWEEPER_TEST_TRIAL_DELAY_S": "25"}
+    err = open(tmp_path / "sweep.err", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sweeper.cli", "run", space, "--address", cluster.address,
+         "--storage", storage, "--study", "failover", "--no-analysis"],
+        env=environ, cwd=tmp_path, text=True, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        lost_node = worker_node.unique_id
+        deadline = time.monotonic() + 240
+        placed: dict[int, str] = {}
+        while len(placed) < 2:          # both trials on their workers (one per node)
+            assert time.monotonic() < deadline and proc.poll() is None, err.name
+            try:
+                for t in optuna.load_study(study_name="failover", storage=storage).trials:
+                    node = (t.user_attrs.get("worker") or {}).get("node_id")
+                    if node and t.state.name == "RUNNING":
+                        placed[t.number] = node
+            except Exception:  # noqa: BLE001 - the study is being created
+                pass
+            time.sleep(0.5)
+        assert sorted(placed.values()) == sorted([lost_node, cluster.head_node.unique_id])
+        raylet = worker_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
+        os.kill(raylet.pid, 9)
+        proc.wait(timeout=400)
+    finally:
+        proc.kill()
+    err.seek(0)
+    stderr = err.read()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    trials = optuna.load_study(study_name="failover", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"], \
+        [t.user_attrs.get("reason") for t in trials]
+    moved = [t for t in trials if placed[t.number] == lost_node]
+    assert len(moved) == 1
+    worker = moved[0].user_attrs["worker"]
+    assert worker["node_id"] == cluster.head_node.unique_id       # ran again on the survivor
+    assert worker["attempts"] == 2
+    assert [lost["node_id"] for lost in worker["lost"]] == [lost_node], worker

@@ -146,6 +146,7 @@ def _order(value: Any) -> Any:
 
 
 CLUSTER_CHECK_S = 3.0      # how often the controller asks Ray which nodes are alive
+PLACE_GRACE_S = 10.0       # a worker not started by then may be waiting on idle workers
 SHUTDOWN_WAIT_S = 30.0     # at most this long for ray.shutdown() when a sweep ends
 
 
@@ -161,6 +162,12 @@ def signals_deferred():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    # Ray's core worker installs a C++ failure handler (absl) for SIGTERM too while it
+    # connects: a SIGTERM then printed a stack dump and the process ended in abort (-6).
+    # Without it the signal reaches the handler below. (Inherited by the Ray processes
+    # started here: their C++ crash stacks are not written to Ray's logs; set the variable
+    # to 0 to keep them.)
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     pending: list[int] = []
     for sig in previous:
@@ -253,6 +260,7 @@ class _InFlight:
     attempt: int = 0
     placement: dict | None = None        # where the current attempt's worker runs
     lost: list[dict] = field(default_factory=list)   # earlier attempts whose worker died
+    submitted: float = field(default_factory=time.monotonic)   # this attempt's, monotonic
 
 
 @dataclass
@@ -664,7 +672,8 @@ class Controller:
         free = list(range(self.parallel))
         self._show()
         while True:
-            while free and asked < self.remaining:
+            waiting = self._waiting_for_a_worker(free)
+            while free and asked < self.remaining and not waiting:
                 asked += 1
                 self._dispatch(free)
             if not self.in_flight:
@@ -697,6 +706,24 @@ class Controller:
             self._heartbeat()
             self._show()
         self._show()
+
+    def _waiting_for_a_worker(self, free: list[int]) -> bool:
+        """True while a trial has waited more than PLACE_GRACE_S for its worker to start,
+        which Ray cannot place because idle workers of free slots hold the resources it
+        needs (a node was lost: a retried trial asks for a `slice` that only the survivor
+        has, held by the worker another slot keeps for its next trial). Those idle workers
+        are released and no new trial is started until it has its worker: the retried
+        trial goes first, and the sweep goes on at the parallelism the cluster has left."""
+        release = getattr(self.pool, "release_slot", None)
+        if release is None or not free:
+            return False
+        now = time.monotonic()
+        if not any(f.placement is None and now - f.submitted > PLACE_GRACE_S
+                   for f in self.in_flight.values()):
+            return False
+        for slot in free:
+            release(slot)
+        return True
 
     def _check_cluster(self, now: bool = False) -> None:
         """ClusterLost when Ray counts no node alive (every few seconds, and at once when a
@@ -805,6 +832,7 @@ class Controller:
                                                  flight.trial.number)
                 flight.deadline = time.monotonic() + self.space.timeout_s
                 flight.placement = None
+                flight.submitted = time.monotonic()
                 self.in_flight[id(flight.handle)] = flight
                 return False
             worker = {**(flight.placement or {}), "attempts": flight.attempt + 1,

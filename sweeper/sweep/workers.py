@@ -564,6 +564,12 @@ class RayPool:
         if worker is not None:
             self._kill(worker)
 
+    def release_slot(self, slot: int) -> None:
+        """Kill a free slot's idle workers: the resources they hold go back to Ray."""
+        workers = self._workers[slot]
+        while workers:
+            self._kill(workers.popitem()[1])
+
     def workers(self) -> list[dict]:
         refs = [a.info.remote() for slot in self._workers for w in slot.values() for a in w.actors]
         return self.ray.get(refs) if refs else []
