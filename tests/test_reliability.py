@@ -282,6 +282,7 @@ DEVICES = {"name": "race", "model": "tiny", "hardware": "devices", "chips": 1, "
 
 # slow: about 65 s (`make test-all`; keeps `make test` under 10 minutes on 2 cores)
 @pytest.mark.slow
+@pytest.mark.ci_slow
 def test_two_resumes_started_together_exactly_one_runs(tmp_path):
     """Both pass the lease check at the same moment; the lock file lets exactly one claim the
     study before Ray starts. The other exits 2 with one line; no trial is marked FAIL."""
@@ -434,7 +435,8 @@ def test_a_disk_filling_up_mid_sweep_is_one_line(tmp_path):
 
 # ----------------------------------------------------------------------------- lost Ray node
 
-@pytest.mark.slow      # ~1 min alone, ~4 min on a loaded 2-core machine (two Ray start-ups)
+@pytest.mark.slow
+@pytest.mark.ci_slow      # ~1 min alone, ~4 min on a loaded 2-core machine (two Ray start-ups)
 def test_a_killed_raylet_stops_the_sweep_in_seconds_and_resume_reruns_its_trials(tmp_path):
     """kill -9 of the local raylet mid-trial: the controller sees no node alive within
     seconds (not after timeout_s), records the in-flight trial `interrupted` with that
@@ -520,6 +522,7 @@ def make_unwritable(path: Path) -> Callable[[], None]:
 
 # slow: one Ray start-up and 2 device trials (~40 s alone)
 @pytest.mark.slow
+@pytest.mark.ci_slow
 def test_a_read_only_mlflow_db_is_one_warning_line_and_sync_restores_the_runs(tmp_path):
     """Issue 15: a read-only mlflow.db printed ~368 lines of MLflow tracebacks. Now: one
     line naming the store and the `sweeper sync` hint, the sweep finishes (exit 0) with every
@@ -581,6 +584,7 @@ def two_node_cluster():
 
 # slow: one two-node cluster, a node lost for ~15 s (Ray's health check), a retried trial
 @pytest.mark.slow
+@pytest.mark.ci_slow
 def test_a_lost_worker_node_fails_over_to_the_head_and_the_sweep_finishes(two_node_cluster,
                                                                           tmp_path):
     """kill -9 of the NON-head node's raylet while one of its trials runs: that trial is
@@ -604,7 +608,7 @@ def test_a_lost_worker_node_fails_over_to_the_head_and_the_sweep_finishes(two_no
          "--storage", storage, "--study", "failover", "--no-analysis"],
         env=environ, cwd=tmp_path, text=True, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        lost_node = worker_node.unique_id
+        lost_node = worker_node.node_id
         deadline = time.monotonic() + 240
         placed: dict[int, str] = {}
         while len(placed) < 2:          # both trials on their workers (one per node)
@@ -617,7 +621,7 @@ def test_a_lost_worker_node_fails_over_to_the_head_and_the_sweep_finishes(two_no
             except Exception:  # noqa: BLE001 - the study is being created
                 pass
             time.sleep(0.5)
-        assert sorted(placed.values()) == sorted([lost_node, cluster.head_node.unique_id])
+        assert sorted(placed.values()) == sorted([lost_node, cluster.head_node.node_id])
         raylet = worker_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
         os.kill(raylet.pid, 9)
         proc.wait(timeout=400)
@@ -633,6 +637,6 @@ def test_a_lost_worker_node_fails_over_to_the_head_and_the_sweep_finishes(two_no
     moved = [t for t in trials if placed[t.number] == lost_node]
     assert len(moved) == 1
     worker = moved[0].user_attrs["worker"]
-    assert worker["node_id"] == cluster.head_node.unique_id       # ran again on the survivor
+    assert worker["node_id"] == cluster.head_node.node_id       # ran again on the survivor
     assert worker["attempts"] == 2
     assert [lost["node_id"] for lost in worker["lost"]] == [lost_node], worker
