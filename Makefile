@@ -5,7 +5,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: sweep test test-all ui bench install clean
+.PHONY: sweep test test-all test-ci-slow ui bench install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,10 @@ sweep: install
 
 test: install
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# the slow fault-injection tests CI runs too (< 8 min on 2 cores; README "Test cost")
+test-ci-slow: install
+	$(BIN)/python -m pytest -q -m ci_slow tests
 
 test-all: install
 	$(BIN)/python -m pytest -q tests
