@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DATA = ROOT / "benchmarks" / "data"       # recorded measurements the benchmarks replay
 EXPERIMENT = "sweeper/benchmarks"
 
 
@@ -61,6 +63,16 @@ def write(name: str, data: dict, markdown: str, out: Path | None = None) -> tupl
     json_path.write_text(json.dumps(clean(data), indent=2))
     md_path.write_text(markdown)
     return json_path, md_path
+
+
+def publish(name: str, result: dict, render, out: Path | str) -> tuple[Path, Path]:
+    """Write `name`.{json,md} (Markdown from `render(clean(result))`), print the Markdown,
+    and say where the files went."""
+    text = render(clean(result))
+    files = write(name, result, text, Path(out))
+    print(text)
+    print(f"written: {', '.join(map(str, files))}", file=sys.stderr)
+    return files
 
 
 def log_mlflow(name: str, metrics: Mapping[str, float], params: Mapping[str, Any],
