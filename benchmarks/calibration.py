@@ -411,7 +411,13 @@ def _orchestration_lines(o: dict | None) -> list[str]:
             f"**{pct(share)}** of the slot time was outside trials "
             f"({o['overhead_per_trial_s']:.2f} s a trial: Ray and worker start-up, Optuna, MLflow, "
             f"idle slots at the end); target <= {pct(TARGET_OVERHEAD_SHARE, 0)}: "
-            f"{common.met(share <= TARGET_OVERHEAD_SHARE)} (one sweep, no replicate: no interval).",
+            f"{common.met(share <= TARGET_OVERHEAD_SHARE)} (one sweep, no replicate: no interval). "
+            f"Of that, {o['outside_trials_span_s']:.0f} s of wall time passed before the first trial "
+            f"started or after the last ended (Ray start-up, the first workers' JAX import, the "
+            f"closing analysis), and the sweep started {o['worker_processes']} worker processes for "
+            f"{o['ran']} trials: a slot whose next trial wants another chip count gets a new "
+            "process (its own device count), and the replicate of a configuration lands on a "
+            f"worker that compiled it only {pct(o['compile_cache_hit_rate'])} of the time.",
             ""]
 
 

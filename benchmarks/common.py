@@ -144,7 +144,12 @@ def orchestration(study, wall_s: float, parallel: int) -> dict[str, float]:
     runs = trial_run_times(study)
     total = sum(finished - started for started, finished, _ in runs)
     hits = sum(hit for *_, hit in runs)
+    pids = {(t.user_attrs.get("worker") or {}).get("pid") for t in study.get_trials(deepcopy=False)}
+    span = (max(f for _, f, _ in runs) - min(s for s, _, _ in runs)) if runs else None
     return {"wall_s": wall_s, "parallel": parallel, "ran": len(runs), "trial_run_s_sum": total,
+            # before the first trial and after the last: Ray, the first workers, the analysis
+            "outside_trials_span_s": wall_s - span if span is not None else None,
+            "worker_processes": len(pids - {None}),
             "orchestration_share": 1 - total / (parallel * wall_s) if wall_s else None,
             "overhead_per_trial_s": (parallel * wall_s - total) / len(runs) if runs else None,
             "compile_cache_hits": hits, "compile_cache_hit_rate": hits / max(len(runs), 1)}
