@@ -35,11 +35,13 @@ import yaml
 
 from benchmarks import common
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "benchmarks" / "data"
+ROOT, DATA = common.ROOT, common.DATA
 RECORDED = DATA / "calibration-trials.csv"
 RECORDED_BASE = DATA / "calibration-host.yaml"
 RECORDED_META = DATA / "calibration-sweep.json"
+# The same 4 configurations x 3 seeds of the calibration sweep, run with 1 and with 2 workers
+# (`--set parallel=1|2`, README "The calibration sweep"): which noise the sweep adds itself.
+NOISE_RUNS = {1: DATA / "noise-parallel-1.csv", 2: DATA / "noise-parallel-2.csv"}
 TARGET_MAPE = 0.10
 TARGET_MEDIAN = 0.05
 TARGET_TOP1 = 0.90
@@ -209,12 +211,62 @@ def evaluate(csv: Path = RECORDED, base_yaml: Path = RECORDED_BASE, seed: int = 
         "all_targets_met": all(all(v["met"] for v in holdouts[s].get("verdict", {"x": {"met": False}}).values())
                                for s in TARGET_SCHEMES if s in holdouts),
         "unweighted_kfold": common.clean(unweighted.holdouts["kfold"].summary()),
+        "noise_sources": noise_sources(points, frame, base, calho.layout_rankings(
+            result.holdouts["kfold"].points)),
         "term_ablation": ablation,
         "fitted": result.fitted_constants(),
         "start": {k: getattr(base, k) for k in ("peak_flops", "hbm_bandwidth", "ici_bandwidth")},
         "insample_mape": float(result.insample["ape"].mean()),
         "unfitted_mape": float(np.mean(start_ape)),
     }
+
+
+def noise_sources(points, frame: pd.DataFrame, base, rankings: list[pd.DataFrame]) -> dict:
+    """Where the noise floor comes from, measured: the replicate error with one worker (the
+    whole host, nothing beside it) against two (the sweep's setting), per chip count, each
+    trial's own run-to-run CI; and how many ranking groups the noise lets anyone decide."""
+    from sweeper.analysis import fit as calfit
+    from sweeper.analysis import holdout as calho
+
+    out: dict = {"by_parallel": {}, "by_chips": {}}
+    for parallel, csv in NOISE_RUNS.items():
+        if not csv.is_file():
+            continue
+        runs = pd.read_csv(csv)
+        floor = calho.noise_floor(calfit.points_from_frame(runs, base))
+        out["by_parallel"][parallel] = {
+            "trials": int(len(runs)), "noise_floor_mape": floor.mape, "noise_floor_median": floor.median_ape,
+            "ci_rel_median": {ph: _median(runs.get(f"{ph}_ci_rel")) for ph in ("prefill", "decode")},
+            "load_avg_1m_median": _median(runs.get("host_load_avg_1m"))}
+    for chips in sorted({p.config.chips for p in points}):
+        floor = calho.noise_floor(points, only=[i for i, p in enumerate(points) if p.config.chips == chips])
+        out["by_chips"][int(chips)] = {"mape": floor.mape, "median_ape": floor.median_ape}
+    # Would each trial's fastest run be a steadier statistic than its median? Replicate
+    # error of both, per phase (two trials per configuration).
+    key = ["model", "chips", "batch", "topology", "weights", "prefill_ffn", "prefill_attn",
+           "decode_ffn", "decode_attn"]
+    done = frame[frame["state"].astype(str).str.upper() == "COMPLETE"]
+    out["replicate_mape_by_statistic"] = {}
+    for phase, column in (("prefill", "prefill_s"), ("decode", "decode_step_s")):
+        for stat, col in (("median", column), ("min", f"{column}_min")):
+            pairs = done.groupby(key)[col].filter(lambda x: len(x) == 2)
+            other = done.loc[pairs.index].groupby(key)[col].transform(lambda x: x.iloc[::-1].to_numpy())
+            out["replicate_mape_by_statistic"][f"{phase}_{stat}"] = float(
+                ((other - pairs).abs() / pairs).mean()) if len(pairs) else None
+    # A group's best layout is decidable when the runner-up is slower by more than the
+    # replicate error of one measurement (the noise floor's median): otherwise two runs of
+    # the same sweep disagree on the winner as often as a model would.
+    floor = calho.noise_floor(points).median_ape
+    gaps = []
+    for g in rankings:
+        if g["tie_s"].max() <= g["tie_s"].min() * (1 + calho.PREDICTED_TIE):
+            continue    # the model makes no pick here (one chip: the same program), as in top-1
+        times = np.sort(g["measured_s"].to_numpy())
+        gaps.append(float(times[1] / times[0] - 1))
+    out["ranking_gaps"] = gaps
+    out["decidable_groups"] = int(sum(gap > floor for gap in gaps))
+    out["gap_threshold"] = floor
+    return out
 
 
 def term_ablation(points, base) -> dict:
@@ -282,6 +334,7 @@ def markdown(r: dict) -> str:
         f"- The sweep's own profile, unfitted: MAPE {pct(r['unfitted_mape'])}; in-sample MAPE of the fit "
         f"on all points {pct(r['insample_mape'])} (not a claim).",
         "",
+        *_noise_lines(r["noise_sources"]),
         "## What each fitted term buys (held-out MAPE)",
         "",
         "| model | " + " | ".join(TARGET_SCHEMES) + " |",
@@ -319,6 +372,35 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _noise_lines(n: dict) -> list[str]:
+    pct = common.pct
+    lines = ["## Where the noise comes from (measured)", ""]
+    if n["by_parallel"]:
+        lines += ["The same 4 configurations (chips 1 and 8 x prefill ws2d and wg_xyz, batch 8) x 3 "
+                  "seeds, run once with one worker (the whole host) and once with two (the sweep's "
+                  "setting):", "",
+                  "| workers | trials | replicate MAPE | replicate median | trial's own 95% CI, median (prefill / decode) | 1-min load |",
+                  "|---|---|---|---|---|---|"]
+        for parallel, v in n["by_parallel"].items():
+            ci = v["ci_rel_median"]
+            lines.append(f"| {parallel} | {v['trials']} | {pct(v['noise_floor_mape'])} | "
+                         f"{pct(v['noise_floor_median'])} | ±{pct(ci['prefill'])} / ±{pct(ci['decode'])} | "
+                         f"{v['load_avg_1m_median']} |")
+        lines.append("")
+    lines += ["Replicate error of the calibration sweep per chip count: " + ", ".join(
+        f"{c} chip{'s' if int(c) > 1 else ''} {pct(v['mape'])}" for c, v in n["by_chips"].items()) + ".", ""]
+    by_stat = n["replicate_mape_by_statistic"]
+    lines += ["Replicate MAPE of each trial's median against its fastest run: prefill "
+              f"{pct(by_stat['prefill_median'])} (median) and {pct(by_stat['prefill_min'])} (min), decode "
+              f"{pct(by_stat['decode_median'])} and {pct(by_stat['decode_min'])}.", ""]
+    gaps = n["ranking_gaps"]
+    lines += [f"Ranking groups whose measured best beats the runner-up by more than one "
+              f"measurement's replicate error ({pct(n['gap_threshold'])}): **{n['decidable_groups']} of "
+              f"{len(gaps)}** (gaps: {', '.join(pct(g) for g in sorted(gaps))}). In the others a second "
+              "run of the same sweep would pick another winner about as often as the model does.", ""]
+    return lines
+
+
 def _orchestration_lines(o: dict | None) -> list[str]:
     """Issue 14: the sweep's own orchestration overhead, measured on this sweep."""
     if not o:
@@ -329,7 +411,13 @@ def _orchestration_lines(o: dict | None) -> list[str]:
             f"**{pct(share)}** of the slot time was outside trials "
             f"({o['overhead_per_trial_s']:.2f} s a trial: Ray and worker start-up, Optuna, MLflow, "
             f"idle slots at the end); target <= {pct(TARGET_OVERHEAD_SHARE, 0)}: "
-            f"{common.met(share <= TARGET_OVERHEAD_SHARE)} (one sweep, no replicate: no interval).",
+            f"{common.met(share <= TARGET_OVERHEAD_SHARE)} (one sweep, no replicate: no interval). "
+            f"Of that, {o['outside_trials_span_s']:.0f} s of wall time passed before the first trial "
+            f"started or after the last ended (Ray start-up, the first workers' JAX import, the "
+            f"closing analysis), and the sweep started {o['worker_processes']} worker processes for "
+            f"{o['ran']} trials: a slot whose next trial wants another chip count gets a new "
+            "process (its own device count), and the replicate of a configuration lands on a "
+            f"worker that compiled it only {pct(o['compile_cache_hit_rate'])} of the time.",
             ""]
 
 
@@ -353,10 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"benchmarks.calibration: error: {err}", file=sys.stderr)
         return 2
-    text = markdown(common.clean(result))
-    files = common.write("calibration", result, text, Path(args.out))
-    print(text)
-    print(f"written: {', '.join(map(str, files))}", file=sys.stderr)
+    common.publish("calibration", result, markdown, args.out)
     return 0
 
 

@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DATA = ROOT / "benchmarks" / "data"       # recorded measurements the benchmarks replay
 EXPERIMENT = "sweeper/benchmarks"
 
 
@@ -61,6 +63,16 @@ def write(name: str, data: dict, markdown: str, out: Path | None = None) -> tupl
     json_path.write_text(json.dumps(clean(data), indent=2))
     md_path.write_text(markdown)
     return json_path, md_path
+
+
+def publish(name: str, result: dict, render, out: Path | str) -> tuple[Path, Path]:
+    """Write `name`.{json,md} (Markdown from `render(clean(result))`), print the Markdown,
+    and say where the files went."""
+    text = render(clean(result))
+    files = write(name, result, text, Path(out))
+    print(text)
+    print(f"written: {', '.join(map(str, files))}", file=sys.stderr)
+    return files
 
 
 def log_mlflow(name: str, metrics: Mapping[str, float], params: Mapping[str, Any],
@@ -132,7 +144,12 @@ def orchestration(study, wall_s: float, parallel: int) -> dict[str, float]:
     runs = trial_run_times(study)
     total = sum(finished - started for started, finished, _ in runs)
     hits = sum(hit for *_, hit in runs)
+    pids = {(t.user_attrs.get("worker") or {}).get("pid") for t in study.get_trials(deepcopy=False)}
+    span = (max(f for _, f, _ in runs) - min(s for s, _, _ in runs)) if runs else None
     return {"wall_s": wall_s, "parallel": parallel, "ran": len(runs), "trial_run_s_sum": total,
+            # before the first trial and after the last: Ray, the first workers, the analysis
+            "outside_trials_span_s": wall_s - span if span is not None else None,
+            "worker_processes": len(pids - {None}),
             "orchestration_share": 1 - total / (parallel * wall_s) if wall_s else None,
             "overhead_per_trial_s": (parallel * wall_s - total) / len(runs) if runs else None,
             "compile_cache_hits": hits, "compile_cache_hit_rate": hits / max(len(runs), 1)}

@@ -32,8 +32,7 @@ import pandas as pd
 
 from benchmarks import common
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "benchmarks" / "data"
+ROOT, DATA = common.ROOT, common.DATA
 PROFILE = DATA / "opprofile-host-8.yaml"
 PROFILE_META = DATA / "opprofile-host-8.json"
 TRIALS = DATA / "calibration-trials.csv"
@@ -161,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:
         print(json.dumps(measure(path, args.devices or 8)), file=sys.stderr)
     result = evaluate(path, args.devices or profile_devices(path))
-    text = markdown(common.clean(result))
-    files = common.write("profile_predict", result, text, Path(args.out))
-    print(text)
-    print(f"written: {', '.join(map(str, files))}", file=sys.stderr)
+    common.publish("profile_predict", result, markdown, args.out)
     return 0
 
 

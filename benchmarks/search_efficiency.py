@@ -197,7 +197,11 @@ def recorded_space() -> dict:
     data = yaml.safe_load(CALIBRATION_SPACE.read_text())
     data["params"] = {k: v for k, v in data["params"].items() if k != "seed"}
     data["name"] = "bench-search-recorded"
-    data["hardware"] = f"devices:{RECORDED_BASE}"    # the profile the sweep predicted with
+    # `host`, as the sweep ran: the cost model gives each trial's chips their share of the
+    # host (a worker's cores split over the chips). `devices:<profile>` would give every
+    # virtual chip the whole host and predict 8 chips 8x too fast. The guided variants
+    # predict with the profile the sweep predicted with (`guided_hardware`, recorded_grid).
+    data["hardware"] = "host"
     return data
 
 
@@ -229,6 +233,7 @@ def recorded_grid(data: dict, csv: Path, score_seed: int) -> Grid:
     table, groups = merge_equivalent(space, table)
     return Grid(space, table, f"recorded on this host (`{csv.name}`, seed {score_seed})",
                 {"csv": str(csv.relative_to(ROOT)), "score_seed": score_seed,
+                 "guided_hardware": str(RECORDED_BASE),
                  "unmeasured_before_merge": missing, "configurations": groups})
 
 
@@ -257,13 +262,22 @@ def profile_fitted_to_seed(csv: Path, seed: int, path: Path) -> Path:
                              "by benchmarks.search_efficiency (not the trials it is scored on)")
 
 
+def sampler_variant(grid: Grid, name: str) -> tuple[str, dict]:
+    """(sampler type, options) of a variant; guided predicts with the grid's own profile
+    unless the variant names another (guided+fit)."""
+    kind, options = SAMPLER_VARIANTS.get(name, (name, {}))
+    if kind == "guided" and "hardware" not in options and grid.extra.get("guided_hardware"):
+        options = {**options, "hardware": grid.extra["guided_hardware"]}
+    return kind, options
+
+
 def seed_descriptions(grid: Grid, variants: list[str]) -> dict[str, list[str]]:
     """Each guided variant's seeds, labelled, with their measured (table) values."""
     from sweeper.sweep import guided
 
     out = {}
     for variant in variants:
-        _, options = SAMPLER_VARIANTS.get(variant, ("guided", {}))
+        _, options = sampler_variant(grid, variant)
         seeds = guided.seed_points(grid.space, 2, 24, options.get("hardware"))
         texts = []
         for s in seeds:
@@ -326,7 +340,7 @@ def replay(grid: Grid, sampler: str, seed: int, stop_fraction: float | None) -> 
 
     from sweeper.sweep.space import SamplerSpec
 
-    kind, options = SAMPLER_VARIANTS.get(sampler, (sampler, {}))
+    kind, options = sampler_variant(grid, sampler)
     space = dataclasses.replace(grid.space, sampler=SamplerSpec(kind, seed, dict(options)))
     study = optuna.create_study(sampler=space.make_sampler(), directions=space.directions)
     distributions = space.distributions()

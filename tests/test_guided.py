@@ -95,3 +95,21 @@ def test_a_guided_sweep_runs_the_seeds_first_then_its_base_sampler(sweeper_home)
     assert len(all_trials) == sp.trials + 3
     fixed = [t for t in all_trials if t.system_attrs.get("fixed_params")]
     assert len(fixed) == len(seeds)
+
+
+def test_one_chip_is_seeded_though_the_space_does_not_list_ws1d():
+    """On one chip every layout is the same program and recommend names it ws1d; a space
+    whose prefill layouts are ws2d/wg_* (the calibration sweep's) must still get a one-chip
+    seed, labelled with a layout it allows, else guided never tries the cheapest point."""
+    sp = load_space({"name": "one-chip", "model": "calib", "hardware": "analytical:tpu-v4",
+                     "input_len": 64, "decode_steps": 8,
+                     "params": {"chips": [1, 2], "batch": [8], "prefill_ffn": ["ws2d", "wg_xy"],
+                                "decode_ffn": ["ws1d", "ws2d"], "attn": ["head", "batch"]},
+                     "objectives": [{"metric": "prefill_s", "direction": "minimize"}],
+                     "sampler": {"type": "guided", "seed": 0}, "trials": 4, "parallel": 1},
+                    source="tests/test_guided.py")
+    seeds = [s.params for s in guided.seed_points(sp, fronts=5, max_seeds=10)]
+    one_chip = [p for p in seeds if p["chips"] == 1]
+    assert len(one_chip) == 1, seeds
+    assert one_chip[0]["prefill_ffn"] in ("ws2d", "wg_xy")
+    sp.trial_config(one_chip[0])      # a valid trial of the space

@@ -34,11 +34,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
-from sweeper.analysis.fit import (PRIOR_WEIGHT, CalibrationError, Fit, ParamSpace,
-                                  without_group_measurements,
-                                  PhaseTerms, by_kind_supported)
+from sweeper.analysis.fit import (PRIOR_WEIGHT, CalibrationError, Fit, ParamSpace, PhaseTerms,
+                                  by_kind_supported, prior_anchor, solve,
+                                  without_group_measurements)
 from sweeper.analysis.holdout import K_FOLDS, Calibration, Holdout, ranking_agreement
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile
@@ -165,8 +164,7 @@ def fit_rows(rows: list[Row], base: HardwareProfile, space: ParamSpace | None = 
     flops_per_peak = np.array([r.flops / (r.point.chips * peak) for r in rows])
     terms = RowTerms.of(rows, space.kinds)
     exact = _fast_path_agrees(rows, terms, space, base)
-    anchor = np.array([math.log(base.peak_flops), math.log(base.hbm_bandwidth),
-                       math.log(base.ici_bandwidth)])
+    anchor = prior_anchor(base)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         if exact:
@@ -178,17 +176,7 @@ def fit_rows(rows: list[Row], base: HardwareProfile, space: ParamSpace | None = 
         prior = PRIOR_WEIGHT * (theta[:3] - anchor)
         return np.concatenate([predicted / measured - 1.0, prior])
 
-    lows, highs = space.bounds(base)
-    best = None
-    for latency0 in (1e-6, 1e-4):
-        for overlap0 in (0.2, 0.8):
-            x0 = np.clip(space.start(base, latency0, overlap0), lows + 1e-9, highs - 1e-9)
-            result = least_squares(residuals, x0, bounds=(lows, highs), loss=loss, f_scale=0.1,
-                                   x_scale=1.0, max_nfev=400 if exact else 60)
-            if best is None or result.cost < best.cost:
-                best = result
-    profile = space.profile(best.x, base, name)
-    return Fit(profile, float(best.cost), bool(best.success), str(best.message), int(best.nfev))
+    return solve(residuals, space, base, exact, loss, name)
 
 
 def _fast_path_agrees(rows, terms: RowTerms, space: ParamSpace, base) -> bool:

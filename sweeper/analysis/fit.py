@@ -383,8 +383,7 @@ def fit_profile(points: list[Point], base: HardwareProfile, space: ParamSpace | 
     terms = PhaseTerms.of(points, space.kinds)
     theta_check = space.start(base, 1e-5, 0.5)
     exact = _fast_path_agrees(points, terms, space, theta_check, base)
-    anchor = np.array([math.log(base.peak_flops), math.log(base.hbm_bandwidth),
-                       math.log(base.ici_bandwidth)])
+    anchor = prior_anchor(base)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         if exact:
@@ -395,6 +394,19 @@ def fit_profile(points: list[Point], base: HardwareProfile, space: ParamSpace | 
         prior = PRIOR_WEIGHT * (theta[:3] - anchor)
         return np.concatenate([weights * (pred / measured - 1.0), prior])
 
+    return solve(residuals, space, base, exact, loss, name)
+
+
+def prior_anchor(base: HardwareProfile) -> np.ndarray:
+    """log(peak, HBM, ICI) of the start: the weak prior keeps unconstrained ones near it."""
+    return np.array([math.log(base.peak_flops), math.log(base.hbm_bandwidth),
+                     math.log(base.ici_bandwidth)])
+
+
+def solve(residuals, space: ParamSpace, base: HardwareProfile, exact: bool, loss: str,
+          name: str | None) -> Fit:
+    """Least squares from a few starts (latency x overlap), the best kept. `exact`: the
+    linear fast path agrees with the cost model, so each evaluation is cheap."""
     lows, highs = space.bounds(base)
     best = None
     for latency0 in (1e-6, 1e-4):

@@ -205,6 +205,12 @@ def _recommended(space, profile, values: dict, phase: str, search_topology: bool
     ffns, attns = _allowed(space, phase, "ffn"), _allowed(space, phase, "attn")
     ok = [a for a in rec["alternatives"]
           if (ffns is None or a["ffn"] in ffns) and (attns is None or a["attn"] in attns)]
+    if not ok and chips == 1 and rec["alternatives"]:
+        # One chip: every layout is the same program (nothing to shard, no collectives), and
+        # recommend names it ws1d; any layout the space allows runs that program.
+        best = min(rec["alternatives"], key=lambda a: (not a["fits"], a["latency_s"]))
+        return {"ffn": ffns[0] if ffns else best["ffn"], "attn": attns[0] if attns else best["attn"],
+                "topology": tuple(best["topology"])}
     if not ok:
         return None
     best = min(ok, key=lambda a: (not a["fits"], a["latency_s"]))
