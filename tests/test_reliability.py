@@ -20,6 +20,7 @@ from typing import Callable
 import pytest
 import yaml
 
+from sweeper.paths import open_optuna_storage
 from sweeper.sweep.space import SearchSpace, load_space
 from workloads.config import MAX_DEPTH, MAX_NODES, ConfigError
 from workloads.validate import ECHO_CHARS
@@ -326,7 +327,11 @@ def wait_running(home: Path, study_prefix: str, proc: subprocess.Popen | None = 
         db = home / "optuna.db"
         if db.exists():
             try:
-                for summary in optuna.get_all_study_summaries(f"sqlite:///{db}"):
+                # (opened under the store's creation lock, as the sweep opens it: a plain
+                # open creates the schema too and raced the sweep's, "table ... already
+                # exists", which stopped the sweep at its start)
+                storage = open_optuna_storage(f"sqlite:///{db}")
+                for summary in optuna.get_all_study_summaries(storage):
                     if summary.study_name.startswith(study_prefix) and "RUNNING" in \
                             trial_states(home, summary.study_name):
                         time.sleep(10)     # asked -> dispatched to its worker (60 s delay)
@@ -614,7 +619,8 @@ def test_a_lost_worker_node_fails_over_to_the_head_and_the_sweep_finishes(two_no
         while len(placed) < 2:          # both trials on their workers (one per node)
             assert time.monotonic() < deadline and proc.poll() is None, err.name
             try:
-                for t in optuna.load_study(study_name="failover", storage=storage).trials:
+                for t in optuna.load_study(study_name="failover",
+                                           storage=open_optuna_storage(storage)).trials:
                     node = (t.user_attrs.get("worker") or {}).get("node_id")
                     if node and t.state.name == "RUNNING":
                         placed[t.number] = node

@@ -20,6 +20,7 @@ from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a 
 from sweeper.cli import studies   # export, compare, schema: the analysis stack when they run
 from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
 from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
+from sweeper.sweep import stopping as sweep_stopping
 from sweeper.sweep.workers import ClusterLost   # (imports no Ray: that is lazy)
 from workloads.config import ConfigError
 
@@ -204,10 +205,21 @@ def _stop_signals(stopping: list[int]) -> None:
         if stopping:
             return
         stopping.append(signum)
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        err = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        sweep_stopping.request(err)    # raised again by the sweep loop if this one is lost
+        raise err
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    default_hook = sys.unraisablehook
+
+    def unraisable(info) -> None:
+        # the stop raised inside a finalizer: Python drops it ("Exception ignored in",
+        # a traceback); the sweep loop raises it again (sweeper.sweep.stopping)
+        if not isinstance(info.exc_value, KeyboardInterrupt):
+            default_hook(info)
+
+    sys.unraisablehook = unraisable
 
 
 def store_failure(err: BaseException) -> str | None:
@@ -232,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler
     stopping: list[int] = []
+    sweep_stopping.clear()
     if args.command == "run":
         _stop_signals(stopping)
     try:

@@ -68,7 +68,7 @@ import pandas as pd
 from sweeper import paths
 from sweeper.analysis.pareto import pareto_front
 from sweeper.formatting import one_line
-from sweeper.sweep import lease
+from sweeper.sweep import lease, stopping
 from sweeper.sweep.progress import ProgressLine
 from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace, load_space
 from sweeper.sweep.workers import (ClusterLost, LocalPool, RayPool, TrialError, WorkerLost,
@@ -672,6 +672,7 @@ class Controller:
         free = list(range(self.parallel))
         self._show()
         while True:
+            stopping.raise_if_requested()     # a signal whose exception Python dropped
             waiting = self._waiting_for_a_worker(free)
             while free and asked < self.remaining and not waiting:
                 asked += 1
