@@ -54,6 +54,15 @@ def test_fit_measurements_json_has_the_study_fits_keys(tmp_path, monkeypatch, ca
     assert data["artifacts"]["fitted_yaml"] == str(out)
 
 
+def test_fit_measurements_without_out_writes_under_sweeper_home(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv("SWEEPER_HOME", str(home))
+    assert main(["fit", "--measurements", str(PAPER), "--hardware", "tpu-v4", "--holdout", "loo",
+                 "--json"]) == 0
+    written = Path(json.loads(capsys.readouterr().out)["artifacts"]["fitted_yaml"])
+    assert written.is_file() and home in written.parents
+
+
 def write_csv(tmp_path: Path, row: dict, header=None) -> Path:
     header = header or [c for c in COLUMNS if c in row or c == "mfu"]
     path = tmp_path / "bad.csv"

@@ -15,7 +15,7 @@ from sweeper.analysis import pareto, plots
 from sweeper.analysis import report as report_mod
 from sweeper.cli.output import print_json
 from sweeper.formatting import jsonable, percent_dash
-from sweeper.paths import study_dir
+from sweeper.paths import study_dir, sweeper_home
 from workloads.config import ConfigError
 from workloads.hardware import load_hardware
 
