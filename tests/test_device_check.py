@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,6 +22,8 @@ def run_check(*args: str, home: Path) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=600)
 
 
+# slow: ~15 s; keeps `make test` under 10 minutes on 2 cores
+@pytest.mark.slow
 def test_smoke_run_writes_the_device_report(tmp_path, session_sweeper_home):
     proc = run_check("--smoke", "--out", str(tmp_path), home=session_sweeper_home)
     assert proc.returncode == 0, proc.stderr[-3000:]

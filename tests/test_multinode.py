@@ -48,6 +48,8 @@ def node_ids() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
 
+# slow: ~30 s (a second Ray node); keeps `make test` under 10 minutes on 2 cores
+@pytest.mark.slow
 def test_sweep_workers_are_placed_on_both_nodes_holding_their_resources(cluster, tmp_path,
                                                                         session_sweeper_home):
     assert len(node_ids()) == 2
