@@ -231,6 +231,10 @@ def test_a_worker_killed_mid_trial_is_retried_on_a_fresh_worker_then_failed(
 # ----------------------------------------------------------------------------- controller death
 
 
+# slow + ci_slow: ~30 s each; CI runs them in `make test-ci-slow`, which keeps `make test`
+# under 10 minutes on 2 cores
+@pytest.mark.slow
+@pytest.mark.ci_slow
 def test_a_killed_controller_resumes_without_losing_or_rerunning_trials(ray_address, tmp_path):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -371,6 +375,10 @@ def mlflow_server(tmp_path):
     server.stop()
 
 
+# slow + ci_slow: ~30 s each; CI runs them in `make test-ci-slow`, which keeps `make test`
+# under 10 minutes on 2 cores
+@pytest.mark.slow
+@pytest.mark.ci_slow
 def test_a_tracking_outage_loses_and_duplicates_nothing(home, mlflow_server, tmp_path, capsys):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = write_space(tmp_path, ANALYTICAL, name="outage", trials=16)
