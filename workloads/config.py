@@ -292,6 +292,21 @@ class HardwareProfile:
     # {kind: {g: seconds}} and {kind: {g: bytes/s}}; empty unless profiled.
     collective_latency_s_by_group: dict = dataclasses.field(default_factory=dict, hash=False)
     collective_bandwidth_by_group: dict = dataclasses.field(default_factory=dict, hash=False)
+    # Serving (issue 19, docs/serving.md). The fast-interconnect domain: chips that reach each
+    # other at `ici_bandwidth` (an NVLink node of 8 GPUs; a TPU slice, whose ICI spans its
+    # hosts); 0 = unbounded. Between domains (InfiniBand/Ethernet between GPU nodes, DCN
+    # between TPU slices) each chip moves `inter_domain_bandwidth` bytes/s; 0 = unknown, the
+    # serving model then prices a transfer at `ici_bandwidth` and says so.
+    domain_chips: int = 0
+    inter_domain_bandwidth: float = 0.0
+    price_per_chip_hour: float | None = None   # on-demand list price, dollars; None = unknown
+    # Mesh axes the interconnect has (TPU v4: a 3-D torus; v5e: 2-D): a topology that splits
+    # more axes than this is never proposed (workloads/recommend.py, issue 24).
+    torus_dims: int = 3
+    # Signed relative residuals (predicted / measured - 1) of held-out points per phase
+    # ({"prefill": [...], "decode": [...]}), written by `sweeper fit` into a fitted profile;
+    # the serving planner's error bands are their split-conformal quantiles. Empty = unknown.
+    heldout_residuals: dict = dataclasses.field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -346,8 +361,40 @@ class HardwareProfile:
                           ("collective_bandwidth_by_group", "bytes/s")):
             values[key] = _by_group(data.get(key) or {}, f"{prefix}{key}", what,
                                     positive=key.startswith("collective_bandwidth"), source=source)
+        values.update(_serving_fields(data, source, prefix))
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
+
+
+def _serving_fields(data: Mapping, source: str | None, prefix: str) -> dict:
+    """domain_chips, inter_domain_bandwidth, price_per_chip_hour, torus_dims, heldout_residuals."""
+    out: dict[str, Any] = {}
+    if data.get("domain_chips") not in (None, 0):
+        out["domain_chips"] = _positive_int(data, "domain_chips", source, prefix)
+    for key in ("inter_domain_bandwidth", "price_per_chip_hour"):
+        if data.get(key) is not None:
+            out[key] = parse_quantity(data[key], f"{prefix}{key}", source)
+            if out[key] < 0:
+                raise ConfigError(f"{prefix}{key}", data[key], "a number >= 0", source)
+    if "torus_dims" in data:
+        out["torus_dims"] = one_of(f"{prefix}torus_dims", data["torus_dims"], (1, 2, 3), source)
+    residuals = data.get("heldout_residuals") or {}
+    if not isinstance(residuals, Mapping):
+        raise ConfigError(f"{prefix}heldout_residuals", residuals,
+                          "a mapping {prefill: [residuals], decode: [residuals]}", source)
+    out["heldout_residuals"] = {}
+    for phase, values in residuals.items():
+        where = f"{prefix}heldout_residuals.{phase}"
+        if phase not in ("prefill", "decode"):
+            raise ConfigError(where, phase, "prefill or decode", source)
+        if not isinstance(values, (list, tuple)):
+            raise ConfigError(where, values, "a list of relative residuals (predicted/measured - 1)",
+                              source)
+        numbers = [parse_quantity(v, where, source) for v in values]
+        if any(not math.isfinite(v) or v <= -1 for v in numbers):
+            raise ConfigError(where, values, "finite residuals > -1 (predicted/measured - 1)", source)
+        out["heldout_residuals"][phase] = numbers
+    return out
 
 
 def _by_group(data: Any, where: str, what: str, positive: bool, source: str | None) -> dict:
@@ -378,9 +425,23 @@ def _by_group(data: Any, where: str, what: str, positive: bool, source: str | No
 
 
 GiB = 2**30
+# Serving fields of the presets (issue 19; docs/serving.md "Hardware"):
+# - TPU: a v4 pod is 4096 chips on a 3-D ICI torus (Jouppi et al. 2023, "TPU v4", ISCA), a
+#   v5e pod 256 chips on a 2-D torus (Google Cloud TPU v5e docs); slices talk over the data-
+#   center network: 2.5e10 B/s egress per host of 4 chips (scaling book part 2, "TPU
+#   networking") -> 6.25e9 B/s per chip.
+# - GPU: an HGX/DGX node of 8 GPUs on NVSwitch; between nodes one 400 Gb/s InfiniBand NDR
+#   port per H100/H200 (DGX H100 datasheet: 8x ConnectX-7) = 5e10 B/s, 200 Gb/s HDR per
+#   A100 (DGX A100 datasheet) = 2.5e10 B/s. NVSwitch is all-to-all: any logical 3-D mesh.
+# - Prices: on-demand list prices per chip-hour, US regions, as published in 2024 (Google
+#   Cloud TPU pricing: v4 $3.22, v5e $1.20; Google Cloud GPU VM pricing: a3-highgpu-8g
+#   ~$88.49/h / 8 = $11.06 per H100, a2-ultragpu-1g ~$5.07/h per A100 80GB). H200: none
+#   published for on-demand at the time; None (cost per token is then not reported).
+_TPU_V4 = dict(domain_chips=4096, inter_domain_bandwidth=6.25e9, torus_dims=3)
+_TPU_V5E = dict(domain_chips=256, inter_domain_bandwidth=6.25e9, torus_dims=2)
 HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
     # Paper §4: TPU v4, 275 TFLOP/s bf16, 32 GiB HBM at 1200 GB/s, 270 GB/s interconnect per chip.
-    HardwareProfile("tpu-v4", 275e12, 1.2e12, 32 * GiB, 270e9),
+    HardwareProfile("tpu-v4", 275e12, 1.2e12, 32 * GiB, 270e9, price_per_chip_hour=3.22, **_TPU_V4),
     # TPU v4 fitted to the paper's published measurements (benchmarks/data/paper-tpu-v4.csv),
     # generated by `sweeper fit --measurements benchmarks/data/paper-tpu-v4.csv --hardware
     # tpu-v4 --holdout loo` (README "Fitted to the paper's TPU v4 measurements"); effective
@@ -390,18 +451,23 @@ HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
                     collective_latency_s_by_kind={"all-gather": 8.393e-05,
                                                   "reduce-scatter": 1.720e-07,
                                                   "all-reduce": 2.202e-05,
-                                                  "all-to-all": 7.438e-08}),
+                                                  "all-to-all": 7.438e-08},
+                    price_per_chip_hour=3.22, **_TPU_V4),
     # Scaling book part 7 (and Google Cloud TPU v5e docs): 1.97e14 bf16 FLOP/s, 8.2e11 B/s HBM,
     # 16 GiB; ICI 4.5e10 B/s one way per link, 4 links on a 2D torus -> ~1.8e11 B/s per chip.
-    HardwareProfile("tpu-v5e", 1.97e14, 8.2e11, 16 * GiB, 1.8e11),
+    HardwareProfile("tpu-v5e", 1.97e14, 8.2e11, 16 * GiB, 1.8e11, price_per_chip_hour=1.20,
+                    **_TPU_V5E),
     # NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s dense bf16, 2.039 TB/s, NVLink 600 GB/s
     # bidirectional = 300 GB/s each way.
-    HardwareProfile("a100-80g", 312e12, 2.039e12, 80e9, 300e9),
+    HardwareProfile("a100-80g", 312e12, 2.039e12, 80e9, 300e9, domain_chips=8,
+                    inter_domain_bandwidth=2.5e10, price_per_chip_hour=5.07),
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB, NVLink 4
     # 900 GB/s bidirectional = 450 GB/s each way.
-    HardwareProfile("h100", 989e12, 3.35e12, 80e9, 450e9),
+    HardwareProfile("h100", 989e12, 3.35e12, 80e9, 450e9, domain_chips=8,
+                    inter_domain_bandwidth=5e10, price_per_chip_hour=11.06),
     # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 4.
-    HardwareProfile("h200", 989e12, 4.8e12, 141e9, 450e9),
+    HardwareProfile("h200", 989e12, 4.8e12, 141e9, 450e9, domain_chips=8,
+                    inter_domain_bandwidth=5e10),
 ]}
 
 

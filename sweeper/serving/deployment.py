@@ -1,0 +1,172 @@
+"""A serving deployment: how many replicas of how many chips run each phase, and how.
+
+`Deployment` is what `sweeper plan` chooses, what `sweeper serve` runs and what the serving
+model (sweeper/serving/simulate.py) predicts. Aggregated: each of `replicas` replicas runs
+prefill and decode on the same chips (prefill.chips == decode.chips, same replicas, one
+stored copy of the weights: same weights and topology), `decode.batch` decode slots and
+`prefill.batch` prompts per prefill call. Disaggregated: `prefill.replicas` slices of
+`prefill.chips` chips prefill and hand the KV cache to `decode.replicas` slices of
+`decode.chips` chips, each phase with its own layout, batch and weights.
+
+The plan file (`sweeper plan --out plan.json`) holds the deployment under "deployment"
+(docs/serving.md "Plan file"); `load_plan` also takes a file that is a bare deployment.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from workloads.config import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareProfile, ModelConfig,
+                              load_model, parse_topology)
+from workloads.hardware import load_hardware
+from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS
+from workloads.validate import ConfigError, check_keys, one_of, positive_int
+
+MODES = ("aggregated", "disaggregated")
+PLAN_FORMAT = "sweeper-plan/1"
+
+
+@dataclass
+class PhaseSlice:
+    """One phase's slices: `replicas` copies of `chips` chips, each running `ffn`/`attn`."""
+
+    chips: int
+    replicas: int
+    ffn: str
+    attn: str
+    batch: int          # prefill: prompts per call; decode: slots
+    weights: str
+    topology: tuple[int, int, int] | None = None   # None: the cost model's best split
+
+    def to_dict(self) -> dict:
+        return {"chips": self.chips, "replicas": self.replicas, "ffn": self.ffn,
+                "attn": self.attn, "batch": self.batch, "weights": self.weights,
+                "topology": "x".join(map(str, self.topology)) if self.topology else None}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str | None, prefix: str) -> "PhaseSlice":
+        if not isinstance(data, Mapping):
+            raise ConfigError(prefix, data, "a mapping {chips, replicas, ffn, attn, batch, "
+                              "weights[, topology]}", source)
+        check_keys(data, ["chips", "replicas", "ffn", "attn", "batch", "weights", "topology"],
+                   source, f"{prefix}.")
+        for key in ("chips", "ffn", "attn", "batch"):
+            if key not in data:
+                raise ConfigError(f"{prefix}.{key}", None, "a value (required)", source)
+        chips = positive_int(f"{prefix}.chips", data["chips"], source)
+        topology = data.get("topology")
+        if topology is not None:
+            topology = parse_topology(topology, chips, f"{prefix}.topology", source)
+        return cls(chips=chips,
+                   replicas=positive_int(f"{prefix}.replicas", data.get("replicas", 1), source),
+                   ffn=one_of(f"{prefix}.ffn", data["ffn"], FFN_LAYOUTS, source, suggest=True),
+                   attn=one_of(f"{prefix}.attn", data["attn"], ATTN_LAYOUTS, source, suggest=True),
+                   batch=positive_int(f"{prefix}.batch", data["batch"], source),
+                   weights=one_of(f"{prefix}.weights", data.get("weights", "bf16"),
+                                  WEIGHT_FORMATS, source),
+                   topology=topology)
+
+    @property
+    def chips_total(self) -> int:
+        return self.chips * self.replicas
+
+    def describe(self) -> str:
+        topo = f" {'x'.join(map(str, self.topology))}" if self.topology else ""
+        return (f"{self.replicas} x {self.chips} chips{topo} {self.ffn}/{self.attn} "
+                f"batch {self.batch} {self.weights}")
+
+
+@dataclass
+class Deployment:
+    """A whole deployment (see the module docstring)."""
+
+    model: ModelConfig
+    hardware: HardwareProfile
+    mode: str            # "aggregated" | "disaggregated"
+    prefill: PhaseSlice
+    decode: PhaseSlice
+
+    @property
+    def chips_total(self) -> int:
+        if self.mode == "aggregated":
+            return self.decode.chips_total
+        return self.prefill.chips_total + self.decode.chips_total
+
+    def to_dict(self) -> dict:
+        """Presets by name; a profile or model that is not a preset is written out whole
+        (a fitted profile travels with the plan)."""
+        model = (self.model.name if MODEL_PRESETS.get(self.model.name) == self.model
+                 else self.model.to_dict())
+        preset = HARDWARE_PRESETS.get(self.hardware.name)
+        hardware = (self.hardware.name if preset is not None and preset.to_dict() == self.hardware.to_dict()
+                    else self.hardware.to_dict())
+        return {"model": model, "hardware": hardware, "mode": self.mode,
+                "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str | None = None) -> "Deployment":
+        if not isinstance(data, Mapping):
+            raise ConfigError("deployment", data, "a mapping {model, hardware, mode, prefill, "
+                              "decode}", source)
+        check_keys(data, ["model", "hardware", "mode", "prefill", "decode"], source)
+        for key in ("model", "hardware", "prefill", "decode"):
+            if key not in data:
+                raise ConfigError(key, None, "a value (required)", source)
+        model = load_model(data["model"], source, "model")
+        hardware = load_hardware(data["hardware"], source, "hardware")
+        mode = one_of("mode", data.get("mode", "aggregated"), MODES, source)
+        prefill = PhaseSlice.from_dict(data["prefill"], source, "prefill")
+        decode = PhaseSlice.from_dict(data["decode"], source, "decode")
+        if mode == "aggregated":   # one replica runs both phases on the same stored weights
+            for key in ("chips", "replicas", "weights", "topology"):
+                if getattr(prefill, key) != getattr(decode, key) and not (
+                        key == "topology" and None in (prefill.topology, decode.topology)):
+                    raise ConfigError(f"prefill.{key}", getattr(prefill, key),
+                                      f"decode.{key}={getattr(decode, key)!r}: an aggregated "
+                                      "replica runs both phases on the same chips and weights",
+                                      source)
+        return cls(model, hardware, mode, prefill, decode)
+
+    def describe(self) -> str:
+        if self.mode == "aggregated":
+            d = self.decode
+            return (f"aggregated: {d.replicas} x {d.chips} chips, prefill {self.prefill.ffn}/"
+                    f"{self.prefill.attn} batch {self.prefill.batch}, decode {d.ffn}/{d.attn} "
+                    f"{d.batch} slots, {d.weights}")
+        return (f"disaggregated: prefill {self.prefill.describe()}; decode "
+                f"{self.decode.describe()}")
+
+
+def read_plan(path: str | Path) -> dict:
+    """The plan file as a mapping (a bare deployment is wrapped as {"deployment": ...})."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("--plan", str(path), "an existing plan file (sweeper plan --out "
+                          "plan.json)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError("--plan", str(path), f"a JSON plan file ({str(err)[:120]})") from None
+    if isinstance(data, Mapping) and "deployment" not in data and "mode" in data:
+        data = {"deployment": data}
+    if not isinstance(data, Mapping) or not isinstance(data.get("deployment"), Mapping):
+        raise ConfigError("deployment", None, "a plan with a \"deployment\" mapping "
+                          "(docs/serving.md \"Plan file\")", str(path))
+    return dict(data)
+
+
+def load_plan(path: str | Path) -> Deployment:
+    """The deployment of a plan file written by `sweeper plan --out` (or by hand)."""
+    return Deployment.from_dict(read_plan(path)["deployment"], str(path))
+
+
+def load_plan_profile(path: str | Path):
+    """The application profile a plan was made for (an AppProfile), or None if it has none."""
+    from sweeper.serving.workload import profile_from_dict
+
+    data = read_plan(path)
+    return None if data.get("profile") is None else profile_from_dict(
+        data["profile"], str(path), "profile.")

@@ -1,0 +1,391 @@
+"""The serving model: a discrete-event simulation of a deployment serving a request stream.
+
+    result = simulate(deployment, requests(profile, 500, seed=0), slo=profile)
+    result.summary()   # ttft_p99_s, tpot_p99_s, goodput_rps, slo_attainment, ...
+
+The engine it models (docs/serving.md "The serving model"), the same `sweeper serve` runs:
+- a replica is one sequential loop of engine calls; decode runs a *fixed* slot batch every
+  step (`decode.batch` slots, iteration-level batching: a slot is refilled as soon as its
+  request finishes, as JetStream's slots and vLLM do), priced at the full slot batch;
+- aggregated: a prefill call (`prefill.batch` prompts, priced at that shape: the engine pads
+  a partial call) is inserted between two decode steps whenever prompts wait and slots are
+  free; one prefill per decode step while requests decode, back to back when none do. The
+  prefill produces the first token; the request then takes a slot;
+- disaggregated: prefill slices run prefill calls back to back (FIFO); each request's KV
+  cache (`kv_bytes_per_token x input_len`) then crosses the link between the slices, one
+  transfer at a time per prefill slice, at `min(prefill chips, decode chips)` x the per-chip
+  bandwidth (ICI inside one fast domain, `inter_domain_bandwidth` across domains); the
+  decode slice puts it into a free slot before its next step;
+- requests go to replicas round-robin in arrival order (decode slices: in KV-ready order),
+  so every replica is simulated on its own (fast, and a real router's choice is no worse);
+- TTFT = first token - arrival; TPOT = (finish - first token) / (output_len - 1), as the
+  serving tools report them (NaN for one-token answers).
+
+Why a small event loop and not SimPy: each replica is one sequential engine loop whose
+next event is always "the current call ends" or "the next request arrives", so the whole
+simulation is a loop over engine calls with numpy slot arrays; SimPy's processes and
+resources would add a dependency and per-event generator overhead (the planner simulates
+hundreds of deployments per question) without modelling anything this loop cannot.
+
+Step times come from the cost model (`workloads.costmodel.predict_phase`) with the
+deployment's hardware profile, chips, layouts, weights and batch, unless the caller passes
+its own `StepTimes` (measured step times, for example).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from sweeper.serving.deployment import Deployment, PhaseSlice
+from sweeper.serving.workload import AppProfile, Request
+from workloads import costmodel
+from workloads.hardware import per_chip
+from workloads.layouts import PhaseLayout, resolve_padding, stores_1d
+
+
+# --------------------------------------------------------------------------- step times
+
+
+@dataclass
+class StepTimes:
+    """Seconds per engine call. prefill_s(prompts, input_len) is one prefill call of that
+    shape; decode_step_s(slots, context) one decode step of the slot batch whose requests
+    hold `context` tokens on average; kv_transfer_s(input_len) one request's KV handover
+    (disaggregated)."""
+
+    prefill_s: Callable[[int, int], float]
+    decode_step_s: Callable[[int, float], float]
+    kv_transfer_s: Callable[[int], float] = lambda input_len: 0.0
+    source: str = "custom"
+
+
+def run_model(deployment: Deployment):
+    """The model as run: query heads padded for the layouts (paper §4, layouts.resolve_padding)."""
+    d = deployment
+    pre, dec = PhaseLayout(d.prefill.ffn, d.prefill.attn), PhaseLayout(d.decode.ffn, d.decode.attn)
+    topology = d.decode.topology or costmodel.best_topology(d.model.unpadded, d.decode.chips)
+    if d.mode == "aggregated":
+        return resolve_padding(d.model, "auto", topology, pre, dec)
+    pre_topology = d.prefill.topology or costmodel.best_topology(d.model.unpadded, d.prefill.chips)
+    return (resolve_padding(d.model, "auto", pre_topology, pre, pre),
+            resolve_padding(d.model, "auto", topology, dec, dec))
+
+
+def phase_prediction(deployment: Deployment, phase: str, batch: int, input_len: int,
+                     context: float | None = None) -> costmodel.PhasePrediction:
+    """The cost model's prediction of one call of `phase` in this deployment."""
+    d = deployment
+    part: PhaseSlice = d.prefill if phase == "prefill" else d.decode
+    models = run_model(d)
+    if d.mode == "aggregated":
+        model, one_d = models, stores_1d(PhaseLayout(d.prefill.ffn, d.prefill.attn),
+                                         PhaseLayout(d.decode.ffn, d.decode.attn))
+    else:
+        model, one_d = models[0 if phase == "prefill" else 1], part.ffn == "ws1d"
+    hw = per_chip(d.hardware, part.chips)
+    return costmodel.predict_phase(model, hw, part.chips, batch, phase, input_len, context,
+                                   PhaseLayout(part.ffn, part.attn), part.weights,
+                                   part.topology, one_d)
+
+
+def kv_link_bandwidth(deployment: Deployment) -> tuple[float, str]:
+    """Bytes/s one request's KV cache crosses from a prefill to a decode slice, and the link."""
+    d = deployment
+    hw = d.hardware
+    lanes = min(d.prefill.chips, d.decode.chips)    # each chip sends its own shard
+    total = d.prefill.chips_total + d.decode.chips_total
+    if hw.domain_chips == 0 or total <= hw.domain_chips:
+        return lanes * hw.ici_bandwidth, "fast interconnect (one domain)"
+    if hw.inter_domain_bandwidth > 0:
+        return lanes * hw.inter_domain_bandwidth, "between domains"
+    return lanes * hw.ici_bandwidth, "between domains (bandwidth unknown: ICI assumed)"
+
+
+def cost_model_step_times(deployment: Deployment) -> StepTimes:
+    """StepTimes from the analytical cost model (see the module docstring).
+
+    Prefill lengths are rounded up to a multiple of 64 tokens above 64 (engines pad prompts
+    to length buckets; it also bounds the calls). A decode step is predicted exactly at two
+    contexts and interpolated linearly between them: every term of the cost model is affine
+    in the context (the KV read, the attention FLOPs)."""
+    d = deployment
+
+    @lru_cache(maxsize=None)
+    def prefill_s(batch: int, input_len: int) -> float:
+        padded = input_len if input_len <= 64 else -(-input_len // 64) * 64
+        return phase_prediction(d, "prefill", batch, padded).latency_s
+
+    @lru_cache(maxsize=None)
+    def decode_at(batch: int, context: int) -> float:
+        return phase_prediction(d, "decode", batch, 1, context).latency_s
+
+    def decode_step_s(batch: int, context: float) -> float:
+        low, high = 1024, 2048
+        a, b = decode_at(batch, low), decode_at(batch, high)
+        return max(a + (b - a) * (context - low) / (high - low), 0.0)
+
+    bandwidth, _ = kv_link_bandwidth(d)
+    per_token = costmodel.kv_bytes_per_token(d.model)
+
+    def kv_transfer_s(input_len: int) -> float:
+        return per_token * input_len / bandwidth
+
+    return StepTimes(prefill_s, decode_step_s, kv_transfer_s, source=costmodel.SOURCE)
+
+
+# --------------------------------------------------------------------------- result
+
+
+def statistic(values: np.ndarray, stat: str) -> float:
+    """'mean' or 'pNN' of the finite values (NaN when there are none)."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return float("nan")
+    if stat == "mean":
+        return float(finite.mean())
+    return float(np.percentile(finite, float(stat[1:])))
+
+
+@dataclass
+class SimResult:
+    """Per-request times of one simulated run (arrays in request order)."""
+
+    deployment: Deployment
+    arrival_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    output_len: np.ndarray
+    slo: AppProfile | None = None
+    prefill_busy_s: float = 0.0        # summed over prefill engines (aggregated: prefill calls)
+    decode_busy_s: float = 0.0
+    kv_transfer_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step_source: str = "analytical"
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        steps = self.output_len - 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(steps > 0, (self.finish_s - self.first_token_s) / np.maximum(steps, 1),
+                            np.nan)
+
+    def meets_slo(self, profile: AppProfile) -> np.ndarray:
+        """Per request: TTFT and TPOT both within the SLO targets (a one-token answer has no TPOT)."""
+        tpot = self.tpot_s
+        return (self.ttft_s <= profile.ttft) & (np.isnan(tpot) | (tpot <= profile.tpot))
+
+    def summary(self, profile: AppProfile | None = None) -> dict:
+        profile = profile or self.slo
+        n = len(self.arrival_s)
+        ttft, tpot = self.ttft_s, self.tpot_s
+        span = float(self.finish_s.max() - self.arrival_s.min()) if n else float("nan")
+        tokens = float(self.output_len.sum())
+        chips = self.deployment.chips_total
+        tokens_per_s = tokens / span if span > 0 else float("nan")
+        price = self.deployment.hardware.price_per_chip_hour
+        out = {
+            "ttft_p50_s": statistic(ttft, "p50"), "ttft_p90_s": statistic(ttft, "p90"),
+            "ttft_p99_s": statistic(ttft, "p99"), "ttft_mean_s": statistic(ttft, "mean"),
+            "tpot_p50_s": statistic(tpot, "p50"), "tpot_p90_s": statistic(tpot, "p90"),
+            "tpot_p99_s": statistic(tpot, "p99"), "tpot_mean_s": statistic(tpot, "mean"),
+            "completed": n,
+            "throughput_rps": n / span if span > 0 else float("nan"),
+            "tokens_per_s_per_chip": tokens_per_s / chips,
+            "cost_per_million_tokens": (price * chips / 3600.0 / tokens_per_s * 1e6
+                                        if price is not None and tokens_per_s > 0 else None),
+            "chips_total": chips,
+            "span_s": span,
+            "step_times": self.step_source,
+        }
+        if profile is not None:
+            ok = self.meets_slo(profile)
+            out["slo_attainment"] = float(ok.mean()) if n else float("nan")
+            out["goodput_rps"] = float(ok.sum()) / span if span > 0 else float("nan")
+            out["ttft_slo_stat_s"] = statistic(ttft, profile.ttft_statistic)
+            out["tpot_slo_stat_s"] = statistic(tpot, profile.tpot_statistic)
+        else:
+            out["slo_attainment"] = None
+            out["goodput_rps"] = out["throughput_rps"]
+        return out
+
+
+# --------------------------------------------------------------------------- the event loop
+
+
+class _Slots:
+    """A replica's decode slots: remaining tokens and context per slot (0 remaining = free)."""
+
+    def __init__(self, slots: int):
+        self.remaining = np.zeros(slots, dtype=np.int64)
+        self.context = np.zeros(slots, dtype=np.float64)
+        self.request = np.full(slots, -1, dtype=np.int64)
+
+    @property
+    def active(self) -> int:
+        return int(np.count_nonzero(self.remaining))
+
+    @property
+    def free(self) -> int:
+        return len(self.remaining) - self.active
+
+    def insert(self, request: int, remaining: int, context: int) -> None:
+        slot = int(np.flatnonzero(self.remaining == 0)[0])
+        self.remaining[slot], self.context[slot], self.request[slot] = remaining, context, request
+
+    def mean_context(self) -> float:
+        mask = self.remaining > 0
+        return float(self.context[mask].mean())
+
+    def step(self) -> np.ndarray:
+        """One decode step; the requests that finished on it."""
+        mask = self.remaining > 0
+        self.remaining[mask] -= 1
+        self.context[mask] += 1
+        done = mask & (self.remaining == 0)
+        finished = self.request[done].copy()
+        self.request[done] = -1
+        return finished
+
+
+def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], times: StepTimes,
+                        first: np.ndarray, finish: np.ndarray) -> tuple[float, float]:
+    slots = _Slots(d.decode.batch)
+    waiting: deque[int] = deque()
+    pending = deque(ids)               # in arrival order
+    t, prefill_busy, decode_busy = 0.0, 0.0, 0.0
+    prefilled_since_step = False
+    while pending or waiting or slots.active:
+        while pending and reqs[pending[0]].arrival_s <= t:
+            waiting.append(pending.popleft())
+        if not waiting and not slots.active:
+            t = reqs[pending[0]].arrival_s
+            continue
+        if waiting and slots.free and not (prefilled_since_step and slots.active):
+            take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
+            duration = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
+            t += duration
+            prefill_busy += duration
+            for i in take:
+                first[i] = t
+                if reqs[i].output_len <= 1:
+                    finish[i] = t
+                else:
+                    slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
+            prefilled_since_step = True
+            continue
+        duration = times.decode_step_s(d.decode.batch, slots.mean_context())
+        t += duration
+        decode_busy += duration
+        finish[slots.step()] = t
+        prefilled_since_step = False
+    return prefill_busy, decode_busy
+
+
+def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: StepTimes,
+                   first: np.ndarray, ready: np.ndarray, transfer: np.ndarray) -> float:
+    """Prefill calls back to back in arrival order, then the KV transfers one at a time."""
+    t, link_free, busy = 0.0, 0.0, 0.0
+    queue = deque(ids)
+    while queue:
+        t = max(t, reqs[queue[0]].arrival_s)
+        take = []
+        while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
+            take.append(queue.popleft())
+        duration = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
+        t += duration
+        busy += duration
+        for i in take:
+            first[i] = t
+            transfer[i] = times.kv_transfer_s(reqs[i].input_len)
+            link_free = max(link_free, t) + transfer[i]
+            ready[i] = link_free
+    return busy
+
+
+def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: StepTimes,
+                  ready: np.ndarray, finish: np.ndarray) -> float:
+    slots = _Slots(d.decode.batch)
+    pending = deque(sorted(ids, key=lambda i: ready[i]))
+    waiting: deque[int] = deque()
+    t, busy = 0.0, 0.0
+    while pending or waiting or slots.active:
+        while pending and ready[pending[0]] <= t:
+            waiting.append(pending.popleft())
+        while waiting and slots.free:
+            i = waiting.popleft()
+            slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
+        if not slots.active:
+            t = max(t, ready[pending[0]])
+            continue
+        duration = times.decode_step_s(d.decode.batch, slots.mean_context())
+        t += duration
+        busy += duration
+        finish[slots.step()] = t
+    return busy
+
+
+def simulate(deployment: Deployment, requests: list[Request], step_times: StepTimes | None = None,
+             slo: AppProfile | None = None) -> SimResult:
+    """Serve `requests` with `deployment` (see the module docstring); `slo` for goodput."""
+    d = deployment
+    times = step_times or cost_model_step_times(d)
+    reqs = sorted(requests, key=lambda r: r.arrival_s)
+    n = len(reqs)
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    transfer = np.zeros(n)
+    if d.mode == "aggregated":
+        replicas = d.decode.replicas
+        prefill_busy = decode_busy = 0.0
+        for r in range(replicas):
+            p, q = _aggregated_replica(d, reqs, list(range(r, n, replicas)), times, first, finish)
+            prefill_busy += p
+            decode_busy += q
+    else:
+        ready = np.full(n, np.nan)
+        prefill_busy = sum(_prefill_slice(d, reqs, list(range(r, n, d.prefill.replicas)), times,
+                                          first, ready, transfer)
+                           for r in range(d.prefill.replicas))
+        one_token = [i for i in range(n) if reqs[i].output_len <= 1]
+        finish[one_token] = first[one_token]
+        by_ready = [i for i in np.argsort(ready, kind="stable") if reqs[i].output_len > 1]
+        decode_busy = sum(_decode_slice(d, reqs, by_ready[r::d.decode.replicas], times, ready,
+                                        finish)
+                          for r in range(d.decode.replicas))
+    return SimResult(
+        deployment=d, arrival_s=np.array([r.arrival_s for r in reqs]), first_token_s=first,
+        finish_s=finish, output_len=np.array([r.output_len for r in reqs], dtype=np.int64),
+        slo=slo, prefill_busy_s=prefill_busy, decode_busy_s=decode_busy, kv_transfer_s=transfer,
+        step_source=times.source)
+
+
+def capacity_rps(deployment: Deployment, times: StepTimes, input_len: float, output_len: float) -> dict:
+    """Analytical upper bounds on requests/s (the planner prunes with them):
+    decode: slots x replicas / ((output_len - 1) x step); prefill: batch x replicas / call
+    (aggregated: the replica's time is shared, 1 / (prefill share + decode share))."""
+    d = deployment
+    context = input_len + output_len / 2
+    step = times.decode_step_s(d.decode.batch, context)
+    call = times.prefill_s(d.prefill.batch, int(math.ceil(input_len)))
+    decode_steps = max(output_len - 1, 0.0)
+    per_request_decode = decode_steps * step / d.decode.batch       # replica-seconds
+    per_request_prefill = call / d.prefill.batch
+    if d.mode == "aggregated":
+        per_request = per_request_decode + per_request_prefill
+        total = d.decode.replicas / per_request if per_request > 0 else math.inf
+        return {"decode_rps": d.decode.replicas / per_request_decode if per_request_decode else math.inf,
+                "prefill_rps": d.decode.replicas / per_request_prefill, "rps": total,
+                "decode_step_s": step, "prefill_call_s": call}
+    decode = d.decode.replicas / per_request_decode if per_request_decode else math.inf
+    prefill = d.prefill.replicas / per_request_prefill
+    return {"decode_rps": decode, "prefill_rps": prefill, "rps": min(decode, prefill),
+            "decode_step_s": step, "prefill_call_s": call}
