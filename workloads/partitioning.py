@@ -409,6 +409,8 @@ def head_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: b
         c = axis_index(plan, plan.head_axes)
         first = (c * (m.n_heads // plan.n_rest)) // (m.n_heads // m.n_kv_heads)
         kv = jax.lax.dynamic_slice_in_dim(kv, first, cache.shape[4], axis=3)
+    if jnp.ndim(pos):   # per-row positions (serving slots): this chip's rows, B_G
+        pos = local_chunk(plan, pos, plan.gather, axis=0)
     return attend(q, kv, cache, layer, pos, prefill)
 
 
@@ -422,6 +424,8 @@ def batch_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: 
     if plan.kv_split:
         kv = _heads_in_head_order(plan, all_to_all(plan, kv, rest, split_axis=0, concat_axis=3), axis=3)
     # else: the *_qkv function already projected only this chip's sequences (_kv_by_batch)
+    if jnp.ndim(pos):   # per-row positions (serving slots): this chip's rows, B_xyz as the cache
+        pos = local_chunk(plan, pos, AXES, axis=0)
     out, cache = attend(q, kv, cache, layer, pos, prefill)
     out = all_to_all(plan, _heads_in_mesh_order(plan, out, axis=2), rest, split_axis=2, concat_axis=0)
     return out, cache
@@ -429,7 +433,10 @@ def batch_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: 
 
 def attend(q, kv, cache, layer: int, pos, prefill: bool):
     """Local causal attention with RoPE; writes this step's K/V into the cache at `pos`.
-    Prefill attends to its own fresh K/V, decode to the cache (masked beyond `pos`)."""
+    Prefill attends to its own fresh K/V, decode to the cache (masked beyond `pos`).
+    `pos` a vector [b]: each row at its own position (serving slots, `attend_rows`)."""
+    if jnp.ndim(pos):
+        return attend_rows(q, kv, cache, layer, pos)
     b, lq, hq, d = q.shape
     positions = pos + jnp.arange(lq)
     q = rope(q, positions)
@@ -446,12 +453,35 @@ def attend(q, kv, cache, layer: int, pos, prefill: bool):
     return out.astype(bf16).reshape(b, lq, hq, d), cache
 
 
+def attend_rows(q, kv, cache, layer: int, pos):
+    """Decode attention where row r is at position pos[r] (one new token per row): each row
+    writes its K/V at its own position and attends to its own prefix. The slots of a serving
+    decode batch (workloads/serving.py) hold requests at different points of their answers."""
+    b, lq, hq, d = q.shape
+    positions = pos[:, None] + jnp.arange(lq)[None, :]                  # [b, lq]
+    q = rope(q, positions)
+    kv = jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2)
+    rows = jnp.arange(b)
+    for i in range(lq):
+        cache = cache.at[layer, rows, positions[:, i]].set(kv[:, i].astype(cache.dtype))
+    keys = cache[layer]
+    hk = keys.shape[3]
+    key_pos = jnp.arange(keys.shape[1])
+    qg = q.reshape(b, lq, hk, hq // hk, d)
+    scores = jnp.einsum("bqgrd,bkgd->bgrqk", qg, keys[:, :, 0], preferred_element_type=f32) * d ** -0.5
+    mask = key_pos[None, None, :] <= positions[:, :, None]              # [b, lq, k]
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, -1e30), axis=-1)
+    out = jnp.einsum("bgrqk,bkgd->bqgrd", probs.astype(bf16), keys[:, :, 1], preferred_element_type=f32)
+    return out.astype(bf16).reshape(b, lq, hq, d), cache
+
+
 def rope(x, positions):
-    """Rotate-half RoPE on [b, L, heads, D] (same formula as the reference)."""
+    """Rotate-half RoPE on [b, L, heads, D] (same formula as the reference); positions
+    [L], or [b, L] for per-row positions."""
     d = x.shape[-1]
     freqs = ROPE_BASE ** (-jnp.arange(0, d // 2, dtype=f32) / (d // 2))
-    angles = positions.astype(f32)[:, None] * freqs[None, :]
-    cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
+    angles = positions.astype(f32)[..., None] * freqs          # [L, D/2] or per row [b, L, D/2]
+    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]
     x1, x2 = jnp.split(x.astype(f32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(bf16)
 

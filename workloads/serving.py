@@ -1,0 +1,240 @@
+"""Slot serving on the sharded engine: a decode batch of fixed slots, each holding one
+request at its own position, refilled by inserting freshly prefilled requests between
+decode steps (iteration-level batching, as JetStream's slots and vLLM do; issue 19).
+
+    server = SlotServer(SlotSpec(model, topology, prefill=..., decode=..., slots=4,
+                                 prefill_batch=1, context_len=96))
+    first, kv = server.prefill(prompts)          # prompts [n <= prefill_batch, L]
+    server.insert(slot, kv, row, first[row])      # between decode steps
+    tokens = server.step()                        # next token of every slot [slots]
+    server.release(slot)
+
+The programs are the engine's own (`workloads/engine.py` `_programs`): prefill as in a
+trial, decode with a vector of per-row positions (`partitioning.attend_rows`). A slot's
+cache row keeps stale K/V past its position from an earlier request; the causal mask never
+reads them and each step writes its position before attending.
+
+Roles: an aggregated server runs both phases on one mesh (weights stored once for both
+layouts); a disaggregated deployment runs a prefill-only server and a decode-only server
+on two meshes and hands the KV cache over as a logical array [layers, L, 2, K, D]
+(`export_kv` / `insert(..., kv=ndarray)`), which the decode side lays out for its own
+attention sharding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from workloads.config import ConfigError, ModelConfig
+from workloads.layouts import WEIGHT_FORMATS, PhaseLayout, validate_phase
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotSpec:
+    """One serving mesh: its model, topology, the layouts of the phases it runs (None: the
+    phase runs elsewhere), decode slots, prompts per prefill call and the slots' KV length."""
+
+    model: ModelConfig
+    topology: tuple[int, int, int]
+    prefill: PhaseLayout | None
+    decode: PhaseLayout | None
+    slots: int = 1
+    prefill_batch: int = 1
+    context_len: int = 64            # the longest prompt + answer a slot holds
+    weights: str = "bf16"
+    seed: int = 0
+    pad_heads: str | int = "auto"
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.topology)
+
+
+@dataclasses.dataclass
+class Prefilled:
+    """A prefill call's output: first tokens [rows] and the KV cache on the prefill mesh."""
+
+    first_tokens: np.ndarray
+    cache: jax.Array                 # [layers, prefill_batch, L, 2, slots_p, D]
+    prompt_len: int
+    seconds: float = 0.0
+    logits: jax.Array | None = None  # [prefill_batch, V] f32             # wall time of the call, tokens on the host
+
+
+class SlotServer:
+    """The engine serving a slot batch on one mesh (see the module docstring)."""
+
+    def __init__(self, spec: SlotSpec, mesh=None):
+        from workloads.engine import Engine, make_mesh
+        from workloads.trial import TrialConfig
+
+        if spec.prefill is None and spec.decode is None:
+            raise ConfigError("roles", None, "a prefill layout, a decode layout or both")
+        if spec.weights not in WEIGHT_FORMATS:
+            raise ConfigError("weights", spec.weights, f"one of {list(WEIGHT_FORMATS)}")
+        prefill = spec.prefill or spec.decode
+        decode = spec.decode or spec.prefill
+        self.spec = spec
+        self.mesh = mesh if mesh is not None else make_mesh(spec.topology)
+        # One batch validates both phases in the engine; each phase's own batch first.
+        batch = math.lcm(spec.prefill_batch, spec.slots)
+        trial = TrialConfig(model=spec.model, chips=spec.chips, batch=batch, input_len=1,
+                            decode_steps=max(spec.context_len - 1, 0), topology=tuple(spec.topology),
+                            weights=spec.weights, prefill=prefill, decode=decode, seed=spec.seed,
+                            pad_heads=spec.pad_heads)
+        run_model = trial.run_model
+        if spec.prefill is not None:
+            validate_phase(run_model, spec.topology, spec.prefill, spec.prefill_batch, "prefill")
+        if spec.decode is not None:
+            validate_phase(run_model, spec.topology, spec.decode, spec.slots, "decode")
+        self.engine = Engine(trial, mesh=self.mesh)
+        self.model = self.engine.model
+        self.params = self.engine.params
+        self._int8 = spec.weights == "int8"
+        self._replicated = NamedSharding(self.mesh, P())
+        if spec.decode is not None:
+            plan = self.engine.decode_plan
+            shape = plan.cache_shape(spec.slots, spec.context_len)
+            self.cache = jax.device_put(jnp.zeros(shape, jnp.bfloat16),
+                                        NamedSharding(self.mesh, plan.cache_spec()))
+            self.tokens = np.zeros(spec.slots, np.int32)
+            self.positions = np.zeros(spec.slots, np.int32)
+            self.active = np.zeros(spec.slots, bool)
+
+    # ---- prefill
+
+    def _prefill_program(self, prompt_len: int):
+        from workloads.engine import _programs, _Shapes
+
+        shapes = _Shapes(self.spec.prefill_batch, prompt_len, prompt_len)
+        return _programs(self.mesh, self.engine.prefill_plan, self.engine.decode_plan, shapes,
+                         self._int8)[0]
+
+    def prefill(self, prompts) -> Prefilled:
+        """prompts [n, L] (n <= prefill_batch; missing rows are padding) -> first tokens and
+        the cache, synchronised (the first tokens are on the host)."""
+        if self.spec.prefill is None:
+            raise ConfigError("prefill", None, "a server with a prefill layout")
+        prompts = np.asarray(prompts, np.int32)
+        n, length = prompts.shape
+        if not 0 < n <= self.spec.prefill_batch:
+            raise ConfigError("prompts", n, f"1 to prefill_batch={self.spec.prefill_batch} prompts")
+        if self.spec.decode is not None and length >= self.spec.context_len:
+            raise ConfigError("input_len", length, f"less than context_len={self.spec.context_len}")
+        batch = np.zeros((self.spec.prefill_batch, length), np.int32)
+        batch[:n] = prompts
+        start = time.perf_counter()
+        logits, cache = self._prefill_program(length)(self.params, jax.device_put(batch, self._replicated))
+        first = np.asarray(self.engine.greedy(logits))[:n]
+        return Prefilled(first, cache, length, time.perf_counter() - start, logits)
+
+    def export_kv(self, done: Prefilled, row: int) -> np.ndarray:
+        """Row `row`'s KV cache as a logical host array [layers, L, 2, K, D] (K: the run
+        model's KV heads), for a decode server on another mesh."""
+        slots = self.engine.prefill_plan.kv_slots()
+        first = [int(np.flatnonzero(slots == kv)[0]) for kv in range(self.model.n_kv_heads)]
+        return np.asarray(done.cache[:, row])[:, :, :, first]
+
+    # ---- slots
+
+    def insert(self, slot: int, kv, row: int, first_token: int) -> None:
+        """Put a prefilled request into `slot`: its KV (a `Prefilled` from this server, or a
+        logical array from `export_kv`) and its first token; it decodes from the next step."""
+        if self.spec.decode is None:
+            raise ConfigError("decode", None, "a server with a decode layout")
+        if not 0 <= slot < self.spec.slots:
+            raise ConfigError("slot", slot, f"0 to {self.spec.slots - 1}")
+        if isinstance(kv, Prefilled):
+            source, src_slots, length = kv.cache, tuple(self.engine.prefill_plan.kv_slots()), kv.prompt_len
+        else:
+            kv = np.asarray(kv)
+            if kv.shape[3] != self.model.n_kv_heads:
+                raise ConfigError("kv", kv.shape, f"[layers, L, 2, {self.model.n_kv_heads}, D] "
+                                  "(the decode model's KV heads)")
+            source = jax.device_put(kv[:, None], self._replicated)
+            src_slots, length, row = tuple(range(kv.shape[3])), kv.shape[1], 0
+        if length >= self.spec.context_len:
+            raise ConfigError("input_len", length, f"less than context_len={self.spec.context_len}")
+        program = _insert_program(self.mesh, self.engine.decode_plan.cache_spec(), src_slots,
+                                  tuple(int(s) for s in self.engine.decode_plan.kv_slots()))
+        self.cache = program(self.cache, source, jnp.int32(row), jnp.int32(slot))
+        self.tokens[slot], self.positions[slot], self.active[slot] = first_token, length, True
+
+    def release(self, slot: int) -> None:
+        self.active[slot] = False
+        self.tokens[slot] = self.positions[slot] = 0
+
+    def step(self) -> np.ndarray:
+        """One decode step of every slot (idle slots compute on padding at position 0):
+        the next token of each slot [slots], on the host."""
+        if np.any(self.positions[self.active] >= self.spec.context_len):
+            raise ConfigError("context_len", self.spec.context_len,
+                              "more positions than a slot's answer needs")
+        tokens = jax.device_put(self.tokens, self._replicated)
+        positions = jax.device_put(self.positions, self._replicated)
+        logits, self.cache = self.engine.decode(self.params, self.cache, tokens, positions)
+        self.last_logits = logits        # [slots, V] f32 on the mesh (tests compare them)
+        out = np.asarray(self.engine.greedy(logits))
+        self.tokens = np.where(self.active, out, 0).astype(np.int32)
+        self.positions = np.where(self.active, self.positions + 1, 0).astype(np.int32)
+        return out
+
+    def warm_up(self, prompt_len: int) -> dict[str, float]:
+        """Compile and run every program once (so no request pays a compile); the seconds
+        of a second, warm call of each, measured here (a diagnostic, not a prediction)."""
+        times: dict[str, float] = {}
+        prompt = np.zeros((1, prompt_len), np.int32)
+        done = None
+        for _ in range(2):
+            if self.spec.prefill is not None:
+                done = self.prefill(prompt)
+                times["prefill_s"] = done.seconds
+        if self.spec.decode is not None:
+            kv = done if done is not None else np.zeros(
+                (self.model.n_layers, prompt_len, 2, self.model.n_kv_heads, self.model.d_head),
+                jnp.bfloat16)
+            for _ in range(2):
+                self.insert(0, kv, 0, 0)
+                start = time.perf_counter()
+                self.step()
+                times["decode_step_s"] = time.perf_counter() - start
+            self.release(0)
+        if done is not None and self.spec.decode is None:
+            self.export_kv(done, 0)
+        return times
+
+
+@functools.lru_cache(maxsize=32)
+def _insert_program(mesh, cache_spec: P, src_slots: tuple, dst_slots: tuple):
+    """cache [layers, S, ctx, 2, slots_d, D], source [layers, B, L, 2, slots_s, D], row, slot
+    -> the cache with row `row` of the source in slot `slot`, its KV heads laid out as the
+    decode side holds them (the first source slot holding each head; as `Engine.handoff`)."""
+    first = {kv: s for s, kv in reversed(list(enumerate(src_slots)))}
+    take = np.array([first[kv] for kv in dst_slots])
+
+    def insert(cache, source, row, slot):
+        piece = jax.lax.dynamic_index_in_dim(source, row, axis=1, keepdims=True)
+        piece = jnp.take(piece, take, axis=4).astype(cache.dtype)
+        return jax.lax.dynamic_update_slice(cache, piece, (0, slot, 0, 0, 0, 0))
+
+    return jax.jit(insert, out_shardings=NamedSharding(mesh, cache_spec), donate_argnums=0)
+
+
+def reference_generation(model: ModelConfig, seed: int, prompt, steps: int):
+    """The unsharded reference (workloads/reference.py) for one prompt, bf16 weights:
+    (logits per step [steps + 1 of [V]], greedy tokens [steps + 1])."""
+    from workloads.model import init_params
+    from workloads.reference import reference_generate
+
+    params = init_params(model.unpadded, seed)
+    logits, tokens = reference_generate(model.unpadded, params, np.asarray(prompt, np.int32)[None], steps)
+    return [np.asarray(l[0]) for l in logits], tokens[0]
