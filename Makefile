@@ -20,10 +20,13 @@ install: $(STAMP)
 sweep: install
 	$(BIN)/sweeper run search_spaces/quickstart.yaml
 
+# every generated number in README.md, docs/ and benchmarks/results/summary.md matches its
+# results file (about a second; docs/development.md "Generated numbers"), then the tests
 test: install
+	$(BIN)/python -m benchmarks.readme_numbers --check
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
-# the slow fault-injection tests CI runs too (< 8 min on 2 cores; README "Test cost")
+# the slow fault-injection tests CI runs too (docs/development.md "Tests")
 test-ci-slow: install
 	$(BIN)/python -m pytest -q -m ci_slow tests
 

@@ -1,10 +1,13 @@
-"""The README's performance tables are generated from benchmarks/results/*.json (issue 14:
-one source for every published number): the committed README must match the committed
-results, and the generated text must carry the results' numbers."""
+"""Every benchmark number in README.md, docs/*.md and benchmarks/results/summary.md is
+generated from benchmarks/results/*.json (issue 14: one source for every published number;
+issue 21: extended from the README's performance section to every page): the committed pages
+must match the committed results, and the generator must carry the results' numbers and name
+what is stale."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from benchmarks import common, readme_numbers
@@ -12,24 +15,85 @@ from benchmarks import common, readme_numbers
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_performance_section_matches_the_results_files(capsys):
+def test_every_generated_number_in_the_docs_matches_the_results_files(capsys):
     assert readme_numbers.main(["--check"]) == 0, capsys.readouterr().err
 
 
-def test_generated_text_quotes_the_results_and_only_their_verdicts(tmp_path):
+def test_the_pages_quote_numbers_only_through_markers_that_resolve():
+    """Each marker in the committed pages names a results file, path and format that exist
+    (a typo would otherwise keep its hand-typed text forever)."""
+    spans = 0
+    for path in readme_numbers.documents(ROOT):
+        text = path.read_text()
+        for m in readme_numbers.SPAN.finditer(text):
+            spans += 1
+            readme_numbers.number(common.RESULTS, m["file"], m["path"], m["fmt"])
+        for m in readme_numbers.BLOCK.finditer(text):
+            assert m["name"] in readme_numbers.BLOCKS, (path, m["name"])
+    assert spans >= 20   # the performance, calibration and cost-model pages quote their numbers
+
+
+def _results(tmp_path: Path) -> Path:
     results = tmp_path / "results"
     results.mkdir()
     engine = json.loads((common.RESULTS / "engine_efficiency.json").read_text())
     (results / "engine_efficiency.json").write_text(json.dumps(engine))
+    return results
+
+
+def test_generated_block_quotes_the_results_and_only_their_verdicts(tmp_path):
+    results = _results(tmp_path)
+    engine = json.loads((results / "engine_efficiency.json").read_text())
     text = readme_numbers.generate(results)
     assert common.pct(engine["single_chip_prefill_mfu"]) in text
     assert f"{engine['worst_decode_ratio']:.2f}×" in text
     assert "**met**" not in text or any(engine[k] for k in engine if k.startswith("meets_"))
     assert "sweep_overhead**: no results file" in text
-    readme = tmp_path / "README.md"
-    readme.write_text(f"before\n{readme_numbers.BEGIN}\nold\n{readme_numbers.END}\nafter\n")
-    assert readme_numbers.main(["--results", str(results), "--readme", str(readme), "--check"]) == 1
-    assert readme_numbers.main(["--results", str(results), "--readme", str(readme)]) == 0
-    new = readme.read_text()
-    assert new.startswith("before\n") and new.endswith(f"{readme_numbers.END}\nafter\n")
-    assert "old" not in new and common.pct(engine["single_chip_prefill_mfu"]) in new
+
+
+def test_a_stale_block_or_number_is_named_with_its_line_then_rewritten(tmp_path, capsys):
+    results = _results(tmp_path)
+    engine = json.loads((results / "engine_efficiency.json").read_text())
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    (root / "README.md").write_text("no markers here\n")
+    page = root / "docs" / "perf.md"
+    page.write_text("before\n<!-- generated:engine_efficiency -->\nold\n<!-- /generated:engine_efficiency -->\n"
+                    "the batch-1 decode step is "
+                    "<!-- n:engine_efficiency:decode[batch=1,chips=1,process_devices=1].ratio_to_bound:x2 -->"
+                    "18×<!-- /n --> its bound\nafter\n")
+    argv = ["--results", str(results), "--root", str(root)]
+    assert readme_numbers.main(argv + ["--check"]) == 1
+    err = capsys.readouterr().err
+    assert "docs/perf.md:2: generated:engine_efficiency is out of date" in err
+    expected = f"{engine['decode'][0]['ratio_to_bound']:.2f}×"
+    assert f"docs/perf.md:5: engine_efficiency:" in err and f"is {expected}, the text says '18×'" in err
+    assert readme_numbers.main(argv) == 0
+    new = page.read_text()
+    assert new.startswith("before\n") and new.endswith("its bound\nafter\n")
+    assert "old" not in new and "18×" not in new and f"-->{expected}<!--" in new
+    assert common.pct(engine["single_chip_prefill_mfu"]) in new
+    assert readme_numbers.main(argv + ["--check"]) == 0
+
+
+def test_a_marker_that_names_a_missing_value_fails_the_check(tmp_path, capsys):
+    results = _results(tmp_path)
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "README.md").write_text("<!-- n:engine_efficiency:no_such_key:pct -->1%<!-- /n -->\n"
+                                    "<!-- n:sweep_overhead:wall_s:s1 -->2 s<!-- /n -->\n")
+    assert readme_numbers.main(["--results", str(results), "--root", str(root), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "README.md:1:" in err and "no key 'no_such_key'" in err
+    assert "README.md:2:" in err and "no results file" in err
+
+
+def test_summary_is_generated_from_the_results_files(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(common.RESULTS, results)
+    search = json.loads((results / "search_efficiency.json").read_text())
+    text = readme_numbers.summary(results)
+    for variant, block in search["spaces"]["recorded"]["samplers"].items():
+        if variant.startswith("guided"):
+            assert f"median {block['median_trials_to_target']:.1f}, worst {block['max_trials_to_target']}" in text
+    assert text == (common.RESULTS / "summary.md").read_text()
