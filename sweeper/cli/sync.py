@@ -34,6 +34,12 @@ def cmd_sync(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_json())
         return 0
+    for path in report.moved_aside:
+        print(f"moved    a damaged store aside to {path}")
+    if report.optuna_rebuilt is not None:
+        lost = f", {report.optuna_lost} with no run recorded FAIL (lost)" if report.optuna_lost else ""
+        print(f"optuna   study {report.study} rebuilt from {report.optuna_rebuilt} MLflow runs"
+              f"{lost}")
     print(f"study    {report.study}: {report.trials} finished trials; MLflow: "
           f"{report.present} already logged, {len(report.created)} logged now, "
           f"{len(report.removed)} duplicate or incomplete runs removed")

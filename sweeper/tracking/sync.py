@@ -24,6 +24,17 @@ the end of a resumed sweep or one that had tracking errors) and as
 which also creates the parent run if the store has none (e.g. the server was down when the
 sweep started, or `--tracking-uri` names a new store) and records the sweep's final counts
 on it. `sweeper sync` refuses a study that a live controller is running (see sweeper.sweep.lease).
+
+It repairs in both directions (issue 23):
+  the Optuna file is missing, damaged (quick_check), or lacks the study
+      -> a damaged file is moved aside (`optuna.db.damaged-<time>`), and the study is
+         rebuilt from its MLflow runs (sweeper/tracking/rebuild.py), then reconciled;
+  the MLflow file is damaged or its schema half-created (a full disk while MLflow created
+  it; sweeper/tracking/store_health.py)
+      -> it is moved aside (`mlflow.db.damaged-<time>`) and a fresh store is filled from
+         the Optuna study (its parent run and one run per finished trial).
+Other studies that logged to a moved file are kept in it; `sweeper sync --study OTHER` logs
+them again into the fresh store.
 """
 
 from __future__ import annotations
@@ -36,7 +47,9 @@ from sweeper import paths
 from sweeper.sweep import lease
 from sweeper.sweep.space import load_space
 from sweeper.tracking.mlflow_log import Tracker, run_matches, trial_run_fields
+from sweeper.tracking.store_health import move_aside, store_problem
 from sweeper.tracking.study import RUN_ID_ATTR_PREFIX, load_study, mlflow_run_ids, study_counts
+from workloads.config import ConfigError
 
 
 STATUS_OF_LEASE = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
@@ -51,12 +64,17 @@ class SyncReport:
     removed: list[str] = field(default_factory=list)  # run ids deleted (duplicate, incomplete)
     parent_created: bool = False
     parent_status: str | None = None
+    optuna_rebuilt: int | None = None                 # trials recreated from MLflow runs
+    optuna_lost: int = 0                              # trial numbers with no run: FAIL lost
+    moved_aside: list[str] = field(default_factory=list)   # damaged files renamed
 
     def to_json(self) -> dict[str, Any]:
         return {"study": self.study, "tracking_uri": self.tracking_uri,
                 "parent_run_id": self.parent_run_id, "trials": self.trials,
                 "present": self.present, "created": self.created, "removed": self.removed,
-                "parent_created": self.parent_created, "parent_status": self.parent_status}
+                "parent_created": self.parent_created, "parent_status": self.parent_status,
+                "optuna_rebuilt": self.optuna_rebuilt, "optuna_lost": self.optuna_lost,
+                "moved_aside": self.moved_aside}
 
 
 def reconcile(study, tracker, parent_run_id: str, experiment_id: str,
@@ -96,14 +114,36 @@ def sync_study(study_name: str, storage: str | None = None,
     storage = storage or paths.default_storage(create=False)
     if tracking_uri is not None:
         paths.check_tracking_uri(tracking_uri)
-    study = load_study(study_name, storage)            # ConfigError: unknown study / no store
+    moved: list[str] = []
+    optuna_damaged = store_problem("optuna", storage, study_name)
+    try:
+        if optuna_damaged is not None:
+            raise ConfigError("--storage", storage, optuna_damaged.what)
+        study = load_study(study_name, storage)        # ConfigError: unknown study / no store
+    except ConfigError as missing:
+        db = paths.sqlite_path(storage)
+        gone = db is not None and not db.is_file()
+        if optuna_damaged is None and missing.field != "study" and not gone:
+            raise                            # e.g. a database server that does not answer
+        # the Optuna record is gone, damaged or lacks the study: rebuild it from MLflow
+        uri = tracking_uri or paths.default_tracking_uri(create=False)
+        mlflow_damaged = store_problem("mlflow", uri, study_name)
+        db = paths.sqlite_path(uri)
+        if mlflow_damaged is not None or db is not None and not db.is_file():
+            raise missing from None          # neither store can give the trials back
+        if optuna_damaged is not None:
+            moved.append(str(move_aside(paths.sqlite_path(storage))))
+        return _rebuilt(study_name, storage, uri, moved)
     attrs = study.user_attrs
     lease.check_free(attrs, study_name, "--study")
     uri = tracking_uri or attrs.get("tracking_uri") or paths.default_tracking_uri(create=False)
+    mlflow_damaged = store_problem("mlflow", uri, study_name)
+    if mlflow_damaged is not None:          # Optuna is intact: a fresh MLflow store from it
+        moved.append(str(move_aside(paths.sqlite_path(uri))))
     paths.check_sqlite_store(uri, "--tracking-uri")
     tracker = Tracker(uri)
     parent = attrs.get("mlflow_parent_run_id") if attrs.get("tracking_uri") == uri else None
-    report = SyncReport(study_name, uri, parent)
+    report = SyncReport(study_name, uri, parent, moved_aside=moved)
     if parent is not None and tracker.parent_state(parent) != "active":
         parent = None
     if parent is None:
@@ -123,6 +163,22 @@ def sync_study(study_name: str, storage: str | None = None,
     state = (attrs.get(lease.LEASE_ATTR) or {}).get("status", "finished")
     # A controller that died (kill -9) left `running`; nothing runs the sweep now.
     status = STATUS_OF_LEASE.get(state, "KILLED")
+    tracker.finish_sweep(parent, study_counts(study), status)
+    report.parent_status = status
+    return report
+
+
+def _rebuilt(study_name: str, storage: str, uri: str, moved: list[str]) -> SyncReport:
+    """The Optuna study recreated from the MLflow runs, then reconciled like any sync."""
+    from sweeper.tracking.rebuild import rebuild_study   # lazy: only for a lost study
+
+    tracker = Tracker(uri)
+    study, rebuilt, lost = rebuild_study(study_name, storage, tracker)
+    parent = study.user_attrs["mlflow_parent_run_id"]
+    report = SyncReport(study_name, uri, parent, optuna_rebuilt=rebuilt, optuna_lost=lost,
+                        moved_aside=moved)
+    reconcile(study, tracker, parent, tracker.experiment_of(parent), report)
+    status = STATUS_OF_LEASE.get(study.user_attrs[lease.LEASE_ATTR]["status"], "KILLED")
     tracker.finish_sweep(parent, study_counts(study), status)
     report.parent_status = status
     return report

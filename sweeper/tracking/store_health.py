@@ -1,0 +1,229 @@
+"""Is the store a sweep writes to still the file it opened, and intact? (issue 23)
+
+A SQLite store can be deleted, replaced or truncated under a running sweep. SQLite does
+not notice: its open connections keep writing to the unlinked file (or to pages past the
+new end of a truncated one), the sweep prints the store's path and exits 0, and the trials
+it "stored" are gone. The controller therefore watches its SQLite stores:
+
+    watch = StoreWatch.open("optuna", storage_url, study_name)  # after the store is opened
+    problem = watch.check()        # every few seconds and at the end: None or StoreProblem
+    problem.line()                 # one line: the store, what happened, the command to run
+
+A problem is one of
+  deleted    the path no longer exists (the sweep still writes to the unlinked file)
+  replaced   the path is another file (its device/inode differ from the one opened)
+  damaged    `PRAGMA quick_check` reports errors (a truncated or overwritten file)
+  half-created schema   (MLflow only) some of MLflow's tables or its schema version are
+             missing: the disk filled up while MLflow created its tables; every later open
+             failed with "table ... already exists".
+
+What to run names `sweeper sync --study NAME`, which repairs either side from the other
+(sweeper/tracking/sync.py): the Optuna study from the MLflow runs, or the MLflow runs from
+the Optuna study, moving a damaged file aside first (`move_aside`).
+
+Only SQLite files are watched (a database server reports its own failures on the next
+write, which the sweep already turns into one line).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sweeper.paths import sqlite_path
+
+QUICK_CHECK_ROWS = 3      # enough to say what is wrong in one line
+
+
+@dataclass
+class StoreProblem:
+    kind: str                 # optuna | mlflow
+    url: str
+    what: str                 # deleted | replaced | damaged (...) | half-created schema (...)
+    fix: str                  # the command that repairs it
+
+    def line(self) -> str:
+        return f"the {'Optuna' if self.kind == 'optuna' else 'MLflow'} store {self.url} " \
+               f"{self.what}; {self.fix}"
+
+
+class StoreLost(RuntimeError):
+    """A store of the running sweep was deleted, replaced or damaged (exit 1, one line)."""
+
+    def __init__(self, problems: list[StoreProblem]):
+        self.problems = problems
+        super().__init__("; ".join(p.line() for p in problems))
+
+
+def _fix(study: str | None, kind: str) -> str:
+    other = "MLflow" if kind == "optuna" else "Optuna"
+    target = f"--study {study}" if study else "--study NAME"
+    return (f"every finished trial is still in the {other} store: run `sweeper sync {target}` "
+            "to rebuild it")
+
+
+def quick_check(path: Path) -> list[str]:
+    """SQLite's `PRAGMA quick_check` of a file, read-only: ['ok'] or what is wrong."""
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            return [str(row[0]) for row in
+                    connection.execute(f"PRAGMA quick_check({QUICK_CHECK_ROWS})")]
+        finally:
+            connection.close()
+    except sqlite3.Error as err:
+        return [str(err)]
+
+
+def _tables(path: Path) -> tuple[set[str], str | None]:
+    """(table names, alembic revision or None) of a SQLite file, read-only."""
+    connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    try:
+        tables = {r[0] for r in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        revision = None
+        if "alembic_version" in tables:
+            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+            revision = row[0] if row else None
+        return tables, revision
+    finally:
+        connection.close()
+
+
+def mlflow_expected_schema() -> tuple[set[str], str]:
+    """(tables MLflow's ORM needs, the head revision of its migrations) for this MLflow."""
+    from mlflow.store.db import utils as db_utils   # lazy: MLflow (~1 s) and Alembic
+
+    return set(db_utils.Base.metadata.tables), db_utils._get_latest_schema_revision()
+
+
+def mlflow_schema_problem(path: Path) -> str | None:
+    """None for a missing or empty file or a complete schema; else what is missing.
+
+    A file with no table yet is fine (MLflow creates its schema on first open). Tables
+    without every table MLflow needs, or without the head schema revision, are a schema
+    creation that stopped half-way (a full disk): MLflow's next open tries to create the
+    tables again and fails ("table ... already exists")."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    try:
+        tables, revision = _tables(path)
+    except sqlite3.Error as err:
+        return f"unreadable ({err})"
+    ours = {t for t in tables if not t.startswith(("alembic_", "sqlite_"))}
+    if not ours and revision is None:
+        return None
+    expected, head = mlflow_expected_schema()
+    missing = sorted(expected - tables)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        return f"half-created schema ({len(missing)} of MLflow's {len(expected)} tables missing: " \
+               f"{shown})"
+    if revision != head:
+        return f"half-created schema (schema revision {revision}, MLflow {head})"
+    return None
+
+
+def store_problem(kind: str, url: str, study: str | None = None) -> StoreProblem | None:
+    """A store that exists but cannot be used as it is (damaged, half-created); else None."""
+    db = sqlite_path(url)
+    if db is None or not db.is_file():
+        return None
+    checked = quick_check(db)
+    if checked != ["ok"]:
+        return StoreProblem(kind, url, f"is damaged ({'; '.join(checked)[:160]})", _fix(study, kind))
+    if kind == "mlflow":
+        schema = mlflow_schema_problem(db)
+        if schema:
+            return StoreProblem(kind, url, f"has a {schema}", _fix(study, kind))
+    return None
+
+
+@dataclass
+class StoreWatch:
+    """The identity (device, inode) of a store's file when the sweep opened it."""
+
+    kind: str
+    url: str
+    path: Path
+    identity: tuple[int, int]
+    study: str | None = None
+
+    @classmethod
+    def open(cls, kind: str, url: str, study: str | None = None) -> "StoreWatch | None":
+        """A watch on a SQLite store that exists now; None for a server or no file."""
+        db = sqlite_path(url)
+        if db is None or str(db) in ("", ":memory:"):
+            return None
+        try:
+            st = os.stat(db)
+        except OSError:
+            return None
+        return cls(kind, url, db, (st.st_dev, st.st_ino), study)
+
+    def check(self, integrity: bool = True) -> StoreProblem | None:
+        """deleted / replaced (always), damaged (with `integrity`: a read of every page's
+        b-tree structure, milliseconds for a sweep's store)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return StoreProblem(self.kind, self.url, "was deleted while the sweep ran",
+                                _fix(self.study, self.kind))
+        except OSError as err:
+            return StoreProblem(self.kind, self.url, f"cannot be read ({err.strerror})",
+                                _fix(self.study, self.kind))
+        if (st.st_dev, st.st_ino) != self.identity:
+            return StoreProblem(self.kind, self.url, "was replaced by another file while the "
+                                "sweep ran", _fix(self.study, self.kind))
+        if integrity:
+            checked = quick_check(self.path)
+            if checked != ["ok"]:
+                return StoreProblem(self.kind, self.url, f"was damaged while the sweep ran "
+                                    f"({'; '.join(checked)[:160]})", _fix(self.study, self.kind))
+        return None
+
+
+def check_stores(watches, integrity: bool = True) -> list[StoreProblem]:
+    """Every problem of the watched stores (None entries are skipped)."""
+    return [p for p in (w.check(integrity) for w in watches if w is not None) if p is not None]
+
+
+class StoreMonitor:
+    """The controller's periodic check: `poll()` from the sweep loop (every `every_s`),
+    `final()` at its end; both raise StoreLost with one line per damaged store."""
+
+    def __init__(self, watches, every_s: float = 5.0):
+        self.watches = [w for w in watches if w is not None]
+        self.every_s = every_s
+        self._next = time.monotonic() + every_s
+
+    def poll(self) -> None:
+        if not self.watches or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.every_s
+        self.final()
+
+    def final(self) -> None:
+        problems = check_stores(self.watches)
+        if problems:
+            raise StoreLost(problems)
+
+
+def move_aside(path: Path) -> Path:
+    """Rename a damaged SQLite file (and its -wal, -shm) to `<name>.damaged-<time>`; the
+    new name. Nothing is deleted: what it held can still be read by hand."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.damaged-{stamp}")
+    i = 1
+    while target.exists():
+        i += 1
+        target = path.with_name(f"{path.name}.damaged-{stamp}-{i}")
+    os.replace(path, target)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            os.replace(side, target.with_name(target.name + suffix))
+    return target
