@@ -1,0 +1,278 @@
+"""`sweeper serve`: the engine really serves a Poisson request stream with a plan's deployment,
+and its measured TTFT/TPOT percentiles are set beside the serving model's prediction.
+
+    result = serve(deployment, reqs, seed=0)      # real Ray workers, real engine
+    result.measured   # ttft_p50_s, ttft_p99_s, tpot_p50_s, tpot_p99_s, completed, throughput_rps
+    result.predicted  # simulate() of the same deployment and the SAME request list
+
+Measured (docs/serving.md "Real serving runs"): TTFT = first token on the host - arrival;
+TPOT = (last token - first token) / (output_len - 1), per request, wall clock. The summary
+statistics are computed by the serving model's own `SimResult.summary`, so both columns are
+the same statistic of the same requests.
+
+Predicted: `simulate(deployment, requests)` with the cost model's step times and the
+deployment's hardware profile, as the plan was made; on an emulated mesh a measured profile
+(`host`, or a `sweeper fit` profile of this host) is scaled to the cores each worker is
+pinned to (`workloads.hardware.worker_share`, as a sweep's trials are). Nothing of the run
+feeds the headline prediction. A second, separately labelled prediction ("calibrated")
+uses the step times the workers measured while warming up, before the stream: a diagnostic
+of how much of the error is the step-time model and how much the serving model.
+
+This host runs one replica per phase (aggregated: one worker; disaggregated: a prefill and
+a decode worker): the deployment's replicas must be 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sweeper.serving.deployment import Deployment, PhaseSlice
+from sweeper.serving.workload import Request
+from workloads.config import ConfigError
+from workloads.hardware import worker_share
+
+KEYS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "completed", "throughput_rps")
+START_MARGIN_S = 0.5          # workers start serving this long after the driver says go
+SETUP_TIMEOUT_S = 600.0
+
+
+@dataclass
+class ServeResult:
+    deployment: Deployment
+    requests: list[Request]
+    measured: dict[str, Any]
+    predicted: dict[str, Any]
+    calibrated: dict[str, Any]              # diagnostic: the serving model on warm-up step times
+    per_request: list[dict]                 # arrival, first token, finish, tokens
+    warmup: dict[str, dict]                 # each worker's warm-up step times
+    workers: dict[str, dict] = field(default_factory=dict)   # where each worker ran
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"measured": {k: self.measured[k] for k in KEYS},
+                "predicted": {k: self.predicted[k] for k in KEYS},
+                "calibrated": {k: self.calibrated[k] for k in KEYS},
+                "relative_error": relative_errors(self.measured, self.predicted),
+                "deployment": self.deployment.to_dict(),
+                "requests": len(self.requests), "warmup": self.warmup,
+                "hardware_label": "host" if self.emulated else "devices"}
+
+    @property
+    def emulated(self) -> bool:
+        return bool(self.workers.get("emulated", True))
+
+
+def relative_errors(measured: dict, predicted: dict) -> dict[str, float]:
+    """predicted / measured - 1 per latency statistic (NaN where either is missing)."""
+    out = {}
+    for key in KEYS[:4]:
+        m, p = measured.get(key), predicted.get(key)
+        ok = m is not None and p is not None and math.isfinite(m) and math.isfinite(p) and m > 0
+        out[key] = p / m - 1 if ok else float("nan")
+    return out
+
+
+# --------------------------------------------------------------------------- checks (no JAX, no Ray)
+
+
+def topology_of(deployment: Deployment, part: PhaseSlice) -> tuple[int, int, int]:
+    from workloads.costmodel import best_topology
+
+    return tuple(part.topology) if part.topology else best_topology(deployment.model.unpadded, part.chips)
+
+
+def slot_specs(deployment: Deployment, requests: list[Request], seed: int) -> dict[str, dict]:
+    """The SlotSpec (as plain data) of each worker: {"aggregated": ...} or {"prefill", "decode"};
+    validated here, before Ray or JAX start (ConfigError names the plan field)."""
+    from workloads.layouts import PhaseLayout, resolve_padding, validate_layouts, validate_phase
+
+    d = deployment
+    for phase in ("prefill", "decode"):
+        if getattr(d, phase).replicas != 1:
+            raise ConfigError(f"{phase}.replicas", getattr(d, phase).replicas,
+                              "1 (sweeper serve runs one replica per phase on this host)")
+    context = max(r.input_len + r.output_len for r in requests) + 1
+    pre = PhaseLayout(d.prefill.ffn, d.prefill.attn)
+    dec = PhaseLayout(d.decode.ffn, d.decode.attn)
+    model = d.model.to_dict()
+
+    def spec(topology, prefill, decode, weights):
+        return {"model": model, "topology": list(topology),
+                "prefill": [prefill.ffn, prefill.attn] if prefill else None,
+                "decode": [decode.ffn, decode.attn] if decode else None,
+                "slots": d.decode.batch, "prefill_batch": d.prefill.batch,
+                "context_len": context, "weights": weights, "seed": seed}
+
+    def check(topology, prefill, decode, field_):
+        both = (prefill or decode, decode or prefill)
+        run = resolve_padding(d.model, "auto", topology, *both)
+        validate_layouts(run, topology, both[0], both[1], math.lcm(d.prefill.batch, d.decode.batch))
+        if prefill:
+            validate_phase(run, topology, prefill, d.prefill.batch, "prefill")
+        if decode:
+            validate_phase(run, topology, decode, d.decode.batch, "decode")
+        return run
+
+    if d.mode == "aggregated":
+        topology = topology_of(d, d.decode)
+        check(topology, pre, dec, "decode")
+        return {"aggregated": spec(topology, pre, dec, d.decode.weights)}
+    tp, td = topology_of(d, d.prefill), topology_of(d, d.decode)
+    run_p = check(tp, pre, None, "prefill")
+    run_d = check(td, None, dec, "decode")
+    if run_p.n_kv_heads != run_d.n_kv_heads:
+        raise ConfigError("decode.topology", "x".join(map(str, td)),
+                          f"a topology whose head padding keeps n_kv_heads={run_p.n_kv_heads} "
+                          "(the prefill slice's), so the KV cache can be handed over")
+    specs = {"prefill": spec(tp, pre, None, d.prefill.weights),
+             "decode": spec(td, None, dec, d.decode.weights)}
+    specs["prefill"]["slots"] = 1
+    return specs
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _ray_started() -> bool:
+    import ray   # lazy: Ray (~1 s)
+
+    if ray.is_initialized():
+        return False
+    import logging
+
+    from sweeper.sweep.controller import signals_deferred
+
+    with signals_deferred():
+        ray.init(address="local", include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING)
+    return True
+
+
+def serve(deployment: Deployment, requests: list[Request], seed: int = 0,
+          emulated: bool = True) -> ServeResult:
+    """Serve `requests` (wall-clock arrivals) with `deployment` on Ray mesh workers; measure,
+    and predict the same requests with the serving model (module docstring)."""
+    import ray   # lazy: Ray (~1 s)
+
+    from sweeper import paths
+    from sweeper.serving.server import ServingWorker, actor_options, worker_cores
+
+    specs = slot_specs(deployment, requests, seed)
+    started_ray = _ray_started()
+    names = list(specs)
+    cores = worker_cores(len(names)) if emulated else [None] * len(names)
+    total = len(os.sched_getaffinity(0))
+    remote = ray.remote(ServingWorker)
+    env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
+    actors = {}
+    try:
+        for name, mine in zip(names, cores):
+            chips = math.prod(specs[name]["topology"]) if emulated else None
+            threads = 2 if name == "decode" else 1      # deliver() while serve_decode() runs
+            actors[name] = remote.options(**actor_options(chips, mine, threads, env)).remote(mine)
+        lengths = sorted({r.input_len for r in requests})
+        setups = {name: actors[name].setup.remote(specs[name], lengths) for name in names}
+        warmup = dict(zip(setups, ray.get(list(setups.values()), timeout=SETUP_TIMEOUT_S)))
+        workers = dict(zip(names, ray.get([actors[n].where.remote() for n in names])))
+        workers["emulated"] = emulated
+        plain = [dataclasses.asdict(r) for r in requests]
+        begin = time.time()
+        start_at = begin + START_MARGIN_S
+        if deployment.mode == "aggregated":
+            per_request = ray.get(actors["aggregated"].serve_aggregated.remote(plain, start_at, seed))
+        else:
+            expected = sum(r.output_len > 1 for r in requests)
+            decoded_ref = actors["decode"].serve_decode.remote(expected, start_at)
+            per_request = ray.get(actors["prefill"].serve_prefill.remote(
+                plain, start_at, seed, actors["decode"]))
+            decoded = ray.get(decoded_ref)
+            for i, part in decoded.items():
+                per_request[i]["tokens"] += part["tokens"]
+                per_request[i]["finish_s"] = part["finish_s"]
+                per_request[i]["kv_ready_s"] = part["kv_ready_s"]
+        wall = time.time() - begin
+    finally:
+        for actor in actors.values():
+            ray.kill(actor)
+        if started_ray:
+            from sweeper.sweep.controller import shutdown_ray
+
+            shutdown_ray()
+    for i, r in enumerate(requests):
+        per_request[i]["arrival_s"] = r.arrival_s
+    shares = [worker_share(len(c), total) for c in cores] if emulated else [1.0]
+    measured, predicted, calibrated = compare(deployment, requests, per_request, warmup,
+                                              float(np.mean(shares)))
+    return ServeResult(deployment, requests, measured, predicted, calibrated, per_request,
+                       warmup, workers, wall)
+
+
+def prediction_deployment(deployment: Deployment, share: float) -> Deployment:
+    """The deployment as this host runs it: a measured profile scaled to the workers' core
+    share (a preset or fitted accelerator profile is used as it is)."""
+    hw = deployment.hardware
+    return dataclasses.replace(deployment, hardware=hw.scaled(share)) if hw.measured else deployment
+
+
+def compare(deployment: Deployment, requests: list[Request], per_request: list[dict],
+            warmup: dict[str, dict], share: float) -> tuple[dict, dict, dict]:
+    """(measured, predicted, calibrated) summaries of the same requests."""
+    from sweeper.serving.simulate import SimResult, StepTimes, simulate
+
+    arrival = np.array([r.arrival_s for r in requests])
+    first = np.array([p.get("first_token_s", np.nan) for p in per_request], dtype=float)
+    finish = np.array([p.get("finish_s", np.nan) for p in per_request], dtype=float)
+    output = np.array([r.output_len for r in requests], dtype=np.int64)
+    done = np.isfinite(finish)
+    measured = SimResult(deployment, arrival[done], first[done], finish[done], output[done]).summary()
+    measured["completed"] = int(done.sum())
+    predicted = simulate(prediction_deployment(deployment, share), requests).summary()
+    calibrated = simulate(deployment, requests, warmup_step_times(deployment, warmup)).summary()
+    return measured, predicted, calibrated
+
+
+def warmup_step_times(deployment: Deployment, warmup: dict[str, dict]):
+    """StepTimes from the workers' warm-up calls (one call per shape: a diagnostic only)."""
+    from sweeper.serving.simulate import StepTimes
+
+    pre = warmup.get("aggregated") or warmup["prefill"]
+    dec = warmup.get("aggregated") or warmup["decode"]
+
+    def prefill_s(batch: int, input_len: int) -> float:
+        return float(pre.get(f"prefill_s@{input_len}", max(
+            v for k, v in pre.items() if k.startswith("prefill_s@"))))
+
+    return StepTimes(prefill_s, lambda batch, context: float(dec["decode_step_s"]),
+                     lambda input_len: 0.0, source="warm-up")
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def table(result: ServeResult) -> str:
+    """Measured beside predicted (and the warm-up diagnostic), with relative errors."""
+    m, p, c = result.measured, result.predicted, result.calibrated
+    err = relative_errors(m, p)
+    err_c = relative_errors(m, c)
+    rows = [f"{'':14}{'measured':>12}{'predicted':>12}{'rel.err':>9}   {'warm-up model':>14}{'rel.err':>9}"]
+    for key in KEYS[:4]:
+        rows.append(f"{key:14}{_ms(m[key]):>12}{_ms(p[key]):>12}{_pct(err[key]):>9}   "
+                    f"{_ms(c[key]):>14}{_pct(err_c[key]):>9}")
+    rows.append(f"{'completed':14}{m['completed']:>12}{p['completed']:>12}")
+    rows.append(f"{'throughput':14}{m['throughput_rps']:>10.2f}/s{p['throughput_rps']:>10.2f}/s")
+    return "\n".join(rows)
+
+
+def _ms(value) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value * 1e3:.1f} ms"
+
+
+def _pct(value) -> str:
+    return "-" if not math.isfinite(value) else f"{value:+.0%}"

@@ -1,0 +1,69 @@
+"""MLflow records of serving: `sweeper serve` runs (measured beside predicted).
+
+Experiment `sweeper/serve`, one run per `sweeper serve`:
+  params   mode, model, hardware, each phase's chips/ffn/attn/batch/weights, rate, requests, seed
+  metrics  measured ttft_p50_s ... throughput_rps by name; the serving model's prediction of
+           each as `pred_<name>`; the warm-up diagnostic as `warmup_<name>`; per-request
+           ttft_s / tpot_s as metric histories (step = request index)
+  tags     sweeper.kind=serve, hardware_label (host | devices), source=measured
+  artifact serve.json (the whole result, per-request times and tokens)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SERVE_EXPERIMENT = "sweeper/serve"
+
+
+def _finite(values: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    return {f"{prefix}{k}": float(v) for k, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def log_serve(result, rate: float, seed: int, tracking_uri: str | None = None) -> str:
+    """Log one `sweeper serve` run (a `sweeper.serving.serve.ServeResult`); its run id."""
+    from mlflow.entities import Metric, Param, RunTag   # lazy: MLflow (~1 s)
+
+    from sweeper.tracking.mlflow_log import KIND_TAG, Tracker
+
+    tracker = Tracker(tracking_uri)
+    client = tracker.client
+    experiment = tracker.experiment_id(SERVE_EXPERIMENT)
+    d = result.deployment
+    params = {"mode": d.mode, "model": d.model.name, "hardware": d.hardware.name, "rate": rate,
+              "requests": len(result.requests), "seed": seed}
+    for phase in ("prefill", "decode"):
+        for key, value in getattr(d, phase).to_dict().items():
+            params[f"{phase}_{key}"] = value
+    run = client.create_run(experiment, run_name=f"serve {d.mode} {d.model.name} {rate:g} rps",
+                            tags={KIND_TAG: "serve", "source": "measured",
+                                  "hardware_label": "host" if result.emulated else "devices"})
+    run_id = run.info.run_id
+    metrics = {**_finite(result.measured), **_finite(result.predicted, "pred_"),
+               **_finite(result.calibrated, "warmup_")}
+    stamp = 0
+    batch = [Metric(k, v, stamp, 0) for k, v in metrics.items()]
+    ttft, tpot = [], []
+    for i, (r, p) in enumerate(zip(result.requests, result.per_request)):
+        if "first_token_s" in p:
+            ttft.append(Metric("ttft_s", p["first_token_s"] - r.arrival_s, stamp, i))
+        if "finish_s" in p and r.output_len > 1:
+            tpot.append(Metric("tpot_s", (p["finish_s"] - p["first_token_s"]) / (r.output_len - 1),
+                               stamp, i))
+    everything = batch + ttft + tpot
+    for start in range(0, len(everything), 900):          # MLflow takes 1000 entries per batch
+        client.log_batch(run_id, metrics=everything[start:start + 900],
+                         params=[Param(k, str(v)) for k, v in params.items()] if start == 0 else [],
+                         tags=[RunTag("requests_logged", str(len(ttft)))] if start == 0 else [])
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "serve.json"
+        path.write_text(json.dumps({**result.to_json(), "per_request": result.per_request},
+                                   default=str))
+        client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
