@@ -34,6 +34,7 @@ its own `StepTimes` (measured step times, for example).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -63,6 +64,9 @@ class StepTimes:
     decode_step_s: Callable[[int, float], float]
     kv_transfer_s: Callable[[int], float] = lambda input_len: 0.0
     source: str = "custom"
+    # Optional: slots -> (a, b) with decode_step_s(slots, c) = a + b * c, so runs of steps
+    # are summed in closed form (the cost model's step time is affine in the context).
+    decode_affine: Callable[[int], tuple[float, float]] | None = None
 
 
 def run_model(deployment: Deployment):
@@ -125,10 +129,16 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
     def decode_at(batch: int, context: int) -> float:
         return phase_prediction(d, "decode", batch, 1, context).latency_s
 
-    def decode_step_s(batch: int, context: float) -> float:
+    @lru_cache(maxsize=None)
+    def decode_affine(batch: int) -> tuple[float, float]:
         low, high = 1024, 2048
-        a, b = decode_at(batch, low), decode_at(batch, high)
-        return max(a + (b - a) * (context - low) / (high - low), 0.0)
+        at_low, at_high = decode_at(batch, low), decode_at(batch, high)
+        slope = (at_high - at_low) / (high - low)
+        return at_low - slope * low, slope
+
+    def decode_step_s(batch: int, context: float) -> float:
+        a, b = decode_affine(batch)
+        return a + b * context
 
     bandwidth, _ = kv_link_bandwidth(d)
     per_token = costmodel.kv_bytes_per_token(d.model)
@@ -136,7 +146,8 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
     def kv_transfer_s(input_len: int) -> float:
         return per_token * input_len / bandwidth
 
-    return StepTimes(prefill_s, decode_step_s, kv_transfer_s, source=costmodel.SOURCE)
+    return StepTimes(prefill_s, decode_step_s, kv_transfer_s, source=costmodel.SOURCE,
+                     decode_affine=decode_affine)
 
 
 # --------------------------------------------------------------------------- result
@@ -222,38 +233,79 @@ class SimResult:
 
 
 class _Slots:
-    """A replica's decode slots: remaining tokens and context per slot (0 remaining = free)."""
+    """A replica's decode slots. Each busy slot finishes at a known step count, so the
+    slots are a heap of (finishing step, request) and the contexts a running sum: every
+    event is O(log slots) in plain Python (no array work per decode step)."""
 
     def __init__(self, slots: int):
-        self.remaining = np.zeros(slots, dtype=np.int64)
-        self.context = np.zeros(slots, dtype=np.float64)
-        self.request = np.full(slots, -1, dtype=np.int64)
+        self.size = slots
+        self.steps = 0                     # decode steps run so far
+        self.heap: list[tuple[int, int, int]] = []   # (finishing step, request, context then)
+        self.context_sum = 0               # of the busy slots, now
 
     @property
     def active(self) -> int:
-        return int(np.count_nonzero(self.remaining))
+        return len(self.heap)
 
     @property
     def free(self) -> int:
-        return len(self.remaining) - self.active
+        return self.size - len(self.heap)
 
     def insert(self, request: int, remaining: int, context: int) -> None:
-        slot = int(np.flatnonzero(self.remaining == 0)[0])
-        self.remaining[slot], self.context[slot], self.request[slot] = remaining, context, request
+        heapq.heappush(self.heap, (self.steps + remaining, request, context + remaining))
+        self.context_sum += context
 
     def mean_context(self) -> float:
-        mask = self.remaining > 0
-        return float(self.context[mask].mean())
+        return self.context_sum / len(self.heap)
 
-    def step(self) -> np.ndarray:
-        """One decode step; the requests that finished on it."""
-        mask = self.remaining > 0
-        self.remaining[mask] -= 1
-        self.context[mask] += 1
-        done = mask & (self.remaining == 0)
-        finished = self.request[done].copy()
-        self.request[done] = -1
+    def min_remaining(self) -> int:
+        return self.heap[0][0] - self.steps
+
+    def advance(self, steps: int) -> list[int]:
+        """`steps` decode steps (none may outlast a slot); the requests that finished."""
+        self.steps += steps
+        self.context_sum += steps * len(self.heap)
+        finished = []
+        while self.heap and self.heap[0][0] == self.steps:
+            _, request, context = heapq.heappop(self.heap)
+            self.context_sum -= context
+            finished.append(request)
         return finished
+
+
+def _decode_run(slots: _Slots, times: StepTimes, batch: int, t: float, until: float) -> tuple:
+    """Decode steps from time t until a slot frees or a step ends at or after `until` (the
+    next event that could change the batch): (end time, steps, busy seconds, finished).
+    With an affine step time (the cost model's) the run is summed in closed form."""
+    context = slots.mean_context()
+    most = slots.min_remaining()
+    start = t
+    affine = times.decode_affine(batch) if times.decode_affine else None
+    if affine is not None:
+        a, b = affine          # step k (0-based) takes a + b * (context + k)
+        first = a + b * context
+
+        def elapsed(k: int) -> float:
+            return k * first + b * k * (k - 1) / 2
+
+        steps = most
+        if until - t < elapsed(most):        # the first k whose end reaches `until`
+            low, high = 1, most
+            while low < high:
+                mid = (low + high) // 2
+                if t + elapsed(mid) >= until:
+                    high = mid
+                else:
+                    low = mid + 1
+            steps = low
+        t += elapsed(steps)
+    else:
+        steps = 0
+        for steps in range(1, most + 1):
+            t += times.decode_step_s(batch, context + steps - 1)
+            if t >= until:
+                break
+    return t, steps, t - start, slots.advance(steps)
 
 
 def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], times: StepTimes,
@@ -282,10 +334,16 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
                     slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
             prefilled_since_step = True
             continue
-        duration = times.decode_step_s(d.decode.batch, slots.mean_context())
-        t += duration
+        # decode until a slot frees, or (with slots free) until the next prompt may be inserted
+        if waiting and slots.free:
+            until = t            # one step, then the waiting prompt's prefill
+        elif slots.free and pending:
+            until = reqs[pending[0]].arrival_s
+        else:
+            until = math.inf
+        t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until)
         decode_busy += duration
-        finish[slots.step()] = t
+        finish[finished] = t
         prefilled_since_step = False
     return prefill_busy, decode_busy
 
@@ -326,10 +384,10 @@ def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: Ste
         if not slots.active:
             t = max(t, ready[pending[0]])
             continue
-        duration = times.decode_step_s(d.decode.batch, slots.mean_context())
-        t += duration
+        until = ready[pending[0]] if (pending and slots.free) else math.inf
+        t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until)
         busy += duration
-        finish[slots.step()] = t
+        finish[finished] = t
     return busy
 
 

@@ -67,3 +67,47 @@ def log_serve(result, rate: float, seed: int, tracking_uri: str | None = None) -
         client.log_artifact(run_id, str(path))
     client.set_terminated(run_id, "FINISHED")
     return run_id
+
+
+PLAN_EXPERIMENT = "sweeper/plan"
+
+
+def log_plan(result, tracking_uri: str | None = None) -> str:
+    """Log one `sweeper plan` answer (a `sweeper.serving.plan.PlanResult`); its run id.
+
+    Experiment `sweeper/plan`, one run per question:
+      params   model, hardware, the application profile's fields, modes, max_chips
+      metrics  the best plan's predictions by name (ttft_p99_s, goodput_rps, chips_total, ...),
+               and the search's size (simulated, configs, wall_s)
+      tags     sweeper.kind=plan, source=analytical, best_mode (or none), reason, at_risk
+      artifact plan.json (the whole answer: best, best per mode, frontier, error bands)
+    """
+    from mlflow.entities import Metric, Param, RunTag   # lazy: MLflow (~1 s)
+
+    from sweeper.tracking.mlflow_log import KIND_TAG, Tracker
+
+    tracker = Tracker(tracking_uri)
+    client = tracker.client
+    experiment = tracker.experiment_id(PLAN_EXPERIMENT)
+    q = result.question
+    data = result.to_dict()
+    params = {"model": q.model.name, "hardware": q.hardware.name,
+              "modes": ",".join(q.modes), "max_chips": q.max_chips,
+              "requests_simulated": q.requests, "seed": q.seed, "coverage": q.coverage}
+    params.update({f"serving_{k}": v for k, v in q.profile.to_dict().items()})
+    best = data["best"]
+    tags = {KIND_TAG: "plan", "source": "analytical", "reason": str(data["reason"])[:5000],
+            "best_mode": best["mode"] if best else "none",
+            "at_risk": str(best.get("at_risk")) if best else "none"}
+    run = client.create_run(experiment, run_name=f"plan {q.model.name} {q.hardware.name}",
+                            tags=tags)
+    run_id = run.info.run_id
+    metrics = dict(_finite({k: v for k, v in (best or {}).items()}))
+    metrics.update(_finite({k: data["search"][k] for k in ("simulated", "configs", "wall_s")},
+                           "search_"))
+    client.log_batch(run_id, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()],
+                     params=[Param(k, str(v)) for k, v in params.items()],
+                     tags=[RunTag("plans", str(len(data["plans"])))])
+    client.log_text(run_id, json.dumps(data, indent=2, default=str), "plan.json")
+    client.set_terminated(run_id, "FINISHED")
+    return run_id

@@ -1,0 +1,229 @@
+"""`sweeper plan`: the cheapest serving deployment that meets a latency SLO (docs/serving.md).
+
+Pure Python up to MLflow (imported only to log the plan): bad input exits 2 in
+milliseconds. The search is sweeper/serving/plan.py; this module parses and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from sweeper.cli.output import print_json
+from sweeper.serving import workload
+from sweeper.serving.deployment import MODES
+from workloads.config import ConfigError, read_yaml
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="the cheapest serving deployment (replicas, chips, layouts, "
+                       "batch slots, weights, aggregated or disaggregated) that meets a TTFT/TPOT "
+                       "SLO, with error bands (docs/serving.md)")
+    p.add_argument("--space", metavar="SPACE.yaml", help="read model, hardware and the "
+                   "`serving:` block from a space file (flags override it)")
+    p.add_argument("--model", help="model preset or YAML (e.g. palm-540b, llama2-70b)")
+    p.add_argument("--hardware", help="hardware preset or YAML; a fitted profile (`sweeper "
+                   "fit --out`) gives calibrated step times and error bands")
+    workload.add_arguments(p)
+    p.add_argument("--max-chips", metavar="N", help="chip budget: the most goodput within N "
+                   "chips (default: the cheapest plan, searched up to 4096 chips)")
+    p.add_argument("--mode", choices=["aggregated", "disaggregated", "both"], default="both",
+                   help="serving modes to search (default both)")
+    p.add_argument("--requests", metavar="N", default="400",
+                   help="requests simulated per deployment (default 400)")
+    p.add_argument("--seed", metavar="N", default="0", help="seed of the simulated arrivals")
+    p.add_argument("--coverage", metavar="SHARE", default="0.9",
+                   help="coverage of the error bands (default 0.9)")
+    p.add_argument("--out", metavar="PLAN.json", help="write the best plan for `sweeper serve "
+                   "--plan`")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log the plan to MLflow")
+    p.add_argument("--tracking-uri", help="MLflow store (default: sqlite under $SWEEPER_HOME)")
+    p.set_defaults(handler=cmd_plan)
+
+
+def _int_flag(value: str, flag: str, low: int = 1) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(flag, value, f"an integer >= {low}") from None
+    if number < low:
+        raise ConfigError(flag, value, f"an integer >= {low}")
+    return number
+
+
+def question_from_args(args: argparse.Namespace):
+    """The PlanQuestion the flags (and --space) ask; ConfigError names the flag or field."""
+    from sweeper.serving.plan import PlanQuestion
+    from workloads.config import load_model
+    from workloads.hardware import load_hardware
+
+    model_spec, hardware_spec, profile = args.model, args.hardware, None
+    if args.space:
+        data = read_yaml(args.space)
+        if not isinstance(data, dict):
+            raise ConfigError("document", data, "a mapping (a space file)", args.space)
+        model_spec = model_spec or data.get("model")
+        hardware_spec = hardware_spec or data.get("hardware")
+        if "serving" not in data:
+            raise ConfigError("serving", None, "a serving: block (docs/serving.md)", args.space)
+        base = workload.profile_from_dict(data["serving"], args.space)
+        overrides = {f: getattr(args, f"serving_{f}") for f in workload.FIELDS
+                     if getattr(args, f"serving_{f}") is not None}
+        if overrides:     # flags win over the file, validated as flags
+            merged = argparse.Namespace(**{f"serving_{f}": v for f, v in base.to_dict().items()})
+            for f, v in overrides.items():
+                setattr(merged, f"serving_{f}", v)
+                if f == "rate":
+                    merged.serving_trace = None
+                if f == "trace":
+                    merged.serving_rate = None
+            for f in ("input_len", "output_len"):
+                value = getattr(merged, f"serving_{f}")
+                if isinstance(value, dict):
+                    setattr(merged, f"serving_{f}", str(getattr(base, f)))
+            profile = workload.from_args(merged)
+        else:
+            profile = base
+    if model_spec is None:
+        raise ConfigError("--model", None, "a model preset or YAML (or --space with model:)")
+    if hardware_spec is None:
+        raise ConfigError("--hardware", None, "a hardware preset or YAML (or --space with "
+                          "hardware:)")
+    if profile is None:
+        profile = workload.from_args(args)
+    if isinstance(hardware_spec, dict) and "profile" in hardware_spec:   # space-file form
+        hardware_spec = hardware_spec["profile"]
+    model = load_model(model_spec, args.space, "--model" if args.model else "model")
+    hardware = load_hardware(hardware_spec, args.space,
+                             "--hardware" if args.hardware else "hardware")
+    max_chips = None if args.max_chips is None else _int_flag(args.max_chips, "--max-chips")
+    coverage = workload._share(args.coverage, "--coverage", None)
+    if coverage >= 1:
+        raise ConfigError("--coverage", args.coverage, "a share in (0, 1), such as 0.9")
+    modes = MODES if args.mode == "both" else (args.mode,)
+    return PlanQuestion(model, hardware, profile, modes=modes, max_chips=max_chips,
+                        requests=_int_flag(args.requests, "--requests", 10),
+                        seed=_int_flag(args.seed, "--seed", 0), coverage=coverage)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    question = question_from_args(args)          # every input checked before the search
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and out.is_dir():
+            raise ConfigError("--out", args.out, "a file path for the plan JSON")
+    from sweeper.serving.plan import plan
+
+    result = plan(question)
+    data = result.to_dict()
+    if args.out and result.best is not None:
+        Path(args.out).write_text(json.dumps(result.plan_file(), indent=2, default=_json) + "\n")
+        data["out"] = str(args.out)
+    if not args.no_mlflow:
+        from sweeper.tracking.serving_log import log_plan
+
+        data["mlflow_run_id"] = log_plan(result, args.tracking_uri)
+    if args.json:
+        print_json(_clean(data))
+    else:
+        print(render(result, data))
+    return 0
+
+
+def _json(value):
+    return None
+
+
+def _clean(value):
+    """NaN/inf -> None so the JSON is standard."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _seconds(value) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _line(plan: dict, stat_ttft: str, stat_tpot: str) -> str:
+    cost = plan.get("cost_per_million_tokens")
+    cost_text = f"  ${cost:,.2f}/M tokens" if cost is not None else ""
+    band = plan.get("band") or "-"
+    risk = "  AT RISK" if plan.get("at_risk") else ""
+    ttft_band = plan.get(f"ttft_{stat_ttft}_band_s")
+    tpot_band = plan.get(f"tpot_{stat_tpot}_band_s")
+    bands = ""
+    if ttft_band and tpot_band:
+        bands = (f"  band TTFT [{_seconds(ttft_band[0])}, {_seconds(ttft_band[1])}] TPOT "
+                 f"[{_seconds(tpot_band[0])}, {_seconds(tpot_band[1])}]")
+    return (f"{plan['mode']:<14} {plan['chips_total']:>5} chips  TTFT p50/p99 "
+            f"{_seconds(plan['ttft_p50_s'])}/{_seconds(plan['ttft_p99_s'])}  TPOT p50/p99 "
+            f"{_seconds(plan['tpot_p50_s'])}/{_seconds(plan['tpot_p99_s'])}  goodput "
+            f"{plan['goodput_rps']:.3g} req/s  {plan['tokens_per_s_per_chip']:.3g} tok/s/chip"
+            f"{cost_text}  binds: {plan['binding']}  band: {band}{bands}{risk}")
+
+
+def _slices(plan: dict) -> str:
+    def one(name, s):
+        topo = f" {s['topology']}" if s.get("topology") else ""
+        return (f"{name} {s['replicas']} x {s['chips']} chips{topo} {s['ffn']}/{s['attn']} "
+                f"batch {s['batch']} {s['weights']}")
+    if plan["mode"] == "aggregated":
+        return (f"    {plan['decode']['replicas']} replicas x {plan['decode']['chips']} chips "
+                f"({plan['decode']['topology']}, {plan['decode']['weights']}): prefill "
+                f"{plan['prefill']['ffn']}/{plan['prefill']['attn']} {plan['prefill']['batch']} "
+                f"prompts per call, decode {plan['decode']['ffn']}/{plan['decode']['attn']} "
+                f"{plan['decode']['batch']} slots")
+    return f"    {one('prefill', plan['prefill'])}; {one('decode', plan['decode'])}"
+
+
+def render(result, data: dict) -> str:
+    q = result.question
+    p = q.profile
+    st, sp = p.ttft_statistic, p.tpot_statistic
+    lines = [f"{q.model.name} on {q.hardware.name}: {p.describe()}"]
+    if q.max_chips:
+        lines[0] += f"; budget {q.max_chips} chips"
+    lines.append("best plan per mode:")
+    for mode, plan in data["best_per_mode"].items():
+        if plan is None:
+            lines.append(f"  {mode:<14} none meets the SLO")
+        else:
+            lines.append("  " + _line(plan, st, sp))
+            lines.append(_slices(plan))
+    if data["plans"]:
+        lines.append(f"plans on the cost/latency frontier (none beats another on chips, TTFT {st} and TPOT {sp}):")
+        for plan in data["plans"][:12]:
+            lines.append(f"  {plan['chips_total']:>5} chips {plan['mode']:<14} TTFT p99 "
+                         f"{_seconds(plan['ttft_p99_s'])}  TPOT p99 {_seconds(plan['tpot_p99_s'])}"
+                         f"  goodput {plan['goodput_rps']:.3g} req/s  binds {plan['binding']}")
+    best = data["best"]
+    if best is None:
+        lines.append(f"no plan: {data['reason']}")
+    else:
+        lines.append(f"best: {data['reason']}")
+        if best.get("at_risk") is None:
+            lines.append(f"error band: uncalibrated ({q.hardware.name} has no held-out residuals; "
+                         "`sweeper fit --out FILE.yaml` writes them, then `--hardware FILE.yaml`)")
+        elif best.get("at_risk"):
+            lines.append("AT RISK: the SLO target lies inside the plan's error band")
+    if result.settle and best is not None:
+        lines.append(f"to settle it: {result.settle}")
+    s = data["search"]
+    lines.append(f"searched {s['configs']} configurations, simulated {s['simulated']} deployments "
+                 f"x {s['requests_per_simulation']} requests in {s['wall_s']:.1f} s "
+                 f"({s['step_times']} step times)")
+    if data.get("out"):
+        lines.append(f"plan written to {data['out']}")
+    if data.get("mlflow_run_id"):
+        lines.append(f"logged to MLflow run {data['mlflow_run_id']}")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Error bands of predicted TTFT/TPOT from the held-out error of the hardware profile used.
+
+A fitted profile (`sweeper fit`) carries `heldout_residuals`: per phase, the signed relative
+residuals r = predicted / measured - 1 of points the fit did not see. The ratio measured /
+predicted of a new point is then 1 / (1 + r); split-conformal prediction (Vovk et al.,
+"Algorithmic Learning in a Random World"; Lei et al. 2018, "Distribution-free predictive
+inference for regression") gives the interval that covers it with probability >= coverage
+for exchangeable points: the ceil((n+1)(1-a/2))-th smallest ratio above, the
+floor((n+1)a/2)-th below (a = 1 - coverage). With fewer held-out points than that needs
+(n >= 2/a - 1: 19 for 90%) the band is unbounded and reported as such.
+
+A plan's band comes from simulating it again with every step time scaled to the band's
+ends (prefill by the prefill ratio, decode by the decode ratio): queueing amplifies a
+step-time error, and the band says by how much. A profile without residuals (a preset) is
+"uncalibrated": no band is invented.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from workloads.config import HardwareProfile
+
+DEFAULT_COVERAGE = 0.9
+
+
+@dataclass
+class RatioBand:
+    """measured / predicted lies in [low, high] with probability >= coverage (per phase)."""
+
+    phase: str
+    low: float | None
+    high: float | None
+    points: int
+    coverage: float
+    status: str            # "calibrated" | "uncalibrated" | "too few held-out points"
+
+    @property
+    def known(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    def to_dict(self) -> dict:
+        return {"phase": self.phase, "ratio_low": self.low, "ratio_high": self.high,
+                "heldout_points": self.points, "coverage": self.coverage, "status": self.status}
+
+
+def conformal_ratio_band(residuals: list[float], coverage: float = DEFAULT_COVERAGE,
+                         phase: str = "") -> RatioBand:
+    """The split-conformal band of measured/predicted from held-out residuals (module doc)."""
+    n = len(residuals)
+    if n == 0:
+        return RatioBand(phase, None, None, 0, coverage, "uncalibrated")
+    alpha = 1.0 - coverage
+    ratios = sorted(1.0 / (1.0 + r) for r in residuals)
+    upper_rank = math.ceil((n + 1) * (1 - alpha / 2))
+    lower_rank = math.floor((n + 1) * alpha / 2)
+    if upper_rank > n or lower_rank < 1:
+        return RatioBand(phase, None, None, n, coverage, "too few held-out points")
+    return RatioBand(phase, ratios[lower_rank - 1], ratios[upper_rank - 1], n, coverage,
+                     "calibrated")
+
+
+def profile_bands(hw: HardwareProfile, coverage: float = DEFAULT_COVERAGE) -> dict[str, RatioBand]:
+    """{prefill: RatioBand, decode: RatioBand} of a profile's held-out residuals."""
+    residuals = hw.heldout_residuals or {}
+    return {phase: conformal_ratio_band(list(residuals.get(phase, [])), coverage, phase)
+            for phase in ("prefill", "decode")}
+
+
+def minimum_points(coverage: float = DEFAULT_COVERAGE) -> int:
+    """Held-out points a two-sided band at `coverage` needs (n >= 2/a - 1)."""
+    return math.ceil(2.0 / (1.0 - coverage) - 1 - 1e-9)

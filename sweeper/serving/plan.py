@@ -1,0 +1,560 @@
+"""`sweeper plan`: the cheapest deployment that meets a latency SLO (docs/serving.md "The planner").
+
+    result = plan(PlanQuestion(model, hardware, profile, modes=("aggregated",)))
+    result.best, result.plans, result.reason
+
+The search, per mode (aggregated, disaggregated):
+1. Slices: chips per slice (powers of two inside one fast-interconnect domain), weights
+   (int8, bf16), the topology the hardware has axes for, and per phase the fastest layout
+   that fits in HBM (workloads/recommend.py): decode per slot batch (1 .. 256, KV cache for
+   the longest request in every slot), prefill per prompts per call (1 .. 16).
+2. Analytical bounds prune before any simulation: memory (the slice must hold the weights
+   and the slots' KV cache), TTFT >= one prefill call, TPOT >= one decode step, and the
+   replicas the rate needs (utilisation < 1 from the per-request busy time of each phase).
+3. Best-first over chips in total: deployments are simulated (simulate.py, a bounded number
+   of requests) cheapest first; one that misses its SLO comes back with one more replica of
+   the phase that missed; the first that meets the SLO sets the price, and the search goes
+   on to twice that many chips (or the budget) to draw the cost/latency frontier. Among
+   plans of the cheapest price the one with the most headroom (smallest max(stat/target))
+   wins. With --max-chips the objective is the most goodput within the budget.
+4. Error bands: the best plan and the frontier are simulated again at the ends of the
+   profile's conformal band (bands.py); a plan whose SLO target lies inside its band is
+   `at_risk`.
+
+Costs are in chips (x price per chip-hour when the profile has one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from sweeper.serving import bands as bands_mod
+from sweeper.serving.deployment import MODES, Deployment, PhaseSlice
+from sweeper.serving.simulate import (SimResult, StepTimes, cost_model_step_times, kv_link_bandwidth,
+                                      simulate)
+from sweeper.serving.workload import AppProfile, mean_rate, requests
+from workloads import costmodel
+from workloads.config import ConfigError, HardwareProfile, ModelConfig
+from workloads.recommend import recommend, torus_topologies
+
+SLOT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PREFILL_BATCHES = (1, 2, 4, 8, 16)
+WEIGHTS = ("int8", "bf16")
+MAX_SLICE_CHIPS = 256          # the search's largest slice (a TPU v4 4x8x8)
+DEFAULT_CHIP_CAP = 4096        # total chips searched without --max-chips (a TPU v4 pod)
+FRONTIER_FACTOR = 2.0          # the frontier is searched up to this x the cheapest plan
+
+
+@dataclass
+class PlanQuestion:
+    """What `sweeper plan` is asked (flags or a space file's serving: block)."""
+
+    model: ModelConfig
+    hardware: HardwareProfile
+    profile: AppProfile
+    modes: tuple[str, ...] = MODES
+    max_chips: int | None = None
+    requests: int = 400           # simulated per deployment
+    seed: int = 0
+    coverage: float = bands_mod.DEFAULT_COVERAGE
+    max_simulations: int = 300    # per mode
+    frontier_simulations: int = 40   # per mode, after the cheapest plan is found
+
+
+@dataclass
+class PhaseOption:
+    """One phase's slice shape with its layout and analytical step time (replicas = 1)."""
+
+    phase: str
+    chips: int
+    weights: str
+    batch: int
+    ffn: str
+    attn: str
+    topology: tuple[int, int, int]
+    step_s: float                 # one call (prefill) or one step (decode) at the mean lengths
+    peak_bytes: float
+    working_bytes: float
+
+    def slice(self, replicas: int) -> PhaseSlice:
+        return PhaseSlice(self.chips, replicas, self.ffn, self.attn, self.batch, self.weights,
+                          self.topology)
+
+
+@dataclass
+class Plan:
+    """One simulated deployment and how it fares against the SLO."""
+
+    deployment: Deployment
+    summary: dict
+    meets_slo: bool
+    violations: dict            # constraint -> stat / target (> 1 is a miss)
+    utilization: dict           # phase -> rate / capacity
+    memory: float               # peak bytes / HBM of the fullest slice
+    band: dict | None = None    # filled for reported plans
+    config: tuple | None = field(default=None, repr=False)   # the search's (mode, pre, dec)
+
+    @property
+    def chips_total(self) -> int:
+        return self.deployment.chips_total
+
+    @property
+    def headroom(self) -> float:
+        return max(self.violations.values())
+
+    def binding(self) -> str:
+        """The constraint closest to its limit: ttft, tpot, memory or throughput."""
+        ratios = {"TTFT": self.violations["ttft"], "TPOT": self.violations["tpot"],
+                  "memory": self.memory, "throughput": max(self.utilization.values())}
+        return max(ratios, key=ratios.get)
+
+    def to_dict(self) -> dict:
+        s = self.summary
+        d = self.deployment
+        out = {"mode": d.mode, "chips_total": d.chips_total,
+               "ttft_p99_s": s["ttft_p99_s"], "tpot_p99_s": s["tpot_p99_s"],
+               "ttft_p50_s": s["ttft_p50_s"], "tpot_p50_s": s["tpot_p50_s"],
+               "ttft_mean_s": s["ttft_mean_s"], "tpot_mean_s": s["tpot_mean_s"],
+               "goodput_rps": s["goodput_rps"], "throughput_rps": s["throughput_rps"],
+               "slo_attainment": s["slo_attainment"],
+               "tokens_per_s_per_chip": s["tokens_per_s_per_chip"],
+               "cost_per_million_tokens": s["cost_per_million_tokens"],
+               "meets_slo": self.meets_slo, "binding": self.binding(),
+               "slo_ratio": {k: _round(v) for k, v in self.violations.items()},
+               "utilization": {k: _round(v) for k, v in self.utilization.items()},
+               "memory_fraction": _round(self.memory),
+               "prefill": _slice_dict(d.prefill), "decode": _slice_dict(d.decode)}
+        if self.band is not None:
+            out.update(self.band)
+        return out
+
+
+def _slice_dict(part: PhaseSlice) -> dict:
+    return {"chips": part.chips, "replicas": part.replicas, "ffn": part.ffn, "attn": part.attn,
+            "batch": part.batch, "weights": part.weights,
+            "topology": "x".join(map(str, part.topology)) if part.topology else None}
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.4g}") if math.isfinite(value) else value
+
+
+@dataclass
+class PlanResult:
+    question: PlanQuestion
+    best: Plan | None
+    best_per_mode: dict
+    frontier: list[Plan]
+    reason: str
+    search: dict
+    bands: dict
+    settle: str | None = None
+
+    def to_dict(self) -> dict:
+        plans, seen = [], set()
+        for p in [*(p for p in self.best_per_mode.values() if p), *self.frontier]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                plans.append(p.to_dict())
+        return {"best": self.best.to_dict() if self.best else None,
+                "best_per_mode": {m: (p.to_dict() if p else None)
+                                  for m, p in self.best_per_mode.items()},
+                "plans": plans, "reason": self.reason, "settle": self.settle,
+                "model": self.question.model.name, "hardware": self.question.hardware.name,
+                "profile": self.question.profile.to_dict(),
+                "max_chips": self.question.max_chips,
+                "error_band": {k: v.to_dict() for k, v in self.bands.items()},
+                "search": self.search}
+
+    def plan_file(self) -> dict | None:
+        """What `--out plan.json` holds (docs/serving.md "Plan file")."""
+        if self.best is None:
+            return None
+        return {"format": "sweeper-plan/1", "deployment": self.best.deployment.to_dict(),
+                "profile": self.question.profile.to_dict(), "predicted": self.best.to_dict(),
+                "error_band": {k: v.to_dict() for k, v in self.bands.items()}}
+
+
+# --------------------------------------------------------------------------- slices
+
+
+class _Options:
+    """Per-phase slice options of one (model, hardware, profile), computed once."""
+
+    def __init__(self, q: PlanQuestion):
+        self.q = q
+        p = q.profile
+        self.input_mean = p.input_len.expected
+        self.output_mean = p.output_len.expected
+        self.context_full = p.input_len.largest + p.output_len.largest
+        self.context_mean = self.input_mean + self.output_mean / 2
+        self.pruned: dict[str, str] = {}
+        cap = q.max_chips or DEFAULT_CHIP_CAP
+        domain = q.hardware.domain_chips or MAX_SLICE_CHIPS
+        self.slice_chips = [c for c in (2 ** i for i in range(0, 10))
+                            if c <= min(cap, domain, MAX_SLICE_CHIPS)]
+
+    def _weights_fit(self, chips: int, weights: str) -> bool:
+        params = costmodel.param_count(self.q.model.unpadded)
+        need = params * (1 if weights == "int8" else 2)
+        if need > chips * self.q.hardware.hbm_bytes:
+            self.pruned.setdefault(
+                "memory", f"{self.q.model.name}'s {weights} weights ({need / 2**30:.0f} GiB) need "
+                f"more than {chips} x {self.q.hardware.hbm_bytes / 2**30:.0f} GiB")
+            return False
+        return True
+
+    @lru_cache(maxsize=None)
+    def topology(self, chips: int) -> tuple[int, int, int]:
+        return torus_topologies(self.q.model.unpadded, chips, self.q.hardware.torus_dims)[0]
+
+    @lru_cache(maxsize=None)
+    def decode(self, chips: int, weights: str) -> list[PhaseOption]:
+        out = []
+        if not self._weights_fit(chips, weights):
+            return out
+        topo = self.topology(chips)
+        for slots in SLOT_BATCHES:
+            try:
+                rec = recommend(self.q.model, self.q.hardware, chips, slots, "decode",
+                                context=self.context_full, weights=weights, topology=topo)
+            except ConfigError:
+                continue
+            best = rec.best
+            if not best.fits:
+                self.pruned["memory"] = (f"decode: {slots} slots of {self.context_full} tokens "
+                                         f"do not fit {chips} chips ({weights})")
+                break
+            step = costmodel.predict_phase(
+                self._padded(best), self.q.hardware, chips, slots, "decode", 1, self.context_mean,
+                costmodel.PhaseLayout(best.ffn, best.attn), weights, topo).latency_s
+            out.append(PhaseOption("decode", chips, weights, slots, best.ffn, best.attn, topo, step,
+                                   best.prediction.peak_bytes_per_chip,
+                                   best.prediction.working_set_bytes_per_chip))
+        return out
+
+    @lru_cache(maxsize=None)
+    def prefill(self, chips: int, weights: str) -> list[PhaseOption]:
+        out = []
+        if not self._weights_fit(chips, weights):
+            return out
+        topo = self.topology(chips)
+        length = int(math.ceil(self.input_mean))
+        for batch in PREFILL_BATCHES:
+            try:
+                rec = recommend(self.q.model, self.q.hardware, chips, batch, "prefill",
+                                input_len=length, weights=weights, topology=topo)
+            except ConfigError:
+                continue
+            best = rec.best
+            if not best.fits:
+                break
+            out.append(PhaseOption("prefill", chips, weights, batch, best.ffn, best.attn, topo,
+                                   best.prediction.latency_s, best.prediction.peak_bytes_per_chip,
+                                   best.prediction.working_set_bytes_per_chip))
+        return out
+
+    def _padded(self, candidate) -> ModelConfig:
+        from workloads.layouts import pad_model
+        return pad_model(self.q.model.unpadded, candidate.heads)
+
+
+# --------------------------------------------------------------------------- search
+
+
+@dataclass(order=True)
+class _Entry:
+    chips_total: int
+    lower_bound: float
+    order: int
+    config: tuple = field(compare=False)      # (mode, prefill option, decode option)
+    replicas: tuple = field(compare=False)    # (prefill replicas, decode replicas)
+
+
+class _Search:
+    def __init__(self, q: PlanQuestion, options: _Options, mode: str):
+        self.q, self.o, self.mode = q, options, mode
+        self.rate = mean_rate(q.profile)
+        self.requests = requests(q.profile, q.requests, q.seed)
+        self.cap = q.max_chips or DEFAULT_CHIP_CAP
+        self.heap: list[_Entry] = []
+        self.counter = itertools.count()
+        self.simulated: list[Plan] = []
+        self.seen: set = set()
+        self.configs = 0
+        self._times: dict = {}
+        self.lower_bounds: dict[str, float] = {}     # the best any config reaches: ttft, tpot
+
+    # -- candidates
+    def seed(self) -> None:
+        o, p = self.o, self.q.profile
+        for chips in o.slice_chips:
+            for weights in WEIGHTS:
+                decodes = o.decode(chips, weights)
+                if self.mode == "aggregated":
+                    for pre, dec in itertools.product(o.prefill(chips, weights), decodes):
+                        if pre.topology != dec.topology:
+                            continue
+                        if dec.peak_bytes + pre.working_bytes > self.q.hardware.hbm_bytes:
+                            o.pruned.setdefault("memory", "slots' KV cache + prefill working set "
+                                                "exceed HBM")
+                            continue
+                        self._add(("aggregated", pre, dec))
+                else:
+                    for dec in decodes:
+                        for pchips in o.slice_chips:
+                            for pweights in WEIGHTS:
+                                for pre in o.prefill(pchips, pweights):
+                                    self._add(("disaggregated", pre, dec))
+
+    def _bound(self, key: str, value: float) -> None:
+        self.lower_bounds[key] = min(self.lower_bounds.get(key, math.inf), value)
+
+    def _add(self, config: tuple) -> None:
+        mode, pre, dec = config
+        p = self.q.profile
+        self._bound("ttft", pre.step_s)
+        self._bound("tpot", dec.step_s)
+        if pre.step_s > p.ttft or dec.step_s > p.tpot:
+            return
+        decode_busy = max(self.o.output_mean - 1, 0) * dec.step_s / dec.batch   # s per request
+        prefill_busy = pre.step_s / pre.batch
+        if mode == "aggregated":
+            replicas = max(1, math.floor(self.rate * (decode_busy + prefill_busy)) + 1)
+            reps = (replicas, replicas)
+        else:
+            reps = (max(1, math.floor(self.rate * prefill_busy) + 1),
+                    max(1, math.floor(self.rate * decode_busy) + 1))
+        self.configs += 1
+        self._push(config, reps)
+
+    def _chips(self, config, reps) -> int:
+        _, pre, dec = config
+        if config[0] == "aggregated":
+            return dec.chips * reps[1]
+        return pre.chips * reps[0] + dec.chips * reps[1]
+
+    def _push(self, config, reps) -> None:
+        chips = self._chips(config, reps)
+        key = (id(config[1]), id(config[2]), reps)
+        if chips > self.cap or key in self.seen:
+            return
+        self.seen.add(key)
+        _, pre, dec = config
+        heapq.heappush(self.heap, _Entry(chips, pre.step_s / self.q.profile.ttft
+                                         + dec.step_s / self.q.profile.tpot,
+                                         next(self.counter), config, reps))
+
+    def deployment(self, config, reps) -> Deployment:
+        mode, pre, dec = config
+        return Deployment(self.q.model, self.q.hardware, mode, pre.slice(reps[0]),
+                          dec.slice(reps[1]))
+
+    def step_times(self, config, deployment: Deployment) -> StepTimes:
+        key = (id(config[1]), id(config[2]))
+        if key not in self._times:
+            self._times[key] = cost_model_step_times(deployment)
+        times = self._times[key]
+        if deployment.mode == "disaggregated":   # the link depends on the chips in total
+            bandwidth, _ = kv_link_bandwidth(deployment)
+            per_token = costmodel.kv_bytes_per_token(deployment.model)
+            times = dataclasses.replace(times, kv_transfer_s=lambda n: per_token * n / bandwidth)
+        return times
+
+    # -- evaluation
+    def evaluate(self, config, reps, times: StepTimes | None = None) -> Plan:
+        d = self.deployment(config, reps)
+        times = times or self.step_times(config, d)
+        result = simulate(d, self.requests, times, slo=self.q.profile)
+        return self._plan(d, result, config)
+
+    def _plan(self, d: Deployment, result: SimResult, config) -> Plan:
+        p = self.q.profile
+        s = result.summary(p)
+        violations = {"ttft": s["ttft_slo_stat_s"] / p.ttft, "tpot": s["tpot_slo_stat_s"] / p.tpot,
+                      "attainment": (p.attainment / s["slo_attainment"]
+                                     if s["slo_attainment"] else math.inf)}
+        meets = all(v <= 1.0 for v in violations.values())
+        _, pre, dec = config
+        decode_busy = max(self.o.output_mean - 1, 0) * dec.step_s / dec.batch
+        prefill_busy = pre.step_s / pre.batch
+        if d.mode == "aggregated":
+            utilization = {"replica": self.rate * (decode_busy + prefill_busy) / d.decode.replicas}
+        else:
+            utilization = {"prefill": self.rate * prefill_busy / d.prefill.replicas,
+                           "decode": self.rate * decode_busy / d.decode.replicas}
+        hbm = self.q.hardware.hbm_bytes
+        memory = (dec.peak_bytes + (pre.working_bytes if d.mode == "aggregated" else 0)) / hbm
+        if d.mode == "disaggregated":
+            memory = max(memory, pre.peak_bytes / hbm)
+        return Plan(d, s, meets, violations, utilization, memory, config=config)
+
+    def run(self) -> tuple[Plan | None, list[Plan]]:
+        self.seed()
+        best: Plan | None = None
+        limit = self.cap
+        budget = self.q.max_chips is not None
+        found_at = None
+        while self.heap and len(self.simulated) < self.q.max_simulations:
+            entry = heapq.heappop(self.heap)
+            if entry.chips_total > limit:
+                break
+            if found_at is not None and len(self.simulated) - found_at >= self.q.frontier_simulations:
+                break
+            plan = self.evaluate(entry.config, entry.replicas)
+            self.simulated.append(plan)
+            if plan.meets_slo:
+                if best is None:
+                    found_at = len(self.simulated)
+                if best is None or self._better(plan, best, budget):
+                    best = plan
+                if not budget:
+                    limit = min(limit, int(best.chips_total * FRONTIER_FACTOR))
+                continue
+            self._retry(entry, plan)
+        return best, self.simulated
+
+    def _better(self, plan: Plan, best: Plan, budget: bool) -> bool:
+        if budget:   # the most goodput within the budget, then the fewest chips
+            return ((plan.summary["goodput_rps"], -plan.chips_total, -plan.headroom)
+                    > (best.summary["goodput_rps"], -best.chips_total, -best.headroom))
+        return (plan.chips_total, plan.headroom) < (best.chips_total, best.headroom)
+
+    def _retry(self, entry: _Entry, plan: Plan) -> None:
+        """One more replica of the phase that missed (aggregated: of the whole replica)."""
+        pre_reps, dec_reps = entry.replicas
+        v = plan.violations
+        if entry.config[0] == "aggregated":
+            self._push(entry.config, (pre_reps + 1, dec_reps + 1))
+            return
+        if v["ttft"] > 1 or v["attainment"] > 1:
+            self._push(entry.config, (pre_reps + 1, dec_reps))
+        if v["tpot"] > 1 or v["attainment"] > 1:
+            self._push(entry.config, (pre_reps, dec_reps + 1))
+
+
+# --------------------------------------------------------------------------- bands
+
+
+def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
+    """Simulate `plan` at the band's ends; fills plan.band (at_risk, intervals)."""
+    p = search.q.profile
+    ttft_name, tpot_name = f"ttft_{p.ttft_statistic}", f"tpot_{p.tpot_statistic}"
+    pre, dec = ratio_bands["prefill"], ratio_bands["decode"]
+    if not (pre.known and dec.known):
+        status = "uncalibrated" if not (pre.points or dec.points) else pre.status
+        plan.band = {"band": status, "at_risk": None, f"{ttft_name}_band_s": None,
+                     f"{tpot_name}_band_s": None}
+        return
+    base = search.step_times(plan.config, plan.deployment)
+    ends = {}
+    for end, (fp, fd) in (("low", (pre.low, dec.low)), ("high", (pre.high, dec.high))):
+        affine = base.decode_affine
+        scaled = StepTimes(lambda b, n, f=fp: base.prefill_s(b, n) * f,
+                           lambda b, c, f=fd: base.decode_step_s(b, c) * f,
+                           base.kv_transfer_s, source=base.source,
+                           decode_affine=None if affine is None else
+                           (lambda b, f=fd: tuple(f * x for x in affine(b))))
+        ends[end] = search._plan(plan.deployment, simulate(plan.deployment, search.requests, scaled,
+                                                           slo=p), plan.config)
+    ttft_band = sorted([ends["low"].summary["ttft_slo_stat_s"], ends["high"].summary["ttft_slo_stat_s"]])
+    tpot_band = sorted([ends["low"].summary["tpot_slo_stat_s"], ends["high"].summary["tpot_slo_stat_s"]])
+    at_risk = plan.meets_slo != ends["high"].meets_slo or plan.meets_slo != ends["low"].meets_slo
+    plan.band = {"band": f"calibrated ({pre.coverage:.0%}, {pre.points}+{dec.points} held-out)",
+                 "at_risk": at_risk, f"{ttft_name}_band_s": ttft_band,
+                 f"{tpot_name}_band_s": tpot_band}
+
+
+# --------------------------------------------------------------------------- the answer
+
+
+def plan(q: PlanQuestion) -> PlanResult:
+    """The cheapest deployment per mode meeting the SLO, the frontier, and why (module doc)."""
+    started = time.perf_counter()
+    options = _Options(q)
+    ratio_bands = bands_mod.profile_bands(q.hardware, q.coverage)
+    best_per_mode: dict[str, Plan | None] = {}
+    searches: dict[str, _Search] = {}
+    everything: list[Plan] = []
+    for mode in q.modes:
+        search = _Search(q, options, mode)
+        best_per_mode[mode], simulated = search.run()
+        searches[mode] = search
+        everything += simulated
+    candidates = [p for p in best_per_mode.values() if p is not None]
+    budget = q.max_chips is not None
+    best = None
+    for p in candidates:
+        if best is None or searches[p.deployment.mode]._better(p, best, budget):
+            best = p
+    frontier = pareto([p for p in everything if p.meets_slo])
+    for p in {id(p): p for p in [*candidates, *frontier]}.values():
+        _with_band(searches[p.deployment.mode], p, ratio_bands)
+    reason = _reason(q, best, everything, options, searches)
+    settle = None
+    if best is not None and (best.band or {}).get("at_risk") is not False:
+        settle = (f"run `sweeper serve --plan plan.json --rate {mean_rate(q.profile):g}` (after "
+                  "`sweeper plan ... --out plan.json`) and compare its measured "
+                  f"ttft_{q.profile.ttft_statistic}/tpot_{q.profile.tpot_statistic} with the "
+                  "SLO; or fit this hardware (`sweeper fit`) so the plan carries an error band")
+    search_info = {"simulated": len(everything),
+                   "configs": sum(s.configs for s in searches.values()),
+                   "requests_per_simulation": q.requests,
+                   "pruned": dict(options.pruned),
+                   "lower_bounds": {m: {k: _round(v) for k, v in s.lower_bounds.items()}
+                                    for m, s in searches.items()},
+                   "wall_s": round(time.perf_counter() - started, 3),
+                   "step_times": costmodel.SOURCE}
+    return PlanResult(q, best, best_per_mode, frontier, reason, search_info, ratio_bands, settle)
+
+
+def pareto(plans: list[Plan]) -> list[Plan]:
+    """Plans no other beats on chips, TTFT and TPOT statistics at once (cheapest first)."""
+    def key(p: Plan):
+        return (p.chips_total, p.summary["ttft_slo_stat_s"], p.summary["tpot_slo_stat_s"])
+
+    out = []
+    for p in sorted(plans, key=key):
+        kp = key(p)
+        if not any(all(a <= b for a, b in zip(key(o), kp)) and key(o) != kp for o in plans):
+            if all(key(o) != kp for o in out):
+                out.append(p)
+    return out
+
+
+def _reason(q: PlanQuestion, best: Plan | None, everything: list[Plan], options: _Options,
+            searches: dict) -> str:
+    p = q.profile
+    cap = q.max_chips or DEFAULT_CHIP_CAP
+    if best is not None:
+        return (f"{best.deployment.mode} on {best.chips_total} chips meets the SLO; binding: "
+                f"{best.binding()}")
+    if everything:
+        closest = min(everything, key=lambda plan: plan.headroom)
+        name, ratio = max(closest.violations.items(), key=lambda kv: kv[1])
+        s = closest.summary
+        what = {"ttft": f"TTFT {p.ttft_statistic} {s['ttft_slo_stat_s']:.3g} s > {p.ttft:g} s",
+                "tpot": f"TPOT {p.tpot_statistic} {s['tpot_slo_stat_s']:.3g} s > {p.tpot:g} s",
+                "attainment": f"SLO attainment {s['slo_attainment']:.1%} < {p.attainment:.0%}"}[name]
+        return (f"no plan within {cap} chips meets the SLO: {what} (off by {ratio - 1:.0%}) in "
+                f"the closest, {closest.deployment.describe()} on {closest.chips_total} chips")
+    bounds = {}
+    for s in searches.values():
+        for k, v in s.lower_bounds.items():
+            bounds[k] = min(bounds.get(k, math.inf), v)
+    if "tpot" in bounds and bounds["tpot"] > p.tpot:
+        return (f"no plan within {cap} chips meets the SLO: TPOT: the fastest decode step of any "
+                f"slice is {bounds['tpot']:.3g} s > {p.tpot:g} s (off by {bounds['tpot'] / p.tpot - 1:.0%})")
+    if "ttft" in bounds and bounds["ttft"] > p.ttft:
+        return (f"no plan within {cap} chips meets the SLO: TTFT: the fastest prefill call of "
+                f"any slice is {bounds['ttft']:.3g} s > {p.ttft:g} s (off by "
+                f"{bounds['ttft'] / p.ttft - 1:.0%})")
+    if "memory" in options.pruned:
+        return f"no plan within {cap} chips fits in memory: {options.pruned['memory']}"
+    return f"no plan within {cap} chips: the rate needs more chips than the budget allows"
