@@ -1,54 +1,139 @@
 """TrialConfig: one point of a sweep, plain data, identical for the engine and the cost model.
 
-Serialisable to and from YAML/JSON (`to_dict` / `from_dict`). Validation happens here,
-before any expensive work: every error is a `ConfigError` naming file, field, value and
-what is accepted.
+Every trial field is declared once, below, as a dataclass field whose metadata says what it
+accepts (`integer`, `minimum`, `choices` or its own `parse`), whether a space may search it
+(`searchable`), whether it is one of the flat parameters (`flat`: MLflow params, the results
+table's columns, the space's flat view), its `unit` and a `help` line. Everything else is
+derived from that metadata: `FIELDS`, `FLAT_PARAMS`, `INT_FLAT_PARAMS`, `LAYOUT_PARAMS`,
+`SEARCHABLE`, `DEFAULTS`, `to_dict` / `from_dict`, the space loader's checks and its JSON
+Schema (sweeper/sweep/space.py, schema.py) and the results columns (sweeper/tracking/results.py).
+
+Validation happens here, before any expensive work: every error is a `ConfigError` naming
+file, field, value and what is accepted (the validators are workloads/validate.py's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
                               read_yaml)
 from workloads.costmodel import best_topology
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, WEIGHT_FORMATS,
                                PhaseLayout, resolve_padding, validate_layouts)
+from workloads.validate import integer, number, one_of
+
+# The parts of a phase layout (PhaseLayout's fields) and the layouts each accepts (paper §3).
+PHASE_PARTS: dict[str, tuple[str, ...]] = {"ffn": FFN_LAYOUTS, "attn": ATTN_LAYOUTS}
+
+
+def parse_pad_heads(value: Any, source: str | None = None, field: str = "pad_heads") -> str | int:
+    """auto | none | a positive integer (a YAML `null` or `false` reads as none)."""
+    if value is None or value is False:
+        return "none"
+    if value in PAD_HEADS_CHOICES:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(field, value, "auto, none or a positive integer (query heads to run)", source)
+    return value
+
+
+def parse_phase_layout(data: Any, phase: str, source: str | None = None) -> PhaseLayout:
+    if isinstance(data, PhaseLayout):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(phase, data, "a mapping {ffn: ..., attn: ...}", source)
+    check_keys(data, list(PHASE_PARTS), source, prefix=f"{phase}.")
+    parts = {part: one_of(f"{phase}.{part}", data.get(part, getattr(PhaseLayout, part)), choices,
+                          source, suggest=True)
+             for part, choices in PHASE_PARTS.items()}
+    return PhaseLayout(**parts)
+
+
+def _parse_topology(value: Any, where: str, source: str | None, context: Mapping) -> Any:
+    """None: the cost model's best split; else XxYxZ whose product is chips (when known)."""
+    if value is None:
+        return None
+    chips = context.get("chips")
+    return parse_topology(value, chips if isinstance(chips, int) else None, where, source)
+
+
+def _spec(help: str, *, unit: str | None = None, integer: bool = False,
+          minimum: float | None = None, choices: tuple | None = None,
+          parse: Callable[[Any, str, str | None, Mapping], Any] | None = None,
+          parts: Mapping[str, tuple] | None = None, searchable: bool = False, flat: bool = True,
+          layout: bool = False) -> dict:
+    """A trial field's metadata. `parse(value, where, source, context)` for a field that the
+    generic checks (integer/minimum, choices) do not describe; `context` holds the fields
+    parsed before it. `parts`: a phase layout, flattened as <field>_<part>. `flat`: one of the
+    flat parameters (a quantity of the trial, not of the timing protocol). `layout`: how the
+    trial is partitioned (MLflow tags)."""
+    meta = {"help": help, "unit": unit, "integer": integer, "minimum": minimum,
+            "choices": choices, "parse": parse, "parts": parts, "searchable": searchable,
+            "flat": flat, "layout": layout}
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def _field(default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING, **spec) -> Any:
+    return field(default=default, default_factory=factory, metadata=_spec(**spec))
 
 
 @dataclass(frozen=True)
 class TrialConfig:
-    model: ModelConfig
-    chips: int
-    batch: int
-    input_len: int = 32
-    decode_steps: int = 8
-    topology: tuple[int, int, int] | None = None   # None: the cost model's best ws2d split
-    weights: str = "bf16"
-    prefill: PhaseLayout = field(default_factory=PhaseLayout)
-    decode: PhaseLayout = field(default_factory=PhaseLayout)
-    seed: int = 0
-    repeats: int = 3              # the fewest timed runs (docs/architecture.md, "Measurement protocol")
-    warmup: int = 1
-    ci_target: float = 0.02       # stop timing once both medians' 95% CI is within +-2%
-    time_budget_s: float = 2.0    # ... or once the timed runs have taken this long
+    model: ModelConfig = _field(
+        help="a model preset, a model YAML or a mapping of model fields",
+        parse=lambda value, where, source, _: load_model(value, source=source, field=where))
+    chips: int = _field(help="chips the mesh spans (X*Y*Z)", integer=True, minimum=1,
+                        searchable=True, unit="chips")
+    batch: int = _field(help="sequences per step", integer=True, minimum=1, searchable=True,
+                        unit="sequences")
+    input_len: int = _field(32, help="prompt tokens per sequence (prefill)", integer=True,
+                            minimum=1, searchable=True, unit="tokens")
+    decode_steps: int = _field(8, help="tokens generated per sequence (0: prefill only)",
+                               integer=True, minimum=0, searchable=True, unit="tokens")
+    # None: the cost model's best ws2d split
+    topology: tuple[int, int, int] | None = _field(
+        None, help="mesh shape XxYxZ, product = chips (default: the cost model's best split)",
+        parse=_parse_topology, searchable=True)
+    weights: str = _field("bf16", help="weight storage format", choices=WEIGHT_FORMATS,
+                          searchable=True, layout=True)
+    prefill: PhaseLayout = _field(
+        factory=PhaseLayout, help="the prefill phase's layout {ffn, attn} (paper §3.2-3.3)",
+        parse=lambda value, where, source, _: parse_phase_layout(value, where, source),
+        parts=PHASE_PARTS, searchable=True, layout=True)
+    decode: PhaseLayout = _field(
+        factory=PhaseLayout, help="the decode phase's layout {ffn, attn} (paper §3.2-3.3)",
+        parse=lambda value, where, source, _: parse_phase_layout(value, where, source),
+        parts=PHASE_PARTS, searchable=True, layout=True)
+    seed: int = _field(0, help="random seed of weights and inputs (search it for replicates)",
+                       integer=True, minimum=0, searchable=True)
+    # the fewest timed runs (docs/architecture.md, "Measurement protocol")
+    repeats: int = _field(3, help="the fewest timed runs of each phase", integer=True, minimum=1,
+                          unit="runs")
+    warmup: int = _field(1, help="untimed runs before timing", integer=True, minimum=0,
+                         unit="runs", flat=False)
+    ci_target: float = _field(0.02, help="stop timing once both medians' 95% CI is within "
+                              "+-ci_target (0: never stop early)", minimum=0, flat=False)
+    time_budget_s: float = _field(2.0, help="stop timing once the timed runs have taken this long "
+                                  "(0: exactly `repeats` runs)", minimum=0, unit="s", flat=False)
     # Paper §4 head padding: auto (pad the query heads to the smallest count the layouts'
     # sharded axes divide; no-op when they already do) | none | an integer N.
-    pad_heads: str | int = "auto"
-    hosts: int = 1                # JAX processes the mesh spans, chips / hosts each (README "Multi-host trials")
+    pad_heads: str | int = _field(
+        "auto", help="paper §4 head padding: auto, none or N query heads",
+        parse=lambda value, where, source, _: parse_pad_heads(value, source, where),
+        searchable=True)
+    hosts: int = _field(1, help="JAX processes the mesh spans, chips / hosts devices each",
+                        integer=True, minimum=1, searchable=True, unit="hosts")
 
-    FIELDS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-              "prefill", "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s",
-              "pad_heads", "hosts")
-    # The flat parameter names (MLflow params, table columns, the search space's flat view):
-    # the one list everything else derives from. LAYOUT_PARAMS: how a trial is partitioned.
-    LAYOUT_PARAMS = ("weights", "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn")
-    FLAT_PARAMS = ("model", "chips", "batch", "input_len", "decode_steps", "topology", "weights",
-                   "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn", "seed", "repeats",
-                   "pad_heads", "hosts")
-    INT_FLAT_PARAMS = ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "hosts")
+    # Derived from the fields' metadata below the class (module-level names of the same).
+    FIELDS: ClassVar[tuple[str, ...]]
+    FLAT_PARAMS: ClassVar[tuple[str, ...]]
+    INT_FLAT_PARAMS: ClassVar[tuple[str, ...]]
+    LAYOUT_PARAMS: ClassVar[tuple[str, ...]]
 
     @property
     def run_model(self) -> ModelConfig:
@@ -78,24 +163,7 @@ class TrialConfig:
 
     def to_dict(self) -> dict:
         """Plain data; the model as a mapping so the dict alone reproduces the trial."""
-        return {
-            "model": self.model.to_dict(),
-            "chips": self.chips,
-            "batch": self.batch,
-            "input_len": self.input_len,
-            "decode_steps": self.decode_steps,
-            "topology": list(self.topology) if self.topology else None,
-            "weights": self.weights,
-            "prefill": dataclasses.asdict(self.prefill),
-            "decode": dataclasses.asdict(self.decode),
-            "seed": self.seed,
-            "repeats": self.repeats,
-            "warmup": self.warmup,
-            "ci_target": self.ci_target,
-            "time_budget_s": self.time_budget_s,
-            "pad_heads": self.pad_heads,
-            "hosts": self.hosts,
-        }
+        return {name: _plain(getattr(self, name)) for name in FIELDS}
 
     def flat_params(self) -> dict[str, Any]:
         """Flat key/values for MLflow params and tables (one name per quantity across runs)."""
@@ -106,36 +174,17 @@ class TrialConfig:
     def from_dict(cls, data: Mapping, source: str | None = None, validate: bool = True) -> "TrialConfig":
         if not isinstance(data, Mapping):
             raise ConfigError("trial", data, "a mapping of trial fields", source)
-        check_keys(data, list(cls.FIELDS), source)
-        if "model" not in data:
-            raise ConfigError("model", None, "a preset name, a YAML path or a mapping (required)", source)
-        model = load_model(data["model"], source=source)
-        values: dict[str, Any] = {"model": model}
-        for key in ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "warmup",
-                    "hosts"):
-            value = data.get(key, DEFAULTS.get(key))
-            if value is None:
-                raise ConfigError(key, None, "a positive integer (required)", source)
-            minimum = 0 if key in ("seed", "warmup") else 1
-            if key == "decode_steps":
-                minimum = 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(key, value, f"an integer >= {minimum}", source)
-            values[key] = value
-        for key in ("ci_target", "time_budget_s"):
-            values[key] = parse_nonnegative(data.get(key, getattr(cls, key)), key, source)
-        if values["chips"] % values["hosts"]:
-            raise ConfigError("hosts", values["hosts"], f"a divisor of chips={values['chips']} "
+        check_keys(data, FIELDS, source)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):       # in order: chips is known before topology
+            if f.name in data:
+                values[f.name] = parse_field(f.name, data[f.name], source, context=values)
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f.name, None, f"{accepted(f.name)} (required)", source)
+        hosts = values.get("hosts", DEFAULTS["hosts"])
+        if values["chips"] % hosts:
+            raise ConfigError("hosts", hosts, f"a divisor of chips={values['chips']} "
                               "(each host owns chips / hosts devices)", source)
-        if data.get("topology") is not None:
-            values["topology"] = parse_topology(data["topology"], values["chips"], "topology", source)
-        weights = data.get("weights", DEFAULTS["weights"])
-        if weights not in WEIGHT_FORMATS:
-            raise ConfigError("weights", weights, f"one of {list(WEIGHT_FORMATS)}", source)
-        values["weights"] = weights
-        for phase in ("prefill", "decode"):
-            values[phase] = parse_phase_layout(data.get(phase, {}), phase, source)
-        values["pad_heads"] = parse_pad_heads(data.get("pad_heads", DEFAULTS["pad_heads"]), source)
         trial = cls(**values)
         return trial.validate(source) if validate else trial
 
@@ -144,52 +193,114 @@ class TrialConfig:
         return cls.from_dict(read_yaml(path), source=str(path))
 
 
-def parse_nonnegative(value: Any, key: str, source: str | None = None) -> float:
-    """A finite number >= 0 (ci_target 0: never stop early; time_budget_s 0: `repeats` runs)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise ConfigError(key, value, "a number >= 0", source)
-    return float(value)
-# seed, repeats, ...); the layouts' defaults are PhaseLayout's.
-DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrialConfig)
+def _plain(value: Any) -> Any:
+    """A field's value as YAML/JSON data (a model as its mapping, a layout as {ffn, attn})."""
+    if isinstance(value, ModelConfig):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    return list(value) if isinstance(value, tuple) else value
+
+
+# ----------------------------------------------------------------------------- derived
+
+TRIAL_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrialConfig)}
+FIELDS: tuple[str, ...] = tuple(TRIAL_FIELDS)
+# The trial defaults (a phase layout's defaults are PhaseLayout's).
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in TRIAL_FIELDS.values()
                             if f.default is not dataclasses.MISSING}
+
+
+def accepted(name: str) -> str:
+    """What a trial field accepts, in words (for a 'required' error)."""
+    meta = TRIAL_FIELDS[name].metadata
+    if meta.get("integer"):
+        return f"an integer >= {meta['minimum']}"
+    if meta.get("choices"):
+        return f"one of {list(meta['choices'])}"
+    return meta["help"]
+
+
+def parse_field(name: str, value: Any, source: str | None = None, where: str | None = None,
+                context: Mapping[str, Any] | None = None) -> Any:
+    """One trial field's value checked against its metadata; `where` names it in errors
+    (default: its name), `context` holds fields already parsed (a topology checks chips)."""
+    meta = TRIAL_FIELDS[name].metadata
+    where = where or name
+    if "parse" in meta:
+        return meta["parse"](value, where, source, context or {})
+    if meta.get("integer"):
+        return integer(where, value, source, meta["minimum"])
+    if "choices" in meta:
+        return one_of(where, value, meta["choices"], source, suggest=True)
+    return number(where, value, source, meta["minimum"])
+
+
+@dataclass(frozen=True)
+class FlatParam:
+    """One flat parameter: a trial field, or one part of a phase layout (`prefill_ffn`)."""
+
+    name: str
+    field: str                    # the TrialConfig field it belongs to
+    part: str | None = None       # the phase layout's part (ffn, attn), for prefill_* / decode_*
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        return TRIAL_FIELDS[self.field].metadata
+
+    @property
+    def integer(self) -> bool:
+        return bool(self.meta.get("integer"))
+
+    @property
+    def minimum(self) -> float | None:
+        return self.meta.get("minimum")
+
+    @property
+    def choices(self) -> tuple | None:
+        return self.meta["parts"][self.part] if self.part else self.meta.get("choices")
+
+    @property
+    def searchable(self) -> bool:
+        return bool(self.meta.get("searchable"))
+
+    @property
+    def default(self) -> Any:
+        return getattr(PhaseLayout, self.part) if self.part else DEFAULTS.get(self.field)
+
+    def check(self, value: Any, where: str, source: str | None = None) -> Any:
+        """One value of this parameter (e.g. a searched choice), checked like the field."""
+        if self.part:
+            return one_of(where, value, self.choices, source, suggest=True)
+        return parse_field(self.field, value, source, where)
+
+
+FLAT: tuple[FlatParam, ...] = tuple(
+    FlatParam(f"{f.name}_{part}", f.name, part) if f.metadata.get("parts") else FlatParam(f.name, f.name)
+    for f in TRIAL_FIELDS.values() if f.metadata.get("flat")
+    for part in (f.metadata.get("parts") or (None,)))
+FLAT_BY_NAME: dict[str, FlatParam] = {p.name: p for p in FLAT}
+# The flat parameter names (MLflow params, table columns, the search space's flat view).
+FLAT_PARAMS: tuple[str, ...] = tuple(FLAT_BY_NAME)
+INT_FLAT_PARAMS: tuple[str, ...] = tuple(p.name for p in FLAT if p.integer)
+# How a trial is partitioned (MLflow tags).
+LAYOUT_PARAMS: tuple[str, ...] = tuple(p.name for p in FLAT if p.meta.get("layout"))
+# What a search space may search (besides its shorthands for both phases).
+SEARCHABLE: tuple[str, ...] = tuple(p.name for p in FLAT if p.searchable)
+
+TrialConfig.FIELDS = FIELDS
+TrialConfig.FLAT_PARAMS = FLAT_PARAMS
+TrialConfig.INT_FLAT_PARAMS = INT_FLAT_PARAMS
+TrialConfig.LAYOUT_PARAMS = LAYOUT_PARAMS
 
 
 def flat_params_of(data: Mapping[str, Any]) -> dict[str, Any]:
     """FLAT_PARAMS of trial data nested as `to_dict` writes it (phase layouts as mappings);
     a missing field takes its default. No validation: also for points that cannot run."""
     flat: dict[str, Any] = {}
-    for name in TrialConfig.FLAT_PARAMS:
-        phase, _, part = name.partition("_")
-        if phase in ("prefill", "decode") and part in ("ffn", "attn"):
-            flat[name] = (data.get(phase) or {}).get(part, getattr(PhaseLayout, part))
+    for p in FLAT:
+        if p.part:
+            flat[p.name] = (data.get(p.field) or {}).get(p.part, p.default)
         else:
-            flat[name] = data.get(name, DEFAULTS.get(name))
+            flat[p.name] = data.get(p.name, p.default)
     return flat
-
-
-def parse_pad_heads(value: Any, source: str | None = None, field: str = "pad_heads") -> str | int:
-    """auto | none | a positive integer (a YAML `null` or `false` reads as none)."""
-    if value is None or value is False:
-        return "none"
-    if value in PAD_HEADS_CHOICES:
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(field, value, "auto, none or a positive integer (query heads to run)", source)
-    return value
-
-
-def parse_phase_layout(data: Any, phase: str, source: str | None = None) -> PhaseLayout:
-    if isinstance(data, PhaseLayout):
-        return data
-    if not isinstance(data, Mapping):
-        raise ConfigError(phase, data, "a mapping {ffn: ..., attn: ...}", source)
-    check_keys(data, ["ffn", "attn"], source, prefix=f"{phase}.")
-    ffn = data.get("ffn", PhaseLayout.ffn)
-    attn = data.get("attn", PhaseLayout.attn)
-    if ffn not in FFN_LAYOUTS:
-        raise ConfigError(f"{phase}.ffn", ffn, f"one of {list(FFN_LAYOUTS)}", source)
-    if attn not in ATTN_LAYOUTS:
-        raise ConfigError(f"{phase}.attn", attn, f"one of {list(ATTN_LAYOUTS)}", source)
-    return PhaseLayout(ffn, attn)

@@ -8,6 +8,7 @@ Plain Python, imported by everything, importing nothing of the project.
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, Iterable, Mapping
 
 
@@ -47,9 +48,40 @@ def check_keys(mapping: Mapping, allowed: Iterable[str], where: str | None, pref
                               f"{sorted(allowed)}{did_you_mean(key, allowed)}", where)
 
 
+def is_int(value: Any) -> bool:
+    """An int and not a bool (YAML's `true` is an int to Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer(field: str, value: Any, source: str | None = None, minimum: int = 1) -> int:
+    """An integer >= `minimum` (the trial fields' `minimum` metadata: 0 for seed, warmup and
+    decode_steps, 1 for the rest; workloads/trial.py)."""
+    if not is_int(value) or value < minimum:
+        raise ConfigError(field, value, f"an integer >= {minimum}", source)
+    return value
+
+
 def positive_int(field: str, value: Any, source: str | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    """`integer(minimum=1)`, worded for model fields and command-line flags."""
+    if not is_int(value) or value < 1:
         raise ConfigError(field, value, "a positive integer", source)
+    return value
+
+
+def number(field: str, value: Any, source: str | None = None, minimum: float = 0.0,
+           positive: bool = False) -> float:
+    """A finite int or float >= `minimum` (> 0 when `positive`), as a float."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and (value > 0 if positive else value >= minimum))
+    if not ok:
+        raise ConfigError(field, value, "a positive number" if positive else
+                          f"a number >= {minimum:g}", source)
+    return float(value)
+
+
+def boolean(field: str, value: Any, source: str | None = None) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field, value, "true or false", source)
     return value
 
 

@@ -1,69 +1,77 @@
 """A JSON Schema (draft 2020-12) of space files, for editors (`sweeper schema`).
 
-Built from the space loader's own tables (sweeper/sweep/space.py: the field names, the
-searchable parameters and which are integers, layouts, samplers, directions, metrics,
-hardware kinds), so it cannot drift from what `load_space` accepts: a field added to
-the loader without a type here makes `space_schema()` raise (tests/test_overrides_schema.py).
-The schema checks shape and names; the loader still checks what a schema cannot
-(a topology's product, a point that can run, a sampler's options).
+Built from the declarations the loader itself checks against: the trial fields' metadata
+on `TrialConfig` (workloads/trial.py: integer and minimum, choices, phase-layout parts,
+help and unit) and the space loader's tables (sweeper/sweep/space.py: field names, the
+searchable parameters, samplers, directions, metrics, hardware kinds), so it cannot drift
+from what `load_space` accepts. A trial field whose metadata a schema cannot express
+(it has its own `parse`) needs an entry in `_CUSTOM`, or `space_schema()` raises
+(tests/test_overrides_schema.py). The schema checks shape and names; the loader still
+checks what a schema cannot (a topology's product, a point that can run, a sampler's options).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from sweeper.sweep import space as sp
-from workloads.layouts import WEIGHT_FORMATS
+from workloads.trial import TRIAL_FIELDS
 
 SCHEMA_ID = "https://sweeper.invalid/space.schema.json"
 
-_INT = {"type": "integer"}
 _QUANTITY = {"anyOf": [{"type": "number"}, {"type": "string"}],
              "description": "a number or a quantity with a unit, e.g. 2GiB"}
-_TOPOLOGY = {"anyOf": [{"type": "string", "pattern": r"^(auto|\d+\s*[x×]\s*\d+\s*[x×]\s*\d+)$"},
-                       {"type": "array", "items": _INT, "minItems": 3, "maxItems": 3},
-                       {"type": "null"}],
-             "description": "XxYxZ (product = chips), [X, Y, Z] or auto"}
+_TOPOLOGY_TEXT = {"type": "string", "pattern": r"^(auto|\d+\s*[x×]\s*\d+\s*[x×]\s*\d+)$"}
+# Trial fields parsed by their own function (metadata `parse`): their schema, by hand.
+_CUSTOM: dict[str, dict] = {
+    "topology": {"anyOf": [_TOPOLOGY_TEXT,
+                           {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 3},
+                           {"type": "null"}]},
+    # workloads/trial.py parse_pad_heads: auto | none | a positive integer
+    "pad_heads": {"anyOf": [{"enum": ["auto", "none", None, False]}, {"type": "integer", "minimum": 1}]},
+}
 
 
-def _phase_layout() -> dict:
-    return {"type": "object", "additionalProperties": False,
-            "properties": {"ffn": {"enum": list(sp.LAYOUT_PARAMS["ffn"])},
-                           "attn": {"enum": list(sp.LAYOUT_PARAMS["attn"])}}}
+def _described(schema: dict, meta: Mapping[str, Any]) -> dict:
+    unit = f" [{meta['unit']}]" if meta.get("unit") else ""
+    return {**schema, "description": meta["help"] + unit}
 
 
-# pad_heads (workloads/trial.py parse_pad_heads): auto | none | a positive integer.
-_PAD_HEADS = {"anyOf": [{"enum": ["auto", "none", None, False]}, {"type": "integer", "minimum": 1}]}
+def _value(meta: Mapping[str, Any], name: str, what: str) -> dict:
+    """The schema of one value of a trial field, from its metadata."""
+    if meta.get("integer"):
+        return {"type": "integer", "minimum": meta["minimum"]}
+    if meta.get("choices"):
+        return {"enum": list(meta["choices"])}
+    if meta.get("parts"):
+        return {"type": "object", "additionalProperties": False,
+                "properties": {part: {"enum": list(choices)} for part, choices in meta["parts"].items()}}
+    if "parse" not in meta and meta.get("minimum") is not None:
+        return {"type": "number", "minimum": meta["minimum"]}
+    if name in _CUSTOM:
+        return _CUSTOM[name]
+    raise KeyError(f"no JSON Schema type for the {what} {name!r}: add it to schema.py's _CUSTOM")
 
 
 def _fixed_field(name: str) -> dict:
-    """The schema of one fixed trial field; a KeyError for a field added without one."""
-    minimum = 0 if name in ("seed", "warmup", "decode_steps") else 1
-    types = {"prefill": _phase_layout(), "decode": _phase_layout(), "topology": _TOPOLOGY,
-             "weights": {"enum": list(WEIGHT_FORMATS)},
-             "ci_target": {"type": "number", "minimum": 0},
-             "time_budget_s": {"type": "number", "minimum": 0}, "pad_heads": _PAD_HEADS}
-    if name in types:
-        return types[name]
-    if name in ("chips", "batch", "input_len", "decode_steps", "seed", "repeats", "warmup",
-                "hosts"):
-        return {"type": "integer", "minimum": minimum}
-    raise KeyError(f"no JSON Schema type for the fixed field {name!r}: add it to schema.py")
+    """The schema of one fixed trial field; a KeyError for a field without one."""
+    if name not in TRIAL_FIELDS:
+        raise KeyError(f"no JSON Schema type for the fixed field {name!r}: not a TrialConfig field")
+    meta = TRIAL_FIELDS[name].metadata
+    return _described(_value(meta, name, "fixed field"), meta)
 
 
 def _param_value(name: str) -> dict:
-    if name in sp.INT_PARAMS:
-        return {"type": "integer", "minimum": 0 if name in ("decode_steps", "seed") else 1}
-    if name in sp.LAYOUT_PARAMS:
-        return {"enum": list(sp.LAYOUT_PARAMS[name])}
-    if name == "weights":
-        return {"enum": list(WEIGHT_FORMATS)}
-    if name == "topology":
-        return _TOPOLOGY["anyOf"][0]
-    if name == "pad_heads":
-        return _PAD_HEADS
-    raise KeyError(f"no JSON Schema type for the searchable parameter {name!r}: add it to schema.py")
+    """The schema of one value a searched parameter may take."""
+    param = sp.SEARCHED.get(name)
+    if param is None:
+        raise KeyError(f"no JSON Schema type for the searchable parameter {name!r}")
+    if param.part:
+        return {"enum": list(param.choices)}
+    if name == "topology":     # searched topologies are scalars: XxYxZ or auto
+        return _TOPOLOGY_TEXT
+    return _value(param.meta, name, "searchable parameter")
 
 
 def _param(name: str) -> dict:
@@ -74,7 +82,14 @@ def _param(name: str) -> dict:
         forms.append({"type": "object", "additionalProperties": False, "required": ["low", "high"],
                       "properties": {"low": _param_value(name), "high": _param_value(name),
                                      "log": {"type": "boolean"}, "step": {"type": "integer", "minimum": 1}}})
-    return {"oneOf": forms}
+    param = sp.SEARCHED[name]
+    if param.part is None:
+        description = param.meta["help"]
+    elif name == param.part:
+        description = f"the {name} layout of both phases"
+    else:
+        description = f"the {param.part} layout of the {param.field} phase"
+    return {"oneOf": forms, "description": description}
 
 
 def _space_field(name: str) -> dict:
@@ -110,6 +125,9 @@ def _space_field(name: str) -> dict:
         "resources": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
         "verify": {"type": "boolean",
                    "description": "measured trials also run the unsharded reference"},
+        "serving": {"type": "object",
+                    "description": "the serving workload a plan is made for (rate or trace, "
+                                   "input_len, output_len, ttft, tpot, ...)"},
     }
     if name not in types:
         raise KeyError(f"no JSON Schema type for the space field {name!r}: add it to schema.py")

@@ -29,7 +29,11 @@ parameters to search, what to optimise and under which constraints:
     resources: {GPU: 1}              # Ray resources per worker (devices; per host if hosts > 1)
     hosts: 2                         # JAX processes per trial (a fixed field or a param; default 1)
     verify: true                     # also compare each measured trial with the reference
+    serving: {rate: 2, ttft: 1.0}    # the serving workload a plan is made for (kept as read;
+                                     #   sweeper.serving.workload.profile_from_dict parses it)
 
+The trial fields, which of them can be searched, and what each accepts are declared once
+on `TrialConfig` (workloads/trial.py); the lists below derive from its metadata.
 Everything is checked here, before Ray, Optuna or MLflow start; each error is one
 `ConfigError` line naming the file, the field, the value and what is accepted.
 A sampled point becomes a `TrialConfig`; a point that cannot run for its shape raises
@@ -53,32 +57,27 @@ from workloads.config import (ConfigError, HardwareProfile, ModelConfig, load_mo
                               read_text)
 from workloads.costmodel import best_topology, factorizations
 from workloads.hardware import HOST, load_hardware
-from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout, stores_1d,
-                               validate_layouts)
+from workloads.layouts import PhaseLayout, stores_1d, validate_layouts
 from workloads.metrics import METRIC_NAMES, Measurement
-from workloads.trial import (TrialConfig, flat_params_of, parse_nonnegative, parse_pad_heads,
-                             parse_phase_layout)
-from workloads.validate import check_keys as _check_keys, one_of
+from workloads.trial import (FIELDS, FLAT_BY_NAME, PHASE_PARTS, SEARCHABLE, TRIAL_FIELDS, FlatParam,
+                             TrialConfig, flat_params_of, parse_field)
+from workloads.validate import boolean, check_keys as _check_keys, integer, number, one_of
 
-# What can be searched, and which of those are integers.
-# `ffn` / `attn` set the layout of both phases at once (e.g. Figure 6 compares ws1d and ws2d
-# with the same layout in prefill and decode).
-PARAM_NAMES = ("batch", "chips", "topology", "prefill_ffn", "prefill_attn", "decode_ffn",
-               "decode_attn", "ffn", "attn", "weights", "input_len", "decode_steps", "seed",
-               "pad_heads", "hosts")
-INT_PARAMS = ("batch", "chips", "input_len", "decode_steps", "seed", "hosts")   # seed: replicates
-LAYOUT_PARAMS = {"prefill_ffn": FFN_LAYOUTS, "prefill_attn": ATTN_LAYOUTS,
-                 "decode_ffn": FFN_LAYOUTS, "decode_attn": ATTN_LAYOUTS,
-                 "ffn": FFN_LAYOUTS, "attn": ATTN_LAYOUTS}
+# What can be searched: TrialConfig's searchable flat parameters, plus `ffn` / `attn`,
+# which set the layout of both phases at once (e.g. Figure 6 compares ws1d and ws2d with the
+# same layout in prefill and decode).
+SEARCHED: dict[str, FlatParam] = {**{name: FLAT_BY_NAME[name] for name in SEARCHABLE},
+                                  **{part: FlatParam(part, "prefill", part) for part in PHASE_PARTS}}
+PARAM_NAMES = tuple(SEARCHED)
+INT_PARAMS = tuple(name for name, p in SEARCHED.items() if p.integer)   # (seed: replicates)
+LAYOUT_PARAMS = {name: p.choices for name, p in SEARCHED.items() if p.part}
 AUTO_TOPOLOGY = "auto"   # the cost model's best split (TrialConfig.topology = None)
 
-# Trial fields that a space file may fix (TrialConfig.FIELDS without the model).
-FIXED_FIELDS = ("chips", "batch", "input_len", "decode_steps", "topology", "weights", "prefill",
-                "decode", "seed", "repeats", "warmup", "ci_target", "time_budget_s", "pad_heads",
-                "hosts")
+# Trial fields that a space file may fix (the model is the space's own `model`).
+FIXED_FIELDS = tuple(name for name in FIELDS if name != "model")
 SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objectives",
                 "constraints", "sampler", "trials", "parallel", "timeout_s", "max_retries",
-                "memory_budget_bytes", "resources", "verify")
+                "memory_budget_bytes", "resources", "verify", "serving")
 
 HARDWARE_KINDS = ("host", "devices", "analytical")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/sweep/guided.py
@@ -98,21 +97,12 @@ DEFAULT_OBJECTIVES = (("decode_step_s", "minimize"), ("decode_cost_chip_s_per_to
 
 
 def _one_of(field: str, value: Any, choices, source: str | None, what: str = "one of") -> Any:
-    """value if it is one of choices, else a ConfigError with a 'did you mean'."""
     return one_of(field, value, choices, source, what, suggest=True)
 
 
-def _int(value: Any, field: str, source: str | None, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(field, value, f"an integer >= {minimum}", source)
-    return value
-
-
 def _positive_number(value: Any, field: str, source: str | None) -> float:
-    number = parse_quantity(value, field, source)
-    if not number > 0 or not math.isfinite(number):
-        raise ConfigError(field, value, "a positive number", source)
-    return number
+    """A positive number, or a quantity with a unit (2GiB)."""
+    return number(field, parse_quantity(value, field, source), source, positive=True)
 
 
 # ----------------------------------------------------------------------------- parts
@@ -172,15 +162,13 @@ class Param:
         for key in ("low", "high"):
             if key not in spec:
                 raise ConfigError(f"{where}.{key}", None, "an integer (required for a range)", source)
-        minimum = 0 if name in ("decode_steps", "seed") else 1
-        low = _int(spec["low"], f"{where}.low", source, minimum)
-        high = _int(spec["high"], f"{where}.high", source, minimum)
+        minimum = SEARCHED[name].minimum
+        low = integer(f"{where}.low", spec["low"], source, minimum)
+        high = integer(f"{where}.high", spec["high"], source, minimum)
         if high < low:
             raise ConfigError(f"{where}.high", high, f"an integer >= low={low}", source)
-        log = spec.get("log", False)
-        if not isinstance(log, bool):
-            raise ConfigError(f"{where}.log", log, "true or false", source)
-        step = _int(spec.get("step", 1), f"{where}.step", source)
+        log = boolean(f"{where}.log", spec.get("log", False), source)
+        step = integer(f"{where}.step", spec.get("step", 1), source)
         if log and step != 1:
             raise ConfigError(f"{where}.step", step, "1 (Optuna's log ranges take no step)", source)
         if log and low < 1:
@@ -189,21 +177,13 @@ class Param:
 
 
 def _param_value(name: str, value: Any, field: str, source: str | None):
-    """Check one candidate value of a searched parameter."""
-    if name in INT_PARAMS:
-        return _int(value, field, source, 0 if name in ("decode_steps", "seed") else 1)
-    if name in LAYOUT_PARAMS:
-        return _one_of(field, value, LAYOUT_PARAMS[name], source)
-    if name == "weights":
-        return _one_of(field, value, WEIGHT_FORMATS, source)
-    if name == "pad_heads":   # auto | none | N (paper §4 head padding)
-        return parse_pad_heads(value, source, field)
-    if name == "topology":
+    """Check one candidate value of a searched parameter (as TrialConfig checks the field)."""
+    if name == "topology":      # Optuna choices must be scalars: XxYxZ or auto
         if value == AUTO_TOPOLOGY:
             return value
         x, y, z = parse_topology(value, None, field, source)
-        return f"{x}x{y}x{z}"   # Optuna choices must be scalars
-    raise AssertionError(name)
+        return f"{x}x{y}x{z}"
+    return SEARCHED[name].check(value, field, source)
 
 
 @dataclass(frozen=True)
@@ -278,7 +258,7 @@ class SamplerSpec:
         kind = _one_of("sampler.type", spec.get("type", "tpe"), SAMPLERS, source)
         seed = spec.get("seed", 0)
         if seed is not None:
-            seed = _int(seed, "sampler.seed", source, 0)
+            seed = integer("sampler.seed", seed, source, minimum=0)
         options = spec.get("options") or {}
         if not isinstance(options, Mapping):
             raise ConfigError("sampler.options", options, "a mapping of sampler arguments", source)
@@ -391,6 +371,7 @@ class SearchSpace:
     memory_budget_bytes: float | None = None
     resources: Mapping[str, float] = field(default_factory=dict)
     verify: bool = False                     # measured trials also run the unsharded reference
+    serving: Mapping[str, Any] | None = None  # the `serving:` block as read (sweeper.serving parses it)
     description: str = ""
     source: str | None = None                # the space file
     text: str | None = None                  # its contents (logged as an MLflow artifact)
@@ -441,9 +422,8 @@ class SearchSpace:
                     if name in params:
                         layout[part] = params[name]
             data[phase] = layout
-        for name in ("batch", "chips", "input_len", "decode_steps", "weights", "topology", "seed",
-                     "pad_heads", "hosts"):
-            if name in params:
+        for name, param in SEARCHED.items():
+            if param.part is None and name in params:
                 data[name] = params[name]
         if data.get("topology") == AUTO_TOPOLOGY:
             data["topology"] = None
@@ -560,28 +540,31 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
                                   f"({metric} exists only in cost-model predictions)", source)
 
     sampler = SamplerSpec.parse(data.get("sampler"), source)
-    trials = _int(data.get("trials", DEFAULTS["trials"]), "trials", source)
-    parallel = _int(data.get("parallel", DEFAULTS["parallel"]), "parallel", source)
+    trials = integer("trials", data.get("trials", DEFAULTS["trials"]), source)
+    parallel = integer("parallel", data.get("parallel", DEFAULTS["parallel"]), source)
     timeout_s = _positive_number(data.get("timeout_s", DEFAULTS["timeout_s"]), "timeout_s", source)
-    max_retries = _int(data.get("max_retries", DEFAULTS["max_retries"]), "max_retries", source, 0)
+    max_retries = integer("max_retries", data.get("max_retries", DEFAULTS["max_retries"]), source,
+                          minimum=0)
     budget = data.get("memory_budget_bytes")
     budget = None if budget is None else _positive_number(budget, "memory_budget_bytes", source)
     resources = data.get("resources") or {}
     if not isinstance(resources, Mapping):
         raise ConfigError("resources", resources, "a mapping such as {GPU: 1}", source)
     for key, value in resources.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"resources.{key}", value, "a number >= 0", source)
+        number(f"resources.{key}", value, source)
     description = data.get("description") or ""
-    verify = data.get("verify", False)
-    if not isinstance(verify, bool):
-        raise ConfigError("verify", verify, "true or false", source)
+    verify = boolean("verify", data.get("verify", False), source)
+    serving = data.get("serving")
+    if serving is not None and not isinstance(serving, Mapping):
+        raise ConfigError("serving", serving, "a mapping of serving-workload fields "
+                          "(rate or trace, input_len, output_len, ttft, tpot, ...)", source)
 
     space = SearchSpace(name=name, model=model, hardware=hardware, fixed=fixed, params=params,
                         objectives=objectives, constraints=constraints, sampler=sampler,
                         trials=trials, parallel=parallel, timeout_s=timeout_s,
                         max_retries=max_retries, memory_budget_bytes=budget,
                         resources=dict(resources), verify=verify,
+                        serving=dict(serving) if serving is not None else None,
                         description=str(description).strip(),
                         source=source, text=text)
     if sampler.type == "grid" and space.grid_size() > GRID_LIMIT:
@@ -620,28 +603,21 @@ def _check_some_point_runs(space: SearchSpace) -> None:
 
 
 def _parse_fixed(data: Mapping, source: str | None) -> dict[str, Any]:
+    """The trial fields the file fixes, each checked as TrialConfig checks it (a phase layout
+    keeps only the parts the file names: a param may search the others)."""
     fixed: dict[str, Any] = {}
-    for key in FIXED_FIELDS:
+    for key in FIXED_FIELDS:       # in field order: chips is known before topology
         if key not in data:
             continue
         value = data[key]
-        if key in ("prefill", "decode"):
-            layout = parse_phase_layout(value, key, source)
-            fixed[key] = {k: getattr(layout, k) for k in ("ffn", "attn") if k in value}
+        if key == "topology" and value in (None, AUTO_TOPOLOGY):
+            continue
+        parsed = parse_field(key, value, source, context=fixed)
+        if TRIAL_FIELDS[key].metadata.get("parts"):
+            parsed = {part: getattr(parsed, part) for part in PHASE_PARTS if part in value}
         elif key == "topology":
-            if value in (None, AUTO_TOPOLOGY):
-                continue
-            fixed[key] = list(parse_topology(value, data.get("chips") if isinstance(
-                data.get("chips"), int) else None, key, source))
-        elif key == "weights":
-            fixed[key] = _one_of(key, value, WEIGHT_FORMATS, source)
-        elif key in ("ci_target", "time_budget_s"):
-            fixed[key] = parse_nonnegative(value, key, source)
-        elif key == "pad_heads":
-            fixed[key] = parse_pad_heads(value, source)
-        else:
-            minimum = 0 if key in ("seed", "warmup", "decode_steps") else 1
-            fixed[key] = _int(value, key, source, minimum)
+            parsed = list(parsed)
+        fixed[key] = parsed
     return fixed
 
 

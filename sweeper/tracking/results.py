@@ -4,9 +4,9 @@ One row per trial:
 
   number, state, reason, source, hardware,      trial identity and outcome; the share of
   hardware_share                                 the profile one chip ran with
-  model, chips, batch, input_len, decode_steps,  the trial's flat parameters
-  topology, weights, prefill_ffn, prefill_attn,  (`TrialConfig.flat_params()`)
-  decode_ffn, decode_attn, seed, repeats
+  model, chips, batch, ... (FLAT_PARAMS)         the trial's flat parameters, derived from
+                                                 TrialConfig's field metadata (workloads/
+                                                 trial.py; integer ones as Int64 columns)
   <metric> for every Measurement metric          what the trial reported (NaN if absent)
   pred_<metric>                                  the cost model's prediction of it
   mlflow_run_id                                  the trial's MLflow child run (logged live,
@@ -30,11 +30,11 @@ from sweeper.tracking.mlflow_log import KIND_TAG, PARENT_TAG, TRIAL_KIND
 from sweeper.tracking.study import load_study, mlflow_run_ids
 from workloads.config import ConfigError
 from workloads.metrics import METRIC_NAMES
-from workloads.trial import TrialConfig
+from workloads.trial import FLAT_PARAMS, INT_FLAT_PARAMS
 
 ID_COLUMNS = ("number", "state", "reason", "source", "hardware", "hardware_share")
-PARAM_COLUMNS = TrialConfig.FLAT_PARAMS
-INT_PARAMS = TrialConfig.INT_FLAT_PARAMS
+PARAM_COLUMNS = FLAT_PARAMS
+INT_PARAMS = INT_FLAT_PARAMS
 METRIC_COLUMNS = METRIC_NAMES
 PRED_PREFIX = "pred_"
 PRED_COLUMNS = tuple(PRED_PREFIX + m for m in METRIC_NAMES)
