@@ -15,6 +15,7 @@ from typing import Callable
 
 from sweeper import paths
 from sweeper.cli import analytical   # pure Python: no JAX import on this path
+from sweeper.cli import plan as plan_cmd   # serving planner: pure Python, MLflow when it logs
 from sweeper.cli import profile as profile_cmd  # imports no JAX until the device count is set
 from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a sweep starts
 from sweeper.cli import studies   # export, compare, schema: the analysis stack when they run
@@ -188,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_commands(sub)
     _add_sweep_commands(sub)
     _add_analysis_commands(sub)
+    plan_cmd.add_parser(sub)
     return parser
 
 
