@@ -53,8 +53,8 @@ def conformal_ratio_band(residuals: list[float], coverage: float = DEFAULT_COVER
         return RatioBand(phase, None, None, 0, coverage, "uncalibrated")
     alpha = 1.0 - coverage
     ratios = sorted(1.0 / (1.0 + r) for r in residuals)
-    upper_rank = math.ceil((n + 1) * (1 - alpha / 2))
-    lower_rank = math.floor((n + 1) * alpha / 2)
+    upper_rank = math.ceil((n + 1) * (1 - alpha / 2) - 1e-9)    # (float noise: 20 x 0.95)
+    lower_rank = math.floor((n + 1) * alpha / 2 + 1e-9)
     if upper_rank > n or lower_rank < 1:
         return RatioBand(phase, None, None, n, coverage, "too few held-out points")
     return RatioBand(phase, ratios[lower_rank - 1], ratios[upper_rank - 1], n, coverage,

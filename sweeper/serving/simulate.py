@@ -395,8 +395,13 @@ def simulate(deployment: Deployment, requests: list[Request], step_times: StepTi
              slo: AppProfile | None = None) -> SimResult:
     """Serve `requests` with `deployment` (see the module docstring); `slo` for goodput."""
     d = deployment
-    times = step_times or cost_model_step_times(d)
     reqs = sorted(requests, key=lambda r: r.arrival_s)
+    times = step_times
+    if times is None:        # a layout the deployment cannot run fails here, in one line
+        times = cost_model_step_times(d)
+        if reqs:
+            times.prefill_s(d.prefill.batch, reqs[0].input_len)
+            times.decode_step_s(d.decode.batch, reqs[0].input_len)
     n = len(reqs)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)

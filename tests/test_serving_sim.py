@@ -1,0 +1,222 @@
+"""The serving model (sweeper/serving/simulate.py) against closed-form cases, and its inputs.
+
+Closed forms (docs/serving.md "The serving model"):
+- one replica, deterministic arrivals slower than service: TTFT = one prefill call, TPOT =
+  one decode step (aggregated), + the KV transfer spread over the answer (disaggregated);
+- saturating load: throughput = the decode capacity, slots / ((K - 1) x step) per replica;
+- prefill-only M/D/1 queue (Poisson arrivals, one server, constant service D): mean wait
+  rho D / (2 (1 - rho)) (Pollaczek-Khinchine).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sweeper.serving import bands
+from sweeper.serving.deployment import Deployment, PhaseSlice, load_plan
+from sweeper.serving.simulate import (StepTimes, kv_link_bandwidth, phase_prediction, simulate)
+from sweeper.serving.workload import (AppProfile, Request, parse_length, profile_from_dict,
+                                      read_trace, requests)
+from workloads import costmodel
+from workloads.config import ConfigError, load_hardware, load_model
+
+
+def _deployment(mode="aggregated", slots=4, prefill_batch=1, replicas=1, model="palm-540b",
+                hardware="tpu-v4", chips=64):
+    return Deployment(load_model(model), load_hardware(hardware), mode,
+                      PhaseSlice(chips, replicas, "ws2d", "head", prefill_batch, "int8"),
+                      PhaseSlice(chips, replicas, "ws2d", "batch", slots, "int8"))
+
+
+def _constant(prefill_s, step_s, transfer_s=0.0):
+    return StepTimes(lambda b, n: prefill_s, lambda b, c: step_s, lambda n: transfer_s)
+
+
+def _spaced(n, gap, input_len=128, output_len=10):
+    return [Request(i * gap, input_len, output_len) for i in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_idle_arrivals_see_one_prefill_and_one_step_per_token(mode):
+    d = _deployment(mode)
+    result = simulate(d, _spaced(20, 10.0), _constant(0.25, 0.02, transfer_s=0.1))
+    assert np.allclose(result.ttft_s, 0.25)
+    extra = 0.1 / 9 if mode == "disaggregated" else 0.0    # the transfer, over K - 1 tokens
+    assert np.allclose(result.tpot_s, 0.02 + extra)
+
+
+def test_cost_model_step_times_give_the_predicted_prefill_and_transfer():
+    """With the default (analytical) step times an idle deployment's TTFT is the cost
+    model's prefill latency, and its disaggregated TPOT adds the KV bytes over the link."""
+    reqs = _spaced(5, 100.0, input_len=2048, output_len=64)
+    agg_d = _deployment("aggregated", slots=64)    # batch-sharded attention: slots % 64 chips
+    agg = simulate(agg_d, reqs)
+    assert np.allclose(agg.ttft_s, phase_prediction(agg_d, "prefill", 1, 2048).latency_s)
+    dis_d = _deployment("disaggregated", slots=64)
+    dis = simulate(dis_d, reqs)
+    bandwidth, _ = kv_link_bandwidth(dis_d)
+    transfer = costmodel.kv_bytes_per_token(dis_d.model) * 2048 / bandwidth
+    assert np.allclose(dis.kv_transfer_s, transfer)
+    assert np.allclose(dis.ttft_s, phase_prediction(dis_d, "prefill", 1, 2048).latency_s)
+    # decode steps of one request: context 2049 .. 2111 (affine in the context)
+    steps = [phase_prediction(dis_d, "decode", 64, 1, c).latency_s for c in (2049, 2111)]
+    expected = (transfer + 63 * (steps[0] + steps[1]) / 2) / 63
+    assert np.allclose(dis.tpot_s, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode,replicas", [("aggregated", 1), ("disaggregated", 2)])
+def test_saturating_load_serves_at_the_decode_capacity(mode, replicas):
+    slots, output_len, step, prefill = 8, 41, 0.01, 0.002
+    d = _deployment(mode, slots=slots, replicas=replicas)
+    burst = [Request(0.0, 128, output_len) for _ in range(1500)]
+    result = simulate(d, burst, _constant(prefill, step))
+    if mode == "aggregated":    # each request also holds its replica for one prefill call
+        capacity = replicas / ((output_len - 1) * step / slots + prefill)
+    else:                       # prefill (500 req/s per slice) is not the bottleneck
+        capacity = replicas * slots / ((output_len - 1) * step)
+    summary = result.summary()
+    assert summary["throughput_rps"] == pytest.approx(capacity, rel=0.03)
+    assert summary["goodput_rps"] == summary["throughput_rps"]      # no SLO given
+    assert summary["completed"] == 1500
+
+
+def test_prefill_only_queue_matches_md1_mean_wait():
+    """Output length 1: a replica is a single server with constant service D (M/D/1)."""
+    service, rate = 0.1, 5.0             # rho = 0.5: mean wait rho D / (2 (1 - rho)) = 0.05 s
+    profile = AppProfile(rate=rate, input_len=parse_length(64, "x", None),
+                         output_len=parse_length(1, "x", None))
+    result = simulate(_deployment(), requests(profile, 20000, seed=3), _constant(service, 0.01))
+    rho = rate * service
+    expected = service + rho * service / (2 * (1 - rho))
+    assert float(np.mean(result.ttft_s)) == pytest.approx(expected, rel=0.05)
+    assert np.isnan(result.tpot_s).all()     # a one-token answer has no TPOT
+
+
+def test_more_replicas_never_slow_the_stream():
+    profile = AppProfile(rate=30.0, input_len=parse_length(512, "x", None),
+                         output_len=parse_length(32, "x", None), ttft=1.0, tpot=0.05)
+    reqs = requests(profile, 600, seed=1)
+    p99 = [simulate(_deployment(replicas=r, slots=8), reqs, _constant(0.05, 0.02), slo=profile)
+           .summary()["ttft_p99_s"] for r in (1, 2, 4)]
+    assert p99[0] > p99[1] >= p99[2]
+
+
+def test_summary_goodput_counts_requests_meeting_both_slos():
+    profile = AppProfile(rate=1.0, ttft=0.3, tpot=0.05)
+    reqs = [Request(0.0, 64, 11), Request(50.0, 64, 11)]
+    times = StepTimes(lambda b, n: 0.2, lambda b, c: 0.04)
+    result = simulate(_deployment(slots=1), reqs, times, slo=profile)
+    s = result.summary()
+    assert s["slo_attainment"] == 1.0 and s["goodput_rps"] == pytest.approx(2 / s["span_s"])
+    tight = AppProfile(rate=1.0, ttft=0.1, tpot=0.05)
+    assert result.summary(tight)["slo_attainment"] == 0.0
+    assert s["cost_per_million_tokens"] > 0       # tpu-v4 has a price
+    no_price = _deployment(slots=1, hardware="h200", model="llama2-70b", chips=8)
+    assert simulate(no_price, reqs, times).summary()["cost_per_million_tokens"] is None
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def test_deployment_round_trip_and_plan_file(tmp_path):
+    d = _deployment("disaggregated")
+    d.decode.topology = (4, 4, 4)
+    again = Deployment.from_dict(json.loads(json.dumps(d.to_dict())))
+    assert again.to_dict() == d.to_dict() and again.decode.topology == (4, 4, 4)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"deployment": d.to_dict()}))
+    assert load_plan(path).to_dict() == d.to_dict()
+    fitted = d.hardware.__class__(**{**d.hardware.to_dict(), "name": "mine",
+                                     "heldout_residuals": {"decode": [0.1, -0.2]}})
+    d.hardware = fitted      # a profile that is not a preset travels whole
+    assert Deployment.from_dict(d.to_dict()).hardware.heldout_residuals == {"decode": [0.1, -0.2]}
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"mode": "both"}, "mode"),
+    ({"prefill": {"chips": 32, "replicas": 1, "ffn": "ws2d", "attn": "head", "batch": 1,
+                  "weights": "int8"}}, "prefill.chips"),
+    ({"decode": {"chips": 64, "ffn": "ws3d", "attn": "head", "batch": 1}}, "decode.ffn"),
+    ({"decode": {"chips": 64, "ffn": "ws2d", "attn": "head", "batch": 0}}, "decode.batch"),
+    ({"model": "palm-999b"}, "model"),
+    ({"slots": 4}, "slots"),
+])
+def test_bad_deployment_is_one_line(change, field):
+    data = {**_deployment().to_dict(), **change}
+    with pytest.raises(ConfigError) as err:
+        Deployment.from_dict(data, "plan.json")
+    assert err.value.field == field and "\n" not in str(err.value)
+    assert str(err.value).startswith("plan.json: ")
+
+
+def test_serving_block_and_lengths(tmp_path):
+    p = profile_from_dict({"rate": 2, "input_len": {"dist": "uniform", "low": 100, "high": 200},
+                           "output_len": "lognormal:64:0.5", "ttft": 1, "tpot": 0.05,
+                           "slo_stat": "p90", "tpot_stat": "mean"}, "space.yaml")
+    assert (p.ttft_statistic, p.tpot_statistic) == ("p90", "mean")
+    reqs = requests(p, 4000, seed=0)
+    inputs = np.array([r.input_len for r in reqs])
+    outputs = np.array([r.output_len for r in reqs])
+    assert inputs.min() >= 100 and inputs.max() <= 200
+    assert outputs.mean() == pytest.approx(64, rel=0.05)
+    gaps = np.diff([0.0] + [r.arrival_s for r in reqs])
+    assert gaps.mean() == pytest.approx(0.5, rel=0.05)          # Poisson at 2 req/s
+    assert profile_from_dict(p.to_dict()) == p                   # the plan file round trip
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,input_len,output_len\n0.5,10,3\n0.0,20,4\n")
+    t = profile_from_dict({"trace": str(trace), "ttft": 1, "tpot": 0.1})
+    assert [r.input_len for r in requests(t, 10)] == [20, 10]
+
+
+@pytest.mark.parametrize("block,field", [
+    ({"rate": -1, "ttft": 1, "tpot": 1}, "serving.rate"),
+    ({"ttft": 1, "tpot": 1}, "serving.rate"),
+    ({"rate": 1, "ttft": "soon", "tpot": 1}, "serving.ttft"),
+    ({"rate": 1, "input_len": "gaussian:3", "tpot": 1}, "serving.input_len"),
+    ({"rate": 1, "input_len": {"dist": "uniform", "low": 9, "high": 3}}, "serving.input_len.high"),
+    ({"rate": 1, "slo_stat": "p100"}, "serving.slo_stat"),
+    ({"rate": 1, "attainment": 1.5}, "serving.attainment"),
+    ({"rate": 1, "ttfb": 1}, "serving.ttfb"),
+    ({"trace": "/no/such.csv"}, "serving.trace"),
+])
+def test_bad_serving_block_is_one_line(block, field):
+    with pytest.raises(ConfigError) as err:
+        profile_from_dict(block, "space.yaml")
+    assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_bad_trace_rows_are_one_line(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_len,output_len\n0.0,10,3\n1.0,-4,3\n")
+    with pytest.raises(ConfigError, match="line 3"):
+        read_trace(str(trace))
+
+
+# --------------------------------------------------------------------------- bands
+
+
+def test_conformal_band_needs_enough_held_out_points():
+    assert bands.minimum_points(0.9) == 19
+    few = bands.conformal_ratio_band([0.1] * 18, 0.9)
+    assert few.status == "too few held-out points" and not few.known
+    assert bands.conformal_ratio_band([], 0.9).status == "uncalibrated"
+    # residuals r = pred/meas - 1 of 0.25 and -0.2: measured/predicted 0.8 and 1.25
+    band = bands.conformal_ratio_band([0.25] * 10 + [-0.2] * 10, 0.9)
+    assert band.known and band.low == pytest.approx(0.8) and band.high == pytest.approx(1.25)
+    hw = load_hardware({"name": "fitted", "peak_flops": 1e12, "hbm_bandwidth": 1e11,
+                        "hbm_bytes": 1e10, "ici_bandwidth": 1e10,
+                        "heldout_residuals": {"prefill": [0.0] * 19}})
+    assert bands.profile_bands(hw)["prefill"].known
+    assert bands.profile_bands(hw)["decode"].status == "uncalibrated"
+
+
+@pytest.mark.parametrize("bad", [{"decode": [0.1, "x"]}, {"generate": [0.1]}, {"decode": [-1.5]},
+                                 [0.1]])
+def test_bad_heldout_residuals_are_one_line(bad):
+    with pytest.raises(ConfigError) as err:
+        load_hardware({"peak_flops": 1e12, "hbm_bandwidth": 1e11, "hbm_bytes": 1e10,
+                       "ici_bandwidth": 1e10, "heldout_residuals": bad})
+    assert "heldout_residuals" in err.value.field
