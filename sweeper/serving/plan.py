@@ -204,8 +204,8 @@ class _Options:
         params = costmodel.param_count(self.q.model.unpadded)
         need = params * (1 if weights == "int8" else 2)
         if need > chips * self.q.hardware.hbm_bytes:
-            self.pruned.setdefault(
-                "memory", f"{self.q.model.name}'s {weights} weights ({need / 2**30:.0f} GiB) need "
+            self.pruned["memory"] = (     # the largest slice tried is the one to report
+                f"{self.q.model.name}'s {weights} weights ({need / 2**30:.0f} GiB) need "
                 f"more than {chips} x {self.q.hardware.hbm_bytes / 2**30:.0f} GiB")
             return False
         return True
@@ -290,6 +290,7 @@ class _Search:
         self.configs = 0
         self._times: dict = {}
         self.lower_bounds: dict[str, float] = {}     # the best any config reaches: ttft, tpot
+        self.needed_chips = math.inf   # the fewest chips a config over the cap needs for the rate
 
     # -- candidates
     def seed(self) -> None:
@@ -343,7 +344,10 @@ class _Search:
     def _push(self, config, reps) -> None:
         chips = self._chips(config, reps)
         key = (id(config[1]), id(config[2]), reps)
-        if chips > self.cap or key in self.seen:
+        if chips > self.cap:
+            self.needed_chips = min(self.needed_chips, chips)
+            return
+        if key in self.seen:
             return
         self.seen.add(key)
         _, pre, dec = config
@@ -555,6 +559,11 @@ def _reason(q: PlanQuestion, best: Plan | None, everything: list[Plan], options:
         return (f"no plan within {cap} chips meets the SLO: TTFT: the fastest prefill call of "
                 f"any slice is {bounds['ttft']:.3g} s > {p.ttft:g} s (off by "
                 f"{bounds['ttft'] / p.ttft - 1:.0%})")
+    needed = min((s.needed_chips for s in searches.values()), default=math.inf)
+    if math.isfinite(needed):
+        return (f"no plan within {cap} chips: throughput: {mean_rate(p):g} req/s needs at least "
+                f"{needed} chips (off by {needed / cap - 1:.0%}) by the capacity bound of every "
+                "configuration that fits")
     if "memory" in options.pruned:
         return f"no plan within {cap} chips fits in memory: {options.pruned['memory']}"
     return f"no plan within {cap} chips: the rate needs more chips than the budget allows"
