@@ -117,12 +117,39 @@ def rejection_kind(err: ConfigError) -> str:
     return DIMENSIONS
 
 
-def _topologies(model: ModelConfig, chips: int, topology, search_topology: bool):
+def split_axes_count(topology: tuple[int, int, int]) -> int:
+    """How many mesh axes a topology splits (axes of size > 1)."""
+    return sum(1 for d in topology if d > 1)
+
+
+def torus_topologies(model: ModelConfig, chips: int, torus_dims: int = 3) -> list[tuple[int, int, int]]:
+    """The factorisations of `chips` the interconnect has axes for (at most `torus_dims` axes
+    of size > 1: a TPU v5e is a 2-D torus, so never 4x4x4; issue 24), best first: the cost
+    model's best_topology when allowed, else the allowed split with the least ws2d traffic
+    per token (App. A.2.1), storing the weights cleanly first, then the smaller X."""
+    allowed = [t for t in costmodel._topology_candidates(model, chips)
+               if split_axes_count(t) <= torus_dims]
+    if not allowed or allowed[0] == costmodel.best_topology(model, chips):
+        return allowed
+
+    def key(t):
+        x, y, z = t
+        clean = model.d_model % x == 0 and model.d_ff % (y * z) == 0 and model.n_heads % (y * z) == 0
+        return (not clean, y < z, round(costmodel.ws2d_comm_per_token(model, x, y * z), 9), x, y - z)
+
+    return sorted(allowed, key=key)
+
+
+def _topologies(model: ModelConfig, chips: int, topology, search_topology: bool, torus_dims: int = 3):
     if topology is not None:
-        return [costmodel._check_topology(topology, chips)]
-    if search_topology:
-        return costmodel._topology_candidates(model, chips)
-    return [costmodel.best_topology(model, chips)]
+        checked = costmodel._check_topology(topology, chips)
+        if split_axes_count(checked) > torus_dims:
+            raise ConfigError("topology", "x".join(map(str, checked)),
+                              f"a split of at most {torus_dims} mesh axes (the hardware's "
+                              f"interconnect is a {torus_dims}-D torus)")
+        return [checked]
+    candidates = torus_topologies(model, chips, torus_dims)
+    return candidates if search_topology else candidates[:1]
 
 
 def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
@@ -135,14 +162,15 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
     Every candidate is predicted as both phases' layout (the stored weights serve it).
     Ranking: those that fit in HBM first, then latency, then the topology order (the
     paper's best 2D split first). `ffn`, `attn` restrict the search; `topology` fixes the
-    mesh, `search_topology=True` tries every factorisation of `chips`."""
+    mesh, `search_topology=True` tries every factorisation of `chips` the hardware has axes
+    for (`hw.torus_dims`)."""
     costmodel._positive_int("chips", chips)
     costmodel._positive_int("batch", batch)
     costmodel._choice("phase", phase, PHASES)
     costmodel._choice("weights", weights, WEIGHT_FORMATS)
     ffns = FFN_LAYOUTS if ffn is None else (costmodel._choice("ffn", ffn, FFN_LAYOUTS),)
     attns = ATTN_LAYOUTS if attn is None else (costmodel._choice("attn", attn, ATTN_LAYOUTS),)
-    topologies = _topologies(model.unpadded, chips, topology, search_topology)
+    topologies = _topologies(model.unpadded, chips, topology, search_topology, hw.torus_dims)
 
     evaluated: dict[tuple, Candidate] = {}
     rejected: list[Rejected] = []
