@@ -74,3 +74,19 @@ def test_the_dict_form_keeps_the_former_costmodel_contract():
     assert out["ffn"].startswith("wg") and out["alternatives"][0]["ffn"] == out["ffn"]
     assert isinstance(out["rejected"], list) and out["candidates"] >= len(out["alternatives"])
     assert {"kind", "reason", "ffn", "attn", "topology"} <= set(out["rejected"][0]) if out["rejected"] else True
+
+
+def test_a_2d_torus_is_never_offered_a_3d_topology():
+    """Issue 24: TPU v5e is a 2-D torus (torus_dims 2); its recommendations, searched or
+    not, split at most two mesh axes, and a fixed 3-D topology is a one-line error."""
+    v5e = HARDWARE_PRESETS["tpu-v5e"]
+    assert v5e.torus_dims == 2 and TPU_V4.torus_dims == 3
+    rec = recommend(PALM, v5e, 64, 64, "decode", context=2048)
+    assert sum(d > 1 for d in rec.best.topology) == 2
+    searched = recommend(PALM, v5e, 64, 64, "decode", context=2048, search_topology=True)
+    assert all(sum(d > 1 for d in c.topology) <= 2 for c in searched.candidates)
+    assert any(sum(d > 1 for d in t) == 3 for t in cm.factorizations(64))   # there were some
+    with pytest.raises(ConfigError, match="2-D torus"):
+        recommend(PALM, v5e, 64, 64, "decode", context=2048, topology=(4, 4, 4))
+    # a 3-D torus keeps the paper's 4x4x4
+    assert recommend(PALM, TPU_V4, 64, 64, "decode", context=2048).best.topology == (4, 4, 4)
