@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 import yaml
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402 - a dependency: a broken install fails here, never skips
+from requires import require  # noqa: E402
 
 from sweeper.analysis import pareto  # noqa: E402
 from sweeper.cli import main  # noqa: E402
@@ -105,8 +106,7 @@ def test_each_trial_records_load_steal_and_its_memory_high_water(sweeps):
 
 def test_memory_high_water_is_reset_per_interval():
     """The worker resets VmHWM before each trial: a later, smaller interval reports less."""
-    if not hoststate.reset_peak_rss():
-        pytest.skip("this kernel does not allow resetting VmHWM (/proc/self/clear_refs)")
+    require(hoststate.reset_peak_rss(), "this kernel does not allow resetting VmHWM (/proc/self/clear_refs)")
     before = hoststate.peak_rss_bytes()
     block = np.ones(200 * 2**20 // 8)          # 200 MiB, touched
     grown = hoststate.peak_rss_bytes()

@@ -71,7 +71,7 @@ def test_the_weighted_fit_minimises_the_weighted_error(recorded):
 
 
 @pytest.mark.parametrize("scheme", ["kfold", "layout", "chips"])
-def test_each_point_is_held_out_once_by_a_fit_that_never_saw_it(recorded, scheme):
+def test_each_scheme_holds_out_every_point_once_in_a_fold_disjoint_from_its_training_set(recorded, scheme):
     _, _, points = recorded
     parts = calho.splits(points, scheme)
     held = np.concatenate([test for _, test in parts])

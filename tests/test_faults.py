@@ -35,7 +35,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402 - a dependency: a broken install fails here, never skips
 
 from sweeper.sweep.controller import Controller, choose_study, run_sweep  # noqa: E402
 from sweeper.paths import open_optuna_storage  # noqa: E402

@@ -1,14 +1,19 @@
-"""The host profile's peak is an upper bound on what the engine reaches (MFU < 1).
+"""The host profile's peak: what it is measured as, and that MFU is measured against it.
 
-The emulated mesh's MFU is model FLOPs / (peak x seconds) against this host's measured
-peak; an early peak (one plain bf16 matmul, measured under load) read 2-3x below what the
-engine's bf16 x bf16 -> f32 matmuls reach, and the quickstart showed 229% MFU.
+The emulated mesh's MFU is model FLOPs / (peak x seconds) against this host's measured peak;
+an early peak (one plain bf16 matmul, measured under load) read 2-3x below what the engine's
+bf16 x bf16 -> f32 matmuls reach, and the quickstart showed 229% MFU. The peak is now the
+larger of an in-process measurement and one pinned core's times the cores, over the
+engine's own matmul form. That no program then beats it is a comparison of two timings, so
+it is a benchmark's claim (benchmarks/engine_efficiency.py, `single_chip_prefill_mfu_fastest`),
+not a test's: these tests check what the peak is made of and that MFU uses it.
 """
 
 import os
 import socket
 
 import jax
+import pytest
 import yaml
 
 from workloads import hostprofile
@@ -17,30 +22,26 @@ from workloads.layouts import PhaseLayout
 from workloads.measure import run_trial
 from workloads.trial import TrialConfig
 
-# Big enough for the CPU's dot kernels to run near their best (E 512, F 2048, 512 prompt
-# tokens: ~5.6 GFLOP per prefill); vocab 256 keeps the unembedding (which the FLOP count
-# charges every prompt token, but the engine runs for the last one) at 1% of the FLOPs.
 MODEL = ModelConfig("peak-check", 512, 2048, 2, 8, 1, 64, 256, "parallel", "gelu", True)
 
 
-def test_large_single_chip_prefill_mfu_is_below_one(sweeper_home):
+def test_mfu_is_measured_against_the_larger_of_the_two_peak_measurements(sweeper_home):
     profile = hostprofile.host_profile(refresh=True)
     notes = hostprofile.cached_entry()["notes"]
     assert notes["version"] == hostprofile.PROFILE_VERSION
     assert notes["peak_flops_one_core"] and notes["peak_flops_in_process"]
-    # The kept peak is the larger of the two ways of measuring it.
+    # The kept peak is the larger of the two ways of measuring it, each over the engine's
+    # own matmul form (bf16 x bf16 accumulated in f32) among others.
     assert profile.peak_flops == max(notes["peak_flops_in_process"], notes["peak_flops_cores_x_one_core"])
-    trial = TrialConfig(MODEL, chips=1, batch=4, input_len=128, decode_steps=0, topology=(1, 1, 1),
+    assert notes["peak_flops_cores_x_one_core"] == pytest.approx(
+        hostprofile.host_cores() * notes["peak_flops_one_core"])
+    assert ("bfloat16", "float32") in {(d, a) for _, d, a in hostprofile.MATMULS}
+    trial = TrialConfig(MODEL, chips=1, batch=1, input_len=32, decode_steps=0, topology=(1, 1, 1),
                         prefill=PhaseLayout("ws2d", "head"), decode=PhaseLayout("ws2d", "head"),
-                        repeats=5, warmup=1)
+                        repeats=1, warmup=0, time_budget_s=0)
     m = run_trial(trial)        # hardware=None: this host's cached profile, as a sweep uses it
     assert m.extra["peak_flops_per_chip"] == profile.peak_flops
-    # No tolerance: the peak is cores x the best of several matmuls on one pinned core,
-    # which no single program on this host can beat; the fastest repeat is held to it too.
-    fastest_mfu = m.prefill_mfu * m.prefill_s / m.prefill_s_min
-    assert 0.0 < m.prefill_mfu <= fastest_mfu < 1.0, (m.prefill_mfu, fastest_mfu, notes)
-    # The engine's own matmul, timed now, stays under the peak as well.
-    assert hostprofile.matmul_flops_per_s(512) < profile.peak_flops
+    assert m.prefill_mfu == pytest.approx(m.extra["prefill_flops"] / (profile.peak_flops * m.prefill_s))
 
 
 def test_one_core_measurement_runs_pinned_in_a_child(sweeper_home):
@@ -50,7 +51,7 @@ def test_one_core_measurement_runs_pinned_in_a_child(sweeper_home):
     assert set(result["rates"]) == {f"{d}->{a} {n}" for n, d, a in hostprofile.MATMULS}
     assert all(rate > 0 for rate in result["rates"].values()) and result["bandwidth"] > 0
     # Which dtype pair is fastest is a timing claim (it flips under load): the peak is the
-    # maximum over the pairs whatever their order (README "The host peak").
+    # maximum over the pairs whatever their order (docs/measurement.md "Host profile").
 
 
 def test_a_cache_from_an_older_measurement_is_measured_again(sweeper_home, monkeypatch):

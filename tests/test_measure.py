@@ -3,7 +3,6 @@ cache, verification against the reference, and the cached host profile."""
 
 import dataclasses
 import math
-import time
 
 import pytest
 import yaml
@@ -251,14 +250,14 @@ def test_every_measurement_carries_its_noise_and_the_host_state(measured):
         assert name in m.metrics()          # what MLflow and Optuna's user attrs receive
 
 
-def test_decode_is_timed_as_one_run_of_back_to_back_steps(measured):
-    """A run's decode time covers all its steps; dispatching them back to back and
-    synchronising once is not slower than synchronising after every step."""
-    import statistics
-
+def test_decode_is_timed_as_one_run_of_back_to_back_steps(measured, monkeypatch):
+    """A run's decode time covers all its steps, and the steps are dispatched back to back:
+    no step waits for the device or takes the previous token off it before the next is
+    queued (engine.decode_loop; the run synchronises once, after the last step). Which of two ways
+    is faster is a benchmark's question, not a test's."""
     import jax
 
-    from workloads.engine import decode_loop
+    from workloads import engine as engine_module
 
     trial, _, cache = measured
     entry, _ = compile_trial(trial, cache)
@@ -267,23 +266,22 @@ def test_decode_is_timed_as_one_run_of_back_to_back_steps(measured):
     assert run.decode_step_s * run.steps == pytest.approx(run.decode_s)
 
     engine, decode = entry.engine, entry.compiled["decode"]
+    logits, kv = entry.compiled["prefill"](engine.params, engine.input_tokens())
+    kv = engine.handoff(kv)
+    token = jax.block_until_ready(engine.greedy(logits))
 
-    def synced_step(*args):
-        return jax.block_until_ready(decode(*args))
+    syncs, seen = [], []
+    real_block = jax.block_until_ready
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: (syncs.append(1), real_block(x))[1])
 
-    def decode_time(step) -> float:
-        logits, kv = entry.compiled["prefill"](engine.params, engine.input_tokens())
-        kv = engine.handoff(kv)
-        token = jax.block_until_ready(engine.greedy(logits))
-        positions = engine.positions()
-        start = time.perf_counter()
-        out = decode_loop(step, engine.greedy, engine.params, kv, token, positions)
-        jax.block_until_ready((out.cache, out.tokens[-1]))
-        return time.perf_counter() - start
+    def step(params, cache_, tok, pos):
+        seen.append((len(syncs), isinstance(tok, jax.Array)))
+        return decode(params, cache_, tok, pos)
 
-    back_to_back = statistics.median(decode_time(decode) for _ in range(7))
-    per_step = statistics.median(decode_time(synced_step) for _ in range(7))
-    assert back_to_back <= 1.5 * per_step
+    out = engine_module.decode_loop(step, engine.greedy, engine.params, kv, token, engine.positions())
+    # no step waited for the previous one, and each got the previous token as a device array
+    assert seen == [(0, True)] * trial.decode_steps
+    assert len(out.tokens) == trial.decode_steps and all(isinstance(t, jax.Array) for t in out.tokens)
 
 
 # --------------------------------------------------------------------------- settings

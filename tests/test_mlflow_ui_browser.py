@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from requires import require
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -60,11 +61,7 @@ def _browser_missing() -> str | None:
 
 def _require_browser() -> None:
     reason = _browser_missing()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set but the browser test cannot run: {reason}")
-    pytest.skip(f"headless Chromium unavailable outside CI: {reason}")
+    require(reason is None, f"headless Chromium unavailable: {reason}")
 
 
 def free_port() -> int:

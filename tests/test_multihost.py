@@ -17,7 +17,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402 - a dependency: a broken install fails here, never skips
 
 from sweeper.sweep.controller import run_sweep  # noqa: E402
 from sweeper.sweep.slices import plan_slice  # noqa: E402

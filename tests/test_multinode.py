@@ -22,7 +22,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402 - a dependency: a broken install fails here, never skips
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from sweeper.sweep.slices import EMULATED_BUNDLE, JOIN_TIMEOUT_S, plan_slice  # noqa: E402

@@ -16,7 +16,8 @@ import psutil
 import pytest
 import yaml
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402 - a dependency: a broken install fails here, never skips
+from requires import require  # noqa: E402
 
 from sweeper.sweep.controller import run_sweep  # noqa: E402
 from sweeper.tracking.results import load_runs, load_trials  # noqa: E402
@@ -118,8 +119,8 @@ def test_measured_params_and_metrics_round_trip_through_mlflow(quickstart):
             assert trial.user_attrs["prediction"]          # always predicted, also when measured
 
 
-@pytest.mark.skipif(len(CORES) < 2, reason="needs two CPU cores")
 def test_two_workers_run_at_once_on_disjoint_cores_and_reuse_compiled_shapes(stores, tmp_path):
+    require(len(CORES) >= 2, "needs two CPU cores")
     # One fixed shape, four trials, two slots: each worker compiles it once, then hits its cache.
     space = write_space(tmp_path, name="cores", parallel=2, trials=4)
     result = run_sweep(space, progress=False, **stores)
