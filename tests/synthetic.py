@@ -12,7 +12,6 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from sweeper.analysis.fit import phase_arguments
 from sweeper.tracking import results
 from workloads import costmodel
 from workloads.config import HardwareProfile
@@ -42,7 +41,7 @@ def synthetic_trials(configs: Iterable[TrialConfig], truth: HardwareProfile,
             tokens = config.batch * (config.input_len if phase == "prefill" else 1)
             measured[f"{phase}_cost_chip_s_per_token"] = config.chips * measured[key] / tokens
             flops = costmodel.phase_model_flops(config.model, config.batch, phase, config.input_len,
-                                                phase_arguments(config, phase)["context"])
+                                                costmodel.phase_calls(config)[phase].context)
             measured[f"{phase}_mfu"] = flops / (config.chips * truth.peak_flops * share * measured[key])
         for key in list(measured):
             if key.endswith(("_compute_s", "_memory_s", "_comm_s")):

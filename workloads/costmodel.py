@@ -50,25 +50,25 @@ SOURCE = "analytical"
 # --------------------------------------------------------------------------- input checks
 
 
-def _positive_int(field_name: str, value: Any) -> int:
+def positive_int(field_name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(field_name, value, "a positive integer")
     return value
 
 
-def _positive_number(field_name: str, value: Any) -> float:
+def positive_number(field_name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(field_name, value, "a positive number")
     return value
 
 
-def _choice(field_name: str, value: Any, choices) -> Any:
+def choice(field_name: str, value: Any, choices) -> Any:
     if value not in choices:
         raise ConfigError(field_name, value, f"one of {list(choices)}")
     return value
 
 
-def _check_topology(topology, chips: int) -> tuple[int, int, int]:
+def check_topology(topology, chips: int) -> tuple[int, int, int]:
     dims = tuple(int(t) for t in topology)
     if len(dims) != 3 or min(dims) <= 0 or math.prod(dims) != chips:
         x = "x".join(str(t) for t in topology)
@@ -139,10 +139,10 @@ def weight_bytes_per_chip(model: ModelConfig, chips: int, weights: str = "bf16",
     where W_k/W_v are replicated over y*z when the KV heads do not split over all chips.
     `one_d`: both phases ws1d, weights stored E F_xyz (the 2D layout with X = 1).
     int8: 1 byte per element + bf16 per-output-channel scales; embeddings stay bf16."""
-    _positive_int("chips", chips)
-    _choice("weights", weights, WEIGHT_FORMATS)
+    positive_int("chips", chips)
+    choice("weights", weights, WEIGHT_FORMATS)
     if topology is not None:
-        sizes = axis_sizes(_check_topology(topology, chips))
+        sizes = axis_sizes(check_topology(topology, chips))
         kv_split = kv_heads_sharded(model, chips)
     else:   # even split: the 1D layout on 1 x n x 1, K/V split too
         sizes, one_d, kv_split = axis_sizes((1, chips, 1)), True, True
@@ -190,17 +190,17 @@ def kv_placement(model: ModelConfig, chips: int, batch: int, attn: str = "head",
            over the gathered axes G; a chip holds max(K / M, 1) KV heads, so when K < M the
            heads are replicated M / K times (paper Fig. 4b; GQA chapter's ceiling at TP > K).
     batch: (sequence, KV head) pairs split over all chips, no replication (paper Fig. 4c)."""
-    _positive_int("chips", chips)
-    _positive_int("batch", batch)
-    _choice("attn", attn, ATTN_LAYOUTS)
-    _choice("ffn", ffn, FFN_LAYOUTS)
+    positive_int("chips", chips)
+    positive_int("batch", batch)
+    choice("attn", attn, ATTN_LAYOUTS)
+    choice("ffn", ffn, FFN_LAYOUTS)
     if attn == "batch":
         pairs = math.ceil(batch * model.n_kv_heads / chips)
         return {"kv_heads_per_chip": min(model.n_kv_heads, pairs), "sequences_per_chip": batch / chips,
                 "pairs_per_chip": pairs, "replication": 1.0}
     if topology is None:
         topology = (1, chips, 1) if ffn in ("ws1d", "ws2d") else best_topology(model, chips)
-    topology = _check_topology(topology, chips)
+    topology = check_topology(topology, chips)
     _, _, n_gather, m_rest = split_axes(ffn, topology)
     heads = kv_heads_per_chip(model, m_rest)
     seqs = math.ceil(batch / n_gather)
@@ -244,8 +244,8 @@ def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int,
     if isinstance(kv_fraction, bool) or not isinstance(kv_fraction, (int, float)) \
             or not 0 < kv_fraction <= 1:
         raise ConfigError("kv_fraction", kv_fraction, "a number in (0, 1]")
-    _positive_int("chips", chips)
-    _positive_int("batch", batch)
+    positive_int("chips", chips)
+    positive_int("batch", batch)
     if attn == "batch" and batch % chips:
         raise ConfigError("batch", batch, f"a multiple of chips={chips} (batch-sharded attention "
                           "splits the KV cache over all chips)")
@@ -394,7 +394,7 @@ def best_topology(model: ModelConfig, chips: int) -> tuple[int, int, int]:
     Only splits under which the weights can be stored (E % X, F % YZ, n_heads % YZ) are
     considered when any exists. Ties, in order: the ring's exact cost with its (k-1)/k
     factors, then the smaller X, then the most balanced Y >= Z (a torus-like Y x Z)."""
-    _positive_int("chips", chips)
+    positive_int("chips", chips)
     candidates = [t for t in factorizations(chips) if t[1] >= t[2]]
     clean = [t for t in candidates if _stores_cleanly(model, t)]
     candidates = clean or candidates
@@ -427,10 +427,10 @@ def best_gather_degree(model: ModelConfig, chips: int, batch: int, seq_len: int,
     below sqrt(16 * 64) = 32: the formulas pick xy (16) by a small margin where the summary
     argues "29 is closer to 64" for xyz (the paper's Table 2 choice); xyz wins from ~1.5M
     tokens. We trust the formulas (docs/architecture.md "The analytical cost model")."""
-    _positive_int("chips", chips)
-    _positive_int("batch", batch)
-    _positive_int("seq_len", seq_len)
-    topology = best_topology(model, chips) if topology is None else _check_topology(topology, chips)
+    positive_int("chips", chips)
+    positive_int("batch", batch)
+    positive_int("seq_len", seq_len)
+    topology = best_topology(model, chips) if topology is None else check_topology(topology, chips)
     tokens = batch * seq_len
     per_layout = {}
     for ffn in ("ws2d", "wg_x", "wg_xy", "wg_xyz"):
@@ -541,15 +541,15 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
 
     context: keys attended and the KV cache read (default input_len). A prefill on top of a
     history (paper Table 2: 64 new tokens after 1920) passes input_len=64, context=1984."""
-    _positive_int("chips", chips)
-    _positive_int("batch", batch)
-    _positive_int("input_len", input_len)
-    _choice("phase", phase, PHASES)
-    _choice("weights", weights, WEIGHT_FORMATS)
-    _choice("ffn", layout.ffn, FFN_LAYOUTS)
-    _choice("attn", layout.attn, ATTN_LAYOUTS)
-    context = input_len if context is None else _positive_number("context", context)
-    topology = best_topology(model, chips) if topology is None else _check_topology(topology, chips)
+    positive_int("chips", chips)
+    positive_int("batch", batch)
+    positive_int("input_len", input_len)
+    choice("phase", phase, PHASES)
+    choice("weights", weights, WEIGHT_FORMATS)
+    choice("ffn", layout.ffn, FFN_LAYOUTS)
+    choice("attn", layout.attn, ATTN_LAYOUTS)
+    context = input_len if context is None else positive_number("context", context)
+    topology = best_topology(model, chips) if topology is None else check_topology(topology, chips)
     layout = canonical_layout(layout, topology)   # a gather over size-1 axes is weight-stationary
     one_d = (layout.ffn == "ws1d") if one_d is None else one_d
     if validate:   # this phase's constraints first (so the message names it), then storage
@@ -621,19 +621,57 @@ def decode_context(trial) -> float:
     return trial.input_len + trial.decode_steps / 2
 
 
+@dataclass(frozen=True)
+class PhaseCall:
+    """The arguments of one `predict_phase` call: what `predict` computes for a trial's phase,
+    and what a published row (workloads/measurements.py) needs. The one place a
+    configuration becomes a cost-model call, so the fit (sweeper/analysis/fit.py) predicts
+    exactly what the sweep predicts."""
+
+    model: ModelConfig
+    chips: int
+    batch: int
+    phase: str
+    input_len: int
+    context: float
+    layout: PhaseLayout
+    weights: str
+    topology: tuple[int, int, int]
+    one_d: bool
+
+    def arguments(self) -> dict[str, Any]:
+        """predict_phase's keyword arguments (all but hw), unvalidated (the caller checked)."""
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                "validate": False}
+
+    def predict(self, hw: HardwareProfile) -> "PhasePrediction":
+        return predict_phase(hw=hw, **self.arguments())
+
+
+def phase_calls(trial) -> dict[str, PhaseCall]:
+    """The cost-model call of each phase of a TrialConfig (prefill over input_len tokens, one
+    decode step at the mean KV length `decode_context`), on the model as run (padded)."""
+    topology = tuple(trial.mesh_shape)
+    one_d = stores_1d(trial.prefill, trial.decode)
+    common = dict(model=trial.run_model, chips=trial.chips, batch=trial.batch,
+                  input_len=trial.input_len, weights=trial.weights, topology=topology,
+                  one_d=one_d)
+    return {"prefill": PhaseCall(phase="prefill", context=trial.input_len, layout=trial.prefill,
+                                 **common),
+            "decode": PhaseCall(phase="decode", context=decode_context(trial), layout=trial.decode,
+                                **common)}
+
+
 def predict(trial, hw: HardwareProfile):
     """A TrialConfig's analytical Measurement (source="analytical"): both phases, total, memory."""
     from workloads.metrics import Measurement
 
     topology = trial.mesh_shape
-    one_d = stores_1d(trial.prefill, trial.decode)
     model = trial.run_model            # padded per trial.pad_heads (paper §4)
     validate_layouts(model, topology, trial.prefill, trial.decode, trial.batch)
-    pre = predict_phase(model, hw, trial.chips, trial.batch, "prefill", trial.input_len,
-                        trial.input_len, trial.prefill, trial.weights, topology, one_d, validate=False)
-    ctx = decode_context(trial)
-    dec = predict_phase(model, hw, trial.chips, trial.batch, "decode", trial.input_len,
-                        ctx, trial.decode, trial.weights, topology, one_d, validate=False)
+    calls = phase_calls(trial)
+    pre, dec = calls["prefill"].predict(hw), calls["decode"].predict(hw)
+    ctx = calls["decode"].context
     kv_full = max(kv_bytes_per_chip(model, trial.chips, trial.batch, trial.context_len,
                                     layout.attn, topology, layout.ffn)
                   for layout in (trial.prefill, trial.decode))
@@ -676,13 +714,13 @@ def feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float | None = 
     m = predict(trial, hw)
     if m.peak_bytes_per_chip > budget:
         working = m.peak_bytes_per_chip - m.weight_bytes_per_chip - m.kv_bytes_per_chip
-        return (f"memory: weights {_bytes_text(m.weight_bytes_per_chip)} + KV cache "
-                f"{_bytes_text(m.kv_bytes_per_chip)} + working set {_bytes_text(working)} = "
-                f"{_bytes_text(m.peak_bytes_per_chip)} per chip exceeds the budget of {_bytes_text(budget)}")
+        return (f"memory: weights {bytes_text(m.weight_bytes_per_chip)} + KV cache "
+                f"{bytes_text(m.kv_bytes_per_chip)} + working set {bytes_text(working)} = "
+                f"{bytes_text(m.peak_bytes_per_chip)} per chip exceeds the budget of {bytes_text(budget)}")
     return None
 
 
-def _bytes_text(value: float) -> str:
+def bytes_text(value: float) -> str:
     for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if value >= scale:
             return f"{value / scale:.2f} {unit}"
@@ -692,13 +730,13 @@ def _bytes_text(value: float) -> str:
 # --------------------------------------------------------------------------- recommendation
 
 
-def _topology_candidates(model: ModelConfig, chips: int) -> list[tuple[int, int, int]]:
+def topology_candidates(model: ModelConfig, chips: int) -> list[tuple[int, int, int]]:
     """best_topology first (so ties keep the paper's split), then the rest in a fixed order."""
     first = best_topology(model, chips)
     return [first] + [t for t in factorizations(chips) if t != first]
 
 
-def _significant(value: float, digits: int = 9) -> float:
+def significant(value: float, digits: int = 9) -> float:
     """Round to significant digits, so float noise in a sum never decides a ranking."""
     return float(f"{value:.{digits}g}")
 

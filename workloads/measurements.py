@@ -230,46 +230,50 @@ def variants(point: MeasuredPoint) -> tuple[str, ...]:
     return _ffns(point)
 
 
-def phase_calls(point: MeasuredPoint, ffn: str) -> list[tuple[float, dict]]:
-    """(weight, costmodel.predict_phase keyword arguments) of each phase the row's number
-    covers, with one FFN layout: its latency is sum(weight x latency_s) (a decode over
-    several steps counts each step at the mean KV length). The one place the row's
-    configuration becomes cost-model calls: `predict_point` and the fit
-    (sweeper/analysis/external.py) both use it."""
+def configuration_key(point: MeasuredPoint) -> tuple:
+    """Everything but the measured value and its source: one run of the paper (its latency
+    and MFU rows are one measurement, held out together)."""
+    d = point.to_dict()
+    for name in ("latency_s", "mfu", "source", "row"):
+        d.pop(name)
+    return tuple(sorted((k, str(v)) for k, v in d.items()))
+
+
+def row_calls(point: MeasuredPoint) -> list[tuple[float, int, costmodel.PhaseCall]]:
+    """(weight, variant, cost-model call) of each phase the row's number covers, per FFN
+    variant: the row's latency is min over variants of sum(weight x latency) (a decode over
+    several steps counts each step at the mean KV length, costmodel.decode_context's rule)."""
+    out = []
     topology = _topology(point)
-    layout = PhaseLayout(ffn, point.attn)
-    common = dict(model=_run_model(point, layout, topology), chips=point.chips, batch=point.batch,
-                  input_len=point.input_len, layout=layout, weights=point.weights,
-                  topology=topology, one_d=stores_1d(layout, layout), validate=False)
     steps = point.decode_steps
-    prefill = (1.0, dict(common, phase="prefill", context=point.context))
-    decode = (float(steps), dict(common, phase="decode",
-                                 context=point.context + (steps / 2 if steps > 1 else 0)))
-    return {"prefill": [prefill], "decode": [decode], "total": [prefill, decode]}[point.phase]
+    for variant, ffn in enumerate(_ffns(point)):
+        layout = PhaseLayout(ffn, point.attn)
+        common = dict(model=_run_model(point, layout, topology), chips=point.chips,
+                      batch=point.batch, input_len=point.input_len, layout=layout,
+                      weights=point.weights, topology=tuple(topology),
+                      one_d=stores_1d(layout, layout))
+        prefill = (1.0, variant, costmodel.PhaseCall(phase="prefill", context=point.context, **common))
+        decode = (float(steps), variant, costmodel.PhaseCall(
+            phase="decode", context=point.context + (steps / 2 if steps > 1 else 0), **common))
+        out += {"prefill": [prefill], "decode": [decode], "total": [prefill, decode]}[point.phase]
+    return out
 
 
 def model_flops(point: MeasuredPoint) -> float:
     """The unpadded model's FLOPs of the row's number (the paper's MFU numerator)."""
-    return sum(weight * costmodel.predict_phase(hw=_UNIT_HW, **args).flops
-               for weight, args in phase_calls(point, _ffns(point)[0]))
+    return sum(w * call.predict(_UNIT_HW).flops for w, v, call in row_calls(point) if v == 0)
 
 
 def predict_point(point: MeasuredPoint, hardware: HardwareProfile) -> float:
     """The cost model's value of the row's metric: latency in seconds (of the phase, or of
     all decode steps), or MFU. For ffn `wg`, the fastest weight-gathered variant."""
-    results = [_predict(point, hardware, ffn) for ffn in _ffns(point)]
-    latency, mfu = min(results)
-    return latency if point.metric == "latency_s" else mfu
-
-
-def _predict(point: MeasuredPoint, hw: HardwareProfile, ffn: str) -> tuple[float, float]:
-    """(latency_s, mfu) of the row's phase with one FFN layout."""
-    latency = flops = 0.0
-    for weight, args in phase_calls(point, ffn):
-        p = costmodel.predict_phase(hw=hw, **args)
-        latency += weight * p.latency_s
-        flops += weight * p.flops                     # the unpadded model's (paper's MFU)
-    return latency, flops / (point.chips * hw.peak_flops * latency)
+    latency: dict[int, float] = {}
+    for w, v, call in row_calls(point):
+        latency[v] = latency.get(v, 0.0) + w * call.predict(hardware).latency_s
+    best = min(latency.values())
+    if point.metric == "latency_s":
+        return best
+    return model_flops(point) / (point.chips * hardware.peak_flops * best)
 
 
 def prediction_errors(points: list[MeasuredPoint], hardware: HardwareProfile) -> list[dict]:

@@ -127,7 +127,7 @@ def torus_topologies(model: ModelConfig, chips: int, torus_dims: int = 3) -> lis
     of size > 1: a TPU v5e is a 2-D torus, so never 4x4x4; issue 24), best first: the cost
     model's best_topology when allowed, else the allowed split with the least ws2d traffic
     per token (App. A.2.1), storing the weights cleanly first, then the smaller X."""
-    allowed = [t for t in costmodel._topology_candidates(model, chips)
+    allowed = [t for t in costmodel.topology_candidates(model, chips)
                if split_axes_count(t) <= torus_dims]
     if not allowed or allowed[0] == costmodel.best_topology(model, chips):
         return allowed
@@ -142,7 +142,7 @@ def torus_topologies(model: ModelConfig, chips: int, torus_dims: int = 3) -> lis
 
 def _topologies(model: ModelConfig, chips: int, topology, search_topology: bool, torus_dims: int = 3):
     if topology is not None:
-        checked = costmodel._check_topology(topology, chips)
+        checked = costmodel.check_topology(topology, chips)
         if split_axes_count(checked) > torus_dims:
             raise ConfigError("topology", "x".join(map(str, checked)),
                               f"a split of at most {torus_dims} mesh axes (the hardware's "
@@ -164,12 +164,12 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
     paper's best 2D split first). `ffn`, `attn` restrict the search; `topology` fixes the
     mesh, `search_topology=True` tries every factorisation of `chips` the hardware has axes
     for (`hw.torus_dims`)."""
-    costmodel._positive_int("chips", chips)
-    costmodel._positive_int("batch", batch)
-    costmodel._choice("phase", phase, PHASES)
-    costmodel._choice("weights", weights, WEIGHT_FORMATS)
-    ffns = FFN_LAYOUTS if ffn is None else (costmodel._choice("ffn", ffn, FFN_LAYOUTS),)
-    attns = ATTN_LAYOUTS if attn is None else (costmodel._choice("attn", attn, ATTN_LAYOUTS),)
+    costmodel.positive_int("chips", chips)
+    costmodel.positive_int("batch", batch)
+    costmodel.choice("phase", phase, PHASES)
+    costmodel.choice("weights", weights, WEIGHT_FORMATS)
+    ffns = FFN_LAYOUTS if ffn is None else (costmodel.choice("ffn", ffn, FFN_LAYOUTS),)
+    attns = ATTN_LAYOUTS if attn is None else (costmodel.choice("attn", attn, ATTN_LAYOUTS),)
     topologies = _topologies(model.unpadded, chips, topology, search_topology, hw.torus_dims)
 
     evaluated: dict[tuple, Candidate] = {}
@@ -200,7 +200,7 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
                           f"at least one valid layout (every one is rejected: {reasons})")
     order = {t: i for i, t in enumerate(topologies)}
     ranked = sorted(evaluated.values(), key=lambda c: (
-        not c.fits, costmodel._significant(c.prediction.latency_s), order[c.topology]))
+        not c.fits, costmodel.significant(c.prediction.latency_s), order[c.topology]))
     best = ranked[0]
     seq_len = input_len if phase == "prefill" else 1
     gather = costmodel.best_gather_degree(model.unpadded, chips, batch, seq_len,
@@ -211,7 +211,7 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
 
 
 def _memory_reason(p: costmodel.PhasePrediction) -> str:
-    return (f"peak {costmodel._bytes_text(p.peak_bytes_per_chip)} per chip (weights "
-            f"{costmodel._bytes_text(p.weight_bytes_per_chip)}, KV cache "
-            f"{costmodel._bytes_text(p.kv_bytes_per_chip)}) exceeds HBM "
-            f"{costmodel._bytes_text(p.hbm_bytes)}")
+    return (f"peak {costmodel.bytes_text(p.peak_bytes_per_chip)} per chip (weights "
+            f"{costmodel.bytes_text(p.weight_bytes_per_chip)}, KV cache "
+            f"{costmodel.bytes_text(p.kv_bytes_per_chip)}) exceeds HBM "
+            f"{costmodel.bytes_text(p.hbm_bytes)}")

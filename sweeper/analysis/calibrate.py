@@ -128,6 +128,9 @@ def write_outputs(result: Calibration, out_dir: str | Path, fitted_yaml: str | P
         f"MAPE {percent_dash(result.main.mape)}; measured on this host")
     (out_dir / "predicted_vs_measured.png").write_bytes(plots.png_bytes(fig))
     files["predicted_vs_measured_png"] = str(out_dir / "predicted_vs_measured.png")
+    if result.refused:   # a blown-up held-out fold: the tables are written, the profile is not
+        result.artifacts = files
+        return files
     yaml_path = Path(fitted_yaml) if fitted_yaml else out_dir / f"{result.fitted.name}.yaml"
     write_profile(result.fitted, yaml_path,
                   note=f"fitted by `sweeper fit` to study {result.study} ({len(result.points)} "

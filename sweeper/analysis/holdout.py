@@ -12,6 +12,7 @@ all layouts equal are left out).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -22,12 +23,16 @@ import pandas as pd
 from scipy.stats import kendalltau
 
 from sweeper.analysis.fit import (DEFAULT_TERMS, CalibrationError, Fit, ParamSpace, Point,
-                                  default_space, fit_profile, predict_point)
+                                  default_space, fit_profile)
+from sweeper.analysis.observations import metric_of, predict_latency
 from workloads.config import ConfigError, HardwareProfile
 from workloads.layouts import PHASES
 
-HOLDOUTS = ("kfold", "layout", "chips", "extrapolation")
+HOLDOUTS = ("kfold", "layout", "chips", "extrapolation")   # a study's schemes (`--holdout all`)
+SCHEMES = HOLDOUTS + ("loo",)
 HOLDOUT_TEXT = {
+    "loo": "leave-one-out (each point held out with the points of its run: a table's latency "
+           "and MFU of one configuration are one measurement)",
     "kfold": "k-fold over trial shapes (all layouts of one batch/chips/... shape held out together)",
     "layout": "leave-one-layout-out (every point of one FFN/attention layout held out together)",
     "chips": "leave-one-chip-count-out (every point of one chip count held out together)",
@@ -62,7 +67,7 @@ def splits(points: list[Point], scheme: str, k: int = K_FOLDS,
 
 def extrapolation_splits(points: list[Point]) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each chip count n >= EXTRAPOLATE_FROM: train on chips <= n/2, hold out chips == n."""
-    chips = np.array([p.config.chips for p in points])
+    chips = np.array([p.chips for p in points])
     out = []
     for n in sorted(set(chips.tolist())):
         train = np.flatnonzero(chips <= n / 2)
@@ -74,14 +79,23 @@ def extrapolation_splits(points: list[Point]) -> list[tuple[np.ndarray, np.ndarr
 def folds(points: list[Point], scheme: str, k: int = K_FOLDS, seed: int = 0) -> list[np.ndarray]:
     """Index arrays of held-out points, each point held out exactly once (not extrapolation,
     whose held-out sets are `splits`')."""
-    if scheme not in HOLDOUTS or scheme == "extrapolation":
-        raise ConfigError("--holdout", scheme, f"one of {list(HOLDOUTS)}")
-    if scheme == "kfold":
+    if scheme not in SCHEMES or scheme == "extrapolation":
+        raise ConfigError("--holdout", scheme, f"one of {list(SCHEMES)}")
+    if scheme == "loo":
+        keys = [p.group for p in points]
+    elif scheme == "kfold" and any(p.config is None for p in points):
+        # published numbers: folds of runs (a run's latency and MFU together)
+        units = sorted({p.group for p in points}, key=str)
+        order = [units[i] for i in np.random.default_rng(seed).permutation(len(units))]
+        k = max(2, min(k, len(units)))
+        fold_of = {u: i % k for i, u in enumerate(order)}
+        keys = [fold_of[p.group] for p in points]
+    elif scheme == "kfold":
         # Folds of trial shapes: every trial of one (batch, chips, ...) shape, both phases,
         # is held out together, so each ranking group is predicted by one model that saw
         # none of its layouts. A study of a single shape falls back to folds of trials.
         shapes = sorted({p.shape_key for p in points}, key=str)
-        unit = (lambda p: p.shape_key) if len(shapes) >= 2 else (lambda p: p.trial)
+        unit = (lambda p: p.shape_key) if len(shapes) >= 2 else (lambda p: p.group)
         units = sorted({unit(p) for p in points}, key=str)
         order = [units[i] for i in np.random.default_rng(seed).permutation(len(units))]
         k = max(2, min(k, len(units)))
@@ -90,7 +104,7 @@ def folds(points: list[Point], scheme: str, k: int = K_FOLDS, seed: int = 0) -> 
     elif scheme == "layout":
         keys = [p.layout_key for p in points]
     else:
-        keys = [p.config.chips for p in points]
+        keys = [p.chips for p in points]
     out = []
     for key in sorted(set(keys), key=str):
         out.append(np.array([i for i, kk in enumerate(keys) if kk == key]))
@@ -102,19 +116,30 @@ def folds(points: list[Point], scheme: str, k: int = K_FOLDS, seed: int = 0) -> 
 
 @dataclass
 class NoiseFloor:
-    """The replicate error: the same configuration measured in several trials (other seed),
-    each measurement predicted by the median of its replicates. No model of the
-    configuration can predict a single trial better than this, on average."""
+    """One measurement's error, from replicates (the same configuration measured in several
+    trials, other seed): each measurement against the median of its replicates, divided by
+    sqrt(1 + 1/(n-1)) (for a pair: the pair error / sqrt 2) so it carries one measurement's
+    noise, not two. No model of the configuration can predict a single trial better than
+    this, on average; against the mean of n replicates the floor is this / sqrt(n)
+    (`mean_mape`)."""
 
     mape: float
     median_ape: float
     n_points: int                        # points that have at least one replicate
     groups: int                          # configurations measured more than once
     by_phase: dict[str, dict[str, float]] = field(default_factory=dict)
+    replicates: float = math.nan         # mean number of measurements per replicated configuration
+
+    @property
+    def mean_mape(self) -> float:
+        """The floor of a score against replicate means: one measurement's error / sqrt(n)."""
+        return self.mape / math.sqrt(self.replicates) if self.replicates > 0 else math.nan
 
     def summary(self) -> dict[str, Any]:
         return {"mape": self.mape, "median_ape": self.median_ape, "n_points": self.n_points,
-                "groups": self.groups, "by_phase": self.by_phase}
+                "groups": self.groups, "by_phase": self.by_phase,
+                "definition": "one measurement's error: replicate error / sqrt(1 + 1/(n-1))",
+                "replicate_mean_floor_mape": self.mean_mape}
 
 
 def replicate_apes(points: list[Point]) -> dict[int, float]:
@@ -127,8 +152,13 @@ def replicate_apes(points: list[Point]) -> dict[int, float]:
         if len(members) < 2:
             continue
         values = np.array([points[i].measured_s for i in members])
+        # one measurement against the others' median differs by two measurements' noise
+        # (its own and the others', variance 1 + 1/(n-1)): dividing by that factor gives one
+        # measurement's error (for a pair: the pair error / sqrt 2), what a perfect model of
+        # the configuration would score against single measurements
+        single = math.sqrt(1.0 + 1.0 / (len(members) - 1))
         for j, i in enumerate(members):
-            out[i] = abs(float(np.median(np.delete(values, j))) - values[j]) / values[j]
+            out[i] = abs(float(np.median(np.delete(values, j))) - values[j]) / values[j] / single
     return out
 
 
@@ -149,7 +179,8 @@ def noise_floor(points: list[Point], only: Iterable[int] | None = None) -> Noise
         m, med = stats(vals)
         by_phase[phase] = {"mape": m, "median_ape": med, "n_points": len(vals)}
     groups = len({points[i].replicate_key for i in apes})
-    return NoiseFloor(mape, median, len(apes), groups, by_phase)
+    return NoiseFloor(mape, median, len(apes), groups, by_phase,
+                      replicates=len(apes) / groups if groups else math.nan)
 
 
 def caveats(mape: float, noise: NoiseFloor | None, groups: int) -> list[str]:
@@ -183,6 +214,26 @@ class Holdout:
     folds: int
     skipped: str | None = None           # why a scheme could not run (one group only)
     noise: NoiseFloor | None = None      # replicate error of the held-out points
+    fold_profiles: list = field(default_factory=list)   # each fold's fitted profile
+
+    @property
+    def replicate_means(self) -> pd.DataFrame:
+        return replicate_means(self.points)
+
+    @property
+    def mape_vs_mean(self) -> float:
+        """Held-out MAPE against the mean of each configuration's replicates."""
+        m = self.replicate_means
+        return float(m["ape"].mean()) if len(m) else math.nan
+
+    @property
+    def median_vs_mean(self) -> float:
+        m = self.replicate_means
+        return float(m["ape"].median()) if len(m) else math.nan
+
+    @property
+    def blowup(self) -> dict[str, Any] | None:
+        return None if self.skipped else blowup(self.points)
 
     @property
     def caveats(self) -> list[str]:
@@ -202,21 +253,29 @@ class Holdout:
                 "noise_floor_median_ape": self.noise.median_ape if self.noise else math.nan,
                 "noise_floor_points": self.noise.n_points if self.noise else 0,
                 "noise_floor": self.noise.summary() if self.noise else None,
-                "caveats": self.caveats, "skipped": self.skipped}
+                "caveats": self.caveats, "skipped": self.skipped,
+                "mape_vs_replicate_mean": self.mape_vs_mean,
+                "median_ape_vs_replicate_mean": self.median_vs_mean,
+                "blowup": self.blowup,
+                "residuals": {phase: [float(v) for v in
+                                      self.points.loc[self.points["phase"] == phase,
+                                                      "relative_error"].dropna()]
+                              for phase in PHASES} if not self.skipped else {}}
 
 
 def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | None = None) -> pd.DataFrame:
+    """One line per observation: `predicted` are latencies; `measured`/`predicted` are in
+    the observation's metric and `ape`/`relative_error` compare those (what was published);
+    `measured_s`/`predicted_s` are latency equivalents (the rankings compare those)."""
     rows = []
     for i, (p, pred) in enumerate(zip(points, predicted)):
-        c = p.config
-        rows.append({"trial": p.trial, "phase": p.phase, "layout": p.layout_key,
-                     "ffn": p.layout.ffn, "attn": p.layout.attn,
-                     "topology": "x".join(map(str, c.mesh_shape)), "chips": c.chips,
-                     "batch": c.batch, "model": c.model.name, "weights": c.weights,
-                     "input_len": c.input_len, "decode_steps": c.decode_steps,
-                     "seed": c.seed, "ci_rel": p.ci_rel,
+        value = float(metric_of(p, float(pred))) if math.isfinite(pred) else math.nan
+        rows.append({"trial": p.trial, "phase": p.phase, **p.info, "chips": p.chips,
+                     "metric": p.metric, "ci_rel": p.ci_rel, "replicate": str(p.replicate_key),
+                     "measured": p.measured, "predicted": value,
+                     "relative_error": value / p.measured - 1,
                      "measured_s": p.measured_s, "predicted_s": float(pred),
-                     "ape": abs(float(pred) - p.measured_s) / p.measured_s,
+                     "ape": abs(value / p.measured - 1),
                      "fold": int(fold[i]) if fold is not None else -1})
     return pd.DataFrame(rows)
 
@@ -237,14 +296,16 @@ def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
         why = (f"needs chip counts n >= {EXTRAPOLATE_FROM} and at least two counts <= n/2"
                if scheme == "extrapolation" else f"only one {scheme} group: nothing to hold out")
         return Holdout(scheme, df, *([math.nan] * 6), 0, len(parts), skipped=why)
+    profiles = []
     for i, (train_idx, test) in enumerate(parts):
         train = [points[j] for j in train_idx]
         # Latencies only for the kinds the training points contain; a held-out layout's
         # unseen kind is charged the fitted `collective_latency_s` (median of the others).
         fitted = fit_profile(train, base, default_space(train, terms) if space is None else space,
                              loss, weighted=weighted).profile
+        profiles.append(fitted)
         for j in test:
-            predicted[j] = predict_point(points[j], fitted)
+            predicted[j] = predict_latency(points[j], fitted)
             fold_id[j] = i
     df = point_frame(points, predicted, fold_id)
     df["tie_s"] = tie_reference if tie_reference is not None else df["predicted_s"]
@@ -254,7 +315,73 @@ def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
     ape = df["ape"]
     return Holdout(scheme, df, float(ape.mean()), float(ape.median()), float(ape.max()),
                    top1, top1_tol, tau, groups, len(parts),
-                   noise=noise_floor(points, predicted_idx.tolist()))
+                   noise=noise_floor(points, predicted_idx.tolist()), fold_profiles=profiles)
+
+
+def replicate_means(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration and phase: the mean of its measurements (replicates) and
+    of their held-out predictions, and the error between the two (`relative_error`, `ape`)."""
+    if df.empty or "replicate" not in df:
+        return pd.DataFrame(columns=["replicate", "phase", "chips", "n", "measured_s",
+                                     "predicted_s", "relative_error", "ape"])
+    ok = df.dropna(subset=["predicted_s"])
+    g = ok.groupby("replicate", as_index=False).agg(
+        phase=("phase", "first"), chips=("chips", "first"), n=("measured_s", "size"),
+        measured_s=("measured_s", "mean"), predicted_s=("predicted_s", "mean"))
+    g["relative_error"] = g["predicted_s"] / g["measured_s"] - 1
+    g["ape"] = g["relative_error"].abs()
+    return g
+
+
+# A fit is not published when one held-out fold is far worse than the typical one: its
+# error is the MAPE of the fold's held-out points (under leave-one-out: one run's points).
+BLOWUP_RATIO = 3.0
+BLOWUP_FLOOR = 0.02      # folds within 3 x 2% are never a blow-up (a 0.5% median is no scale)
+
+
+def blowup(df: pd.DataFrame) -> dict[str, Any] | None:
+    """The worst held-out fold when its error is > BLOWUP_RATIO x the median fold's, with
+    its worst point; None when no fold blew up (or fewer than 3 folds)."""
+    ok = df.dropna(subset=["ape"])
+    per_fold = ok.groupby("fold")["ape"].mean()
+    if len(per_fold) < 3:
+        return None
+    median = float(per_fold.median())
+    worst = per_fold.idxmax()
+    if per_fold[worst] <= BLOWUP_RATIO * max(median, BLOWUP_FLOOR):
+        return None
+    sel = ok[ok["fold"] == worst]
+    point = sel.loc[sel["ape"].idxmax()]
+    where = ", ".join(f"{k} {point[k]}" for k in ("row", "trial", "phase", "layout", "chips", "batch",
+                                                  "source") if k in point and pd.notna(point[k]))
+    return {"fold": int(worst), "fold_mape": float(per_fold[worst]), "median_fold_mape": median,
+            "ratio": float(per_fold[worst] / median) if median > 0 else math.inf,
+            "point": where, "relative_error": float(point["relative_error"])}
+
+
+def blowup_reason(result: "Calibration") -> str | None:
+    """Why the headline fit must not be published: which point blew up, and which constant
+    its fold's fit moved furthest from the fit on all points (measured); None if none did."""
+    b = result.main.blowup
+    if b is None:
+        return None
+    fold_fit = result.main.fold_profiles[b["fold"]] if b["fold"] < len(result.main.fold_profiles) else None
+    moved = ""
+    if fold_fit is not None:
+        ratios = {}
+        for name in ("peak_flops", "hbm_bandwidth", "ici_bandwidth", "op_overhead_s",
+                     "collective_latency_s", "launch_overhead_s", "collective_latency_s_per_device"):
+            a, c = getattr(fold_fit, name), getattr(result.fitted, name)
+            if a > 0 and c > 0:
+                ratios[name] = a / c
+        ratios["overlap"] = (fold_fit.overlap + 1e-3) / (result.fitted.overlap + 1e-3)
+        name = max(ratios, key=lambda k: abs(math.log(ratios[k])))
+        moved = (f"; without it the fit moves {name} by x{ratios[name]:.3g} "
+                 f"({getattr(fold_fit, name):.4g} vs {getattr(result.fitted, name):.4g} on all points)")
+    return (f"held-out fold {b['fold']} ({b['point']}) is off by {100 * b['fold_mape']:.0f}%, "
+            f"{b['ratio']:.1f}x the median fold's {100 * b['median_fold_mape']:.1f}% "
+            f"(limit {BLOWUP_RATIO:g}x){moved}: the model lacks a term this point needs, so "
+            "the fit is not published")
 
 
 def error_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -353,12 +480,19 @@ class Calibration:
     def main(self) -> Holdout:
         return self.holdouts[self.headline]
 
+    @property
+    def refused(self) -> str | None:
+        """Why this fit must not be published (a held-out fold blew up), or None."""
+        return blowup_reason(self)
+
     def fitted_constants(self) -> dict[str, Any]:
         p = self.fitted
         return {"peak_flops": p.peak_flops, "hbm_bandwidth": p.hbm_bandwidth,
                 "ici_bandwidth": p.ici_bandwidth, "collective_latency_s": p.collective_latency_s,
                 "collective_latency_s_by_kind": dict(getattr(p, "collective_latency_s_by_kind", {})),
-                "op_overhead_s": p.op_overhead_s, "overlap": p.overlap}
+                "op_overhead_s": p.op_overhead_s, "overlap": p.overlap,
+                "collective_latency_s_per_device": p.collective_latency_s_per_device,
+                "launch_overhead_s": p.launch_overhead_s}
 
     def summary(self) -> dict[str, Any]:
         """What `sweeper fit --json` prints."""
@@ -377,6 +511,8 @@ class Calibration:
                 "insample_mape": float(self.insample["ape"].mean()),
                 "holdouts": {name: ho.summary() for name, ho in self.holdouts.items()},
                 "errors": _records(h.errors),
+                "mape_vs_replicate_mean": h.mape_vs_mean,
+                "refused": self.refused,
                 "artifacts": self.artifacts, "parent_run_id": self.parent_run_id}
 
 
@@ -390,7 +526,7 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
     """Fit on all points (the profile to use) and evaluate each hold-out scheme."""
     holdouts = tuple(holdouts)
     for scheme in holdouts:
-        if scheme not in HOLDOUTS:
+        if scheme not in SCHEMES:
             raise ConfigError("--holdout", scheme, f"one of {list(HOLDOUTS) + ['all']}")
     trials = len({p.trial for p in points})
     if trials < min_trials:
@@ -399,12 +535,18 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
                                f"{len(points)} points); run more trials (--resume)")
     space = default_space(points, terms)
     fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted", weighted=weighted)
-    insample = point_frame(points, np.array([predict_point(p, fit.profile) for p in points]))
+    insample = point_frame(points, np.array([predict_latency(p, fit.profile) for p in points]))
     reference = insample["predicted_s"].to_numpy()
     results = {scheme: heldout(points, base, scheme, None, loss, tie_reference=reference,
                                weighted=weighted, terms=terms)
                for scheme in holdouts}
-    return Calibration(study, base, fit.profile, points, insample, results, holdouts[0], fit,
+    main = results[holdouts[0]]
+    fitted = fit.profile
+    if not main.skipped:   # the serving planner's error bands (HardwareProfile.heldout_residuals)
+        fitted = dataclasses.replace(fitted, heldout_residuals={
+            phase: [round(float(v), 6) for v in values]
+            for phase, values in main.summary()["residuals"].items() if values})
+    return Calibration(study, base, fitted, points, insample, results, holdouts[0], fit,
                        noise=noise_floor(points), weighted=weighted)
 
 

@@ -41,10 +41,10 @@ def format_calibration(result: holdout.Calibration) -> str:
                  "held-out below)")
     noise = result.noise
     if noise is not None and noise.n_points:
-        lines.append(f"noise floor (replicate error: {noise.groups} configurations measured more than "
-                     f"once, each trial against the median of the others): MAPE "
-                     f"{percent_dash(noise.mape)}, median {percent_dash(noise.median_ape)} over "
-                     f"{noise.n_points} points")
+        lines.append(f"noise floor (one measurement's error: {noise.groups} configurations measured "
+                     f"more than once, each trial against the median of the others / sqrt(1 + 1/(n-1))): "
+                     f"MAPE {percent_dash(noise.mape)}, median {percent_dash(noise.median_ape)} over "
+                     f"{noise.n_points} points; against replicate means {percent_dash(noise.mean_mape)}")
     else:
         lines.append("noise floor: unknown (no configuration measured twice; add `seed: [0, 1]`)")
     lines.append("points weighted by their measured 95% CI" if result.weighted else
@@ -62,6 +62,9 @@ def format_calibration(result: holdout.Calibration) -> str:
         lines.append(f"{name:<13} {len(ho.points):>6} {percent_dash(ho.mape):>7} {percent_dash(ho.median_ape):>7} "
                      f"{percent_dash(ho.max_ape):>7} {floor:>7} {percent_dash(ho.top1_agreement):>6} "
                      f"{percent_dash(ho.top1_within_tolerance):>8} {tau:>6} {ho.groups:>6}")
+        if ho.noise is not None and ho.noise.n_points:
+            lines.append(f"{'':<13} against replicate means: MAPE {percent_dash(ho.mape_vs_mean)}, "
+                         f"median {percent_dash(ho.median_vs_mean)} (floor {percent_dash(ho.noise.mean_mape)})")
         notes += [f"  {name}: {c}" for c in ho.caveats]
     if notes:
         lines.append("not a verdict:")
@@ -86,6 +89,7 @@ def run_fit(args) -> int:
     result = cal.calibrate_study(data, schemes, base, args.loss)
     out_dir = Path(args.artifacts_dir) if args.artifacts_dir else study_dir("fits", args.study)
     files = cal.write_outputs(result, out_dir, args.out)
+    refused = result.refused
     logged = False
     if not args.no_mlflow:
         try:
@@ -98,10 +102,19 @@ def run_fit(args) -> int:
         print_json(out)
     else:
         print(format_calibration(result))
-        print(f"fitted profile: {files['fitted_yaml']} (use it with --hardware)")
+        if not refused:
+            print(f"fitted profile: {files['fitted_yaml']} (use it with --hardware)")
         print(f"error table, plot: {out_dir}" + (f"; logged to MLflow run {result.parent_run_id}"
                                                  if logged else ""))
-    return 0
+    return _refusal(refused)
+
+
+def _refusal(reason: str | None) -> int:
+    """A fit whose worst held-out fold blew up is not published: one line, exit 1."""
+    if reason is None:
+        return 0
+    print(f"sweeper fit: {reason} (no fitted profile written; the error tables are)", file=sys.stderr)
+    return 1
 
 
 def run_fit_measurements(args) -> int:
@@ -120,24 +133,27 @@ def run_fit_measurements(args) -> int:
     result = external.calibrate_measurements(args.measurements, base, holdouts, args.loss)
     out = Path(args.out) if args.out else (sweeper_home(create=True) / "fits"
                                            / Path(args.measurements).stem / f"{result.fitted.name}.yaml")
-    cal.write_profile(result.fitted, out, note=(
+    refused = result.refused
+    if not refused:
+        cal.write_profile(result.fitted, out, note=(
         f"fitted by `sweeper fit --measurements {args.measurements} --hardware {args.hardware}` "
         f"({len(result.points)} rows); held-out MAPE {percent_dash(result.main.mape)} "
-        f"({external.EXTERNAL_HOLDOUT_TEXT[result.headline]})"))
-    result.artifacts = {"fitted_yaml": str(out)}
+            f"({external.EXTERNAL_HOLDOUT_TEXT[result.headline]})"))
+        result.artifacts = {"fitted_yaml": str(out)}
     if args.json:
         data = jsonable(result.summary())
         data["mlflow_logged"] = False     # no sweep, no parent run to log to
         print_json(data)
-        return 0
+        return _refusal(refused)
     print(format_calibration(result).replace("measured points", "published rows", 1)
           .replace("trials x prefill, decode", "configurations", 1))
     print("per row (held out):")
     for _, row in result.main.points.iterrows():
         print(f"  row {row['row']:>3} {row['metric']:<9} measured {row['measured']:<9.4g} "
               f"predicted {row['predicted']:<9.4g} {row['relative_error']:+7.1%}  {row['source']}")
-    print(f"fitted profile: {out} (use it with --hardware)")
-    return 0
+    if not refused:
+        print(f"fitted profile: {out} (use it with --hardware)")
+    return _refusal(refused)
 
 
 # ----------------------------------------------------------------------------- pareto
