@@ -88,7 +88,12 @@ def topology_of(deployment: Deployment, part: PhaseSlice) -> tuple[int, int, int
     return tuple(part.topology) if part.topology else best_topology(deployment.model.unpadded, part.chips)
 
 
-def slot_specs(deployment: Deployment, requests: list[Request], seed: int) -> dict[str, dict]:
+def context_of(requests: list[Request]) -> int:
+    """KV positions a slot needs for the longest request (prompt + answer)."""
+    return max(r.input_len + r.output_len for r in requests) + 1
+
+
+def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str, dict]:
     """The SlotSpec (as plain data) of each worker: {"aggregated": ...} or {"prefill", "decode"};
     validated here, before Ray or JAX start (ConfigError names the plan field)."""
     from workloads.layouts import PhaseLayout, resolve_padding, validate_layouts, validate_phase
@@ -98,7 +103,6 @@ def slot_specs(deployment: Deployment, requests: list[Request], seed: int) -> di
         if getattr(d, phase).replicas != 1:
             raise ConfigError(f"{phase}.replicas", getattr(d, phase).replicas,
                               "1 (sweeper serve runs one replica per phase on this host)")
-    context = max(r.input_len + r.output_len for r in requests) + 1
     pre = PhaseLayout(d.prefill.ffn, d.prefill.attn)
     dec = PhaseLayout(d.decode.ffn, d.decode.attn)
     model = d.model.to_dict()
@@ -107,10 +111,10 @@ def slot_specs(deployment: Deployment, requests: list[Request], seed: int) -> di
         return {"model": model, "topology": list(topology),
                 "prefill": [prefill.ffn, prefill.attn] if prefill else None,
                 "decode": [decode.ffn, decode.attn] if decode else None,
-                "slots": d.decode.batch, "prefill_batch": d.prefill.batch,
-                "context_len": context, "weights": weights, "seed": seed}
+                "slots": d.decode.batch if decode else 1, "prefill_batch": d.prefill.batch,
+                "context_len": context_len, "weights": weights, "seed": seed}
 
-    def check(topology, prefill, decode, field_):
+    def check(topology, prefill, decode):
         both = (prefill or decode, decode or prefill)
         run = resolve_padding(d.model, "auto", topology, *both)
         validate_layouts(run, topology, both[0], both[1], math.lcm(d.prefill.batch, d.decode.batch))
@@ -122,19 +126,16 @@ def slot_specs(deployment: Deployment, requests: list[Request], seed: int) -> di
 
     if d.mode == "aggregated":
         topology = topology_of(d, d.decode)
-        check(topology, pre, dec, "decode")
+        check(topology, pre, dec)
         return {"aggregated": spec(topology, pre, dec, d.decode.weights)}
     tp, td = topology_of(d, d.prefill), topology_of(d, d.decode)
-    run_p = check(tp, pre, None, "prefill")
-    run_d = check(td, None, dec, "decode")
+    run_p, run_d = check(tp, pre, None), check(td, None, dec)
     if run_p.n_kv_heads != run_d.n_kv_heads:
         raise ConfigError("decode.topology", "x".join(map(str, td)),
                           f"a topology whose head padding keeps n_kv_heads={run_p.n_kv_heads} "
                           "(the prefill slice's), so the KV cache can be handed over")
-    specs = {"prefill": spec(tp, pre, None, d.prefill.weights),
-             "decode": spec(td, None, dec, d.decode.weights)}
-    specs["prefill"]["slots"] = 1
-    return specs
+    return {"prefill": spec(tp, pre, None, d.prefill.weights),
+            "decode": spec(td, None, dec, d.decode.weights)}
 
 
 # --------------------------------------------------------------------------- the run
@@ -155,63 +156,92 @@ def _ray_started() -> bool:
     return True
 
 
+class ServingSession:
+    """A deployment's workers, started and warmed up once, serving one stream after another
+    (the validation benchmark serves several loads and seeds on one set of workers)."""
+
+    def __init__(self, deployment: Deployment, context_len: int, prompt_lens: list[int],
+                 seed: int = 0, emulated: bool = True):
+        import ray   # lazy: Ray (~1 s)
+
+        from sweeper import paths
+        from sweeper.serving.server import ServingWorker, actor_options, worker_cores
+
+        self.deployment, self.seed, self.emulated = deployment, seed, emulated
+        specs = slot_specs(deployment, context_len, seed)
+        self.ray = ray
+        self.started_ray = _ray_started()
+        self.names = list(specs)
+        self.cores = worker_cores(len(self.names)) if emulated else [None] * len(self.names)
+        total = len(os.sched_getaffinity(0))
+        self.share = float(np.mean([worker_share(len(c), total) for c in self.cores])) if emulated else 1.0
+        remote = ray.remote(ServingWorker)
+        env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
+        self.actors = {}
+        try:
+            for name, mine in zip(self.names, self.cores):
+                chips = math.prod(specs[name]["topology"]) if emulated else None
+                threads = 2 if name == "decode" else 1      # deliver() while serve_decode() runs
+                self.actors[name] = remote.options(**actor_options(chips, mine, threads, env)).remote(mine)
+            setups = {n: self.actors[n].setup.remote(specs[n], sorted(set(prompt_lens)))
+                      for n in self.names}
+            self.warmup = dict(zip(setups, ray.get(list(setups.values()), timeout=SETUP_TIMEOUT_S)))
+            self.workers = dict(zip(self.names, ray.get([self.actors[n].where.remote()
+                                                         for n in self.names])))
+            self.workers["emulated"] = emulated
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, requests: list[Request], seed: int) -> ServeResult:
+        """Serve one stream (prompts from `seed`); measured and predicted."""
+        ray = self.ray
+        plain = [dataclasses.asdict(r) for r in requests]
+        begin = time.time()
+        start_at = begin + START_MARGIN_S
+        if self.deployment.mode == "aggregated":
+            per_request = ray.get(self.actors["aggregated"].serve_aggregated.remote(plain, start_at, seed))
+        else:
+            expected = sum(r.output_len > 1 for r in requests)
+            decoded_ref = self.actors["decode"].serve_decode.remote(expected, start_at)
+            per_request = ray.get(self.actors["prefill"].serve_prefill.remote(
+                plain, start_at, seed, self.actors["decode"]))
+            for i, part in ray.get(decoded_ref).items():
+                per_request[i]["tokens"] += part["tokens"]
+                per_request[i]["finish_s"] = part["finish_s"]
+                per_request[i]["kv_ready_s"] = part["kv_ready_s"]
+        wall = time.time() - begin - START_MARGIN_S
+        for i, r in enumerate(requests):
+            per_request[i]["arrival_s"] = r.arrival_s
+        measured, predicted, calibrated = compare(self.deployment, requests, per_request,
+                                                  self.warmup, self.share)
+        return ServeResult(self.deployment, requests, measured, predicted, calibrated,
+                           per_request, self.warmup, self.workers, wall)
+
+    def close(self) -> None:
+        for actor in self.actors.values():
+            self.ray.kill(actor)
+        self.actors = {}
+        if self.started_ray:
+            from sweeper.sweep.controller import shutdown_ray
+
+            shutdown_ray()
+            self.started_ray = False
+
+    def __enter__(self) -> "ServingSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def serve(deployment: Deployment, requests: list[Request], seed: int = 0,
           emulated: bool = True) -> ServeResult:
     """Serve `requests` (wall-clock arrivals) with `deployment` on Ray mesh workers; measure,
     and predict the same requests with the serving model (module docstring)."""
-    import ray   # lazy: Ray (~1 s)
-
-    from sweeper import paths
-    from sweeper.serving.server import ServingWorker, actor_options, worker_cores
-
-    specs = slot_specs(deployment, requests, seed)
-    started_ray = _ray_started()
-    names = list(specs)
-    cores = worker_cores(len(names)) if emulated else [None] * len(names)
-    total = len(os.sched_getaffinity(0))
-    remote = ray.remote(ServingWorker)
-    env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
-    actors = {}
-    try:
-        for name, mine in zip(names, cores):
-            chips = math.prod(specs[name]["topology"]) if emulated else None
-            threads = 2 if name == "decode" else 1      # deliver() while serve_decode() runs
-            actors[name] = remote.options(**actor_options(chips, mine, threads, env)).remote(mine)
-        lengths = sorted({r.input_len for r in requests})
-        setups = {name: actors[name].setup.remote(specs[name], lengths) for name in names}
-        warmup = dict(zip(setups, ray.get(list(setups.values()), timeout=SETUP_TIMEOUT_S)))
-        workers = dict(zip(names, ray.get([actors[n].where.remote() for n in names])))
-        workers["emulated"] = emulated
-        plain = [dataclasses.asdict(r) for r in requests]
-        begin = time.time()
-        start_at = begin + START_MARGIN_S
-        if deployment.mode == "aggregated":
-            per_request = ray.get(actors["aggregated"].serve_aggregated.remote(plain, start_at, seed))
-        else:
-            expected = sum(r.output_len > 1 for r in requests)
-            decoded_ref = actors["decode"].serve_decode.remote(expected, start_at)
-            per_request = ray.get(actors["prefill"].serve_prefill.remote(
-                plain, start_at, seed, actors["decode"]))
-            decoded = ray.get(decoded_ref)
-            for i, part in decoded.items():
-                per_request[i]["tokens"] += part["tokens"]
-                per_request[i]["finish_s"] = part["finish_s"]
-                per_request[i]["kv_ready_s"] = part["kv_ready_s"]
-        wall = time.time() - begin
-    finally:
-        for actor in actors.values():
-            ray.kill(actor)
-        if started_ray:
-            from sweeper.sweep.controller import shutdown_ray
-
-            shutdown_ray()
-    for i, r in enumerate(requests):
-        per_request[i]["arrival_s"] = r.arrival_s
-    shares = [worker_share(len(c), total) for c in cores] if emulated else [1.0]
-    measured, predicted, calibrated = compare(deployment, requests, per_request, warmup,
-                                              float(np.mean(shares)))
-    return ServeResult(deployment, requests, measured, predicted, calibrated, per_request,
-                       warmup, workers, wall)
+    with ServingSession(deployment, context_of(requests), [r.input_len for r in requests],
+                        seed, emulated) as session:
+        return session.run(requests, seed)
 
 
 def prediction_deployment(deployment: Deployment, share: float) -> Deployment:

@@ -31,7 +31,10 @@ import time
 from collections import deque
 from typing import Any
 
-from sweeper.sweep.workers import split_cores, where_am_i
+try:    # the sweep's mesh-worker helpers (sweeper/sweep/meshworker.py since the workers split)
+    from sweeper.sweep.meshworker import split_cores, where_am_i
+except ImportError:
+    from sweeper.sweep.workers import split_cores, where_am_i
 
 POLL_S = 0.0005           # a waiting decode worker checks for handovers this often
 

@@ -1,0 +1,92 @@
+"""`sweeper serve`: serve a Poisson request stream with a plan's deployment on Ray mesh workers
+(emulated meshes here), and print each measured TTFT/TPOT percentile beside the serving
+model's prediction for the same requests (sweeper/serving/serve.py; docs/serving.md
+"Real serving runs").
+
+Bad input (no plan file, a bad rate or count, a deployment this host cannot run) is one line
+and exit 2, before Ray or JAX start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from workloads.config import ConfigError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="really serve a Poisson request stream with a plan's "
+                       "deployment; measured TTFT/TPOT beside the serving model's prediction")
+    p.add_argument("--plan", required=True, metavar="PLAN.json",
+                   help="deployment to run (`sweeper plan --out`, or written by hand)")
+    p.add_argument("--rate", required=True, metavar="RPS", help="requests per second (Poisson)")
+    p.add_argument("--requests", default="20", metavar="N", help="requests in the stream (default 20)")
+    p.add_argument("--seed", default="0", metavar="S", help="arrivals, lengths and prompts (default 0)")
+    p.add_argument("--input-len", metavar="N", help="prompt tokens (default: the plan's profile)")
+    p.add_argument("--output-len", metavar="K", help="answer tokens (default: the plan's profile)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
+    p.add_argument("--tracking-uri", help="MLflow store (default: sqlite under $SWEEPER_HOME)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=cmd_serve)
+
+
+def _positive(value: str, flag: str, integer: bool, minimum: float) -> float:
+    try:
+        number = int(value) if integer else float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not math.isfinite(number) or number < minimum or (not integer and number <= 0):
+        kind = f"an integer >= {minimum:g}" if integer else "a positive number"
+        raise ConfigError(flag, value, kind)
+    return number
+
+
+def stream_of(args):
+    """(deployment, requests, rate, seed) from the flags and the plan; ConfigError on bad input."""
+    from sweeper.serving.deployment import load_plan, load_plan_profile
+    from sweeper.serving.workload import AppProfile, parse_length, requests
+
+    rate = _positive(args.rate, "--rate", False, 0)
+    count = int(_positive(args.requests, "--requests", True, 1))
+    seed = int(_positive(args.seed, "--seed", True, 0))
+    deployment = load_plan(args.plan)
+    profile = load_plan_profile(args.plan)
+    lengths = {}
+    for key, flag in (("input_len", "--input-len"), ("output_len", "--output-len")):
+        value = getattr(args, key)
+        if value is not None:
+            lengths[key] = parse_length(value, flag, None)
+        elif profile is not None:
+            lengths[key] = getattr(profile, key)
+        else:
+            raise ConfigError(flag, None, "a token count (the plan has no profile to take it from)")
+    stream = AppProfile(rate=rate, **lengths)
+    return deployment, requests(stream, count, seed), rate, seed
+
+
+def cmd_serve(args) -> int:
+    deployment, reqs, rate, seed = stream_of(args)
+    from sweeper.serving.serve import context_of, serve, slot_specs, table
+
+    slot_specs(deployment, context_of(reqs), seed)           # every layout check before Ray and JAX
+    result = serve(deployment, reqs, seed=seed)
+    run_id = None
+    if not args.no_mlflow:
+        from sweeper.tracking.serving_log import log_serve
+
+        run_id = log_serve(result, rate, seed, args.tracking_uri)
+    if args.json:
+        from sweeper.formatting import jsonable
+
+        print(json.dumps(jsonable({**result.to_json(), "mlflow_run_id": run_id}), indent=2))
+        return 0
+    print(f"{deployment.describe()}")
+    print(f"{len(reqs)} requests at {rate:g} req/s (Poisson, seed {seed}); wall {result.wall_s:.1f} s")
+    print(table(result))
+    print("predicted: the serving model with the plan's hardware profile (cost model); "
+          "warm-up model: the same simulation on step times the workers measured before the "
+          "stream (a diagnostic). Timings on an emulated mesh are this host's (`host`).")
+    if run_id:
+        print(f"MLflow run {run_id} (experiment sweeper/serve)")
+    return 0
