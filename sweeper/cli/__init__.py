@@ -18,6 +18,7 @@ from sweeper.cli import analytical   # pure Python: no JAX import on this path
 from sweeper.cli import plan as plan_cmd   # serving planner: pure Python, MLflow when it logs
 from sweeper.cli import profile as profile_cmd  # imports no JAX until the device count is set
 from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a sweep starts
+from sweeper.cli import serve as serve_cmd   # Ray, JAX, MLflow: imported when a stream is served
 from sweeper.cli import studies   # export, compare, schema: the analysis stack when they run
 from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
 from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
@@ -189,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_commands(sub)
     _add_sweep_commands(sub)
     _add_analysis_commands(sub)
+    serve_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
     return parser
 
