@@ -56,6 +56,9 @@ def trial(**changes) -> dict:
     return {k: v for k, v in data.items() if v is not None}
 
 
+# 5.7 MiB (issue 23: a 5-16 MB space file took ~90 s and 1.9 GB to refuse)
+TOO_LARGE = "name: big\nparams: [unclosed\n" + "# padding\n" * 600_000
+
 # (case id, command, file contents (dict -> YAML, str -> as is, None -> no file), what the
 #  one line must contain besides the file name)
 CASES = [
@@ -87,6 +90,11 @@ CASES = [
      ["constraints[0].bound", "'fast'", "number"]),
     ("space-negative-resources", "run", space(resources={"TPU": -4}), ["resources.TPU", "-4", ">= 0"]),
     ("space-missing-file", "run", None, ["file", "an existing YAML file"]),
+    # refused by its size before it is parsed (the unclosed list would be a YAML error)
+    ("space-too-large", "run", TOO_LARGE, ["file", "at most 256 KiB", f"{len(TOO_LARGE):,} bytes"]),
+    ("space-serving-not-a-mapping", "run", space(serving="fast"), ["serving", "'fast'", "a mapping"]),
+    ("space-negative-seed-range", "run", space(params={"seed": {"low": -1, "high": 2}}),
+     ["params.seed.low", "got -1", "integer >= 0"]),
     # --- trial files: sweeper trial --config TRIAL
     ("trial-invalid-yaml", "trial", "model: tiny\nchips: [2\n", ["line", "valid YAML"]),
     ("trial-unknown-key", "trial", trial(bacth=4), ["bacth", "did you mean 'batch'"]),
@@ -100,6 +108,8 @@ CASES = [
      ["batch", "got 2", "multiple of chips=4"]),
     ("trial-unknown-model", "trial", trial(model="palm-8"), ["model", "'palm-8'", "did you mean"]),
     ("trial-missing-file", "trial", None, ["file", "an existing YAML file"]),
+    ("trial-negative-decode-steps", "trial", trial(decode_steps=-1),
+     ["decode_steps", "got -1", "integer >= 0"]),
 ]
 
 GOOD_SPACE = space()

@@ -88,15 +88,25 @@ def read_yaml(path: str | Path) -> Any:
     return parse_yaml(read_text(path), str(path))
 
 
+# Checked before parsing: PyYAML composes roughly 10^4-10^5 values a second, so a 5 MB file
+# took ~90 s and 1.9 GB to refuse (issue 23). The largest shipped space file is 2.5 KB.
+MAX_FILE_BYTES = 256 * 2**10
+
+
 def read_text(path: str | Path) -> str:
-    """A file's text (UTF-8, a BOM allowed); anything else is a ConfigError."""
+    """A file's text (UTF-8, a BOM allowed, at most MAX_FILE_BYTES); anything else is a ConfigError."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("file", str(path), "an existing YAML file")
     try:
-        raw = path.read_bytes()
+        size = path.stat().st_size
+        with path.open("rb") as stream:      # bounded: the file may grow after stat
+            raw = stream.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise ConfigError("file", str(path), f"a readable file ({err.strerror or err})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError("file", str(path), f"a file of at most {MAX_FILE_BYTES // 2**10} KiB "
+                          f"(this one is {max(size, len(raw)):,} bytes)")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:

@@ -103,11 +103,9 @@ class TrialConfig:
                           searchable=True, layout=True)
     prefill: PhaseLayout = _field(
         factory=PhaseLayout, help="the prefill phase's layout {ffn, attn} (paper §3.2-3.3)",
-        parse=lambda value, where, source, _: parse_phase_layout(value, where, source),
         parts=PHASE_PARTS, searchable=True, layout=True)
     decode: PhaseLayout = _field(
         factory=PhaseLayout, help="the decode phase's layout {ffn, attn} (paper §3.2-3.3)",
-        parse=lambda value, where, source, _: parse_phase_layout(value, where, source),
         parts=PHASE_PARTS, searchable=True, layout=True)
     seed: int = _field(0, help="random seed of weights and inputs (search it for replicates)",
                        integer=True, minimum=0, searchable=True)
@@ -229,6 +227,8 @@ def parse_field(name: str, value: Any, source: str | None = None, where: str | N
     where = where or name
     if "parse" in meta:
         return meta["parse"](value, where, source, context or {})
+    if "parts" in meta:
+        return parse_phase_layout(value, where, source)
     if meta.get("integer"):
         return integer(where, value, source, meta["minimum"])
     if "choices" in meta:
