@@ -40,7 +40,7 @@ RECORDED = DATA / "calibration-trials.csv"
 RECORDED_BASE = DATA / "calibration-host.yaml"
 RECORDED_META = DATA / "calibration-sweep.json"
 # The same 4 configurations x 3 seeds of the calibration sweep, run with 1 and with 2 workers
-# (`--set parallel=1|2`, README "The calibration sweep"): which noise the sweep adds itself.
+# (`--set parallel=1|2`, docs/calibration.md "The calibration sweep"): which noise the sweep adds itself.
 NOISE_RUNS = {1: DATA / "noise-parallel-1.csv", 2: DATA / "noise-parallel-2.csv"}
 TARGET_MAPE = 0.10
 TARGET_MEDIAN = 0.05

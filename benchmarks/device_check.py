@@ -83,7 +83,7 @@ def trial_config(purpose: str, batch: int, input_len: int, decode_steps: int, we
         "batch": batch, "input_len": input_len, "decode_steps": decode_steps,
         "weights": weights, "repeats": 1 if smoke else 3, "warmup": 0 if smoke else 1,
         # smoke: exactly one timed run; else runs repeat until the medians are precise
-        # (README "Measurement protocol") or 2 s of runs
+        # (docs/measurement.md "Measurement protocol") or 2 s of runs
         "time_budget_s": 0 if smoke else 2.0})
 
 

@@ -6,8 +6,8 @@ Fits `tpu-v4`'s constants to every published number (sweeper/analysis/external.p
 fit as `sweeper fit --measurements ... --holdout loo`) and predicts each row from a fit that
 did not see it (leave-one-out; a table's latency and MFU of one run are held out together).
 Target (issue 11): held-out MAPE <= 15%. Pure cost model: no JAX, no timing, no host load.
-Writes benchmarks/results/paper_fit.{json,md}; the README quotes the md between the
-`paper_fit` markers.
+Writes benchmarks/results/paper_fit.{json,md}; docs/cost-model.md quotes the md (its
+`generated:paper_fit` block, filled by benchmarks.readme_numbers).
 """
 
 from __future__ import annotations

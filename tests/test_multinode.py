@@ -4,7 +4,7 @@ for an accelerator slice. `sweeper run --address` (a subprocess, as a user runs 
 `resources: {slice: 1}` per worker: with two slots, one worker lands on each node, and every
 trial records the node it ran on and the resources it held (Optuna user attrs, MLflow tags).
 
-A multi-host trial (`hosts: 2`, README "Multi-host trials") runs on the same cluster: one
+A multi-host trial (`hosts: 2`, docs/clusters.md "Multi-host trials") runs on the same cluster: one
 JAX process per node (STRICT_SPREAD), two emulated devices each, joined by
 `jax.distributed`; it equals the one-host trial (reference logits, collectives). A slice the
 cluster cannot hold is refused with nothing left reserved.

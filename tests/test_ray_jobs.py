@@ -3,7 +3,7 @@
 The cluster is started the way an operator starts one (`ray start --head` with the
 dashboard, which serves the Jobs API), with every port chosen free and its own
 --temp-dir, and stopped in teardown. The sweep is submitted with the `ray job submit`
-command line a user types (README "Submitting to a Ray cluster (Ray Jobs)"):
+command line a user types (docs/clusters.md "Submitting with Ray Jobs"):
 
     ray job submit --address http://HEAD:DASHBOARD_PORT --working-dir . \
         --runtime-env-json '{"env_vars": {"SWEEPER_HOME": ...}}' \

@@ -140,6 +140,6 @@ def space_schema() -> dict[str, Any]:
     properties.update({name: _fixed_field(name) for name in sp.FIXED_FIELDS})
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
             "title": "sweeper search space",
-            "description": "A search-space file of `sweeper run` (README, 'Search spaces').",
+            "description": "A search-space file of `sweeper run` (docs/space-files.md).",
             "type": "object", "additionalProperties": False, "required": ["model"],
             "properties": properties}
