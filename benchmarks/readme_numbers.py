@@ -320,6 +320,27 @@ def fill(text: str, results: Path, where: str) -> tuple[str, list[str]]:
     return BLOCK.sub(block, current[0]), problems
 
 
+# Pages that report measurements: there a rate or a ratio in prose must come from a marker
+# (the stale "429-445 GFLOP/s" and "18x at batch 1" of issue 21 were such hand-typed text).
+MEASURED_PAGES = ("README.md", "docs/performance.md", "docs/calibration.md", "docs/measurement.md")
+MEASURED_NUMBER = re.compile(r"(?<![\w.])\d[\d.,]*\s?(?:[GT]FLOP/s|[GT]B/s)"
+                             r"|(?<![\w.])\d+(?:\.\d+)?[×x](?![\w×]|\s*\d)")   # 18x, 2.37×; not 2x2x1
+
+
+def unmarked_numbers(text: str, where: str) -> list[str]:
+    """Rates and ratios in prose (outside code blocks, blocks and spans) of a measured page."""
+    bare = BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), SPAN.sub("", text))
+    found, fenced = [], False
+    for number, line in enumerate(bare.split("\n"), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            found += [f"{where}:{number}: {m.group(0)!r} is typed by hand; quote it from a results "
+                      "file (an n: marker)" for m in MEASURED_NUMBER.finditer(line)]
+    return found
+
+
 def summary(results: Path) -> str:
     """benchmarks/results/summary.md: every target with its measured value, from the results
     files; each benchmark's own .md says when and under which load it ran."""
@@ -438,8 +459,11 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             continue
         text = path.read_text()
-        new, found = fill(text, results, str(path.relative_to(root)))
+        where = str(path.relative_to(root))
+        new, found = fill(text, results, where)
         problems += found
+        if where in MEASURED_PAGES:
+            problems += unmarked_numbers(text, where)
         if new != text:
             changed.append(path)
             if not args.check:
