@@ -142,18 +142,31 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str,
 
 
 def _ray_started() -> bool:
+    """Start a local Ray cluster of our own unless one is connected (as a sweep does: never
+    join a cluster `ray start` left on this machine); True when started here."""
+    import logging
+
     import ray   # lazy: Ray (~1 s)
 
     if ray.is_initialized():
         return False
-    import logging
-
-    from sweeper.sweep.controller import signals_deferred
-
-    with signals_deferred():
-        ray.init(address="local", include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING)
+    # Ray's C++ failure handler turns a SIGTERM during start-up into a stack dump and abort
+    # (docs/reliability.md); the sweep turns it off the same way.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    ray.init(address="local", include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING)
     return True
+
+
+def _shutdown_ray(wait_s: float = 30.0) -> None:
+    """ray.shutdown(), waited for at most `wait_s` (everything is measured by then)."""
+    import threading
+
+    import ray   # lazy: Ray (~1 s)
+
+    thread = threading.Thread(target=ray.shutdown, name="ray-shutdown", daemon=True)
+    thread.start()
+    thread.join(wait_s)
 
 
 class ServingSession:
@@ -223,9 +236,7 @@ class ServingSession:
             self.ray.kill(actor)
         self.actors = {}
         if self.started_ray:
-            from sweeper.sweep.controller import shutdown_ray
-
-            shutdown_ray()
+            _shutdown_ray()
             self.started_ray = False
 
     def __enter__(self) -> "ServingSession":
