@@ -227,3 +227,39 @@ def move_aside(path: Path) -> Path:
         if side.exists():
             os.replace(side, target.with_name(target.name + suffix))
     return target
+
+
+def _runs_in(path: Path) -> int:
+    try:
+        tables, _ = _tables(path)
+        if "runs" not in tables:
+            return 0
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            return int(connection.execute("SELECT count(*) FROM runs").fetchone()[0])
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return -1
+
+
+def prepare_tracking_store(uri: str, study: str | None = None) -> str | None:
+    """Before a sweep opens its MLflow store: a half-created schema that holds no run (the
+    disk filled while MLflow created it) is moved aside, so MLflow creates a fresh one;
+    returns the one line saying so (or None). A damaged store, or a half-created one with
+    runs, is a ConfigError naming `sweeper sync`, which rebuilds it from Optuna."""
+    from workloads.config import ConfigError
+
+    problem = store_problem("mlflow", uri, study)
+    if problem is None:
+        return None
+    db = sqlite_path(uri)
+    if "half-created" in problem.what and _runs_in(db) == 0:
+        moved = move_aside(db)
+        return (f"sweeper: the MLflow store {uri} {problem.what}, with no "
+                f"run in it (the disk filled while MLflow created it): moved aside to {moved}; "
+                "a fresh one is created")
+    target = f"--study {study}" if study else "--study NAME"
+    raise ConfigError("--tracking-uri", uri, f"an intact MLflow store (this one {problem.what}); "
+                      f"`sweeper sync {target}` moves it aside and logs the study's trials "
+                      "again from Optuna")
