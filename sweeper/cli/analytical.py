@@ -15,13 +15,13 @@ from typing import Callable
 
 from sweeper.formatting import format_fields, format_table, human_bytes, human_seconds, percent
 from workloads import costmodel
-from workloads.config import ConfigError, load_model, parse_topology
+from workloads.config import load_model, parse_topology
 from workloads.hardware import load_hardware
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout,
                                resolve_padding)
 from workloads.recommend import recommend
 from workloads.trial import parse_pad_heads
-from workloads.validate import one_of
+from workloads.validate import one_of, positive_int
 
 HEADER = "analytical prediction (Pope et al. 2022 cost model from peak hardware numbers; not a measurement)"
 
@@ -86,28 +86,18 @@ def _phase_args(p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- argument checks
 
 
-def _positive(name: str, value) -> int:
-    if value is None or value <= 0:
-        raise ConfigError(name, value, "a positive integer")
-    return value
-
-
-def _choice(name: str, value, choices):
-    return one_of(name, value, choices)
-
-
 def _load(args):
     model = load_model(args.model, field="--model")
     hw = load_hardware(args.hardware, field="--hardware")
-    _positive("--chips", args.chips)
-    _positive("--batch", args.batch)
+    positive_int("--chips", args.chips)
+    positive_int("--batch", args.batch)
     return model, hw
 
 
 def _phase_inputs(args) -> tuple[str, int, int]:
-    phase = _choice("--phase", args.phase, PHASES)
-    input_len = _positive("--input-len", args.input_len)
-    context = input_len if args.context is None else _positive("--context", args.context)
+    phase = one_of("--phase", args.phase, PHASES)
+    input_len = positive_int("--input-len", args.input_len)
+    context = input_len if args.context is None else positive_int("--context", args.context)
     return phase, input_len, context
 
 
@@ -131,7 +121,7 @@ def _title(model, hw, chips: int, batch: int, what: str) -> str:
 
 def run_max_context(args) -> int:
     model, hw = _load(args)
-    attn = _choice("--attn", args.attn, ATTN_LAYOUTS)
+    attn = one_of("--attn", args.attn, ATTN_LAYOUTS)
     result = costmodel.max_context(model, hw, args.chips, args.batch, attn, args.kv_fraction)
     payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
                "chips": args.chips, "batch": args.batch, "attn": attn, **result.to_dict()}
@@ -161,9 +151,9 @@ def _max_context_text(model, hw, args, attn: str, result: costmodel.MaxContext) 
 def run_predict(args) -> int:
     model, hw = _load(args)
     phase, input_len, context = _phase_inputs(args)
-    weights = _choice("--weights", args.weights, WEIGHT_FORMATS)
-    ffn = None if args.ffn is None else _choice("--ffn", args.ffn, FFN_LAYOUTS)
-    attn = None if args.attn is None else _choice("--attn", args.attn, ATTN_LAYOUTS)
+    weights = one_of("--weights", args.weights, WEIGHT_FORMATS)
+    ffn = None if args.ffn is None else one_of("--ffn", args.ffn, FFN_LAYOUTS)
+    attn = None if args.attn is None else one_of("--attn", args.attn, ATTN_LAYOUTS)
     topology = _topology(args)
     pad = parse_pad_heads(args.pad_heads, field="--pad-heads")
     if ffn is not None and attn is not None:
@@ -236,7 +226,7 @@ def _collective_rows(collectives: list[dict]) -> list[dict]:
 def run_recommend(args) -> int:
     model, hw = _load(args)
     phase, input_len, context = _phase_inputs(args)
-    weights = _choice("--weights", args.weights, WEIGHT_FORMATS)
+    weights = one_of("--weights", args.weights, WEIGHT_FORMATS)
     topology = _topology(args)
     pad = parse_pad_heads(args.pad_heads, field="--pad-heads")
     result = recommend(model, hw, args.chips, args.batch, phase, input_len, context, weights,

@@ -14,6 +14,7 @@ from sweeper.cli.trial import ensure_devices
 from sweeper.formatting import jsonable
 from workloads import opprofile
 from workloads.config import ConfigError
+from workloads.validate import integer
 
 DEFAULT_OUT = "profiles/host-{chips}.yaml"
 
@@ -38,8 +39,7 @@ def _argv(args, out: Path) -> list[str]:
 
 
 def profile(args) -> int:
-    if args.chips < 1:
-        raise ConfigError("--chips", args.chips, "an integer >= 1")
+    integer("--chips", args.chips)
     from workloads.config import load_model
 
     load_model(args.model, field="--model")             # bad input exits 2 before JAX starts

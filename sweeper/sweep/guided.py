@@ -45,6 +45,7 @@ from workloads.config import ConfigError
 from workloads.hardware import load_hardware, per_chip, worker_share
 from workloads.recommend import recommend
 from workloads.trial import DEFAULTS as TRIAL_DEFAULTS
+from workloads.validate import integer
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,8 @@ class GuidedSampler(BaseSampler):
 
     def __init__(self, search_space, seed: int | None = None, base: str = "tpe", fronts: int = 2,
                  max_seeds: int = 24, base_options: dict | None = None, hardware: str | None = None):
-        if isinstance(fronts, bool) or not isinstance(fronts, int) or fronts < 1:
-            raise ConfigError("sampler.options.fronts", fronts, "an integer >= 1")
-        if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < 0:
-            raise ConfigError("sampler.options.max_seeds", max_seeds, "an integer >= 0")
+        integer("sampler.options.fronts", fronts)
+        integer("sampler.options.max_seeds", max_seeds, minimum=0)
         if hardware not in (None, "host"):      # checked now; `host` is measured only when used
             load_hardware(hardware, source=search_space.source, field="sampler.options.hardware")
         self.space = search_space
