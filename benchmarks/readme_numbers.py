@@ -481,7 +481,9 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             print("generated numbers out of date; run: python -m benchmarks.readme_numbers", file=sys.stderr)
         return 1 if problems else 0
-    unfixable = [p for p in problems if "out of date" not in p and " is " not in p]
+    # what rewriting cannot fix: a marker that names nothing, a number typed by hand
+    unfixable = [p for p in problems if "out of date" not in p
+                 and ("typed by hand" in p or ", the text says " not in p)]
     for line in unfixable:
         print(line, file=sys.stderr)
     print(f"regenerated from {results}: {', '.join(str(p) for p in changed) or 'nothing changed'}",

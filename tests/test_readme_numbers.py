@@ -7,6 +7,7 @@ what is stale."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -97,3 +98,29 @@ def test_summary_is_generated_from_the_results_files(tmp_path):
         if variant.startswith("guided"):
             assert f"median {block['median_trials_to_target']:.1f}, worst {block['max_trials_to_target']}" in text
     assert text == (common.RESULTS / "summary.md").read_text()
+
+
+def test_hand_typed_rates_and_ratios_in_a_measured_page_fail_the_check(tmp_path, capsys):
+    """Issue 21's stale numbers ("429-445 GFLOP/s", "18x at batch 1") were typed by hand in
+    prose; a measured page now fails the check on such text, and only there: code blocks,
+    markers and shapes like 2x2x1 or 8 x 64 are not numbers to quote."""
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    (root / "README.md").write_text("topology 2x2x1, 8 x 64 tokens, bf16×bf16\n")
+    (root / "docs" / "performance.md").write_text(
+        "The peak is 429-445 GFLOP/s here.\n"
+        "```\npeak_flops 63.6 GFLOP/s (an example output)\n```\n"
+        "Decode is 18x its bound at batch 1, 1.5× at batch 8.\n"
+        "Read at <!-- n:engine_efficiency:host_profile.hbm_bandwidth:gbs1 -->X<!-- /n -->.\n")
+    (root / "docs" / "engine.md").write_text("not a measured page: 28.5 ms, 275 TFLOP/s\n")
+    argv = ["--results", str(common.RESULTS), "--root", str(root)]
+    assert readme_numbers.main(argv) == 1          # fills the marker, reports the typed text
+    engine = json.loads((common.RESULTS / "engine_efficiency.json").read_text())
+    read = readme_numbers.FORMATS["gbs1"](engine["host_profile"]["hbm_bandwidth"])
+    assert f"-->{read}<!--" in (root / "docs" / "performance.md").read_text()
+    capsys.readouterr()
+    assert readme_numbers.main(argv + ["--check"]) == 1
+    err = capsys.readouterr().err
+    flagged = [line for line in err.splitlines() if "typed by hand" in line]
+    assert [re.search(r"'([^']*)' is typed", line)[1] for line in flagged] == ["445 GFLOP/s", "18x", "1.5×"]
+    assert flagged[0].startswith("docs/performance.md:1:") and flagged[1].startswith("docs/performance.md:5:")
