@@ -19,7 +19,8 @@ from typing import Any, Mapping
 import yaml
 
 # ConfigError and check_keys are used from here by most modules (workloads/validate.py)
-from workloads.validate import ConfigError, bounded, check_keys, one_of, positive_int  # noqa: F401
+from workloads.validate import (ConfigError, boolean, bounded, check_keys, one_of,  # noqa: F401
+                                positive_int)
 
 
 # --------------------------------------------------------------------------- YAML
@@ -151,20 +152,12 @@ def parse_quantity(value: Any, field: str, source: str | None = None) -> float:
     raise ConfigError(field, value, "a number such as 4.0e10, 32GiB or 1.2TB/s", source)
 
 
-def _positive_int(mapping: Mapping, key: str, where: str | None, prefix: str = "") -> int:
-    return positive_int(f"{prefix}{key}", mapping[key], where)
-
-
 def _check_fields(cls, data: Any, kind: str, source: str | None, prefix: str) -> None:
     """`data` is a mapping whose keys are fields of the dataclass `cls`."""
     if not isinstance(data, Mapping):
         raise ConfigError(prefix.rstrip(".") or kind, data, f"a mapping of {kind} fields", source)
     check_keys(data, [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")],
                source, prefix)
-
-
-def _choice(mapping: Mapping, key: str, choices: tuple, where: str | None, prefix: str = ""):
-    return one_of(f"{prefix}{key}", mapping[key], choices, where)
 
 
 # --------------------------------------------------------------------------- model
@@ -220,18 +213,16 @@ class ModelConfig:
         for key in required:
             if key not in data:
                 raise ConfigError(f"{prefix}{key}", None, "a positive integer (required)", source)
-        values = {key: _positive_int(data, key, source, prefix) for key in required}
-        values["n_kv_heads"] = (_positive_int(data, "n_kv_heads", source, prefix)
+        values = {key: positive_int(f"{prefix}{key}", data[key], source) for key in required}
+        values["n_kv_heads"] = (positive_int(f"{prefix}n_kv_heads", data["n_kv_heads"], source)
                                 if "n_kv_heads" in data else values["n_heads"])
         if values["n_heads"] % values["n_kv_heads"]:
             raise ConfigError(f"{prefix}n_kv_heads", values["n_kv_heads"],
                               f"a divisor of n_heads={values['n_heads']}", source)
-        values["block"] = _choice(data, "block", BLOCKS, source, prefix) if "block" in data else "parallel"
-        values["mlp"] = _choice(data, "mlp", MLPS, source, prefix) if "mlp" in data else "gelu"
-        tie = data.get("tie_embeddings", True)
-        if not isinstance(tie, bool):
-            raise ConfigError(f"{prefix}tie_embeddings", tie, "true or false", source)
-        values["tie_embeddings"] = tie
+        values["block"] = one_of(f"{prefix}block", data.get("block", "parallel"), BLOCKS, source)
+        values["mlp"] = one_of(f"{prefix}mlp", data.get("mlp", "gelu"), MLPS, source)
+        values["tie_embeddings"] = boolean(f"{prefix}tie_embeddings", data.get("tie_embeddings", True),
+                                           source)
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
 
@@ -380,7 +371,7 @@ def _serving_fields(data: Mapping, source: str | None, prefix: str) -> dict:
     """domain_chips, inter_domain_bandwidth, price_per_chip_hour, torus_dims, heldout_residuals."""
     out: dict[str, Any] = {}
     if data.get("domain_chips") not in (None, 0):
-        out["domain_chips"] = _positive_int(data, "domain_chips", source, prefix)
+        out["domain_chips"] = positive_int(f"{prefix}domain_chips", data["domain_chips"], source)
     for key in ("inter_domain_bandwidth", "price_per_chip_hour"):
         if data.get(key) is not None:
             out[key] = parse_quantity(data[key], f"{prefix}{key}", source)
