@@ -444,7 +444,7 @@ def test_a_disk_filling_up_mid_sweep_is_one_line(tmp_path):
 # likely the store-open race fixed in `wait_running`: the same early exit, with its
 # stderr, stopped the sigterm test once).
 @pytest.mark.slow
-def test_a_killed_raylet_stops_the_sweep_in_seconds_and_resume_reruns_its_trials(tmp_path):
+def test_a_killed_raylet_stops_the_sweep_with_its_reason_and_resume_reruns_its_trials(tmp_path):
     """kill -9 of the local raylet mid-trial: the controller sees no node alive within
     seconds (not after timeout_s), records the in-flight trial `interrupted` with that
     reason, kills the orphaned worker, exits 3 with one line last; --resume re-runs it."""
