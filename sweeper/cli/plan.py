@@ -178,7 +178,7 @@ def _slices(plan: dict) -> str:
         return (f"{name} {s['replicas']} x {s['chips']} chips{topo} {s['ffn']}/{s['attn']} "
                 f"batch {s['batch']} {s['weights']}")
     if plan["mode"] == "aggregated":
-        return (f"    {plan['decode']['replicas']} replicas x {plan['decode']['chips']} chips "
+        return (f"    {plan['decode']['replicas']} replica(s) x {plan['decode']['chips']} chips "
                 f"({plan['decode']['topology']}, {plan['decode']['weights']}): prefill "
                 f"{plan['prefill']['ffn']}/{plan['prefill']['attn']} {plan['prefill']['batch']} "
                 f"prompts per call, decode {plan['decode']['ffn']}/{plan['decode']['attn']} "
