@@ -105,6 +105,8 @@ def _add_analysis_commands(sub) -> None:
 
     def report(args):
         paths.check_study_name(args.study)
+        from sweeper.analysis.report import check_out_dir   # --out a file: one line, exit 2
+        check_out_dir(args.out)
         from sweeper.cli.analysis import run_report
         return run_report(args)
 
@@ -274,8 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         reason = store_failure(err)
         if reason is None:
             raise
+        again = ("run the same command with --resume (or `sweeper sync`)" if args.command == "run"
+                 else "run the same command again")       # (only `run` has --resume)
         print(f"sweeper {args.command}: error: {reason}; what was recorded before is kept: fix "
-              "it, then run the same command with --resume (or `sweeper sync`)", file=sys.stderr)
+              f"it, then {again}", file=sys.stderr)
         return 1
 
 
