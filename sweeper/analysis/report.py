@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from sweeper.analysis import optuna_views, plots
 from sweeper.analysis.fit import CalibrationError
 from sweeper.formatting import jsonable, percent_dash, short_number
 from sweeper.paths import study_dir
+from workloads.config import ConfigError
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"   # sweeper/dashboards: package data
 TEMPLATE = "report.html.j2"
@@ -262,9 +264,25 @@ class Report:
     files: dict[str, str] = field(default_factory=dict)
 
 
+def check_out_dir(out_dir: str | Path, field: str = "--out") -> Path:
+    """A folder the report can be written to: an existing folder, or one that can be created
+    (its nearest existing parent is a writable folder). Checked before the study is read."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(field, str(out_dir), "a folder for report.html (this is a file; "
+                          "name a folder, new or existing)")
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(field, str(out_dir), f"a folder this user can create or write "
+                          f"({existing} is {'not a folder' if not existing.is_dir() else 'not writable'})")
+    return out
+
+
 def write_report(data: cal.StudyData, out_dir: str | Path, calibration: holdout.Calibration | None = None,
                  fit_error: str | None = None) -> Report:
-    out_dir = Path(out_dir)
+    out_dir = check_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     html, pngs = render(data.frame, study=data.name, attrs=data.attrs, calibration=calibration,
                         fit_error=fit_error, parent_run_id=data.parent_run_id)
