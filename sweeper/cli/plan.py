@@ -94,8 +94,8 @@ def question_from_args(args: argparse.Namespace):
                           "hardware:)")
     if profile is None:
         profile = workload.from_args(args)
-    if isinstance(hardware_spec, dict) and "profile" in hardware_spec:   # space-file form
-        hardware_spec = hardware_spec["profile"]
+    if args.space and not args.hardware:
+        hardware_spec = _space_hardware(hardware_spec, args.space)
     model = load_model(model_spec, args.space, "--model" if args.model else "model")
     hardware = load_hardware(hardware_spec, args.space,
                              "--hardware" if args.hardware else "hardware")
@@ -107,6 +107,21 @@ def question_from_args(args: argparse.Namespace):
     return PlanQuestion(model, hardware, profile, modes=modes, max_chips=max_chips,
                         requests=_int_flag(args.requests, "--requests", 10),
                         seed=_int_flag(args.seed, "--seed", 0), coverage=coverage)
+
+
+def _space_hardware(spec, space: str):
+    """A space file's `hardware:` (host | devices:<profile> | analytical:<profile or YAML>,
+    docs/space-files.md) as a profile spec; a relative YAML is looked up beside the space."""
+    if isinstance(spec, str) and ":" in spec and spec.split(":", 1)[0] in ("analytical", "devices"):
+        spec = spec.split(":", 1)[1]
+    if spec == "devices":
+        raise ConfigError("hardware", spec, "a hardware profile to plan with (devices:<profile> "
+                          "or analytical:<profile>)", space)
+    if isinstance(spec, str) and spec.endswith((".yaml", ".yml")) and not Path(spec).is_absolute():
+        beside = Path(space).parent / spec
+        if beside.is_file():
+            spec = str(beside)
+    return spec
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
