@@ -48,5 +48,9 @@ def write_table(df: pd.DataFrame, fmt: str, out: str) -> str | None:
     path = Path(out)
     if path.parent and not path.parent.is_dir():
         raise ConfigError("--out", out, "a path in an existing folder")
-    path.write_bytes(data)
+    try:
+        path.write_bytes(data)
+    except OSError as err:     # /dev/full, a full disk, a folder or read-only file at --out
+        raise ConfigError("--out", out, f"a file that can be written ({err.strerror or err}; "
+                          "the study is unchanged)") from None
     return str(path)
