@@ -1,13 +1,12 @@
-"""Where trials run: a pool of Ray actors, each owning one mesh for its whole life.
+"""Where measured trials run: `RayPool`, a pool of Ray actors (`meshworker.MeshWorker`),
+each owning one mesh for its whole life. It implements `sweeper.sweep.pool.WorkerPool`.
 
-Emulated mesh (`hardware: host`): an actor's process is started with
-`XLA_FLAGS=--xla_force_host_platform_device_count=N` (Ray `runtime_env` env_vars: the
-device count is fixed when JAX starts, so one process serves one chip count) and pins
-itself to its slot's CPU cores with `os.sched_setaffinity` before JAX is imported. The
-pool splits this process's cores into `parallel` disjoint slots and never runs two trials
-in one slot at once, so concurrent trials do not share cores or pollute each other's
-timings (2 cores, parallel 2: one core each). An actor whose chip count a trial does not
-match is not reused; the slot starts (or reuses) one for that count, keeping a few alive.
+Emulated mesh (`hardware: host`): the pool splits this process's cores into `parallel`
+disjoint slots (`meshworker.split_cores`) and never runs two trials in one slot at once, so
+concurrent trials do not share cores or pollute each other's timings (2 cores, parallel 2:
+one core each). An actor gets its device count through Ray `runtime_env` env_vars
+(`XLA_FLAGS`). An actor whose chip count a trial does not match is not reused; the slot
+starts (or reuses) one for that count, keeping a few alive.
 
 Real devices (`hardware: devices`): an actor asks Ray for the space's `resources` (e.g.
 {GPU: 1}, {TPU: 4}); no device-count flag, no pinning.
@@ -15,35 +14,20 @@ Real devices (`hardware: devices`): an actor asks Ray for the space's `resources
 Multi-host trials (`hosts: H`, README "Multi-host trials"): the slot's worker is a group of
 H actors, one per host, reserved together by a placement group (`sweeper/sweep/slices.py`:
 STRICT_SPREAD over nodes on a cluster, PACK on one machine); each owns `chips / H` devices
-(emulated: its device-count flag and a share of the slot's cores) and joins the others
-with `jax.distributed.initialize` at rank 0's address before its first trial, then waits
-at a barrier before each trial (`JOIN_TIMEOUT_S`). Every host runs the same trial and
-measures; the trial's numbers are the slowest host's (largest `total_s`), each host's in
-`extra["hosts"]`. When any host raises or dies, the trial fails with that host's reason and
-every actor of the group is killed and its placement group removed (the others would wait
-in a collective forever); the slot starts a new group for its next trial.
+(emulated: its device-count flag and a share of the slot's cores). Every host runs the same
+trial and measures; the trial's numbers are the slowest host's (largest `total_s`), each
+host's in `extra["hosts"]`. When any host raises or dies, the trial fails with that host's
+reason and every actor of the group is killed and its placement group removed (the others
+would wait in a collective forever); the slot starts a new group for its next trial.
 
-Every actor keeps an engine/compile cache (`run_trial(engine_cache=...)`) across its
-trials, so a repeated shape and layout is not compiled again.
-
-Analytical (`hardware: analytical:*`): `LocalPool` evaluates the cost model in this process
-(microseconds; no Ray), behind the same interface, so the controller does not care.
-
-Where a trial runs: every actor answers `where()` (pid, Ray node id and IP, the Ray
-resources it holds) as soon as its process is up, before its first trial; the controller
-stores that on the running trial (user attr `worker`), so an operator can find the process
-of any running trial, and after the trial the node and resources stay in its record.
+Where a trial runs: the controller stores each actor's `where()` on the running trial (user
+attr `worker`), so an operator can find the process of any running trial, and after the
+trial the node and resources stay in its record.
 
 Faults: an actor whose process dies (crash, OOM, `kill -9`, its node lost) fails its trial's
 ObjectRef with `RayActorError` -> `WorkerLost`; the controller retries the trial on a fresh
 actor of the same slot up to `max_retries` times. A trial past its `timeout_s` has its actor
 killed (`discard`) and the slot starts a new one for the next trial.
-
-Test-only: `SWEEPER_TEST_TRIAL_DELAY_S` makes a worker sleep before a trial (`SECONDS`, or
-`SECONDS:N1,N2` for trials N1 and N2 only), so that the fault tests can kill a worker or let
-a trial time out in the middle of it. `SWEEPER_TEST_FAIL_HOST=RANK` makes host RANK of a
-multi-host trial raise before the trial. Both are forwarded from the controller's environment
-to the workers and have no use outside tests.
 """
 
 from __future__ import annotations
@@ -51,81 +35,21 @@ from __future__ import annotations
 import os
 import re
 import socket
-import time
-import traceback
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
 from sweeper.formatting import one_line
-from sweeper.sweep.slices import JOIN_TIMEOUT_S, PLACE_TIMEOUT_S, SlicePlan, free_port, plan_slice
+from sweeper.sweep.meshworker import TEST_DELAY_ENV, TEST_FAIL_HOST_ENV, MeshWorker, split_cores
+from sweeper.sweep.pool import Handle, Outcome, TrialError, WorkerLost
+# re-exported from the module that held them before the split (the CLI, tests import them)
+from sweeper.sweep.pool import ClusterLost, LocalPool, WorkerPool  # noqa: F401
+from sweeper.sweep.slices import PLACE_TIMEOUT_S, SlicePlan, plan_slice
 from workloads.config import ConfigError, HardwareProfile
-from workloads.costmodel import predict
-from workloads import hoststate
-from workloads.measure import run_trial
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
-
-
-@dataclass
-class Outcome:
-    """What one trial returned, and where and when it ran."""
-
-    measurement: Measurement
-    started: float                 # time.time() on the worker when the trial began
-    finished: float
-    worker: dict[str, Any] = field(default_factory=dict)   # pid, slot, cores, cache stats
-
-
-class WorkerLost(RuntimeError):
-    """The worker process died under a trial (crash, out of memory, killed)."""
-
-
-class ClusterLost(RuntimeError):
-    """No Ray node is left to run trials (the local raylet was killed, the cluster stopped):
-    the controller stops and records its in-flight trials `interrupted` (see controller)."""
-
-
-class TrialError(RuntimeError):
-    """The trial raised; `reason` is one line (type and message)."""
-
-    def __init__(self, reason: str, config_error: bool = False):
-        super().__init__(reason)
-        self.reason = reason
-        self.config_error = config_error
-
-
-TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
-TEST_FAIL_HOST_ENV = "SWEEPER_TEST_FAIL_HOST"      # test-only, see the module docstring
-
-
-def trial_delay_s(number: int | None, environ: dict | None = None) -> float:
-    """Seconds a worker waits before trial `number` (test-only; 0 when the variable is unset)."""
-    spec = (environ if environ is not None else os.environ).get(TEST_DELAY_ENV, "").strip()
-    if not spec:
-        return 0.0
-    seconds, _, numbers = spec.partition(":")
-    if numbers.strip() and number not in {int(n) for n in numbers.split(",") if n.strip()}:
-        return 0.0
-    return float(seconds)
-
-
-def where_am_i() -> dict[str, Any]:
-    """This process: pid, host, and (inside Ray) node id, node IP and assigned resources."""
-    info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
-    try:
-        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
-
-        if ray.is_initialized():
-            context = ray.get_runtime_context()
-            info["node_id"] = context.get_node_id()
-            info["node_ip"] = ray.util.get_node_ip_address()
-            info["resources"] = {k: float(v) for k, v in context.get_assigned_resources().items()}
-    except Exception:  # noqa: BLE001 - outside a Ray worker there is no node to report
-        pass
-    return info
 
 
 def lost_reason(err: BaseException, placement: dict | None) -> str:
@@ -144,127 +68,6 @@ def lost_reason(err: BaseException, placement: dict | None) -> str:
     return f"{where}died ({type(err).__name__}: {said[:300]})"
 
 
-# ----------------------------------------------------------------------------- cores
-
-
-def split_cores(parallel: int, available: list[int] | None = None) -> list[list[int]]:
-    """`parallel` disjoint groups of this process's cores (overlapping only if too few)."""
-    cores = sorted(available if available is not None else os.sched_getaffinity(0))
-    if parallel >= len(cores):
-        return [[cores[i % len(cores)]] for i in range(parallel)]
-    size, extra = divmod(len(cores), parallel)
-    groups, start = [], 0
-    for i in range(parallel):
-        end = start + size + (1 if i < extra else 0)
-        groups.append(cores[start:end])
-        start = end
-    return groups
-
-
-# ----------------------------------------------------------------------------- the actor
-
-
-class MeshWorker:
-    """Owns one mesh (N emulated or real devices) and an engine cache; runs trials on it."""
-
-    def __init__(self, slot: int, chips: int | None, cores: list[int] | None,
-                 rank: int = 0, hosts: int = 1):
-        self.slot, self.chips = slot, chips        # chips: the whole mesh's, all hosts
-        self.rank, self.hosts = rank, hosts
-        self.joined = hosts == 1                   # jax.distributed joined (multi-host)
-        self.trials_started = 0
-        self.cores: list[int] | None = None
-        if cores:
-            mine = os.sched_getaffinity(0)
-            wanted = set(cores) & mine if mine else set(cores)
-            if wanted:   # on another node of a cluster the driver's core ids may not exist
-                os.sched_setaffinity(0, wanted)
-                self.cores = sorted(wanted)
-        self.engine_cache: dict = {}
-        self.trials_run = 0
-
-    def where(self) -> dict[str, Any]:
-        """Where this worker runs (no JAX import: answers as soon as the process is up)."""
-        info = {**where_am_i(), "slot": self.slot, "chips": self.chips}
-        if self.hosts > 1:
-            info.update(rank=self.rank, hosts=self.hosts)
-        return info
-
-    def coordinator(self) -> str:
-        """Rank 0 of a multi-host group: `ip:port` of the coordinator service it will start
-        (this node's IP and a port free on it), the address every host joins."""
-        return f"{where_am_i().get('node_ip') or '127.0.0.1'}:{free_port()}"
-
-    def join(self, coordinator: str) -> None:
-        """Join the slice's other hosts (once), then meet them at this trial's barrier, so a
-        host that never arrives fails the trial after JOIN_TIMEOUT_S instead of hanging."""
-        import jax   # lazy: JAX starts its backend; only in the process that runs a trial
-        from jax._src import distributed   # the runtime client: the one barrier with a timeout
-
-        if not self.joined:
-            # CPU collectives across processes (the emulated mesh) go over gloo.
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            jax.distributed.initialize(coordinator_address=coordinator, num_processes=self.hosts,
-                                       process_id=self.rank, initialization_timeout=JOIN_TIMEOUT_S)
-            self.joined = True
-        self.trials_started += 1
-        distributed.global_state.client.wait_at_barrier(
-            f"sweeper-trial-{self.trials_started}", JOIN_TIMEOUT_S * 1000)
-
-    def info(self) -> dict[str, Any]:
-        import jax   # lazy: JAX starts its backend; only in the process that runs a trial
-
-        return {"pid": os.getpid(), "slot": self.slot, "chips": self.chips,
-                "cores": sorted(os.sched_getaffinity(0)), "devices": len(jax.devices()),
-                "xla_flags": os.environ.get("XLA_FLAGS", ""), "cache_entries": len(self.engine_cache),
-                "trials_run": self.trials_run}
-
-    def run(self, config: dict, hardware: dict | None, number: int | None = None,
-            coordinator: str | None = None, verify: bool = False) -> dict[str, Any]:
-        delay = trial_delay_s(number)
-        if delay:
-            time.sleep(delay)       # test-only: a window to kill this worker mid-trial
-        if self.hosts > 1:
-            if os.environ.get(TEST_FAIL_HOST_ENV, "") == str(self.rank):
-                raise RuntimeError(f"injected failure on host {self.rank} ({TEST_FAIL_HOST_ENV})")
-            self.join(coordinator)
-        trial = TrialConfig.from_dict(config, validate=False)
-        profile = HardwareProfile.from_dict(hardware) if hardware else None
-        before = set(self.engine_cache)
-        started = time.time()
-        hoststate.reset_peak_rss()      # this trial's memory high-water, not the actor's
-        measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile,
-                                verify=verify)
-        measurement.worker_rss_peak_bytes = hoststate.peak_rss_bytes()
-        finished = time.time()
-        self.trials_run += 1
-        new_entries = len(set(self.engine_cache) - before)
-        return {"measurement": measurement.to_dict(), "started": started, "finished": finished,
-                "worker": {**self.where(),
-                           "cores": sorted(os.sched_getaffinity(0)),
-                           "cache_entries": len(self.engine_cache),
-                           "new_cache_entries": new_entries,
-                           "cache_hit": bool(measurement.extra.get(
-                               "compile_cache_hit", bool(before) and new_entries == 0)),
-                           "trials_run": self.trials_run}}
-
-
-# ----------------------------------------------------------------------------- pools
-
-
-@dataclass
-class _Handle:
-    slot: int
-    key: Any
-    ref: Any = None                 # Ray ObjectRef (RayPool) or the finished result (LocalPool)
-    error: BaseException | None = None
-    where: Any = None               # ObjectRef of the actor's `where()` (RayPool)
-    refs: list = field(default_factory=list)     # RayPool: one run() ObjectRef per host
-    wheres: list = field(default_factory=list)   # RayPool: one where() ObjectRef per host
-    done: set = field(default_factory=set)       # indices of hosts whose run() has returned
-    failed: bool = False            # a host of a multi-host trial raised or died
-
-
 @dataclass
 class _Worker:
     """A slot's worker for one mesh: one actor, or one per host with their placement group."""
@@ -275,44 +78,6 @@ class _Worker:
     coordinator: Any = None         # ObjectRef of rank 0's coordinator() (multi-host)
     error: BaseException | None = None   # the group could not be placed
 
-
-class WorkerPool(Protocol):
-    """What the controller needs of a pool of trial workers (RayPool, LocalPool).
-
-    A pool has `parallel` slots; each slot runs one trial at a time. `slot_cores[slot]` are the
-    host cores a slot's worker is pinned to (empty when not pinned) out of `total_cores`.
-    """
-
-    local: bool                     # True: trials run in this process (the cost model)
-    shares_cores: bool              # more slots than cores: timings disturb each other
-    total_cores: int
-    slot_cores: list[list[int]]
-
-    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
-        """The slot's worker already has a mesh of `chips` devices over `hosts` processes
-        (compiled programs cached)."""
-
-    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
-               number: int | None = None) -> _Handle:
-        """Start one trial on the slot's worker; its result comes from `outcome`."""
-
-    def placement(self, handle: _Handle, timeout: float = 0.0) -> dict | None:
-        """Where the trial's worker runs (node, pid, cores), None if not known yet."""
-
-    def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
-        """The handles whose trial has finished, waiting at most `timeout` seconds."""
-
-    def outcome(self, handle: _Handle) -> Outcome:
-        """The finished trial's result; raises TrialError, or WorkerLost if the worker died."""
-
-    def discard(self, handle: _Handle) -> None:
-        """Give up on a trial (timed out): its worker is stopped."""
-
-    def workers(self) -> list[dict]:
-        """Each live worker's placement."""
-
-    def close(self) -> None:
-        """Stop every worker."""
 
 
 class RayPool:
@@ -429,9 +194,9 @@ class RayPool:
         return self._worker_key(chips, hosts) in self._workers[slot]
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
-               number: int | None = None) -> _Handle:
+               number: int | None = None) -> Handle:
         worker = self.worker(slot, trial.chips, trial.hosts)
-        handle = _Handle(slot, self._worker_key(trial.chips, trial.hosts), wheres=worker.wheres)
+        handle = Handle(slot, self._worker_key(trial.chips, trial.hosts), wheres=worker.wheres)
         if worker.error is not None:
             self._workers[slot].pop(handle.key, None)
             handle.error = worker.error
@@ -443,7 +208,7 @@ class RayPool:
         handle.where = worker.wheres[0]
         return handle
 
-    def placement(self, handle: _Handle, timeout: float = 0.0) -> dict | None:
+    def placement(self, handle: Handle, timeout: float = 0.0) -> dict | None:
         """Where the trial's worker runs, once its processes have answered (else None);
         a multi-host trial: rank 0's, with every host's under `hosts`."""
         if not handle.wheres:
@@ -478,7 +243,7 @@ class RayPool:
         self._pids.clear()
         return killed
 
-    def _finished(self, handle: _Handle) -> bool:
+    def _finished(self, handle: Handle) -> bool:
         """Every host has returned, or one of several has failed (the others may be waiting
         for it in a collective: they are not waited for)."""
         if handle.error is not None:
@@ -500,7 +265,7 @@ class RayPool:
             return True
         return False
 
-    def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
+    def ready(self, handles: list[Handle], timeout: float) -> list[Handle]:
         if not handles:
             return []
         finished = [h for h in handles if self._finished(h)]
@@ -511,7 +276,7 @@ class RayPool:
             self.ray.wait(pending, num_returns=1, timeout=max(timeout, 0.0))
         return [h for h in handles if self._finished(h)]
 
-    def outcome(self, handle: _Handle) -> Outcome:
+    def outcome(self, handle: Handle) -> Outcome:
         if handle.error is not None:
             raise handle.error
         hosts = len(handle.refs)
@@ -532,7 +297,7 @@ class RayPool:
             return results[0]
         return slowest_host(results)
 
-    def _result(self, handle: _Handle, rank: int) -> Outcome:
+    def _result(self, handle: Handle, rank: int) -> Outcome:
         ray = self.ray
         try:
             data = ray.get(handle.refs[rank])
@@ -548,7 +313,7 @@ class RayPool:
         return Outcome(Measurement.from_dict(data["measurement"]), data["started"],
                        data["finished"], data["worker"])
 
-    def _host_placement(self, handle: _Handle, rank: int) -> dict | None:
+    def _host_placement(self, handle: Handle, rank: int) -> dict | None:
         if rank >= len(handle.wheres):
             return None
         ready, _ = self.ray.wait([handle.wheres[rank]], timeout=0)
@@ -557,7 +322,7 @@ class RayPool:
         except Exception:  # noqa: BLE001 - the actor died before it could answer
             return None
 
-    def discard(self, handle: _Handle) -> None:
+    def discard(self, handle: Handle) -> None:
         """Kill the worker a trial ran on (timeout, crash; every host of a multi-host
         trial, and its placement group): the slot starts a fresh one."""
         worker = self._workers[handle.slot].pop(handle.key, None)
@@ -599,54 +364,3 @@ def slowest_host(results: list[Outcome]) -> Outcome:
     worker = {**results[0].worker, "hosts": [o.worker for o in results], "slowest_host": rank}
     return Outcome(slowest, min(o.started for o in results), max(o.finished for o in results),
                    worker)
-
-
-class LocalPool:
-    """The analytical backend: the cost model, evaluated in this process."""
-
-    shares_cores = False
-    local = True
-    total_cores = 1
-
-    def __init__(self, parallel: int = 1):
-        self.parallel = parallel
-        self.slot_cores = [[] for _ in range(parallel)]
-
-    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
-        return True
-
-    def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
-               number: int | None = None) -> _Handle:
-        delay = trial_delay_s(number)
-        if delay:
-            time.sleep(delay)       # test-only: stretches an analytical sweep in time
-        started = time.time()
-        handle = _Handle(slot, None)
-        try:
-            measurement = predict(trial, hardware)
-            handle.ref = Outcome(measurement, started, time.time(),
-                                 {"pid": os.getpid(), "slot": slot, "local": True})
-        except Exception as err:  # noqa: BLE001 - a failed trial is data
-            handle.error = err
-            handle.ref = traceback.format_exc(limit=3)
-        return handle
-
-    def ready(self, handles: list[_Handle], timeout: float) -> list[_Handle]:
-        return list(handles)
-
-    def outcome(self, handle: _Handle) -> Outcome:
-        if handle.error is not None:
-            raise TrialError(one_line(handle.error), isinstance(handle.error, ConfigError))
-        return handle.ref
-
-    def discard(self, handle: _Handle) -> None:
-        pass
-
-    def placement(self, handle: _Handle, timeout: float = 0.0) -> dict | None:
-        return None
-
-    def workers(self) -> list[dict]:
-        return []
-
-    def close(self) -> None:
-        pass

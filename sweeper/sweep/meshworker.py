@@ -1,0 +1,162 @@
+"""The process a trial runs in: one Ray actor owning one mesh for its whole life.
+
+Emulated mesh (`hardware: host`): the actor's process is started with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N` (the device count is fixed when JAX
+starts, so one process serves one chip count) and pins itself to its slot's CPU cores
+(`split_cores`) with `os.sched_setaffinity` before JAX is imported. Real devices: no
+device-count flag, no pinning. Every actor keeps an engine/compile cache
+(`run_trial(engine_cache=...)`) across its trials, so a repeated shape and layout is not
+compiled again, and answers `where()` (pid, Ray node id and IP, the resources it holds) as
+soon as its process is up, before its first trial.
+
+A multi-host trial's hosts (README "Multi-host trials") join with `jax.distributed` at rank
+0's address before their first trial, then meet at a barrier before each (`JOIN_TIMEOUT_S`).
+
+Test-only: `SWEEPER_TEST_TRIAL_DELAY_S` makes a worker sleep before a trial (`SECONDS`, or
+`SECONDS:N1,N2` for trials N1 and N2 only), so that the fault tests can kill a worker or let
+a trial time out in the middle of it. `SWEEPER_TEST_FAIL_HOST=RANK` makes host RANK of a
+multi-host trial raise before the trial. Both are forwarded from the controller's environment
+to the workers and have no use outside tests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from sweeper.sweep.slices import JOIN_TIMEOUT_S, free_port
+from workloads import hoststate
+from workloads.config import HardwareProfile
+from workloads.measure import run_trial
+from workloads.trial import TrialConfig
+
+TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
+TEST_FAIL_HOST_ENV = "SWEEPER_TEST_FAIL_HOST"      # test-only, see the module docstring
+
+
+def trial_delay_s(number: int | None, environ: dict | None = None) -> float:
+    """Seconds a worker waits before trial `number` (test-only; 0 when the variable is unset)."""
+    spec = (environ if environ is not None else os.environ).get(TEST_DELAY_ENV, "").strip()
+    if not spec:
+        return 0.0
+    seconds, _, numbers = spec.partition(":")
+    if numbers.strip() and number not in {int(n) for n in numbers.split(",") if n.strip()}:
+        return 0.0
+    return float(seconds)
+
+
+def where_am_i() -> dict[str, Any]:
+    """This process: pid, host, and (inside Ray) node id, node IP and assigned resources."""
+    info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
+    try:
+        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
+
+        if ray.is_initialized():
+            context = ray.get_runtime_context()
+            info["node_id"] = context.get_node_id()
+            info["node_ip"] = ray.util.get_node_ip_address()
+            info["resources"] = {k: float(v) for k, v in context.get_assigned_resources().items()}
+    except Exception:  # noqa: BLE001 - outside a Ray worker there is no node to report
+        pass
+    return info
+
+
+def split_cores(parallel: int, available: list[int] | None = None) -> list[list[int]]:
+    """`parallel` disjoint groups of this process's cores (overlapping only if too few)."""
+    cores = sorted(available if available is not None else os.sched_getaffinity(0))
+    if parallel >= len(cores):
+        return [[cores[i % len(cores)]] for i in range(parallel)]
+    size, extra = divmod(len(cores), parallel)
+    groups, start = [], 0
+    for i in range(parallel):
+        end = start + size + (1 if i < extra else 0)
+        groups.append(cores[start:end])
+        start = end
+    return groups
+
+
+class MeshWorker:
+    """Owns one mesh (N emulated or real devices) and an engine cache; runs trials on it."""
+
+    def __init__(self, slot: int, chips: int | None, cores: list[int] | None,
+                 rank: int = 0, hosts: int = 1):
+        self.slot, self.chips = slot, chips        # chips: the whole mesh's, all hosts
+        self.rank, self.hosts = rank, hosts
+        self.joined = hosts == 1                   # jax.distributed joined (multi-host)
+        self.trials_started = 0
+        self.cores: list[int] | None = None
+        if cores:
+            mine = os.sched_getaffinity(0)
+            wanted = set(cores) & mine if mine else set(cores)
+            if wanted:   # on another node of a cluster the driver's core ids may not exist
+                os.sched_setaffinity(0, wanted)
+                self.cores = sorted(wanted)
+        self.engine_cache: dict = {}
+        self.trials_run = 0
+
+    def where(self) -> dict[str, Any]:
+        """Where this worker runs (no JAX import: answers as soon as the process is up)."""
+        info = {**where_am_i(), "slot": self.slot, "chips": self.chips}
+        if self.hosts > 1:
+            info.update(rank=self.rank, hosts=self.hosts)
+        return info
+
+    def coordinator(self) -> str:
+        """Rank 0 of a multi-host group: `ip:port` of the coordinator service it will start
+        (this node's IP and a port free on it), the address every host joins."""
+        return f"{where_am_i().get('node_ip') or '127.0.0.1'}:{free_port()}"
+
+    def join(self, coordinator: str) -> None:
+        """Join the slice's other hosts (once), then meet them at this trial's barrier, so a
+        host that never arrives fails the trial after JOIN_TIMEOUT_S instead of hanging."""
+        import jax   # lazy: JAX starts its backend; only in the process that runs a trial
+        from jax._src import distributed   # the runtime client: the one barrier with a timeout
+
+        if not self.joined:
+            # CPU collectives across processes (the emulated mesh) go over gloo.
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            jax.distributed.initialize(coordinator_address=coordinator, num_processes=self.hosts,
+                                       process_id=self.rank, initialization_timeout=JOIN_TIMEOUT_S)
+            self.joined = True
+        self.trials_started += 1
+        distributed.global_state.client.wait_at_barrier(
+            f"sweeper-trial-{self.trials_started}", JOIN_TIMEOUT_S * 1000)
+
+    def info(self) -> dict[str, Any]:
+        import jax   # lazy: JAX starts its backend; only in the process that runs a trial
+
+        return {"pid": os.getpid(), "slot": self.slot, "chips": self.chips,
+                "cores": sorted(os.sched_getaffinity(0)), "devices": len(jax.devices()),
+                "xla_flags": os.environ.get("XLA_FLAGS", ""), "cache_entries": len(self.engine_cache),
+                "trials_run": self.trials_run}
+
+    def run(self, config: dict, hardware: dict | None, number: int | None = None,
+            coordinator: str | None = None, verify: bool = False) -> dict[str, Any]:
+        delay = trial_delay_s(number)
+        if delay:
+            time.sleep(delay)       # test-only: a window to kill this worker mid-trial
+        if self.hosts > 1:
+            if os.environ.get(TEST_FAIL_HOST_ENV, "") == str(self.rank):
+                raise RuntimeError(f"injected failure on host {self.rank} ({TEST_FAIL_HOST_ENV})")
+            self.join(coordinator)
+        trial = TrialConfig.from_dict(config, validate=False)
+        profile = HardwareProfile.from_dict(hardware) if hardware else None
+        before = set(self.engine_cache)
+        started = time.time()
+        hoststate.reset_peak_rss()      # this trial's memory high-water, not the actor's
+        measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile,
+                                verify=verify)
+        measurement.worker_rss_peak_bytes = hoststate.peak_rss_bytes()
+        finished = time.time()
+        self.trials_run += 1
+        new_entries = len(set(self.engine_cache) - before)
+        return {"measurement": measurement.to_dict(), "started": started, "finished": finished,
+                "worker": {**self.where(),
+                           "cores": sorted(os.sched_getaffinity(0)),
+                           "cache_entries": len(self.engine_cache),
+                           "new_cache_entries": new_entries,
+                           "cache_hit": bool(measurement.extra.get(
+                               "compile_cache_hit", bool(before) and new_entries == 0)),
+                           "trials_run": self.trials_run}}

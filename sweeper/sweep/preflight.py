@@ -1,0 +1,130 @@
+"""Checks a sweep passes before anything is started: its arguments, its stores, and whether
+any point of a `host` space fits in this machine's memory.
+
+    target = check_run_arguments(space, storage, tracking_uri, trials, parallel, ...)
+
+Each failure is a `ConfigError` (one line, exit 2) raised before Ray, Optuna's storage or
+MLflow are touched; nothing is created on disk.
+
+Memory of an emulated trial (measured, issue 15: tiny model on 1 virtual chip, batch 2,048
+to 16,384, `memory_analysis()` of the compiled programs and the worker's RSS high water):
+XLA CPU holds 1.95-1.97x the cost model's per-chip peak (arguments, outputs and temporaries
+are separate host buffers) plus ~0.4 GiB per worker process (JAX and its compiled programs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any, Iterator
+
+from sweeper import paths
+from sweeper.sweep.session import check_ray_address
+from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace
+from workloads.config import ConfigError
+from workloads.costmodel import feasibility
+from workloads.hardware import load_hardware
+from workloads.hostprofile import physical_memory_bytes
+from workloads.trial import TrialConfig
+
+EMULATED_MEMORY_FACTOR = 2.0
+EMULATED_PROCESS_BYTES = 0.4 * 2**30
+EMULATED_NOTE = (f" (emulated mesh: the budget is the host's share less "
+                 f"{EMULATED_PROCESS_BYTES / 2**30:.1f} GiB per process, divided by "
+                 f"{EMULATED_MEMORY_FACTOR:g}, what XLA CPU allocates per byte the model counts)")
+
+
+def emulated_budget(budget_per_chip: float, chips: int) -> float:
+    """The cost model's per-chip memory budget that leaves room for what XLA CPU allocates."""
+    return max(0.0, (budget_per_chip - EMULATED_PROCESS_BYTES / chips) / EMULATED_MEMORY_FACTOR)
+
+
+def positive(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(name, value, "a positive integer")
+    return value
+
+
+def check_run_arguments(space: SearchSpace, *, storage: str | None, tracking_uri: str | None,
+                        study_name: str | None, trials: int | None, parallel: int | None,
+                        address: str | None) -> tuple[str, str, int]:
+    """(storage URL, tracking URI, trials to run), every argument and both stores checked;
+    ConfigError before anything is created."""
+    if trials is not None:
+        positive(trials, "--trials")
+    if parallel is not None:
+        positive(parallel, "--parallel")
+    if study_name is not None:
+        paths.check_study_name(study_name)      # it names folders: checked before anything
+    if address is not None:
+        check_ray_address(address)
+    storage = paths.check_storage_url(storage) if storage else paths.default_storage(create=False)
+    tracking_uri = (paths.check_tracking_uri(tracking_uri) if tracking_uri
+                    else paths.default_tracking_uri(create=False))
+    for url, flag in ((storage, "--storage"), (tracking_uri, "--tracking-uri")):
+        if url == paths.default_storage(create=False) or \
+                url == paths.default_tracking_uri(create=False):
+            paths.check_home(url)            # before Ray starts (it writes there too)
+        paths.check_sqlite_store(url, flag)  # both stores intact before either is written
+    target = trials if trials is not None else space.planned_trials()
+    if space.sampler.type == "grid":
+        target = min(target, space.grid_size())
+    check_memory_fits(space)      # before Ray starts: a space that cannot fit is bad input
+    return storage, tracking_uri, target
+
+
+def smallest_points(space: SearchSpace) -> Iterator[TrialConfig] | None:
+    """The points whose memory is checked: the whole grid when it is small (at most
+    MAX_CHECKED_POINTS, no log ranges, as space.py checks that some point runs); else every
+    layout or name choice with each number at its smallest (least memory); None when even
+    that is too many. Points that cannot run for their shape are left out."""
+    if space.params and (any(p.log for p in space.params) or space.grid_size() > MAX_CHECKED_POINTS):
+        grids = [[p.low] if p.choices is None else
+                 [min(p.choices, key=_order)] if all(_number(c) for c in p.choices) else
+                 list(p.choices) for p in space.params]
+        if math.prod(len(g) for g in grids) > MAX_CHECKED_POINTS:
+            return None
+    else:
+        grids = [p.grid_values() for p in space.params]
+    names = [p.name for p in space.params]
+
+    def configs() -> Iterator[TrialConfig]:
+        for values in itertools.product(*grids):
+            try:
+                yield space.trial_config(dict(zip(names, values)))
+            except ConfigError:
+                continue
+
+    return configs()
+
+
+def check_memory_fits(space: SearchSpace) -> None:
+    """ConfigError when no point of a `host` space fits in this machine's memory (checked
+    before Ray starts on the points of `smallest_points`)."""
+    if space.hardware.kind != "host":
+        return
+    points = smallest_points(space)
+    if points is None:
+        return
+    memory = physical_memory_bytes()
+    first = None
+    for config in points:
+        # only the byte counts of the prediction are used: any profile's speeds will do
+        profile = dataclasses.replace(load_hardware("tpu-v4"), hbm_bytes=memory / config.chips)
+        budget = emulated_budget(profile.hbm_bytes, config.chips)   # real memory only
+        reason = feasibility(config, profile, budget)
+        if reason is None or not reason.startswith("memory"):
+            return
+        first = first or reason
+    if first is not None:
+        raise ConfigError("space", space.name, f"a space with a point that fits in this host's "
+                          f"memory; none does, e.g. {first}{EMULATED_NOTE}", space.source)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _order(value: Any) -> Any:
+    return (0, value) if isinstance(value, (int, float)) else (1, str(value))

@@ -1,0 +1,278 @@
+"""The sweep's Ray session: started (or joined), signals held while Ray starts, and a
+shutdown that is bounded whatever Ray does.
+
+    session = RaySession(address)     # address None: a new local cluster on 127.0.0.1
+    session.start()                   # ConfigError / ClusterLost: nothing was created
+    ...
+    session.close()                   # returns within SHUTDOWN_WAIT_S + KILL_WAIT_S
+
+A local cluster (no `--address`, no RAY_ADDRESS) listens on the loopback only: a
+single-machine sweep needs no other interface. Its processes (GCS, raylet, dashboard and
+runtime-env agents, workers) are this process's descendants; `close` calls `ray.shutdown()`
+and, if it has not returned within SHUTDOWN_WAIT_S (a stopped raylet, a control store that
+stopped answering), kills every one of them still alive and takes Ray's own `atexit`
+shutdown off the exit path (it would wait forever on the lock the stuck shutdown holds).
+An interpreter exit that still hangs after that is ended by SIGALRM EXIT_ALARM_S later.
+On a cluster (`--address`) the sweep owns no Ray process: `close` only disconnects.
+
+Three private names of Ray are used, checked before `ray.init` (a ConfigError naming
+SUPPORTED_RAY when one is missing, never a silent fallback):
+
+- `ray._private.utils.set_sigterm_handler`: `ray.init` installs `sys.exit(15)` for SIGTERM
+  through it; while Ray starts it is replaced by a no-op so the CLI's handler stays
+  (`signals_deferred`).
+- `ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`: read by the driver's core
+  worker when it connects; set only around that connect (Ray's C++ failure handler turned a
+  SIGTERM during start-up into a stack dump and abort). Not set in the environment, so the
+  Ray processes keep their crash stacks.
+- `ray._private.ray_constants.ENABLE_RAY_CLUSTER`: False makes Ray use the loopback as the
+  node address (what it does on macOS and Windows), so every server binds 127.0.0.1; set in
+  the environment of the processes `ray.init` starts too (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sweeper.formatting import one_line
+from sweeper.sweep.pool import ClusterLost
+from workloads.config import ConfigError
+
+SUPPORTED_RAY = ">=2.40,<2.61"    # the range the private names above are known in (pyproject)
+SHUTDOWN_WAIT_S = 30.0     # at most this long for ray.shutdown() when a sweep ends
+KILL_WAIT_S = 5.0          # then this long for the killed processes to go
+EXIT_ALARM_S = 20          # an interpreter exit still running this long after is ended
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # Ray's switch for ENABLE_RAY_CLUSTER
+# The handlers ray.init tried to install through set_sigterm_handler and was kept from
+# (tests/test_ray_session.py checks that ray.init still goes through that name).
+held_back: list = []
+PRIVATE_NAMES = (("ray._private.utils", "set_sigterm_handler"),
+                 ("ray._private.ray_constants", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"),
+                 ("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"))
+
+
+def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on an address nothing listens on (ray.init would retry for minutes)."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError("--address", address, "HOST:PORT of a Ray cluster's head (e.g. "
+                          "10.0.0.1:6379), ray://HOST:10001 or auto")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise ConfigError("--address", address, f"the address of a running Ray cluster head "
+                          f"(nothing answers there: {err.strerror or err})") from None
+
+
+def ray_private(module: str, name: str) -> Any:
+    """The module holding private name `name` of Ray; ConfigError when this Ray lacks it."""
+    import importlib
+
+    import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
+
+    try:
+        holder = importlib.import_module(module)
+    except ImportError:
+        holder = None
+    if holder is None or not hasattr(holder, name):
+        raise ConfigError("ray", ray.__version__, f"a Ray version in {SUPPORTED_RAY} (this one "
+                          f"has no {module}.{name}, which sweeper patches while Ray starts)")
+    return holder
+
+
+def check_ray_version() -> None:
+    """ConfigError unless every private name this module patches exists."""
+    for module, name in PRIVATE_NAMES:
+        ray_private(module, name)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGTERM and SIGINT wait until the block (ray.init) has returned, then reach the
+    caller's handlers (the CLI's: stop cleanly, exit 143 / 130).
+
+    Interrupted half-way, ray.init leaves a core worker that crashes the process at exit
+    (SIGSEGV or abort instead of 143, seen with a SIGTERM 10-11 s into a sweep); and it
+    replaces the driver's SIGTERM handler with its own sys.exit(15) (a traceback, exit 15),
+    which is kept from being installed here and the caller's put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ray_utils = ray_private("ray._private.utils", "set_sigterm_handler")
+    constants = ray_private("ray._private.ray_constants", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER")
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    pending: list[int] = []
+    for sig in previous:
+        signal.signal(sig, lambda signum, _frame: pending.append(signum))
+    set_sigterm = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = held_back.append
+    # Ray's core worker installs a C++ failure handler (absl) for SIGTERM too while it
+    # connects: a SIGTERM then printed a stack dump and the process ended in abort (-6).
+    failure_handler_off = constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    try:
+        yield
+    finally:
+        constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = failure_handler_off
+        ray_utils.set_sigterm_handler = set_sigterm
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    if pending and callable(previous[pending[0]]):
+        previous[pending[0]](pending[0], None)     # raises: the stop the caller asked for
+
+
+@contextlib.contextmanager
+def loopback_node():
+    """Ray takes the loopback as this node's address inside the block (it and the processes
+    it starts: every server of a local cluster binds 127.0.0.1)."""
+    constants = ray_private("ray._private.ray_constants", "ENABLE_RAY_CLUSTER")
+    previous_env = os.environ.get(LOOPBACK_ENV)
+    previous = constants.ENABLE_RAY_CLUSTER
+    os.environ[LOOPBACK_ENV] = "0"
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = previous
+        if previous_env is None:
+            os.environ.pop(LOOPBACK_ENV, None)
+        else:
+            os.environ[LOOPBACK_ENV] = previous_env
+
+
+def descendants(pids: set[int]) -> list[psutil.Process]:
+    """The live processes `pids` and every descendant of theirs."""
+    found: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                found[proc.pid] = proc
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def kill_processes(procs: list[psutil.Process], wait_s: float = KILL_WAIT_S) -> list[int]:
+    """SIGKILL (stopped ones too) and reap what is ours; the pids that were still alive."""
+    killed = []
+    for proc in procs:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                proc.kill()
+                killed.append(proc.pid)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=wait_s)
+    return killed
+
+
+def _alarm_at_exit() -> None:
+    """Last resort, from the exit path: a process still finalizing EXIT_ALARM_S later (a Ray
+    thread that never returns) is ended by SIGALRM."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(EXIT_ALARM_S)
+
+
+class RaySession:
+    """The sweep's connection to Ray and, for a local cluster, the processes it started."""
+
+    def __init__(self, address: str | None = None):
+        self.address = address
+        self.started = False             # ray.init was called here (else Ray was already up)
+        self.local = not address and not os.environ.get("RAY_ADDRESS")
+        self.owned: set[int] = set()     # pids ray.init started (a local cluster's roots)
+        self.abandoned = False           # ray.shutdown did not return in time
+
+    def start(self) -> None:
+        """Connect to the cluster at `address`, or start a local one on the loopback.
+        ClusterLost when the local cluster does not start; ConfigError for an address."""
+        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
+
+        if ray.is_initialized():
+            return
+        check_ray_version()
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                  "logging_level": logging.WARNING}
+        if self.local:
+            # a new local cluster: ray.init() would join any cluster `ray start` left on
+            # this machine (another user's sweep), whose node this sweep does not own
+            kwargs["address"] = "local"
+        if self.address:
+            kwargs["address"] = self.address
+            # Remote nodes import the project from here, installed or not.
+            root = Path(__file__).resolve().parents[2]
+            kwargs["runtime_env"] = {"py_modules": [str(root / "sweeper"), str(root / "workloads")]}
+        before = {p.pid for p in psutil.Process().children()}
+        self.started = True
+        try:
+            with signals_deferred(), (loopback_node() if self.local else contextlib.nullcontext()):
+                ray.init(**kwargs)
+        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception on a timeout
+            self.owned = {p.pid for p in psutil.Process().children()} - before
+            if not self.address:      # (a loaded machine): one line, no study created
+                raise ClusterLost(f"the local Ray cluster did not start "
+                                  f"({one_line(err)[:200]}); try again") from None
+            raise ConfigError("--address", self.address, f"the address of a running Ray "
+                              f"cluster, e.g. 10.0.0.1:6379 ({one_line(err)})") from None
+        finally:
+            if self.local:
+                self.owned = {p.pid for p in psutil.Process().children()} - before
+
+    def processes(self) -> list[psutil.Process]:
+        """The live Ray processes this session started (none when it joined a cluster)."""
+        return descendants(self.owned)
+
+    def close(self, wait_s: float = SHUTDOWN_WAIT_S) -> bool:
+        """ray.shutdown(), waited for at most `wait_s`, then every process of a local cluster
+        still alive is killed. False when ray.shutdown did not return in time: it is left in a
+        daemon thread, off the exit path, and the process exits without it."""
+        if not self.started:
+            return True
+        import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
+
+        procs = self.processes()     # before: a stopped raylet still has its children
+        done = threading.Event()
+
+        def shutdown() -> None:
+            try:
+                ray.shutdown()
+            except Exception:  # noqa: BLE001 - a Ray half started or already gone: nothing to end
+                pass
+            finally:
+                done.set()
+
+        threading.Thread(target=shutdown, name="ray-shutdown", daemon=True).start()
+        returned = done.wait(wait_s)
+        if not returned:
+            self.abandoned = True
+            atexit.unregister(ray.shutdown)       # it would wait on the stuck shutdown's lock
+            atexit.register(_alarm_at_exit)
+        if procs:
+            alive = [p for p in procs if p.is_running()] if returned else procs
+            if returned:
+                _, alive = psutil.wait_procs(alive, timeout=KILL_WAIT_S)
+            killed = kill_processes(alive)
+            if not returned:
+                print(f"sweeper: Ray did not shut down within {wait_s:g}s; killed its "
+                      f"{len(killed)} processes (every trial is recorded)", file=sys.stderr)
+        elif not returned:
+            print(f"sweeper: Ray did not shut down within {wait_s:g}s; left it (every trial is "
+                  "recorded)", file=sys.stderr)
+        self.started = False
+        return returned
