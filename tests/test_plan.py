@@ -54,7 +54,8 @@ def test_palm_540b_chatbot_on_tpu_v4(tmp_path):
     assert best["ttft_p99_s"] <= 1 and best["tpot_p99_s"] <= 0.03 and best["meets_slo"]
     assert best["chips_total"] >= 16          # 540B int8 weights need >= 16 x 32 GiB
     assert set(data["best_per_mode"]) == {"aggregated", "disaggregated"}
-    assert best in data["plans"] and data["reason"]
+    assert best in data["plans"]
+    assert "binding:" in data["reason"] and "fewer chips" in data["reason"]   # what stops cheaper
     assert best["band"] == "uncalibrated" and best["at_risk"] is None   # a preset: no band
     assert "sweeper serve --plan" in data["settle"]
     deployment = load_plan(out)

@@ -200,6 +200,12 @@ class _Options:
         self.slice_chips = [c for c in (2 ** i for i in range(0, 10))
                             if c <= min(cap, domain, MAX_SLICE_CHIPS)]
 
+    @property
+    def fewest_fitting(self) -> int:
+        """The smallest slice that holds the weights and one decode slot's KV cache."""
+        return next((c for c in self.slice_chips if any(self.decode(c, w) for w in WEIGHTS)),
+                    math.inf)
+
     def _weights_fit(self, chips: int, weights: str) -> bool:
         params = costmodel.param_count(self.q.model.unpadded)
         need = params * (1 if weights == "int8" else 2)
@@ -532,22 +538,42 @@ def pareto(plans: list[Plan]) -> list[Plan]:
     return out
 
 
+def _miss(p: AppProfile, plan: Plan) -> str:
+    """The constraint a plan misses most, and by how much."""
+    name, ratio = max(plan.violations.items(), key=lambda kv: kv[1])
+    s = plan.summary
+    what = {"ttft": f"TTFT {p.ttft_statistic} {s['ttft_slo_stat_s']:.3g} s > {p.ttft:g} s",
+            "tpot": f"TPOT {p.tpot_statistic} {s['tpot_slo_stat_s']:.3g} s > {p.tpot:g} s",
+            "attainment": f"SLO attainment {s['slo_attainment']:.1%} < {p.attainment:.0%}"}[name]
+    return f"{what} (off by {ratio - 1:.0%})"
+
+
+def why_not_cheaper(q: PlanQuestion, best: Plan, everything: list[Plan], options: _Options) -> str:
+    """What stops a plan with fewer chips: the closest cheaper simulated plan's miss, or the
+    bound that pruned the cheaper slices before simulation."""
+    cheaper = [p for p in everything if p.chips_total < best.chips_total]
+    if cheaper:
+        closest = min(cheaper, key=lambda plan: plan.headroom)
+        return (f"fewer chips miss: {_miss(q.profile, closest)} with "
+                f"{closest.deployment.describe()} on {closest.chips_total} chips")
+    if best.chips_total <= options.fewest_fitting and "memory" in options.pruned:
+        return (f"fewer chips do not fit: {q.model.name}'s weights and one slot's KV cache "
+                f"need a slice of {options.fewest_fitting} chips or more")
+    return (f"fewer chips: no configuration passes the analytical bounds ({mean_rate(q.profile):g} "
+            "req/s needs more replicas than fit, or TTFT/TPOT below one call)")
+
+
 def _reason(q: PlanQuestion, best: Plan | None, everything: list[Plan], options: _Options,
             searches: dict) -> str:
     p = q.profile
     cap = q.max_chips or DEFAULT_CHIP_CAP
     if best is not None:
         return (f"{best.deployment.mode} on {best.chips_total} chips meets the SLO; binding: "
-                f"{best.binding()}")
+                f"{best.binding()}; {why_not_cheaper(q, best, everything, options)}")
     if everything:
         closest = min(everything, key=lambda plan: plan.headroom)
-        name, ratio = max(closest.violations.items(), key=lambda kv: kv[1])
-        s = closest.summary
-        what = {"ttft": f"TTFT {p.ttft_statistic} {s['ttft_slo_stat_s']:.3g} s > {p.ttft:g} s",
-                "tpot": f"TPOT {p.tpot_statistic} {s['tpot_slo_stat_s']:.3g} s > {p.tpot:g} s",
-                "attainment": f"SLO attainment {s['slo_attainment']:.1%} < {p.attainment:.0%}"}[name]
-        return (f"no plan within {cap} chips meets the SLO: {what} (off by {ratio - 1:.0%}) in "
-                f"the closest, {closest.deployment.describe()} on {closest.chips_total} chips")
+        return (f"no plan within {cap} chips meets the SLO: {_miss(p, closest)} in the closest, "
+                f"{closest.deployment.describe()} on {closest.chips_total} chips")
     bounds = {}
     for s in searches.values():
         for k, v in s.lower_bounds.items():
