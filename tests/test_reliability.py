@@ -497,7 +497,7 @@ def memory_space(batches: list[int]) -> dict:
 
 def test_a_host_space_no_point_of_which_fits_in_memory_is_rejected_before_ray(tmp_path):
     """batch 2-4 million of the tiny model: ~34-68 GiB per chip predicted, x2 for what XLA
-    CPU allocates (measured, see controller.EMULATED_MEMORY_FACTOR), scaled up on a host with
+    CPU allocates (measured, see preflight.EMULATED_MEMORY_FACTOR), scaled up on a host with
     more than 32 GiB so that no point fits on any host (a big CI host runs it too)."""
     import math
 
