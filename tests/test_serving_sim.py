@@ -220,3 +220,24 @@ def test_bad_heldout_residuals_are_one_line(bad):
         load_hardware({"peak_flops": 1e12, "hbm_bandwidth": 1e11, "hbm_bytes": 1e10,
                        "ici_bandwidth": 1e10, "heldout_residuals": bad})
     assert "heldout_residuals" in err.value.field
+
+
+@pytest.mark.parametrize("field,value", [("domain_chips", -8), ("torus_dims", 4),
+                                         ("price_per_chip_hour", -1),
+                                         ("inter_domain_bandwidth", "fast")])
+def test_bad_serving_hardware_fields_are_one_line(field, value):
+    with pytest.raises(ConfigError) as err:
+        load_hardware({"peak_flops": 1e12, "hbm_bandwidth": 1e11, "hbm_bytes": 1e10,
+                       "ici_bandwidth": 1e10, field: value}, "gpu.yaml")
+    assert err.value.field == f"hardware.{field}" and "\n" not in str(err.value)
+
+
+def test_kv_transfer_crosses_domains_at_the_inter_domain_bandwidth():
+    """An 8-GPU NVLink node: pools that fit in it use NVLink, larger ones InfiniBand."""
+    h100 = load_hardware("h100")
+    small = Deployment(load_model("llama2-70b"), h100, "disaggregated",
+                       PhaseSlice(2, 1, "ws1d", "head", 1, "int8"),
+                       PhaseSlice(4, 1, "ws1d", "head", 8, "int8"))
+    assert kv_link_bandwidth(small) == (2 * h100.ici_bandwidth, "fast interconnect (one domain)")
+    small.decode.replicas = 2          # 2 + 8 chips: two nodes
+    assert kv_link_bandwidth(small) == (2 * h100.inter_domain_bandwidth, "between domains")
