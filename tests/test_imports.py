@@ -1,19 +1,25 @@
-"""The project's import graph: no cycles, and `workloads` never imports `sweeper`.
+"""The project's import graph: no cycles, `workloads` never imports `sweeper`, and every
+import points down the layer drawing of docs/architecture.md ("Layers").
 
 Read with `ast`, not by importing: every `import` statement counts, at module top or inside a
 function (a function-level import is still a dependency; it only moves when it is paid).
-The layering is described in docs/architecture.md.
+The drawing is read from the document itself, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sweeper", "workloads")
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+# The package roots: `sweeper` names only its own __init__ (each subpackage has a layer of
+# its own); `workloads` covers all of its modules.
+EXACT_ONLY = {"sweeper"}
 
 
 def module_name(path: Path) -> str:
@@ -113,3 +119,77 @@ def test_no_import_cycles_between_project_modules():
 def test_workloads_never_imports_sweeper(module):
     graph = import_graph()
     assert not {m for m in graph[module] if m.split(".")[0] == "sweeper"}
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def layers_from_doc(text: str | None = None) -> list[list[str]]:
+    """The layer drawing of docs/architecture.md, top layer first: the first fenced block
+    under "## Layers"; each layer is a line `name, name, ...   description` (names then two
+    or more spaces), layers separated by lines of `|` (the arrows: a layer imports only its
+    own modules and those of the layers below)."""
+    text = ARCHITECTURE.read_text() if text is None else text
+    section = text.split("\n## Layers", 1)[1]
+    block = section.split("```", 2)[1]
+    layers = []
+    for line in block.splitlines()[1:]:
+        if not line.strip() or set(line.strip()) <= {"|", "v"}:
+            continue
+        names = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        layers.append([n.strip() for n in names.split(",") if n.strip()])
+    return layers
+
+
+def layer_of(module: str, layers: list[list[str]]) -> int | None:
+    """Index of the layer naming the longest dotted prefix of `module` (None: no layer)."""
+    best, index = -1, None
+    for i, names in enumerate(layers):
+        for name in names:
+            covers = module == name or (module.startswith(name + ".") and name not in EXACT_ONLY)
+            if covers and len(name) > best:
+                best, index = len(name), i
+    return index
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[list[str]]) -> list[str]:
+    """'a -> b' for every import of a module from a layer above its own."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        own = layer_of(module, layers)
+        for target in sorted(targets):
+            theirs = layer_of(target, layers)
+            if own is not None and theirs is not None and theirs < own:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_the_layer_checker_finds_an_upward_import():
+    layers = [["top"], ["mid.special"], ["mid"], ["sweeper"]]
+    assert layer_of("mid.special.x", layers) == 1 and layer_of("mid.y", layers) == 2
+    assert layer_of("sweeper", layers) == 3 and layer_of("sweeper.new", layers) is None
+    assert upward_imports({"mid.y": {"top.a"}, "top.a": {"mid.y"}}, layers) == ["mid.y -> top.a"]
+    text = "# A\n\n## Layers\n\n```\na.b, c     what\n   |\nd          more\n```\n"
+    assert layers_from_doc(text) == [["a.b", "c"], ["d"]]
+
+
+def test_the_drawing_names_the_main_packages():
+    layers = layers_from_doc()
+    assert len(layers) >= 5
+    named = {name for names in layers for name in names}
+    assert {"sweeper.cli", "sweeper.sweep", "sweeper.tracking", "sweeper.analysis",
+            "workloads"} <= named
+
+
+def test_every_project_module_has_a_layer_in_the_drawing():
+    """A new package is placed in the drawing (a package listed there before it exists is
+    fine: it is checked from the moment it appears)."""
+    layers = layers_from_doc()
+    missing = sorted(m for m in project_modules() if layer_of(m, layers) is None)
+    assert not missing, f"modules with no layer in docs/architecture.md: {missing}"
+
+
+def test_every_import_points_down_the_layer_drawing():
+    found = upward_imports(import_graph(), layers_from_doc())
+    assert not found, "imports from a layer above (docs/architecture.md, Layers): " + \
+        "; ".join(found)
