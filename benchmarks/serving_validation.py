@@ -194,7 +194,7 @@ def render(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-DEFAULT_REQUESTS = 14
+DEFAULT_REQUESTS = 40
 
 
 def main(argv: list[str] | None = None) -> int:

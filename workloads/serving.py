@@ -188,28 +188,30 @@ class SlotServer:
         self.positions = np.where(self.active, self.positions + 1, 0).astype(np.int32)
         return out
 
-    def warm_up(self, prompt_len: int) -> dict[str, float]:
-        """Compile and run every program once (so no request pays a compile); the seconds
-        of a second, warm call of each, measured here (a diagnostic, not a prediction)."""
-        times: dict[str, float] = {}
+    def warm_up(self, prompt_len: int, repeats: int = 9) -> dict[str, float]:
+        """Compile and run every program once (so no request pays a compile), then time
+        `repeats` warm calls of each: their median seconds (a diagnostic, not a prediction)."""
         prompt = np.zeros((1, prompt_len), np.int32)
+        times: dict[str, float] = {}
         done = None
-        for _ in range(2):
-            if self.spec.prefill is not None:
-                done = self.prefill(prompt)
-                times["prefill_s"] = done.seconds
+        if self.spec.prefill is not None:
+            runs = [self.prefill(prompt) for _ in range(repeats + 1)]
+            done = runs[-1]
+            times["prefill_s"] = float(np.median([r.seconds for r in runs[1:]]))
+            if self.spec.decode is None:
+                self.export_kv(done, 0)
         if self.spec.decode is not None:
             kv = done if done is not None else np.zeros(
                 (self.model.n_layers, prompt_len, 2, self.model.n_kv_heads, self.model.d_head),
                 jnp.bfloat16)
-            for _ in range(2):
-                self.insert(0, kv, 0, 0)
+            steps = []
+            for _ in range(repeats + 1):
+                self.insert(0, kv, 0, 0)            # back to the prompt's end: any context_len
                 start = time.perf_counter()
                 self.step()
-                times["decode_step_s"] = time.perf_counter() - start
+                steps.append(time.perf_counter() - start)
+            times["decode_step_s"] = float(np.median(steps[1:]))
             self.release(0)
-        if done is not None and self.spec.decode is None:
-            self.export_kv(done, 0)
         return times
 
 
