@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from requires import require
 
 from sweeper.sweep import oom
 
@@ -53,9 +54,8 @@ def _make_cgroup() -> Path | None:
 @pytest.fixture
 def cgroup():
     folder = _make_cgroup()
-    if folder is None:
-        pytest.skip("no writable memory cgroup here (needs root and a cgroup v1/v2 memory "
-                    "controller)")
+    require(folder is not None, "no writable memory cgroup here (needs root and a cgroup v1/v2 "
+            "memory controller)")
     yield folder
     for _ in range(50):            # the killed processes leave it within milliseconds
         try:

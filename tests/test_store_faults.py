@@ -25,6 +25,7 @@ import optuna
 import pandas as pd
 import pytest
 import yaml
+from requires import require
 
 from sweeper.cli import main
 from sweeper.paths import open_optuna_storage
@@ -173,13 +174,11 @@ def test_sync_says_in_one_line_when_neither_store_has_the_study(sweeper_home, ca
 @pytest.fixture
 def small_disk(tmp_path):
     """A 16 MiB tmpfs (root only) and a function leaving `free` bytes free on it."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+    require(os.geteuid() == 0, "mounting a tmpfs needs root (CI runs as root)")
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("mount -t tmpfs is not allowed here")
+    require(subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                           capture_output=True).returncode == 0, "mount -t tmpfs is not allowed here")
     filler = mnt / "filler"
 
     def leave(free: int) -> None:
@@ -265,7 +264,7 @@ DEVICES = {"name": "qs", "model": "tiny", "hardware": "devices", "chips": 1, "in
 def test_a_ray_sweep_whose_optuna_store_is_deleted_then_truncated_is_rebuilt(
         shared_sweeper_home, tmp_path, capsys):
     """Quickstart-like: 3 trials of the tiny model on Ray workers (`sweeper run` itself)."""
-    pytest.importorskip("ray")
+    import ray  # noqa: F401 - a dependency: a broken install fails here, never skips
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     space = write_space(tmp_path, DEVICES)
