@@ -15,18 +15,16 @@ are separate host buffers) plus ~0.4 GiB per worker process (JAX and its compile
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
-from typing import Any, Iterator
+from typing import Any
 
 from sweeper import paths
 from sweeper.sweep.session import check_ray_address
-from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace
+from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace, checked_points
 from workloads.config import ConfigError
 from workloads.costmodel import feasibility
 from workloads.hardware import load_hardware
 from workloads.hostprofile import physical_memory_bytes
-from workloads.trial import TrialConfig
 
 EMULATED_MEMORY_FACTOR = 2.0
 EMULATED_PROCESS_BYTES = 0.4 * 2**30
@@ -74,42 +72,32 @@ def check_run_arguments(space: SearchSpace, *, storage: str | None, tracking_uri
     return storage, tracking_uri, target
 
 
-def smallest_points(space: SearchSpace) -> Iterator[TrialConfig] | None:
-    """The points whose memory is checked: the whole grid when it is small (at most
-    MAX_CHECKED_POINTS, no log ranges, as space.py checks that some point runs); else every
-    layout or name choice with each number at its smallest (least memory); None when even
-    that is too many. Points that cannot run for their shape are left out."""
+def memory_grids(space: SearchSpace) -> list[list] | None:
+    """The values whose points are checked for memory: the whole grid when it is small (at
+    most MAX_CHECKED_POINTS, no log ranges, as space.py checks that some point runs); else
+    every layout or name choice with each number at its smallest (least memory); None when
+    even that is too many."""
     if space.params and (any(p.log for p in space.params) or space.grid_size() > MAX_CHECKED_POINTS):
         grids = [[p.low] if p.choices is None else
                  [min(p.choices, key=_order)] if all(_number(c) for c in p.choices) else
                  list(p.choices) for p in space.params]
-        if math.prod(len(g) for g in grids) > MAX_CHECKED_POINTS:
-            return None
-    else:
-        grids = [p.grid_values() for p in space.params]
-    names = [p.name for p in space.params]
-
-    def configs() -> Iterator[TrialConfig]:
-        for values in itertools.product(*grids):
-            try:
-                yield space.trial_config(dict(zip(names, values)))
-            except ConfigError:
-                continue
-
-    return configs()
+        return grids if math.prod(len(g) for g in grids) <= MAX_CHECKED_POINTS else None
+    return [p.grid_values() for p in space.params]
 
 
 def check_memory_fits(space: SearchSpace) -> None:
     """ConfigError when no point of a `host` space fits in this machine's memory (checked
-    before Ray starts on the points of `smallest_points`)."""
+    before Ray starts on the points of `memory_grids`)."""
     if space.hardware.kind != "host":
         return
-    points = smallest_points(space)
-    if points is None:
+    grids = memory_grids(space)
+    if grids is None:
         return
     memory = physical_memory_bytes()
     first = None
-    for config in points:
+    for config in checked_points(space, grids):
+        if isinstance(config, ConfigError):      # cannot run for its shape: not a memory case
+            continue
         # only the byte counts of the prediction are used: any profile's speeds will do
         profile = dataclasses.replace(load_hardware("tpu-v4"), hbm_bytes=memory / config.chips)
         budget = emulated_budget(profile.hbm_bytes, config.chips)   # real memory only

@@ -583,20 +583,30 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
 MAX_CHECKED_POINTS = 256
 
 
+def checked_points(space: SearchSpace, grids: list[list] | None = None):
+    """Each point of `grids` (one list of values per searched parameter, in order; default
+    the whole grid) as its TrialConfig, or the ConfigError saying why it cannot run (also
+    sweeper/sweep/preflight.py's memory check)."""
+    names = [p.name for p in space.params]
+    for values in itertools.product(*(grids if grids is not None else
+                                      [p.grid_values() for p in space.params])):
+        try:
+            yield space.trial_config(dict(zip(names, values)))
+        except ConfigError as err:
+            yield err
+
+
 def _check_some_point_runs(space: SearchSpace) -> None:
     """Reject a space none of whose points can run for its shape (e.g. a fixed batch that
     batch-sharded attention cannot split over the chips): a sweep of it would prune every
     trial. Checked when the grid is small and is the whole space (no log ranges)."""
     if any(p.log for p in space.params) or space.grid_size() > MAX_CHECKED_POINTS:
         return
-    names = [p.name for p in space.params]
     first: ConfigError | None = None
-    for values in itertools.product(*(p.grid_values() for p in space.params)):
-        try:
-            space.trial_config(dict(zip(names, values)))
+    for point in checked_points(space):
+        if not isinstance(point, ConfigError):
             return
-        except ConfigError as err:
-            first = first or err
+        first = first or point
     if first is not None:
         raise ConfigError(first.field, first.value, f"{first.accepted} (no point of this space "
                           "can run)", space.source)
