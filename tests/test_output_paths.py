@@ -7,6 +7,7 @@ import os
 
 import optuna
 import pytest
+from requires import require
 
 from sweeper.cli import main
 from sweeper.paths import default_storage, open_optuna_storage
@@ -36,8 +37,8 @@ def test_report_out_an_existing_file(sweeper_home, tmp_path, capsys):
     assert "not a folder" in one_line(capsys)
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 def test_export_out_dev_full(study, capsys):
+    require(os.path.exists("/dev/full"), "no /dev/full (Linux has one)")
     assert main(["export", "--study", study, "--out", "/dev/full"]) == 2
     err = one_line(capsys)
     assert "--out: got '/dev/full'" in err and "No space left on device" in err
