@@ -199,6 +199,7 @@ FORMATS = {
     "ms2": lambda v: f"{v * 1e3:.2f} ms",
     "s0": lambda v: f"{v:.0f} s",
     "s1": lambda v: f"{v:.1f} s",
+    "s2": lambda v: f"{v:.2f} s",
     "min1": lambda v: f"{v / 60:.1f} minutes",
     "gflops": lambda v: f"{v / 1e9:.0f} GFLOP/s",
     "tflops": lambda v: f"{v / 1e12:.0f} TFLOP/s",
