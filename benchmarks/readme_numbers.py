@@ -9,7 +9,7 @@ Three forms (issue 21: every number in prose comes from a results file):
 
 - a block, `<!-- generated:NAME -->` ... `<!-- /generated:NAME -->`: a table or paragraph
   from one results file (NAME is a key of BLOCKS: engine_efficiency, sweep_overhead,
-  calibration, profile_predict, search_efficiency, paper_fit, performance);
+  calibration, profile_predict, search_efficiency, paper_fit, performance, serving_validation);
 - a number in a sentence, `<!-- n:FILE:PATH:FORMAT -->TEXT<!-- /n -->`: FILE is a results
   file (`engine_efficiency` = benchmarks/results/engine_efficiency.json) or `data/NAME.EXT`
   (benchmarks/data/, JSON or YAML); PATH is dotted keys, `[3]` an index, `[k=v,k2=v2]` the
@@ -282,6 +282,18 @@ def one_section(name: str):
 BLOCKS = {name: one_section(name) for name in NAMES}
 BLOCKS["paper_fit"] = paper_fit_block
 BLOCKS["performance"] = lambda results: generate(results)
+
+
+def serving_validation_block(results: Path) -> str:
+    """benchmarks/results/serving_validation.md without its title (docs/serving.md quotes it)."""
+    md = results / "serving_validation.md"
+    if not md.is_file():
+        raise Stale(f"no results file {md}")
+    lines = md.read_text().rstrip().splitlines()
+    return "\n".join(lines[1:] if lines and lines[0].startswith("# ") else lines).strip() + "\n"
+
+
+BLOCKS["serving_validation"] = serving_validation_block
 
 
 def fill(text: str, results: Path, where: str) -> tuple[str, list[str]]:
