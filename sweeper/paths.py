@@ -272,3 +272,50 @@ def _check_sqlite_folder(url: str, field: str) -> None:
     if not existing.is_dir() or not os.access(existing, os.W_OK):
         raise ConfigError(field, url, f"a SQLite file in a folder this user can create or "
                           f"write ({existing} is not writable)")
+
+
+# ----------------------------------------------------------------- shipped search spaces
+SPACE_SUFFIXES = (".yaml", ".yml")
+
+
+def shipped_spaces_dir() -> Path:
+    """The example search spaces that come with the project.
+
+    Installed from a wheel they are package data in `sweeper/search_spaces/` (pyproject.toml
+    maps the package `sweeper.search_spaces` to the repository's `search_spaces/`); in a
+    checkout, editable install or not, they are that top-level folder itself.
+    """
+    package = Path(__file__).resolve().parent
+    installed = package / "search_spaces"
+    return installed if installed.is_dir() else package.parent / "search_spaces"
+
+
+def shipped_spaces() -> dict[str, Path]:
+    """name (the file's stem) -> file, for every shipped search space, sorted by name."""
+    folder = shipped_spaces_dir()
+    files = sorted(f for f in folder.glob("*") if f.suffix in SPACE_SUFFIXES) \
+        if folder.is_dir() else []
+    return {f.stem: f for f in files}
+
+
+def resolve_space(spec: str) -> str:
+    """A space argument as typed -> the file to read.
+
+    An existing file is itself; a bare name (no folder, no .yaml) that is not a file here is
+    the shipped space of that name (`sweeper run quickstart` from any directory). Anything
+    else is returned as typed, for the loader to report.
+    """
+    path = Path(spec)
+    if path.exists():
+        return spec
+    shipped = shipped_spaces()
+    if path.suffix in SPACE_SUFFIXES or len(path.parts) != 1:
+        # a missing path to a shipped file (search_spaces/X.yaml outside a checkout)
+        if path.suffix in SPACE_SUFFIXES and path.stem in shipped:
+            raise ConfigError("file", spec, "an existing YAML file (not here; the shipped "
+                              f"space of that name runs from anywhere: sweeper run {path.stem})")
+        return spec
+    if spec in shipped:
+        return str(shipped[spec])
+    raise ConfigError("space", spec, "an existing YAML file or the name of a shipped space ("
+                      f"{', '.join(shipped) or 'none installed'}; `sweeper examples` lists them)")

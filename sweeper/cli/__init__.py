@@ -15,6 +15,7 @@ from typing import Callable
 
 from sweeper import paths
 from sweeper.cli import analytical   # pure Python: no JAX import on this path
+from sweeper.cli import examples   # the shipped search spaces: reads YAML only
 from sweeper.cli import plan as plan_cmd   # serving planner: pure Python, MLflow when it logs
 from sweeper.cli import profile as profile_cmd  # imports no JAX until the device count is set
 from sweeper.cli import run as run_cmd   # Optuna, Ray, MLflow: imported when a sweep starts
@@ -69,6 +70,10 @@ def _add_sweep_commands(sub) -> None:
     p = sub.add_parser("run", help="run a sweep from a search-space YAML")
     run_cmd.add_run_arguments(p)
     p.set_defaults(handler=run_cmd.cmd_run)
+    p = sub.add_parser("examples", help="list the shipped search spaces (`sweeper run NAME` runs "
+                       "one from anywhere; `sweeper examples NAME` prints its file)")
+    examples.add_examples_arguments(p)
+    p.set_defaults(handler=examples.cmd_examples)
     p = sub.add_parser("ui", help="open the MLflow UI on the sweeps' tracking store")
     run_cmd.add_ui_arguments(p)
     p.set_defaults(handler=run_cmd.cmd_ui)
@@ -192,8 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_commands(sub)
     _add_sweep_commands(sub)
     _add_analysis_commands(sub)
-    serve_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
+    serve_cmd.add_parser(sub)
     return parser
 
 

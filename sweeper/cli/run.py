@@ -15,7 +15,8 @@ from workloads.config import ConfigError
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("space", help="search-space YAML, e.g. search_spaces/quickstart.yaml")
+    p.add_argument("space", help="search-space YAML, or the name of a shipped one (e.g. "
+                   "quickstart; `sweeper examples` lists them)")
     p.add_argument("--address", help="an existing Ray cluster (default: start a local one)")
     p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite under $SWEEPER_HOME)")
@@ -38,12 +39,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sweeper.sweep.controller import run_sweep   # lazy: the controller imports pandas
 
     # every input error (in the file or a --set override) exits 2 here, before any work
-    space = load_space_with_overrides(args.space, args.set)
+    space = load_space_with_overrides(paths.resolve_space(args.space), args.set)
     for flag in ("trials", "parallel"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag}", value, "a positive integer")
     # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts)
+    quiet_ray_auth_notice(args.address)
     result = run_sweep(space, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study, resume=args.resume, trials=args.trials,
                        parallel=args.parallel, address=args.address, progress=True)
@@ -58,6 +60,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             print()
             print(format_sweep_summary(summary))
     return 0
+
+
+def quiet_ray_auth_notice(address: str | None) -> None:
+    """Ray (2.60 here) turns token authentication on for a new local cluster when
+    RAY_AUTH_MODE is unset, and says so in a warning on every run ("Token authentication is enabled for this
+    Ray cluster. Set RAY_AUTH_MODE=disabled to opt out", ray/_private/authentication/
+    authentication_token_setup.py). Naming the mode Ray would choose anyway, `token`, keeps
+    that behaviour (a token in ~/.ray/auth_token, created if missing) without the notice.
+    A cluster given by --address or RAY_ADDRESS is left to its own setting; so is a mode the
+    user set."""
+    if not address and not os.environ.get("RAY_ADDRESS"):
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def format_sweep_summary(summary: dict) -> str:
@@ -192,7 +206,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     db = paths.sqlite_path(uri)
     if db is not None and not db.is_file():
         raise ConfigError("--tracking-uri", uri, "an MLflow store with runs (run `sweeper run "
-                          "search_spaces/quickstart.yaml` first, or set SWEEPER_HOME)")
+                          "quickstart` first, or set SWEEPER_HOME)")
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C to stop); runs of an "
           f"experiment: {experiment_url('<id>', args.host, args.port)}", file=sys.stderr)
     sys.stderr.flush()

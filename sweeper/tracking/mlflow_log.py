@@ -1,7 +1,9 @@
 """MLflow tracking of a sweep: one parent run per sweep, one nested child run per trial.
 
 Parent run   params: the space's name, model, hardware, sampler, trials, parallel, objectives
-             tags:   study name, Optuna storage, git revision of the project, source
+             tags:   study name, Optuna storage, source, sweeper_version (the installed
+                     inference-sweeper's version, always) and git_revision (the checkout's
+                     commit; 'unknown' for an installed wheel, which has no .git)
              artifact: the space file as written
 Child run    params: every `TrialConfig.flat_params()` field (same names in every run)
              metrics: every Measurement metric by its own name, and the cost model's
@@ -39,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from sweeper import installed_version
 from sweeper.paths import (artifact_root, default_tracking_uri, precreate_sqlite_wal,
                            store_creation_lock, tune_sqlite)
 from workloads.trial import TrialConfig
@@ -80,7 +83,14 @@ def experiment_name(space_name: str, source: str) -> str:
 
 
 def git_revision(root: Path = PROJECT_ROOT) -> str:
-    """The project's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
+    """The project's commit (with '+dirty' for uncommitted changes), or 'unknown'.
+
+    Only a checkout of this project counts (its pyproject.toml and .git beside the code): an
+    installed copy lives in site-packages, which may itself sit inside some other repository
+    whose commit says nothing about this code.
+    """
+    if not ((root / "pyproject.toml").is_file() and (root / ".git").exists()):
+        return "unknown"
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
@@ -159,7 +169,8 @@ class Tracker:
         exp_id = self.experiment_id(experiment_name(space.name, source))
         run = self.client.create_run(exp_id, run_name=study_name, tags={
             KIND_TAG: SWEEP_KIND, "study": study_name, "storage": _redact(storage),
-            "git_revision": git_revision(), "source": source, "hardware": space.hardware.label,
+            "git_revision": git_revision(), "sweeper_version": installed_version(),
+            "source": source, "hardware": space.hardware.label,
             "space_file": space.source or "", "mlflow.note.content": space.description})
         summary = space.summary()
         params = {"space": space.name, "model": space.model.name, "hardware": space.hardware.label,
@@ -182,8 +193,9 @@ class Tracker:
         exp_id = self.experiment_id(experiment_name(str(attrs.get("space") or study_name), source))
         run = self.client.create_run(exp_id, run_name=study_name, tags={
             KIND_TAG: SWEEP_KIND, "study": study_name, "storage": _redact(storage),
-            "git_revision": git_revision(), "source": source,
-            "hardware": str(attrs.get("hardware")), "space_file": str(attrs.get("space_file") or ""),
+            "git_revision": git_revision(), "sweeper_version": installed_version(),
+            "source": source, "hardware": str(attrs.get("hardware")),
+            "space_file": str(attrs.get("space_file") or ""),
             "mlflow.runName": study_name})
         return run.info.run_id
 
