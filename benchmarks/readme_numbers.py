@@ -415,15 +415,6 @@ def summary(results: Path) -> str:
                              f"over {len(g['runs'])} seeds", common.met(v["meets_share_target"])])
                 rows.append(["search", f"{name}: {variant}'s worst seed beats every plain median",
                              f"plain medians: {plain}", common.met(v["beats_every_plain"])])
-    serving = _load(results, "serving_validation")
-    if serving:
-        for q, s in serving["summary"].items():
-            rows.append(["serving", f"{q} TTFT and TPOT predicted within {common.pct(s['target'], 0)} of "
-                         "measured (emulated mesh)",
-                         f"{s['within_target']} of {s['cases']} cases; median absolute error "
-                         f"{common.pct(s['median_abs_error'], 0)}, median replicate spread "
-                         f"{common.pct(s['median_replicate_spread'], 0)}",
-                         common.met(s["within_target"] == s["cases"])])
     host = []
     if eng and eng.get("host_profile"):
         hp, notes = eng["host_profile"], eng.get("host_profile_notes") or {}
@@ -456,8 +447,7 @@ def summary(results: Path) -> str:
         "",
         *host,
         "",
-        "Details: " + ", ".join(f"[{n}]({n}.md)" for n in (*NAMES, "paper_fit", "serving_validation",
-                                                          "plan_speed")
+        "Details: " + ", ".join(f"[{n}]({n}.md)" for n in (*NAMES, "paper_fit", "plan_speed")
                                 if (results / f"{n}.md").is_file()) + ".",
         "",
     ]
