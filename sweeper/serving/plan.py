@@ -283,11 +283,22 @@ class _Entry:
     replicas: tuple = field(compare=False)    # (prefill replicas, decode replicas)
 
 
+SIMULATED_SECONDS = 20.0     # a simulation covers at least this much traffic ...
+MAX_SIMULATED_REQUESTS = 2000   # ... up to this many requests (unless --requests is larger)
+
+
+def simulated_requests(q: PlanQuestion, rate: float) -> int:
+    """Requests per simulation: --requests, or enough for SIMULATED_SECONDS of traffic (a
+    short run from an empty system misses the queue a high rate builds), at most
+    MAX_SIMULATED_REQUESTS."""
+    return max(q.requests, min(MAX_SIMULATED_REQUESTS, math.ceil(rate * SIMULATED_SECONDS)))
+
+
 class _Search:
     def __init__(self, q: PlanQuestion, options: _Options, mode: str):
         self.q, self.o, self.mode = q, options, mode
         self.rate = mean_rate(q.profile)
-        self.requests = requests(q.profile, q.requests, q.seed)
+        self.requests = requests(q.profile, simulated_requests(q, self.rate), q.seed)
         self.cap = q.max_chips or DEFAULT_CHIP_CAP
         self.heap: list[_Entry] = []
         self.counter = itertools.count()
@@ -300,25 +311,45 @@ class _Search:
 
     # -- candidates
     def seed(self) -> None:
-        o, p = self.o, self.q.profile
+        """Every configuration that passes the bounds, less the dominated ones: per chip
+        count, one that is no faster per call and serves no more requests per second than
+        another is never cheaper (both fit; the simulation sees only their step times)."""
+        o = self.o
         for chips in o.slice_chips:
-            for weights in WEIGHTS:
-                decodes = o.decode(chips, weights)
-                if self.mode == "aggregated":
-                    for pre, dec in itertools.product(o.prefill(chips, weights), decodes):
+            if self.mode == "aggregated":
+                configs = []
+                for weights in WEIGHTS:
+                    for pre, dec in itertools.product(o.prefill(chips, weights),
+                                                      o.decode(chips, weights)):
                         if pre.topology != dec.topology:
                             continue
                         if dec.peak_bytes + pre.working_bytes > self.q.hardware.hbm_bytes:
                             o.pruned.setdefault("memory", "slots' KV cache + prefill working set "
                                                 "exceed HBM")
                             continue
-                        self._add(("aggregated", pre, dec))
-                else:
-                    for dec in decodes:
-                        for pchips in o.slice_chips:
-                            for pweights in WEIGHTS:
-                                for pre in o.prefill(pchips, pweights):
-                                    self._add(("disaggregated", pre, dec))
+                        configs.append(("aggregated", pre, dec))
+                for config in _undominated(configs, lambda c: (
+                        c[1].step_s, c[2].step_s, self._busy(c[1]) + self._busy(c[2]))):
+                    self._add(config)
+        if self.mode == "disaggregated":
+            def best_of(phase):
+                out = []
+                for chips in o.slice_chips:
+                    options = [x for w in WEIGHTS for x in
+                               (o.prefill(chips, w) if phase == "prefill" else o.decode(chips, w))]
+                    out += _undominated(options, lambda x: (x.step_s, self._busy(x)))
+                return out
+            prefills = best_of("prefill")
+            for dec in best_of("decode"):
+                for pre in prefills:
+                    self._add(("disaggregated", pre, dec))
+
+    def _busy(self, option: PhaseOption) -> float:
+        """Seconds of one slice per request (prefill: a share of a call; decode: K - 1 steps
+        shared by the slots)."""
+        if option.phase == "prefill":
+            return option.step_s / option.batch
+        return max(self.o.output_mean - 1, 0) * option.step_s / option.batch
 
     def _bound(self, key: str, value: float) -> None:
         self.lower_bounds[key] = min(self.lower_bounds.get(key, math.inf), value)
@@ -437,16 +468,36 @@ class _Search:
         return (plan.chips_total, plan.headroom) < (best.chips_total, best.headroom)
 
     def _retry(self, entry: _Entry, plan: Plan) -> None:
-        """One more replica of the phase that missed (aggregated: of the whole replica)."""
+        """More replicas of the phase that missed (aggregated: of the whole replica): one,
+        or 5% of them when there are more than 20 (a plan at most 5% dearer than the
+        cheapest, in a twentieth of the simulations)."""
         pre_reps, dec_reps = entry.replicas
         v = plan.violations
+
+        def more(r: int) -> int:
+            return r + max(1, r // 20)
+
         if entry.config[0] == "aggregated":
-            self._push(entry.config, (pre_reps + 1, dec_reps + 1))
+            self._push(entry.config, (more(pre_reps), more(dec_reps)))
             return
         if v["ttft"] > 1 or v["attainment"] > 1:
-            self._push(entry.config, (pre_reps + 1, dec_reps))
+            self._push(entry.config, (more(pre_reps), dec_reps))
         if v["tpot"] > 1 or v["attainment"] > 1:
-            self._push(entry.config, (pre_reps, dec_reps + 1))
+            self._push(entry.config, (pre_reps, more(dec_reps)))
+
+
+def _undominated(items: list, key) -> list:
+    """The items no other item beats or ties on every component of key(item) (smaller is
+    better), one per distinct key."""
+    keyed = sorted(((tuple(costmodel.significant(v) for v in key(i)), n, i)
+                    for n, i in enumerate(items)), key=lambda t: (t[0], t[1]))
+    out, kept = [], []
+    for k, _, item in keyed:
+        if any(all(a <= b for a, b in zip(other, k)) for other in kept):
+            continue
+        kept.append(k)
+        out.append(item)
+    return out
 
 
 # --------------------------------------------------------------------------- bands
@@ -515,7 +566,7 @@ def plan(q: PlanQuestion) -> PlanResult:
                   "SLO; or fit this hardware (`sweeper fit`) so the plan carries an error band")
     search_info = {"simulated": len(everything),
                    "configs": sum(s.configs for s in searches.values()),
-                   "requests_per_simulation": q.requests,
+                   "requests_per_simulation": simulated_requests(q, mean_rate(q.profile)),
                    "pruned": dict(options.pruned),
                    "lower_bounds": {m: {k: _round(v) for k, v in s.lower_bounds.items()}
                                     for m, s in searches.items()},

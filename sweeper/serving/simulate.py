@@ -209,7 +209,7 @@ class SimResult:
             "tpot_p50_s": statistic(tpot, "p50"), "tpot_p90_s": statistic(tpot, "p90"),
             "tpot_p99_s": statistic(tpot, "p99"), "tpot_mean_s": statistic(tpot, "mean"),
             "completed": n,
-            "throughput_rps": n / span if span > 0 else float("nan"),
+            "throughput_rps": n / span if span > 0 else float("nan"),   # drain included
             "tokens_per_s_per_chip": tokens_per_s / chips,
             "cost_per_million_tokens": (price * chips / 3600.0 / tokens_per_s * 1e6
                                         if price is not None and tokens_per_s > 0 else None),
@@ -217,10 +217,17 @@ class SimResult:
             "span_s": span,
             "step_times": self.step_source,
         }
+        arrivals = float(self.arrival_s.max() - self.arrival_s.min()) if n else 0.0
+        # the stream's rate: (n - 1) / arrival span (a burst at one instant has none)
+        out["offered_rps"] = (n - 1) / arrivals if arrivals > 0 else None
         if profile is not None:
             ok = self.meets_slo(profile)
             out["slo_attainment"] = float(ok.mean()) if n else float("nan")
-            out["goodput_rps"] = float(ok.sum()) / span if span > 0 else float("nan")
+            # requests/s meeting both SLOs: attainment x the offered rate, so a finite run's
+            # drain (the last answers finishing after the last arrival) does not dilute it;
+            # for a burst, those meeting over the span
+            out["goodput_rps"] = (out["slo_attainment"] * out["offered_rps"] if arrivals > 0
+                                  else float(ok.sum()) / span if span > 0 else float("nan"))
             out["ttft_slo_stat_s"] = statistic(ttft, profile.ttft_statistic)
             out["tpot_slo_stat_s"] = statistic(tpot, profile.tpot_statistic)
         else:
