@@ -23,7 +23,7 @@ from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, 
 from workloads.costmodel import best_topology
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, WEIGHT_FORMATS,
                                PhaseLayout, resolve_padding, validate_layouts)
-from workloads.validate import integer, number, one_of
+from workloads.validate import integer, is_int, number, one_of
 
 # The parts of a phase layout (PhaseLayout's fields) and the layouts each accepts (paper §3).
 PHASE_PARTS: dict[str, tuple[str, ...]] = {"ffn": FFN_LAYOUTS, "attn": ATTN_LAYOUTS}
@@ -37,7 +37,7 @@ def parse_pad_heads(value: Any, source: str | None = None, field: str = "pad_hea
         return value
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ConfigError(field, value, "auto, none or a positive integer (query heads to run)", source)
     return value
 
@@ -68,8 +68,9 @@ def _spec(help: str, *, unit: str | None = None, integer: bool = False,
           parts: Mapping[str, tuple] | None = None, searchable: bool = False, flat: bool = True,
           layout: bool = False) -> dict:
     """A trial field's metadata. `parse(value, where, source, context)` for a field that the
-    generic checks (integer/minimum, choices) do not describe; `context` holds the fields
-    parsed before it. `parts`: a phase layout, flattened as <field>_<part>. `flat`: one of the
+    generic checks (integer/minimum, number/minimum, choices, parts) do not describe; `context`
+    holds the fields parsed before it. `parts`: a phase layout (`parse_phase_layout`), flattened
+    as <field>_<part>. `unit`: what one of it counts (the schema shows it). `flat`: one of the
     flat parameters (a quantity of the trial, not of the timing protocol). `layout`: how the
     trial is partitioned (MLflow tags)."""
     meta = {"help": help, "unit": unit, "integer": integer, "minimum": minimum,
