@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,11 +59,24 @@ class StoreLost(RuntimeError):
         super().__init__("; ".join(p.line() for p in problems))
 
 
-def _fix(study: str | None, kind: str) -> str:
+def sync_command(study: str | None, storage: str | None = None,
+                 tracking_uri: str | None = None) -> str:
+    """`sweeper sync --study S`, with --storage / --tracking-uri where they are not the
+    defaults under $SWEEPER_HOME."""
+    from sweeper import paths
+
+    command = f"sweeper sync --study {study or 'NAME'}"
+    if storage and storage != paths.default_storage(create=False):
+        command += f" --storage {storage}"
+    if tracking_uri and tracking_uri != paths.default_tracking_uri(create=False):
+        command += f" --tracking-uri {tracking_uri}"
+    return command
+
+
+def _fix(study: str | None, kind: str, command: str | None = None) -> str:
     other = "MLflow" if kind == "optuna" else "Optuna"
-    target = f"--study {study}" if study else "--study NAME"
-    return (f"every finished trial is still in the {other} store: run `sweeper sync {target}` "
-            "to rebuild it")
+    return (f"every finished trial is still in the {other} store: run `"
+            f"{command or sync_command(study)}` to rebuild it")
 
 
 def quick_check(path: Path) -> list[str]:
@@ -151,9 +165,11 @@ class StoreWatch:
     path: Path
     identity: tuple[int, int]
     study: str | None = None
+    command: str | None = None        # the sync command to print (default: sync_command)
 
     @classmethod
-    def open(cls, kind: str, url: str, study: str | None = None) -> "StoreWatch | None":
+    def open(cls, kind: str, url: str, study: str | None = None,
+             command: str | None = None) -> "StoreWatch | None":
         """A watch on a SQLite store that exists now; None for a server or no file."""
         db = sqlite_path(url)
         if db is None or str(db) in ("", ":memory:"):
@@ -162,7 +178,7 @@ class StoreWatch:
             st = os.stat(db)
         except OSError:
             return None
-        return cls(kind, url, db, (st.st_dev, st.st_ino), study)
+        return cls(kind, url, db, (st.st_dev, st.st_ino), study, command)
 
     def check(self, integrity: bool = True) -> StoreProblem | None:
         """deleted / replaced (always), damaged (with `integrity`: a read of every page's
@@ -171,18 +187,18 @@ class StoreWatch:
             st = os.stat(self.path)
         except FileNotFoundError:
             return StoreProblem(self.kind, self.url, "was deleted while the sweep ran",
-                                _fix(self.study, self.kind))
+                                _fix(self.study, self.kind, self.command))
         except OSError as err:
             return StoreProblem(self.kind, self.url, f"cannot be read ({err.strerror})",
-                                _fix(self.study, self.kind))
+                                _fix(self.study, self.kind, self.command))
         if (st.st_dev, st.st_ino) != self.identity:
             return StoreProblem(self.kind, self.url, "was replaced by another file while the "
-                                "sweep ran", _fix(self.study, self.kind))
+                                "sweep ran", _fix(self.study, self.kind, self.command))
         if integrity:
             checked = quick_check(self.path)
             if checked != ["ok"]:
                 return StoreProblem(self.kind, self.url, f"was damaged while the sweep ran "
-                                    f"({'; '.join(checked)[:160]})", _fix(self.study, self.kind))
+                                    f"({'; '.join(checked)[:160]})", _fix(self.study, self.kind, self.command))
         return None
 
 
@@ -192,22 +208,48 @@ def check_stores(watches, integrity: bool = True) -> list[StoreProblem]:
 
 
 class StoreMonitor:
-    """The controller's periodic check: `poll()` from the sweep loop (every `every_s`),
-    `final()` at its end; both raise StoreLost with one line per damaged store."""
+    """The controller's periodic check (`poll()` from the sweep loop, every `every_s`) and
+    the one at its end (`final()`).
 
-    def __init__(self, watches, every_s: float = 5.0):
+    Optuna is the record: a lost or damaged Optuna store stops the sweep at once (StoreLost:
+    what it would record next would be lost too). MLflow is a view of it: a lost MLflow
+    store is one warning line and the sweep goes on, every trial still told to Optuna;
+    `final()` then raises StoreLost, so the sweep ends non-zero with the `sweeper sync`
+    line that rebuilds the runs."""
+
+    def __init__(self, watches, every_s: float = 5.0, warn=None):
         self.watches = [w for w in watches if w is not None]
         self.every_s = every_s
         self._next = time.monotonic() + every_s
+        self._warned: set[str] = set()
+        self._warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    @classmethod
+    def for_sweep(cls, storage: str, tracking_uri: str, study: str) -> "StoreMonitor":
+        """Watches on a sweep's two stores (SQLite files only), opened now."""
+        command = sync_command(study, storage, tracking_uri)
+        return cls([StoreWatch.open("optuna", storage, study, command),
+                    StoreWatch.open("mlflow", tracking_uri, study, command)])
+
+    def problems(self) -> list[StoreProblem]:
+        return check_stores(self.watches)
 
     def poll(self) -> None:
         if not self.watches or time.monotonic() < self._next:
             return
         self._next = time.monotonic() + self.every_s
-        self.final()
+        problems = self.problems()
+        lost = [p for p in problems if p.kind == "optuna"]
+        if lost:
+            raise StoreLost(problems)
+        for p in problems:
+            if p.url not in self._warned:
+                self._warned.add(p.url)
+                self._warn(f"sweeper: warning: {p.line()} after the sweep (it goes on: every "
+                           "trial is stored in Optuna)")
 
     def final(self) -> None:
-        problems = check_stores(self.watches)
+        problems = self.problems()
         if problems:
             raise StoreLost(problems)
 
