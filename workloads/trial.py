@@ -178,7 +178,7 @@ class TrialConfig:
         for f in dataclasses.fields(cls):       # in order: chips is known before topology
             if f.name in data:
                 values[f.name] = parse_field(f.name, data[f.name], source, context=values)
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            elif f.name in REQUIRED:
                 raise ConfigError(f.name, None, f"{accepted(f.name)} (required)", source)
         hosts = values.get("hosts", DEFAULTS["hosts"])
         if values["chips"] % hosts:
@@ -205,6 +205,10 @@ def _plain(value: Any) -> Any:
 
 TRIAL_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrialConfig)}
 FIELDS: tuple[str, ...] = tuple(TRIAL_FIELDS)
+# Fields without a default: a trial file (or a space, fixed or searched) must give them.
+REQUIRED: tuple[str, ...] = tuple(f.name for f in TRIAL_FIELDS.values()
+                                  if f.default is dataclasses.MISSING
+                                  and f.default_factory is dataclasses.MISSING)
 # The trial defaults (a phase layout's defaults are PhaseLayout's).
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in TRIAL_FIELDS.values()
                             if f.default is not dataclasses.MISSING}

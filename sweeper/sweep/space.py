@@ -59,8 +59,8 @@ from workloads.costmodel import best_topology, factorizations
 from workloads.hardware import HOST, load_hardware
 from workloads.layouts import PhaseLayout, stores_1d, validate_layouts
 from workloads.metrics import METRIC_NAMES, Measurement
-from workloads.trial import (FIELDS, FLAT_BY_NAME, PHASE_PARTS, SEARCHABLE, TRIAL_FIELDS, FlatParam,
-                             TrialConfig, flat_params_of, parse_field)
+from workloads.trial import (FIELDS, FLAT_BY_NAME, PHASE_PARTS, REQUIRED, SEARCHABLE, TRIAL_FIELDS,
+                             FlatParam, TrialConfig, flat_params_of, parse_field)
 from workloads.validate import boolean, check_keys as _check_keys, integer, number, one_of
 
 # What can be searched: TrialConfig's searchable flat parameters, plus `ffn` / `attn`,
@@ -508,7 +508,7 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
     fixed = _parse_fixed(data, source)
     params = _parse_params(data.get("params") or {}, fixed, source)
     searched = {p.name for p in params}
-    for required in ("chips", "batch"):
+    for required in (name for name in REQUIRED if name != "model"):
         if required not in fixed and required not in searched:
             raise ConfigError(required, None, f"a fixed value or an entry under params "
                               f"({required} is required)", source)
