@@ -195,7 +195,8 @@ class RaySession:
     def __init__(self, address: str | None = None):
         self.address = address
         self.started = False             # ray.init was called here (else Ray was already up)
-        self.local = not address and not os.environ.get("RAY_ADDRESS")
+        # a new local cluster (`--address local`, or none and no RAY_ADDRESS to join)
+        self.local = address == "local" or (not address and not os.environ.get("RAY_ADDRESS"))
         self.owned: set[int] = set()     # pids ray.init started (a local cluster's roots)
         self.abandoned = False           # ray.shutdown did not return in time
 
@@ -213,7 +214,7 @@ class RaySession:
             # a new local cluster: ray.init() would join any cluster `ray start` left on
             # this machine (another user's sweep), whose node this sweep does not own
             kwargs["address"] = "local"
-        if self.address:
+        elif self.address:
             kwargs["address"] = self.address
             # Remote nodes import the project from here, installed or not.
             root = Path(__file__).resolve().parents[2]
@@ -224,8 +225,7 @@ class RaySession:
             with signals_deferred(), (loopback_node() if self.local else contextlib.nullcontext()):
                 ray.init(**kwargs)
         except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception on a timeout
-            self.owned = {p.pid for p in psutil.Process().children()} - before
-            if not self.address:      # (a loaded machine): one line, no study created
+            if self.local or not self.address:   # (a loaded machine): one line, no study
                 raise ClusterLost(f"the local Ray cluster did not start "
                                   f"({one_line(err)[:200]}); try again") from None
             raise ConfigError("--address", self.address, f"the address of a running Ray "
