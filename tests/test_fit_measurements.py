@@ -35,15 +35,27 @@ def study_fit_keys() -> set[str]:
     return set(result.summary()) | {"mlflow_logged"}
 
 
+def table2_csv(tmp_path: Path) -> Path:
+    """The paper's Table 2 alone: 8 numbers (latency and MFU of 4 runs), a small CSV the fit
+    never saw whole (issue 20: it must not blow up)."""
+    lines = [line for line in PAPER.read_text().splitlines() if not line.startswith("#")]
+    path = tmp_path / "table2.csv"
+    path.write_text("\n".join([lines[0]] + [line for line in lines[1:] if "Table 2" in line]) + "\n")
+    return path
+
+
 def test_fit_measurements_json_has_the_study_fits_keys(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
     out = tmp_path / "tpu-v4-fitted.yaml"
-    code = main(["fit", "--measurements", str(PAPER), "--hardware", "tpu-v4", "--holdout", "loo",
+    small = table2_csv(tmp_path)
+    code = main(["fit", "--measurements", str(small), "--hardware", "tpu-v4", "--holdout", "loo",
                  "--json", "--out", str(out)])
-    assert code == 0
+    assert code == 0, capsys.readouterr().err
     data = json.loads(capsys.readouterr().out)
     assert set(data) == study_fit_keys()
-    rows = len(load_measurements(PAPER))
+    assert data["refused"] is None and data["holdouts"]["loo"]["blowup"] is None
+    rows = len(load_measurements(small))
+    assert rows == 8
     assert data["n_points"] == rows and data["holdout"] == "loo"
     assert data["holdouts"]["loo"]["n_points"] == rows
     # held out: every row predicted by a fit that did not see it, so no better than in-sample
@@ -52,13 +64,38 @@ def test_fit_measurements_json_has_the_study_fits_keys(tmp_path, monkeypatch, ca
     fitted = HardwareProfile.from_dict(yaml.safe_load(out.read_text()), source=str(out))
     assert fitted.peak_flops == pytest.approx(data["fitted"]["peak_flops"])
     assert data["artifacts"]["fitted_yaml"] == str(out)
+    # physically possible (TPU v4 sheet: 275 TFLOP/s, 1.2 TB/s HBM, 270 GB/s ICI), overheads >= 0
+    sheet = load_hardware("tpu-v4")
+    assert fitted.peak_flops <= sheet.peak_flops and fitted.hbm_bandwidth <= sheet.hbm_bandwidth
+    assert fitted.ici_bandwidth <= sheet.ici_bandwidth
+    assert min(fitted.op_overhead_s, fitted.collective_latency_s, fitted.launch_overhead_s) >= 0
+    # the held-out residuals the serving planner's error bands use (HardwareProfile field)
+    assert sorted(fitted.heldout_residuals) == ["decode", "prefill"]
+    assert len(fitted.heldout_residuals["prefill"]) + len(fitted.heldout_residuals["decode"]) == rows
+
+
+def test_a_fit_with_a_blown_up_heldout_row_is_not_published(tmp_path, monkeypatch, capsys):
+    """The shipped paper CSV has rows no physically possible constants reconcile (Figure 7's
+    weight-gathered 20% MFU at 125k tokens, Figure 8's readings): its worst held-out row is
+    more than 3x the median row's error, so the fit is refused, naming the row; exit 1."""
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
+    out = tmp_path / "refused.yaml"
+    code = main(["fit", "--measurements", str(PAPER), "--hardware", "tpu-v4", "--holdout", "loo",
+                 "--json", "--out", str(out)])
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    blowup = data["holdouts"]["loo"]["blowup"]
+    assert code == 1 and not out.exists()
+    assert blowup["fold_mape"] > calho.BLOWUP_RATIO * blowup["median_fold_mape"]
+    assert data["refused"] and f"row {blowup['point'].split(',')[0].split()[-1]}" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
 
 
 def test_fit_measurements_without_out_writes_under_sweeper_home(tmp_path, monkeypatch, capsys):
     home = tmp_path / "home"
     monkeypatch.setenv("SWEEPER_HOME", str(home))
-    assert main(["fit", "--measurements", str(PAPER), "--hardware", "tpu-v4", "--holdout", "loo",
-                 "--json"]) == 0
+    assert main(["fit", "--measurements", str(table2_csv(tmp_path)), "--hardware", "tpu-v4",
+                 "--holdout", "loo", "--json"]) == 0
     written = Path(json.loads(capsys.readouterr().out)["artifacts"]["fitted_yaml"])
     assert written.is_file() and home in written.parents
 

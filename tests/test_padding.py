@@ -120,3 +120,56 @@ def test_trials_differing_only_in_padding_do_not_share_compiled_programs():
     to64, to128 = (TrialConfig.from_dict(dict(base, pad_heads=n)) for n in (64, 128))
     assert (to64.run_model.n_heads, to128.run_model.n_heads) == (64, 128)
     assert cache_key(to64) != cache_key(to128)
+
+
+# --------------------------------------------------------------------------- vocabulary (issue 20)
+
+
+def test_a_vocabulary_that_does_not_split_is_padded_not_rejected():
+    """vocab 50000 on 64 chips: the embedding is stored V_xyz, so unpadded every layout is
+    rejected; padded to 50048 (Megatron/MaxText's practice) every layout gets an answer."""
+    from workloads.layouts import padded_vocab_size, validate_layouts
+    from workloads.recommend import recommend
+
+    model = ModelConfig("v50k", d_model=4096, d_ff=16384, n_layers=4, n_heads=32, n_kv_heads=8,
+                        d_head=128, vocab=50000)
+    with pytest.raises(ConfigError, match="vocab"):
+        validate_layouts(model, TORUS, WS2D, WS2D, 64)
+    assert padded_vocab_size(model, "auto", 64) == 50048 and padded_vocab_size(model, "none", 64) == 50000
+    with pytest.raises(ConfigError, match="pad_vocab"):
+        padded_vocab_size(model, 50001, 64)
+    run = resolve_padding(model, "auto", TORUS, WS2D, WS2D)
+    assert run.vocab == 50048 and run.unpadded == model and run.n_heads == 64   # heads too (ws2d: 64)
+    answer = recommend(model, TPU_V4, 64, 64, "decode", input_len=2048)
+    assert answer.candidates and answer.best.prediction.fits
+    assert not any("vocab" in r.reason for r in answer.rejected)
+    # the padded tokens cost memory and unembedding FLOPs, not MFU (the unpadded model's FLOPs)
+    padded = cm.predict_phase(run, TPU_V4, 64, 64, "decode", 2048, layout=WS2D, topology=TORUS)
+    assert padded.executed_flops > padded.flops
+    assert padded.flops == pytest.approx(64 * cm.model_flops_per_token(model, 2048))
+    assert cm.param_breakdown(run)["embedding"] - cm.param_breakdown(model)["embedding"] == 48 * 4096
+
+
+def test_vocab_padded_engine_equals_the_unpadded_reference():
+    """A 62-token vocabulary on 4 chips runs padded to 64: zero rows, masked logits, the
+    reference's tokens exactly."""
+    from workloads.engine import Engine
+    from workloads.model import init_params, pad_params, prompt_tokens, unpad_params
+    from workloads.reference import reference_generate
+
+    model = ModelConfig("v62", n_kv_heads=1, **dict(SIX, n_heads=4, vocab=62))
+    trial = TrialConfig(model=model, chips=4, batch=4, input_len=8, decode_steps=4,
+                        topology=(1, 4, 1), prefill=PhaseLayout("ws2d", "head"),
+                        decode=PhaseLayout("ws2d", "batch"))
+    engine = Engine(trial)
+    assert engine.model.vocab == 64 and engine.model.unpadded == model
+    logits, tokens = engine.generate()
+    params = init_params(model, 0)
+    ref_logits, ref_tokens = reference_generate(model, params, prompt_tokens(model, 4, 8, 0), 4)
+    err = max(float(np.max(np.abs(np.asarray(a)[..., :62] - np.asarray(b))))
+              for a, b in zip(logits, ref_logits))
+    assert err <= 0.1, err
+    np.testing.assert_array_equal(tokens, ref_tokens)
+    assert int(np.max(tokens)) < 62
+    back = unpad_params(pad_params(params, engine.model), engine.model)
+    np.testing.assert_array_equal(np.asarray(back["embed"]), np.asarray(params["embed"]))

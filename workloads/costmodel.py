@@ -10,9 +10,10 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
   comm_s    = sum over collectives of bytes * factor / ici_bandwidth           (§3.1)
               factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
               like the paper we drop the ring's (K-1)/K; plus hw.collective_latency_s per op
-  latency_s = (1 - overlap) * (compute + memory + comm) + overlap * max(...)
+  latency_s = (1 - overlap) * (compute + memory + comm bytes) + overlap * max(...)
+              + collective start-up latencies (per op; + hw.collective_latency_s_per_device
+                * (group size - 1) per op): in comm_s, but outside the overlap
               + hw.op_overhead_s * n_layers + hw.launch_overhead_s
-              (+ hw.collective_latency_s_per_device * (group size - 1) per collective op, in comm_s)
   (overlap, the latencies and overheads default to 0: the paper's additive model;
   sweeper/analysis/calibrate.py fits them to measurements without changing this structure.)
 
@@ -312,6 +313,21 @@ def _profiled_op_s(c: Collective, hw: HardwareProfile,
     return latency[nearest(latency)] + op_bytes / bandwidth[nearest(bandwidth)]
 
 
+def collective_fixed_s(collectives: list[Collective], hw: HardwareProfile,
+                       topology: tuple[int, int, int] | None = None) -> float:
+    """The fixed part of comm_time_s + group_latency_s: each op's start-up latency (per kind,
+    and per device of its group). It waits for the op that produces the collective's input,
+    so it cannot hide behind that op's memory reads: `predict_phase` charges it outside the
+    overlap (issue 20: hiding it let a fit erase int8's decode advantage)."""
+    seconds = 0.0
+    for c in collectives:
+        if _profiled_op_s(c, hw, topology) is None:
+            seconds += c.count * hw.collective_latency_s_by_kind.get(c.kind, hw.collective_latency_s)
+    if topology is not None:
+        seconds += group_latency_s(collectives, topology, hw)
+    return seconds
+
+
 def collective_group_size(c: Collective, topology: tuple[int, int, int]) -> int:
     """Devices taking part in one op of `c`: the product of its axes' sizes."""
     sizes = dict(zip(("x", "y", "z"), topology))
@@ -578,8 +594,11 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     collectives = forward_collectives(model, topology, layout, batch, seq_len, weights)
     comm_s = comm_time_s(collectives, hw, topology) + group_latency_s(collectives, topology, hw)
 
-    terms = (compute_s, memory_s, comm_s)
-    latency_s = ((1 - hw.overlap) * sum(terms) + hw.overlap * max(terms)
+    # Bytes stream and overlap (compute, HBM reads, interconnect); each collective's fixed
+    # start-up latency does not (collective_fixed_s) and adds, like the per-layer overheads.
+    fixed_s = collective_fixed_s(collectives, hw, topology)
+    terms = (compute_s, memory_s, comm_s - fixed_s)
+    latency_s = ((1 - hw.overlap) * sum(terms) + hw.overlap * max(terms) + fixed_s
                  + hw.op_overhead_s * model.n_layers
                  # one program per phase call: dispatch and the host sync, whatever its size
                  + hw.launch_overhead_s)

@@ -231,7 +231,7 @@ class Engine:
 
     def greedy(self, logits) -> jax.Array:
         """logits [B, V] -> the next token [B] int32, replicated as decode takes it."""
-        return _greedy_program(self.mesh)(logits)
+        return _greedy_program(self.mesh, self.model.unpadded.vocab)(logits)
 
     def positions(self, steps: int | None = None) -> list[jax.Array]:
         """Decode step i's position (input_len + i) as a replicated device scalar, made before
@@ -272,10 +272,13 @@ class Engine:
 
 
 @functools.lru_cache(maxsize=16)
-def _greedy_program(mesh: Mesh):
-    """argmax over the (vocab-sharded) logits, output replicated: decode's token input."""
-    return jax.jit(lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32),
-                   out_shardings=NamedSharding(mesh, P()))
+def _greedy_program(mesh: Mesh, vocab: int):
+    """argmax over the (vocab-sharded) logits, output replicated: decode's token input.
+    Padded tokens (index >= vocab, layouts.padded_vocab_size) are masked: never generated."""
+    def greedy(logits):
+        real = jnp.arange(logits.shape[-1]) < vocab
+        return jnp.argmax(jnp.where(real, logits, -jnp.inf), axis=-1).astype(jnp.int32)
+    return jax.jit(greedy, out_shardings=NamedSharding(mesh, P()))
 
 
 @dataclasses.dataclass

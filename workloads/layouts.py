@@ -285,11 +285,53 @@ def pad_model(model: ModelConfig, heads: int) -> ModelConfig:
     return dataclasses.replace(base, n_heads=heads, n_kv_heads=kv, padded_from=base)
 
 
+# Vocabulary padding (issue 20): the embedding is stored V_xyz, so the vocabulary must split
+# over all chips; like Megatron and MaxText, a vocabulary that does not is padded with
+# never-used tokens (zero embedding rows, zero unembedding columns, logits masked before the
+# greedy argmax) to the next multiple of the chips. They cost memory and unembedding FLOPs
+# (the cost model charges the padded vocabulary); MFU counts the unpadded model's FLOPs.
+PAD_VOCAB_CHOICES = ("auto", "none")
+
+
+def padded_vocab_size(model: ModelConfig, pad_vocab, chips: int, source: str | None = None) -> int:
+    """Vocabulary to run with: `none` -> as is; `auto` -> the smallest multiple of the chips
+    >= vocab; an integer N -> N (at least vocab, a multiple of the chips)."""
+    vocab = model.vocab
+    if pad_vocab in (None, "none"):
+        return vocab
+    if pad_vocab == "auto":
+        return -(-vocab // chips) * chips
+    if isinstance(pad_vocab, bool) or not isinstance(pad_vocab, int) or pad_vocab < vocab \
+            or pad_vocab % chips:
+        _reject("pad_vocab", pad_vocab, f"auto, none or an integer >= vocab={vocab} and a "
+                f"multiple of chips={chips}", source)
+    return pad_vocab
+
+
+def parse_pad_vocab(value, source: str | None = None, field: str = "pad_vocab") -> str | int:
+    """auto | none | a positive integer (a YAML/CLI value)."""
+    if isinstance(value, str) and value.strip().lower() in PAD_VOCAB_CHOICES:
+        return value.strip().lower()
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or number <= 0 or str(value).strip() != str(number):
+        _reject(field, value, "auto, none or a positive integer (vocabulary to pad to)", source)
+    return number
+
+
 def resolve_padding(model: ModelConfig, pad_heads, topology: tuple[int, int, int],
-                    prefill: PhaseLayout, decode: PhaseLayout, source: str | None = None) -> ModelConfig:
-    """The model as run: padded per `pad_heads` (auto | none | N) for these layouts."""
+                    prefill: PhaseLayout, decode: PhaseLayout, source: str | None = None,
+                    pad_vocab="auto") -> ModelConfig:
+    """The model as run: heads padded per `pad_heads` (auto | none | N) for these layouts,
+    and the vocabulary per `pad_vocab` (auto | none | N) for the chips."""
     base = model.unpadded
-    return pad_model(base, padded_head_count(base, pad_heads, topology, prefill, decode, source))
+    run = pad_model(base, padded_head_count(base, pad_heads, topology, prefill, decode, source))
+    vocab = padded_vocab_size(base, pad_vocab, math.prod(topology), source)
+    if vocab != base.vocab:
+        run = dataclasses.replace(run, vocab=vocab, padded_from=base)
+    return run
 
 
 # --------------------------------------------------------------------------- validation

@@ -76,8 +76,9 @@ def run_inputs(entry: CompiledTrial) -> tuple:
 
 def cache_key(trial: TrialConfig) -> tuple:
     """Everything that changes the compiled programs; not the seed, repeats or warmup.
-    The model is the one the engine runs (`run_model`: query heads padded per `pad_heads`)."""
-    return (tuple(sorted(trial.model.to_dict().items())), trial.run_model.n_heads, trial.chips, tuple(trial.mesh_shape),
+    The model is the one the engine runs (`run_model`: heads and vocabulary padded)."""
+    return (tuple(sorted(trial.model.to_dict().items())), trial.run_model.n_heads,
+            trial.run_model.vocab, trial.chips, tuple(trial.mesh_shape),
             trial.batch, trial.input_len, trial.decode_steps, trial.weights,
             (trial.prefill.ffn, trial.prefill.attn), (trial.decode.ffn, trial.decode.attn))
 
@@ -497,7 +498,9 @@ def verify_trial(entry: CompiledTrial, trial: TrialConfig, m: Measurement) -> No
     weights = quant.dequantize_params(quant.quantize_params(raw)) if trial.weights == "int8" else raw
     tokens = prompt_tokens(trial.model, trial.batch, trial.input_len, trial.seed)
     ref_logits, ref_tokens = reference_generate(trial.model, weights, tokens, trial.decode_steps)
-    errors = [float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(r, jnp.float32))))
+    vocab = trial.model.unpadded.vocab     # padded tokens' logits (masked, never picked) aside
+    errors = [float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32)[..., :vocab]
+                                    - jnp.asarray(r, jnp.float32))))
               for a, r in zip(run.logits, ref_logits)]
     m.verify_max_abs_err = max(errors)
     engine_tokens = np.stack([np.asarray(t) for t in run.tokens], axis=1)

@@ -177,6 +177,7 @@ def pad_params(params: dict, model: ModelConfig) -> dict:
     get zero W_q columns and zero W_o rows, so they add nothing to the residual stream;
     a multihead model's padded KV heads get zero W_k, W_v columns."""
     base = model.unpadded
+    params = _pad_vocab(params, model)
     if model is base or model.n_heads == base.n_heads:
         return params
     q_slots, kv_slots = _head_slots(model)
@@ -193,9 +194,29 @@ def pad_params(params: dict, model: ModelConfig) -> dict:
     return {**params, "layers": layers}
 
 
+def _pad_vocab(params: dict, model: ModelConfig) -> dict:
+    """Padded tokens (layouts.padded_vocab_size): zero embedding rows and zero unembedding
+    columns; their logits are masked before the argmax (never generated) and never input."""
+    extra = model.vocab - model.unpadded.vocab
+    if extra <= 0 or params["embed"].shape[0] == model.vocab:
+        return params
+    out = dict(params)
+    out["embed"] = jnp.concatenate(
+        [params["embed"], jnp.zeros((extra, params["embed"].shape[1]), params["embed"].dtype)])
+    if "unembed" in params:
+        out["unembed"] = jnp.concatenate(
+            [params["unembed"], jnp.zeros((params["unembed"].shape[0], extra), params["unembed"].dtype)],
+            axis=1)
+    return out
+
+
 def unpad_params(params: dict, model: ModelConfig) -> dict:
-    """The inverse of pad_params: the real heads' weights only (for the reference)."""
+    """The inverse of pad_params: the real heads' and tokens' weights only (for the reference)."""
     base = model.unpadded
+    if model.vocab != base.vocab:
+        params = {**params, "embed": params["embed"][:base.vocab]}
+        if "unembed" in params:
+            params["unembed"] = params["unembed"][:, :base.vocab]
     if model is base or model.n_heads == base.n_heads:
         return params
     q_slots, kv_slots = _head_slots(model)
@@ -222,4 +243,4 @@ def unpad_params(params: dict, model: ModelConfig) -> dict:
 def prompt_tokens(model: ModelConfig, batch: int, length: int, seed: int) -> np.ndarray:
     """Deterministic prompt [batch, length] int32 from a seed (independent of the weights' stream)."""
     rng = np.random.default_rng([seed, 1])
-    return rng.integers(0, model.vocab, size=(batch, length), dtype=np.int32)
+    return rng.integers(0, model.unpadded.vocab, size=(batch, length), dtype=np.int32)  # real tokens

@@ -241,10 +241,10 @@ class PhaseTerms:
         fields = dict(zip(space.terms, extra))
         compute = self.compute / (peak * self.scale)
         memory = self.memory / (hbm * self.scale)
-        comm = (self.comm / (ici * self.scale) + self.counts @ lat
-                + self.group * fields.get("collective_latency_s_per_device", 0.0))
+        comm = self.comm / (ici * self.scale)
+        fixed = self.counts @ lat + self.group * fields.get("collective_latency_s_per_device", 0.0)
         terms = np.stack([compute, memory, comm])
-        return ((1 - overlap) * terms.sum(axis=0) + overlap * terms.max(axis=0)
+        return ((1 - overlap) * terms.sum(axis=0) + overlap * terms.max(axis=0) + fixed
                 + overhead * self.layers + fields.get("launch_overhead_s", 0.0) * self.launches)
 
     def latency(self, theta: np.ndarray, space: "ParamSpace") -> np.ndarray:
