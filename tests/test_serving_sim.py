@@ -110,11 +110,13 @@ def test_summary_goodput_counts_requests_meeting_both_slos():
     times = StepTimes(lambda b, n: 0.2, lambda b, c: 0.04)
     result = simulate(_deployment(slots=1), reqs, times, slo=profile)
     s = result.summary()
-    # goodput = attainment x the offered rate ((n - 1) / arrival span), not diluted by the drain
-    assert s["slo_attainment"] == 1.0 and s["goodput_rps"] == pytest.approx(1 / 50.0)
+    # goodput = attainment x the offered rate (the profile's), not diluted by the drain
+    assert s["slo_attainment"] == 1.0 and s["goodput_rps"] == pytest.approx(1.0)
+    assert s["offered_rps"] == pytest.approx(1 / 50.0)      # this two-request stream's rate
     assert s["throughput_rps"] == pytest.approx(2 / s["span_s"]) and s["span_s"] > 50
     tight = AppProfile(rate=1.0, ttft=0.1, tpot=0.05)
     assert result.summary(tight)["slo_attainment"] == 0.0
+    assert result.summary(tight)["goodput_rps"] == 0.0
     assert s["cost_per_million_tokens"] > 0       # tpu-v4 has a price
     no_price = _deployment(slots=1, hardware="h200", model="llama2-70b", chips=8)
     assert simulate(no_price, reqs, times).summary()["cost_per_million_tokens"] is None

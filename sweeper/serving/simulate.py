@@ -223,10 +223,12 @@ class SimResult:
         if profile is not None:
             ok = self.meets_slo(profile)
             out["slo_attainment"] = float(ok.mean()) if n else float("nan")
-            # requests/s meeting both SLOs: attainment x the offered rate, so a finite run's
-            # drain (the last answers finishing after the last arrival) does not dilute it;
-            # for a burst, those meeting over the span
-            out["goodput_rps"] = (out["slo_attainment"] * out["offered_rps"] if arrivals > 0
+            # requests/s meeting both SLOs: attainment x the offered rate (the profile's
+            # Poisson rate, else the stream's), so a finite run's drain (the last answers
+            # finishing after the last arrival) and one sample's rate do not skew it; for a
+            # burst, those meeting over the span
+            offered = profile.rate if profile.rate is not None else out["offered_rps"]
+            out["goodput_rps"] = (out["slo_attainment"] * offered if offered
                                   else float(ok.sum()) / span if span > 0 else float("nan"))
             out["ttft_slo_stat_s"] = statistic(ttft, profile.ttft_statistic)
             out["tpot_slo_stat_s"] = statistic(tpot, profile.tpot_statistic)
