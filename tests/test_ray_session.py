@@ -98,6 +98,23 @@ def test_a_ray_without_a_patched_name_is_refused_in_one_line(monkeypatch):
     assert "\n" not in line and session.SUPPORTED_RAY in line and "set_sigterm_handler" in line
 
 
+def test_the_supported_ray_range_is_the_one_pyproject_installs():
+    """The range session.py names when it refuses a Ray is the one pip enforces."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    import ray
+
+    from sweeper.sweep import session
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    specs = [Requirement(d).specifier for d in deps if Requirement(d).name == "ray"]
+    assert specs == [SpecifierSet(session.SUPPORTED_RAY)], specs
+    assert ray.__version__ in specs[0]
+
+
 def test_ray_init_goes_through_the_patched_name_and_a_local_cluster_listens_on_loopback_only(
         tmp_path):
     """One real local Ray, started as `sweeper run` starts it (~10-20 s)."""
