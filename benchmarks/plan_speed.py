@@ -5,6 +5,8 @@
 Questions (the ones docs/serving.md shows): PaLM 540B on TPU v4 for the paper's chatbot
 profile (§4.4: 2048-token context, 64-token answers; 1 req/s, TTFT p99 <= 1 s, TPOT p99 <=
 30 ms), Llama-2-70B on H100 (1024 in, 256 out, 4 req/s, TTFT p99 <= 1 s, TPOT p99 <= 40 ms),
+the paper's "chatbot that expects 100 queries per second with a 2-second latency target"
+(PaLM 540B, 100 req/s, TTFT p99 <= 2 s, TPOT p99 <= 50 ms: 2000 requests per simulation),
 and an unanswerable one (TPOT <= 1 ms: every slice pruned by the analytical bound). Each is
 planned `repeats` times in this process (the search, `plan()`), and once end to end as a
 user runs it (`python -m sweeper.cli plan ... --json --no-mlflow`: interpreter start and
@@ -32,6 +34,9 @@ QUESTIONS = {
     "llama2-70b/h100": ["--model", "llama2-70b", "--hardware", "h100", "--rate", "4",
                         "--input-len", "1024", "--output-len", "256", "--ttft", "1",
                         "--tpot", "0.04"],
+    "palm-540b/tpu-v4 100 req/s": ["--model", "palm-540b", "--hardware", "tpu-v4", "--rate",
+                                   "100", "--input-len", "2048", "--output-len", "64",
+                                   "--ttft", "2", "--tpot", "0.05"],
     "no plan (TPOT 1 ms)": ["--model", "palm-540b", "--hardware", "tpu-v4", "--rate", "1",
                             "--ttft", "2", "--tpot", "0.001"],
 }
@@ -70,6 +75,7 @@ def run(repeats: int) -> dict:
                               "min": min(walls), "max": max(walls), "n": len(walls)},
             "cli_wall_s": cli_wall, "cli_returncode": proc.returncode,
             "simulated": result.search["simulated"], "configs": result.search["configs"],
+            "requests_per_simulation": result.search["requests_per_simulation"],
             "best": None if best is None else {k: best[k] for k in (
                 "mode", "chips_total", "ttft_p99_s", "tpot_p99_s", "goodput_rps")},
             "reason": result.reason,
