@@ -198,3 +198,18 @@ def test_serving_block_of_a_space_file(tmp_path, capsys, monkeypatch):
     assert main(["plan", "--space", str(bad), "--no-mlflow"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "serving.tpot" in err and str(bad) in err
+
+
+def test_a_trace_is_planned_with_its_own_rate_and_lengths(tmp_path):
+    trace = tmp_path / "requests.csv"
+    rows = [(0.25 * i, 100 + 50 * (i % 3), 10 + 5 * (i % 4)) for i in range(41)]
+    trace.write_text("arrival_s,input_len,output_len\n" +
+                     "".join(f"{a},{n},{k}\n" for a, n, k in rows))
+    profile = AppProfile(trace=str(trace), ttft=0.5, tpot=0.05)
+    result = plan(PlanQuestion(load_model("llama2-13b"), load_hardware("a100-80g"), profile,
+                               modes=("aggregated",), requests=50))
+    best = result.to_dict()["best"]
+    assert best is not None and best["slo_attainment"] >= 0.99
+    assert best["goodput_rps"] == pytest.approx(4.0 * best["slo_attainment"])   # 40 / 10 s
+    mean_input = sum(n for _, n, _ in rows) / len(rows)
+    assert f"4 req/s, input mean {mean_input:.0f}" in profile.describe()

@@ -38,9 +38,10 @@ from sweeper.serving import bands as bands_mod
 from sweeper.serving.deployment import MODES, Deployment, PhaseSlice
 from sweeper.serving.simulate import (SimResult, StepTimes, cost_model_step_times, kv_link_bandwidth,
                                       simulate)
-from sweeper.serving.workload import AppProfile, mean_rate, requests
+from sweeper.serving.workload import AppProfile, length_stats, mean_rate, requests
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, ModelConfig
+from workloads.hardware import per_chip   # a measured host profile is split over its chips
 from workloads.recommend import recommend, torus_topologies
 
 SLOT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -189,10 +190,10 @@ class _Options:
 
     def __init__(self, q: PlanQuestion):
         self.q = q
-        p = q.profile
-        self.input_mean = p.input_len.expected
-        self.output_mean = p.output_len.expected
-        self.context_full = p.input_len.largest + p.output_len.largest
+        lengths = length_stats(q.profile)
+        self.input_mean = lengths["input_mean"]
+        self.output_mean = lengths["output_mean"]
+        self.context_full = lengths["input_max"] + lengths["output_max"]
         self.context_mean = self.input_mean + self.output_mean / 2
         self.pruned: dict[str, str] = {}
         cap = q.max_chips or DEFAULT_CHIP_CAP
@@ -209,10 +210,10 @@ class _Options:
     def _weights_fit(self, chips: int, weights: str) -> bool:
         params = costmodel.param_count(self.q.model.unpadded)
         need = params * (1 if weights == "int8" else 2)
-        if need > chips * self.q.hardware.hbm_bytes:
+        if need > chips * per_chip(self.q.hardware, chips).hbm_bytes:
             self.pruned["memory"] = (     # the largest slice tried is the one to report
                 f"{self.q.model.name}'s {weights} weights ({need / 2**30:.0f} GiB) need "
-                f"more than {chips} x {self.q.hardware.hbm_bytes / 2**30:.0f} GiB")
+                f"more than {chips} x {per_chip(self.q.hardware, chips).hbm_bytes / 2**30:.0f} GiB")
             return False
         return True
 
@@ -228,7 +229,7 @@ class _Options:
         topo = self.topology(chips)
         for slots in SLOT_BATCHES:
             try:
-                rec = recommend(self.q.model, self.q.hardware, chips, slots, "decode",
+                rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, slots, "decode",
                                 context=self.context_full, weights=weights, topology=topo)
             except ConfigError:
                 continue
@@ -238,7 +239,8 @@ class _Options:
                                          f"do not fit {chips} chips ({weights})")
                 break
             step = costmodel.predict_phase(
-                self._padded(best), self.q.hardware, chips, slots, "decode", 1, self.context_mean,
+                self._padded(best), per_chip(self.q.hardware, chips), chips, slots, "decode", 1,
+                self.context_mean,
                 costmodel.PhaseLayout(best.ffn, best.attn), weights, topo).latency_s
             out.append(PhaseOption("decode", chips, weights, slots, best.ffn, best.attn, topo, step,
                                    best.prediction.peak_bytes_per_chip,
@@ -254,7 +256,7 @@ class _Options:
         length = int(math.ceil(self.input_mean))
         for batch in PREFILL_BATCHES:
             try:
-                rec = recommend(self.q.model, self.q.hardware, chips, batch, "prefill",
+                rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, batch, "prefill",
                                 input_len=length, weights=weights, topology=topo)
             except ConfigError:
                 continue
@@ -323,7 +325,8 @@ class _Search:
                                                       o.decode(chips, weights)):
                         if pre.topology != dec.topology:
                             continue
-                        if dec.peak_bytes + pre.working_bytes > self.q.hardware.hbm_bytes:
+                        if dec.peak_bytes + pre.working_bytes > per_chip(self.q.hardware,
+                                                                          chips).hbm_bytes:
                             o.pruned.setdefault("memory", "slots' KV cache + prefill working set "
                                                 "exceed HBM")
                             continue
@@ -430,10 +433,10 @@ class _Search:
         else:
             utilization = {"prefill": self.rate * prefill_busy / d.prefill.replicas,
                            "decode": self.rate * decode_busy / d.decode.replicas}
-        hbm = self.q.hardware.hbm_bytes
+        hbm = per_chip(self.q.hardware, dec.chips).hbm_bytes
         memory = (dec.peak_bytes + (pre.working_bytes if d.mode == "aggregated" else 0)) / hbm
         if d.mode == "disaggregated":
-            memory = max(memory, pre.peak_bytes / hbm)
+            memory = max(memory, pre.peak_bytes / per_chip(self.q.hardware, pre.chips).hbm_bytes)
         return Plan(d, s, meets, violations, utilization, memory, config=config)
 
     def run(self) -> tuple[Plan | None, list[Plan]]:

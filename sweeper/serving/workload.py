@@ -246,8 +246,14 @@ class AppProfile:
         return out
 
     def describe(self) -> str:
-        stream = f"{self.rate:g} req/s Poisson" if self.trace is None else f"trace {self.trace}"
-        return (f"{stream}, input {self.input_len}, output {self.output_len} tokens; "
+        if self.trace is None:
+            stream = (f"{self.rate:g} req/s Poisson, input {self.input_len}, output "
+                      f"{self.output_len} tokens")
+        else:
+            stats = length_stats(self)
+            stream = (f"trace {self.trace} ({mean_rate(self):.3g} req/s, input mean "
+                      f"{stats['input_mean']:.0f}, output mean {stats['output_mean']:.0f} tokens)")
+        return (f"{stream}; "
                 f"TTFT {self.ttft_statistic} <= {self.ttft:g} s, TPOT {self.tpot_statistic} <= "
                 f"{self.tpot:g} s, attainment >= {self.attainment:.0%}")
 
@@ -339,9 +345,22 @@ def requests(profile: AppProfile, n: int, seed: int = 0) -> list[Request]:
 
 
 def mean_rate(profile: AppProfile) -> float:
-    """Requests per second: the Poisson rate or the trace's (count / span)."""
+    """Requests per second: the Poisson rate or the trace's ((count - 1) / arrival span, as
+    SimResult.summary's offered_rps)."""
     if profile.trace is None:
         return float(profile.rate)
     rows = read_trace(profile.trace)
     span = rows[-1].arrival_s - rows[0].arrival_s
-    return len(rows) / span if span > 0 else float(len(rows))
+    return (len(rows) - 1) / span if span > 0 else float(len(rows))
+
+
+def length_stats(profile: AppProfile) -> dict:
+    """Mean and largest prompt and answer lengths: the trace's, or the distributions'."""
+    if profile.trace is not None:
+        rows = read_trace(profile.trace)
+        inputs = [r.input_len for r in rows]
+        outputs = [r.output_len for r in rows]
+        return {"input_mean": sum(inputs) / len(inputs), "input_max": max(inputs),
+                "output_mean": sum(outputs) / len(outputs), "output_max": max(outputs)}
+    return {"input_mean": profile.input_len.expected, "input_max": profile.input_len.largest,
+            "output_mean": profile.output_len.expected, "output_max": profile.output_len.largest}
