@@ -237,3 +237,24 @@ def test_wheel_in_a_fresh_venv_runs_quickstart_from_another_directory(tmp_path):
     tags = MlflowClient(result["tracking_uri"]).get_run(result["parent_run_id"]).data.tags
     assert tags["sweeper_version"] == PYPROJECT["project"]["version"]
     assert tags["git_revision"] == "unknown"
+
+
+def test_ray_token_notice_is_silenced_only_for_a_local_cluster(monkeypatch):
+    """Ray 2.60 warns on every new local cluster when RAY_AUTH_MODE is unset (the ci_slow test
+    above checks the notice is gone from a real run); naming `token`, Ray's own default
+    there, silences it. A cluster given by address, and a mode the user chose, are untouched."""
+    from sweeper.cli.run import quiet_ray_auth_notice
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    quiet_ray_auth_notice("10.0.0.1:6379")
+    assert "RAY_AUTH_MODE" not in os.environ
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    quiet_ray_auth_notice(None)
+    assert "RAY_AUTH_MODE" not in os.environ
+    monkeypatch.delenv("RAY_ADDRESS")
+    quiet_ray_auth_notice(None)
+    assert os.environ["RAY_AUTH_MODE"] == "token"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    quiet_ray_auth_notice(None)
+    assert os.environ["RAY_AUTH_MODE"] == "disabled"
