@@ -265,7 +265,7 @@ def prediction_deployment(deployment: Deployment, share: float) -> Deployment:
 def compare(deployment: Deployment, requests: list[Request], per_request: list[dict],
             warmup: dict[str, dict], share: float) -> tuple[dict, dict, dict]:
     """(measured, predicted, calibrated) summaries of the same requests."""
-    from sweeper.serving.simulate import SimResult, StepTimes, simulate
+    from sweeper.serving.simulate import SimResult, simulate
 
     arrival = np.array([r.arrival_s for r in requests])
     first = np.array([p.get("first_token_s", np.nan) for p in per_request], dtype=float)
