@@ -33,7 +33,9 @@ parameters to search, what to optimise and under which constraints:
                                      #   sweeper.serving.workload.profile_from_dict parses it)
 
 The trial fields, which of them can be searched, and what each accepts are declared once
-on `TrialConfig` (workloads/trial.py); the lists below derive from its metadata.
+on `TrialConfig` (workloads/trial.py); the lists below derive from its metadata. The
+`hardware:`, `objectives:`/`constraints:` and `sampler:` entries are read by modules of
+their own (backend.py, objectives.py, samplers.py).
 Everything is checked here, before Ray, Optuna or MLflow start; each error is one
 `ConfigError` line naming the file, the field, the value and what is accepted.
 A sampled point becomes a `TrialConfig`; a point that cannot run for its shape raises
@@ -43,8 +45,6 @@ A sampled point becomes a `TrialConfig`; a point that cannot run for its shape r
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import inspect
 import itertools
 import math
 import re
@@ -52,13 +52,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from workloads.config import (ConfigError, HardwareProfile, ModelConfig, load_model,
-                              parse_quantity, parse_topology, parse_yaml,
-                              read_text)
+# The space file's parts, each in a module of its own (re-exported here for the schema):
+from sweeper.sweep.backend import HARDWARE_KINDS, HardwareSpec  # noqa: F401
+from sweeper.sweep.objectives import (ANALYTICAL_ONLY, DIRECTIONS, NUMERIC_METRICS,  # noqa: F401
+                                      Constraint, Objective, parse_goals)
+from sweeper.sweep.samplers import SAMPLERS, SamplerSpec, sampler_class  # noqa: F401
+from workloads.config import (ConfigError, ModelConfig, load_model, parse_quantity, parse_topology,
+                              parse_yaml, read_text)
 from workloads.costmodel import best_topology, factorizations
-from workloads.hardware import HOST, load_hardware
 from workloads.layouts import PhaseLayout, stores_1d, validate_layouts
-from workloads.metrics import METRIC_NAMES, Measurement
 from workloads.trial import (FIELDS, FLAT_BY_NAME, PHASE_PARTS, REQUIRED, SEARCHABLE, TRIAL_FIELDS,
                              FlatParam, TrialConfig, flat_params_of, parse_field)
 from workloads.validate import boolean, check_keys as _check_keys, integer, number, one_of
@@ -79,25 +81,12 @@ SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objective
                 "constraints", "sampler", "trials", "parallel", "timeout_s", "max_retries",
                 "memory_budget_bytes", "resources", "verify", "serving")
 
-HARDWARE_KINDS = ("host", "devices", "analytical")
-SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/sweep/guided.py
-DIRECTIONS = ("minimize", "maximize")
-# Numeric metrics an objective or constraint may name (booleans like `fits` are not targets).
-NUMERIC_METRICS = tuple(f for f in METRIC_NAMES
-                        if Measurement.__dataclass_fields__[f].type == "float")
-# The analytical breakdown exists only in cost-model predictions, never in measurements.
-ANALYTICAL_ONLY = tuple(f"{p}_{k}_s" for p in ("prefill", "decode") for k in ("compute", "memory", "comm"))
 GRID_LIMIT = 100_000
 
 DEFAULTS = {"trials": 20, "parallel": 1, "timeout_s": 600.0, "max_retries": 1}
-DEFAULT_OBJECTIVES = (("decode_step_s", "minimize"), ("decode_cost_chip_s_per_token", "minimize"))
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _one_of(field: str, value: Any, choices, source: str | None, what: str = "one of") -> Any:
-    return one_of(field, value, choices, source, what, suggest=True)
 
 
 def _positive_number(value: Any, field: str, source: str | None) -> float:
@@ -186,171 +175,6 @@ def _param_value(name: str, value: Any, field: str, source: str | None):
     return SEARCHED[name].check(value, field, source)
 
 
-@dataclass(frozen=True)
-class Objective:
-    metric: str
-    direction: str = "minimize"
-
-    @classmethod
-    def parse(cls, spec: Any, index: int, source: str | None) -> "Objective":
-        where = f"objectives[{index}]"
-        if isinstance(spec, str):
-            spec = {"metric": spec}
-        if not isinstance(spec, Mapping):
-            raise ConfigError(where, spec, "{metric: <Measurement field>, direction: minimize|maximize}",
-                              source)
-        _check_keys(spec, ["metric", "direction"], source, f"{where}.")
-        if "metric" not in spec:
-            raise ConfigError(f"{where}.metric", None, "a numeric Measurement field (required)", source)
-        metric = _one_of(f"{where}.metric", spec["metric"], NUMERIC_METRICS, source,
-                         "a numeric Measurement field:")
-        direction = _one_of(f"{where}.direction", spec.get("direction", "minimize"), DIRECTIONS,
-                            source)
-        return cls(metric, direction)
-
-
-_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*(\S.*?)\s*$")
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """`metric <= bound` or `metric >= bound`; Optuna's convention: value <= 0 is feasible."""
-
-    metric: str
-    op: str
-    bound: float
-    text: str
-
-    def value(self, metrics: Mapping[str, float]) -> float:
-        got = metrics.get(self.metric, math.nan)
-        if got is None or not math.isfinite(got):
-            return math.inf     # a metric the trial did not report cannot satisfy anything
-        return got - self.bound if self.op in ("<=", "<") else self.bound - got
-
-    @classmethod
-    def parse(cls, spec: Any, index: int, source: str | None) -> "Constraint":
-        where = f"constraints[{index}]"
-        match = _CONSTRAINT.match(spec) if isinstance(spec, str) else None
-        if not match:
-            raise ConfigError(where, spec, "'<metric> <= <number>' or '<metric> >= <number>', "
-                              "e.g. 'decode_step_s <= 0.05'", source)
-        metric = _one_of(f"{where}.metric", match.group(1), NUMERIC_METRICS, source,
-                         "a numeric Measurement field:")
-        bound = parse_quantity(match.group(3), f"{where}.bound", source)
-        return cls(metric, match.group(2), bound, spec.strip())
-
-
-@dataclass(frozen=True)
-class SamplerSpec:
-    type: str = "tpe"
-    seed: int | None = 0
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, spec: Any, source: str | None) -> "SamplerSpec":
-        if spec is None:
-            return cls()
-        if isinstance(spec, str):
-            spec = {"type": spec}
-        if not isinstance(spec, Mapping):
-            raise ConfigError("sampler", spec, "{type: tpe|nsga2|gp|random|grid, seed: N}", source)
-        _check_keys(spec, ["type", "seed", "options"], source, "sampler.")
-        kind = _one_of("sampler.type", spec.get("type", "tpe"), SAMPLERS, source)
-        seed = spec.get("seed", 0)
-        if seed is not None:
-            seed = integer("sampler.seed", seed, source, minimum=0)
-        options = spec.get("options") or {}
-        if not isinstance(options, Mapping):
-            raise ConfigError("sampler.options", options, "a mapping of sampler arguments", source)
-        if kind == "gp" and importlib.util.find_spec("torch") is None:
-            raise ConfigError("sampler.type", kind, "tpe, nsga2, random or grid (Optuna's GP "
-                              "sampler needs PyTorch: pip install torch)", source)
-        allowed = _sampler_arguments(kind)
-        _check_keys(options, allowed, source, "sampler.options.")
-        return cls(kind, seed, dict(options))
-
-
-def _sampler_class(kind: str):
-    import optuna   # lazy: Optuna + SQLAlchemy take ~1 s; bad input exits first
-
-    class GridSampler(optuna.samplers.GridSampler):
-        """Optuna's grid sampler calls `study.stop()` once the grid is used up, which only
-        works inside `study.optimize`; our ask/tell loop stops by trial count instead."""
-
-        def after_trial(self, study, trial, state, values) -> None:
-            pass
-
-    from sweeper.sweep.guided import GuidedSampler   # lazy: guided imports Optuna at top
-
-    return {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
-            "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,
-            "grid": GridSampler, "guided": GuidedSampler}[kind]
-
-
-def _sampler_arguments(kind: str) -> list[str]:
-    """Keyword arguments a sampler accepts from `options` (seed and search_space are ours)."""
-    reserved = {"self", "seed", "search_space", "constraints_func"}
-    params = inspect.signature(_sampler_class(kind).__init__).parameters
-    return [p for p in params if p not in reserved]
-
-
-@dataclass(frozen=True)
-class HardwareSpec:
-    """Where trials run: `host` (emulated mesh), `devices` (real accelerators), `analytical`."""
-
-    kind: str
-    profile: str | None = None     # analytical / devices: the cost model's hardware profile
-    base_dir: str | None = None    # where a relative profile YAML is looked up
-
-    @property
-    def source(self) -> str:
-        """The Measurement source this backend produces."""
-        return "analytical" if self.kind == "analytical" else "measured"
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind}:{self.profile}" if self.profile else self.kind
-
-    def profile_spec(self) -> str:
-        """The profile as `load_hardware` takes it (a relative YAML resolved against the space)."""
-        spec = self.profile or "host"
-        if spec.endswith((".yaml", ".yml")) and self.base_dir and not Path(spec).is_absolute():
-            candidate = Path(self.base_dir) / spec
-            if candidate.is_file() or not Path(spec).is_file():
-                return str(candidate)
-        return spec
-
-    def resolve(self, source: str | None = None) -> HardwareProfile | None:
-        """The cost model's profile of a sweep: `host` measured (cached), a preset/YAML, or none."""
-        if self.kind == "host":
-            return load_hardware(HOST)
-        return self.load_profile(source) if self.profile else None
-
-    def load_profile(self, source: str | None = None) -> HardwareProfile:
-        """The cost model's profile (for `host`: measured once per host and cached)."""
-        return load_hardware(self.profile_spec(), source=source, field="hardware")
-
-    @classmethod
-    def parse(cls, spec: Any, source: str | None) -> "HardwareSpec":
-        base_dir = str(Path(source).parent) if source else None
-        if not isinstance(spec, str) or not spec:
-            raise ConfigError("hardware", spec, "host, devices, devices:<profile> or "
-                              "analytical:<profile or YAML>", source)
-        kind, _, profile = spec.partition(":")
-        kind = _one_of("hardware", kind, HARDWARE_KINDS, source)
-        profile = profile.strip() or None
-        if kind == "host" and profile:
-            raise ConfigError("hardware", spec, "host (an emulated mesh is measured on this "
-                              "host; write analytical:<profile> for a cost-model sweep)", source)
-        if kind == "analytical" and not profile:
-            raise ConfigError("hardware", spec, "analytical:<profile or YAML>, e.g. "
-                              "analytical:tpu-v4", source)
-        hardware = cls(kind, profile, base_dir)
-        if profile and profile != "host":
-            hardware.load_profile(source)     # a bad preset or YAML fails now, with a suggestion
-        return hardware
-
-
 # ----------------------------------------------------------------------------- the space
 
 
@@ -402,7 +226,7 @@ class SearchSpace:
         return self.trials
 
     def make_sampler(self):
-        cls = _sampler_class(self.sampler.type)
+        cls = sampler_class(self.sampler.type)
         kwargs = dict(self.sampler.options)
         if self.sampler.type == "grid":
             return cls(self.grid(), seed=self.sampler.seed, **kwargs)
@@ -513,32 +337,7 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
             raise ConfigError(required, None, f"a fixed value or an entry under params "
                               f"({required} is required)", source)
 
-    objectives_spec = data.get("objectives")
-    if objectives_spec is None:
-        objectives = tuple(Objective(m, d) for m, d in DEFAULT_OBJECTIVES)
-    else:
-        if isinstance(objectives_spec, (str, Mapping)):
-            objectives_spec = [objectives_spec]
-        if not isinstance(objectives_spec, list) or not objectives_spec:
-            raise ConfigError("objectives", objectives_spec, "a non-empty list of "
-                              "{metric, direction}", source)
-        objectives = tuple(Objective.parse(o, i, source) for i, o in enumerate(objectives_spec))
-    if len({o.metric for o in objectives}) != len(objectives):
-        raise ConfigError("objectives", [o.metric for o in objectives], "distinct metrics", source)
-    constraints_spec = data.get("constraints") or []
-    if isinstance(constraints_spec, str):
-        constraints_spec = [constraints_spec]
-    if not isinstance(constraints_spec, list):
-        raise ConfigError("constraints", constraints_spec, "a list such as ['decode_step_s <= 0.05']",
-                          source)
-    constraints = tuple(Constraint.parse(c, i, source) for i, c in enumerate(constraints_spec))
-    if hardware.source == "measured":
-        for where, metric in ([(f"objectives[{i}].metric", o.metric) for i, o in enumerate(objectives)]
-                              + [(f"constraints[{i}]", c.metric) for i, c in enumerate(constraints)]):
-            if metric in ANALYTICAL_ONLY:
-                raise ConfigError(where, metric, "a metric that a measured trial reports "
-                                  f"({metric} exists only in cost-model predictions)", source)
-
+    objectives, constraints = parse_goals(data, hardware.source, source)
     sampler = SamplerSpec.parse(data.get("sampler"), source)
     trials = integer("trials", data.get("trials", DEFAULTS["trials"]), source)
     parallel = integer("parallel", data.get("parallel", DEFAULTS["parallel"]), source)
@@ -637,7 +436,7 @@ def _parse_params(spec: Any, fixed: Mapping[str, Any], source: str | None) -> tu
                           source)
     params = []
     for name, param_spec in spec.items():
-        _one_of("params", name, PARAM_NAMES, source, "a searchable field, one of")
+        one_of("params", name, PARAM_NAMES, source, "a searchable field, one of", suggest=True)
         phase, _, part = name.partition("_")
         if name in fixed or (part in ("ffn", "attn") and part in (fixed.get(phase) or {})):
             raise ConfigError(f"params.{name}", param_spec, f"a field that is not also fixed "
