@@ -280,6 +280,40 @@ def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | N
     return pd.DataFrame(rows)
 
 
+# `terms=SELECT`: the extra terms (fit.EXTRA_TERMS) are chosen per fit by an inner k-fold
+# over the fit's own training points only (nested cross-validation: a held-out fold never
+# takes part in choosing the terms that predict it).
+SELECT = "select"
+INNER_FOLDS = 3
+
+
+def select_terms(points: list[Point], base: HardwareProfile, loss: str = "linear",
+                 weighted: bool = True) -> tuple[str, ...]:
+    """The subset of fit.EXTRA_TERMS with the lowest inner k-fold MAPE on `points` (ties: fewer
+    terms); the paper's constants alone when there are too few points to split."""
+    from itertools import combinations
+
+    from sweeper.analysis.fit import EXTRA_TERMS
+
+    candidates = [c for n in range(len(EXTRA_TERMS) + 1) for c in combinations(EXTRA_TERMS, n)]
+    try:
+        parts = splits(points, "kfold", k=INNER_FOLDS, seed=1)
+    except ConfigError:
+        return ()
+    if len(parts) < 2:
+        return ()
+    scores = []
+    for terms in candidates:
+        apes = []
+        for train_idx, test in parts:
+            train = [points[j] for j in train_idx]
+            fitted = fit_profile(train, base, default_space(train, terms), loss, weighted=weighted).profile
+            apes += [abs(float(metric_of(points[j], predict_latency(points[j], fitted)))
+                         / points[j].measured - 1) for j in test]
+        scores.append((float(np.mean(apes)), len(terms), terms))
+    return min(scores)[2]
+
+
 def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
             space: ParamSpace | None = None, loss: str = "linear", seed: int = 0,
             tie_reference: np.ndarray | None = None, weighted: bool = True,
@@ -301,7 +335,8 @@ def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
         train = [points[j] for j in train_idx]
         # Latencies only for the kinds the training points contain; a held-out layout's
         # unseen kind is charged the fitted `collective_latency_s` (median of the others).
-        fitted = fit_profile(train, base, default_space(train, terms) if space is None else space,
+        fold_terms = select_terms(train, base, loss, weighted) if terms == SELECT else terms
+        fitted = fit_profile(train, base, default_space(train, fold_terms) if space is None else space,
                              loss, weighted=weighted).profile
         profiles.append(fitted)
         for j in test:
@@ -372,7 +407,7 @@ def blowup_reason(result: "Calibration") -> str | None:
         for name in ("peak_flops", "hbm_bandwidth", "ici_bandwidth", "op_overhead_s",
                      "collective_latency_s", "launch_overhead_s", "collective_latency_s_per_device"):
             a, c = getattr(fold_fit, name), getattr(result.fitted, name)
-            if a > 0 and c > 0:
+            if a > 0 and c > 0 and max(a, c) > 1e-9:   # overheads at their 0 bound say nothing
                 ratios[name] = a / c
         ratios["overlap"] = (fold_fit.overlap + 1e-3) / (result.fitted.overlap + 1e-3)
         name = max(ratios, key=lambda k: abs(math.log(ratios[k])))
@@ -472,6 +507,7 @@ class Calibration:
     fit: Fit
     noise: NoiseFloor | None = None      # replicate error of all points
     weighted: bool = True                # points weighted by their measured uncertainty
+    terms: tuple = ()                    # the extra terms the published fit frees
     parent_run_id: str | None = None
     tracking_uri: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict)
@@ -512,6 +548,7 @@ class Calibration:
                 "holdouts": {name: ho.summary() for name, ho in self.holdouts.items()},
                 "errors": _records(h.errors),
                 "mape_vs_replicate_mean": h.mape_vs_mean,
+                "terms": list(self.terms),
                 "refused": self.refused,
                 "artifacts": self.artifacts, "parent_run_id": self.parent_run_id}
 
@@ -533,7 +570,8 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
         raise CalibrationError("study", study or "points", f"a study with at least {min_trials} "
                                f"complete measured trials to fit and hold out (it has {trials}, "
                                f"{len(points)} points); run more trials (--resume)")
-    space = default_space(points, terms)
+    chosen = select_terms(points, base, loss, weighted) if terms == SELECT else terms
+    space = default_space(points, chosen)
     fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted", weighted=weighted)
     insample = point_frame(points, np.array([predict_latency(p, fit.profile) for p in points]))
     reference = insample["predicted_s"].to_numpy()
@@ -547,6 +585,6 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
             phase: [round(float(v), 6) for v in values]
             for phase, values in main.summary()["residuals"].items() if values})
     return Calibration(study, base, fitted, points, insample, results, holdouts[0], fit,
-                       noise=noise_floor(points), weighted=weighted)
+                       noise=noise_floor(points), weighted=weighted, terms=tuple(chosen))
 
 
