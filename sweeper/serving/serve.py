@@ -153,8 +153,14 @@ def _ray_started() -> bool:
     # Ray's C++ failure handler turns a SIGTERM during start-up into a stack dump and abort
     # (docs/reliability.md); the sweep turns it off the same way.
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    ray.init(address="local", include_dashboard=False, log_to_driver=False,
-             logging_level=logging.WARNING)
+    try:
+        ray.init(address="local", include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING)
+    except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception on a start-up timeout
+        from sweeper.sweep.workers import ClusterLost   # the CLI's one line, exit 3
+
+        raise ClusterLost(f"the local Ray cluster did not start ({' '.join(str(err).split())[:200]}); "
+                          "nothing was served: try again") from None
     return True
 
 
