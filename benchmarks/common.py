@@ -127,13 +127,16 @@ def met(flag: bool | None) -> str:
 
 
 def trial_run_times(study) -> list[tuple[float, float, bool]]:
-    """(started, finished, compile-cache hit) of every trial a worker ran, from the
+    """(started, finished, compiled programs reused) of every trial a worker ran, from the
     `worker` user attribute each trial carries (epoch seconds on the worker)."""
     out = []
     for trial in study.get_trials(deepcopy=False):
         worker = trial.user_attrs.get("worker") or {}
         if "started" in worker and "finished" in worker:
-            out.append((float(worker["started"]), float(worker["finished"]), bool(worker.get("cache_hit"))))
+            # reused: compiled nothing (the worker's memory, or every program from the
+            # sweep's compilation cache); older records know the first only
+            out.append((float(worker["started"]), float(worker["finished"]),
+                        bool(worker.get("reused", worker.get("cache_hit")))))
     return out
 
 

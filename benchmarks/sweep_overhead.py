@@ -1,6 +1,28 @@
 """Benchmark: what does orchestration cost per trial, against Ray Tune doing the same?
 
     python -m benchmarks.sweep_overhead [--trials 50] [--no-quickstart] [--out DIR]
+    python -m benchmarks.sweep_overhead --only quickstart,grid,calibration,cache   # issue 22
+
+Sections (`--only` runs some; the others keep their previous values in the results file,
+each section with its own load average and time):
+
+- `tiny`, `tune`: the per-trial overhead against Ray Tune (below);
+- `quickstart`: the shipped quickstart end to end;
+- `grid`: `benchmarks/data/interleaved-grid.yaml`, 24 trials, chip counts 1/2/4 interleaved
+  by the grid sampler, each configuration twice (seed 0, 1);
+- `calibration`: a representative 32-trial subset of `search_spaces/calibration.yaml` (chips
+  1/2/4/8 interleaved, the calibration model, batch 8, attention `head`, both seeds);
+- `cache`: the compile time the persistent compilation cache saves: one calibration-model
+  trial compiled in a fresh process with an empty cache folder, then in another fresh
+  process reading it (`CACHE_PAIRS` pairs).
+
+Each sweep section reports, from the study itself: worker processes (distinct pids), the
+share of the slots' time outside trials over the whole command and within the trials'
+span, trials that compiled nothing (programs from the worker's memory or the persistent
+cache), replicate pairs that ran in one process, and where the time before the first trial
+and after the last went (`sweeper.sweep.controller.TIMELINE`). Every sweep starts with an
+empty compilation cache (the first run of new code). Counts do not depend on the host's
+load; times do (the load average is recorded with each section).
 
 Overhead per trial = (sweep wall time - sum of trial run times) / trials, for `trials` trials
 of a tiny workload (the `tiny` model, 1 chip, 8-token prompt, 2 decode steps, 1 timed
@@ -37,6 +59,15 @@ from benchmarks import common
 
 NAME = "sweep_overhead"
 TARGET_QUICKSTART_SHARE = 0.05
+# issue 22 item 5
+TARGET_SPAN_SHARE = 0.05        # slots' time outside trials, within the trials' span
+TARGET_WALL_SHARE = 0.12        # ... over the whole command
+TARGET_QUICKSTART_WALL_S = 30.0
+TARGET_REUSE = 0.5              # trials that compiled nothing, on the calibration grid
+GRID_SPACE = common.DATA / "interleaved-grid.yaml"
+CALIBRATION_SUBSET = {"batch": [8], "attn": ["head"], "prefill_ffn": ["ws2d", "wg_xyz"]}
+CACHE_PAIRS = 3
+SECTIONS = ("tiny", "tune", "quickstart", "grid", "calibration", "cache")
 OBJECTIVES = [{"metric": "decode_step_s", "direction": "minimize"},
               {"metric": "decode_cost_chip_s_per_token", "direction": "minimize"}]
 TINY_SPACE = {
@@ -158,6 +189,139 @@ def run_quickstart(storage: str, tracking_uri: str) -> dict:
             **common.orchestration(result.study, wall, parallel=2)}
 
 
+def _clear_compile_cache() -> None:
+    """Empty this code's compilation-cache folder (a sweep section starts cold)."""
+    import shutil
+
+    try:
+        from sweeper.sweep import compile_cache
+    except ImportError:        # code from before the cache (a "before" run)
+        return
+    folder = compile_cache.cache_dir(prune=False)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep_section(space, storage: str, tracking_uri: str, parallel: int) -> dict:
+    """One sweep, timed end to end, and what its study says about where the time went."""
+    from sweeper.sweep import controller
+    from sweeper.sweep.controller import run_sweep
+
+    _clear_compile_cache()
+    context = common.machine_context()
+    start_wall = time.time()
+    start = time.perf_counter()
+    result = run_sweep(space, storage=storage, tracking_uri=tracking_uri, progress=False)
+    wall = time.perf_counter() - start
+    out = {"study": result.study_name, "storage": storage, "counts": result.counts,
+           "trials": sum(result.counts.values()),
+           **common.orchestration(result.study, wall, parallel=parallel),
+           **reuse_counts(result.study),
+           "timeline_s": dict(getattr(controller, "TIMELINE", {})),
+           "context": context, "context_end": common.machine_context()}
+    runs = common.trial_run_times(result.study)
+    if runs:
+        first, last = min(s for s, *_ in runs), max(f for _, f, _ in runs)
+        span = last - first
+        out["until_first_trial_s"] = first - start_wall
+        out["after_last_trial_s"] = start_wall + wall - last
+        out["span_s"] = span
+        out["span_share"] = 1 - out["trial_run_s_sum"] / (parallel * span) if span > 0 else None
+    return out
+
+
+def reuse_counts(study) -> dict:
+    """Trials that compiled nothing (engine cache in memory, or every program from the
+    persistent cache), programs loaded from / compiled past the persistent cache, and
+    replicate pairs (same configuration, other seed) that ran in one worker process."""
+    import math
+
+    trials = [t for t in study.get_trials(deepcopy=False)
+              if "started" in (t.user_attrs.get("worker") or {})]
+    loaded = compiled = 0.0
+    compile_cold, compile_disk = [], []
+    for t in trials:
+        m = t.user_attrs.get("measurement") or {}
+        hits, misses = m.get("programs_from_cache", math.nan), m.get("programs_compiled", math.nan)
+        if hits == hits and misses == misses:
+            loaded += hits
+            compiled += misses
+            if m.get("compile_s", 0) > 0:
+                (compile_disk if misses == 0 else compile_cold).append(m["compile_s"])
+    pairs: dict[str, list] = {}
+    for t in trials:
+        config = dict(t.user_attrs.get("config") or {})
+        config.pop("seed", None)
+        pairs.setdefault(json.dumps(config, sort_keys=True, default=str), []).append(
+            t.user_attrs["worker"].get("pid"))
+    pids = [p for p in pairs.values() if len(p) == 2]
+    import statistics
+
+    def med(values):
+        return statistics.median(values) if values else None
+
+    def reused(t) -> bool:
+        w = t.user_attrs["worker"]
+        return bool(w.get("reused", w.get("cache_hit")))
+
+    return {"reused": sum(reused(t) for t in trials),
+            "reuse_rate": sum(reused(t) for t in trials) / len(trials) if trials else None,
+            "engine_cache_hits": sum(bool(t.user_attrs["worker"].get("cache_hit"))
+                                     for t in trials),
+            "programs_from_cache": loaded, "programs_compiled": compiled,
+            "compile_s_median_compiled": med(compile_cold),
+            "compile_s_median_from_disk": med(compile_disk),
+            "replicate_pairs": len(pids),
+            "replicate_pairs_same_process": sum(a == b for a, b in pids)}
+
+
+CACHE_SCRIPT = """
+import json, os, sys, time
+from sweeper.sweep import compile_cache
+compile_cache.enable(sys.argv[1])
+counter = compile_cache.CacheCounter.install()
+from sweeper.sweep.space import load_space
+from workloads.measure import compile_trial
+space = load_space("search_spaces/calibration.yaml")
+config = space.trial_config({"chips": 2, "batch": 8, "prefill_ffn": "ws2d", "decode_ffn": "ws1d",
+                             "attn": "head", "seed": 0})
+entry, _ = compile_trial(config, {})
+stats = counter.snapshot()
+print(json.dumps({"compile_s": entry.compile_s, "requests": stats.requests, "hits": stats.hits}))
+"""
+
+
+def cache_section(pairs: int = CACHE_PAIRS) -> dict:
+    """Compile time of one calibration trial's programs (2 chips): cold (an empty cache
+    folder) against from the cache (a second fresh process), `pairs` times."""
+    import os
+    import statistics
+    import subprocess
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    root = Path(__file__).resolve().parents[1]
+    context = common.machine_context()
+    cold, warm = [], []
+    for _ in range(pairs):
+        with tempfile.TemporaryDirectory() as folder:
+            for bucket in (cold, warm):
+                out = subprocess.run([sys.executable, "-c", CACHE_SCRIPT, folder], env=env,
+                                     cwd=root, capture_output=True, text=True, check=True)
+                bucket.append(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def stat(rows):
+        values = [r["compile_s"] for r in rows]
+        return {"mean_s": statistics.mean(values),
+                "sd_s": statistics.stdev(values) if len(values) > 1 else None, "n": len(values),
+                "values_s": values, "requests": rows[0]["requests"], "hits": [r["hits"] for r in rows]}
+
+    c, w = stat(cold), stat(warm)
+    return {"trial": "calibration model, 2 chips, batch 8, ws2d / ws1d / head",
+            "cold": c, "from_cache": w, "saved_s": c["mean_s"] - w["mean_s"],
+            "saved_frac": 1 - w["mean_s"] / c["mean_s"], "context": context,
+            "context_end": common.machine_context()}
+
+
 def _host_hardware() -> dict:
     """What a parallel-1 sweeper worker gets: the whole host profile (its share = all cores)."""
     from workloads.hostprofile import host_profile
@@ -231,11 +395,105 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def calibration_subset():
+    """search_spaces/calibration.yaml restricted to CALIBRATION_SUBSET (chips 1/2/4/8 and
+    both seeds kept: the same interleaving and replicates), as a SearchSpace."""
+    import yaml
+
+    from sweeper.sweep.space import load_space
+
+    path = common.ROOT / "search_spaces" / "calibration.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["params"] = {**data["params"], **CALIBRATION_SUBSET}
+    data["trials"] = 1
+    for values in data["params"].values():
+        data["trials"] *= len(values)
+    data["name"] = "bench-calibration-subset"
+    return load_space(data, source=str(path))
+
+
+def issue22_targets(r: dict) -> dict:
+    """Each issue-22 target with its measured value (None: the section was not run)."""
+    out = {}
+    for key in ("quickstart", "grid", "calibration"):
+        b = r.get(key)
+        if not b:
+            continue
+        out[key] = {"span_share": b.get("span_share"),
+                    "meets_span": b.get("span_share") is not None
+                    and b["span_share"] <= TARGET_SPAN_SHARE,
+                    "wall_share": b.get("orchestration_share"),
+                    "meets_wall": b.get("orchestration_share") is not None
+                    and b["orchestration_share"] <= TARGET_WALL_SHARE}
+    if r.get("quickstart"):
+        out["quickstart"]["wall_s"] = r["quickstart"]["wall_s"]
+        out["quickstart"]["meets_wall_s"] = r["quickstart"]["wall_s"] <= TARGET_QUICKSTART_WALL_S
+    if r.get("calibration"):
+        out["calibration"]["reuse_rate"] = r["calibration"].get("reuse_rate")
+        out["calibration"]["meets_reuse"] = (r["calibration"].get("reuse_rate") or 0) >= TARGET_REUSE
+    return out
+
+
+def markdown_issue22(r: dict) -> str:
+    lines = ["", "## Time in trials (issue 22)", "",
+             "One command: `python -m benchmarks.sweep_overhead --only quickstart,grid,calibration,cache`. "
+             "Each sweep starts with an empty compilation cache. Counts (processes, reuse, "
+             "replicates) do not depend on the host's load; shares and seconds do.", ""]
+    rows = []
+    for key, label in (("quickstart", "quickstart (TPE, 20 trials)"),
+                       ("grid", "interleaved grid (24 trials, chips 1/2/4)"),
+                       ("calibration", "calibration subset (32 trials, chips 1/2/4/8)")):
+        b = r.get(key)
+        if not b:
+            continue
+        load = (b.get("context") or {}).get("load_average")
+        rows.append([label, b["ran"], b.get("worker_processes"), f"{b['wall_s']:.1f} s",
+                     common.pct(b.get("orchestration_share")), common.pct(b.get("span_share")),
+                     "—" if b.get("until_first_trial_s") is None else f"{b['until_first_trial_s']:.1f} s",
+                     "—" if b.get("after_last_trial_s") is None else f"{b['after_last_trial_s']:.1f} s",
+                     f"{b.get('reused')} ({common.pct(b.get('reuse_rate'), 0)})",
+                     f"{b.get('replicate_pairs_same_process')} of {b.get('replicate_pairs')}",
+                     load])
+    lines += common.table(["sweep", "trials", "worker processes", "wall", "slots' time outside "
+                           "trials (whole command)", "... within the trials' span",
+                           "before the first trial", "after the last", "trials compiling nothing",
+                           "replicate pairs in one process", "load average (start)"], rows)
+    t = r.get("issue22_targets") or {}
+    lines.append("")
+    for key, b in t.items():
+        parts = [f"outside trials within the span <= {common.pct(TARGET_SPAN_SHARE, 0)}: "
+                 f"{common.pct(b['span_share'])} {common.met(b['meets_span'])}",
+                 f"over the whole command <= {common.pct(TARGET_WALL_SHARE, 0)}: "
+                 f"{common.pct(b['wall_share'])} {common.met(b['meets_wall'])}"]
+        if "wall_s" in b:
+            parts.append(f"end to end <= {TARGET_QUICKSTART_WALL_S:.0f} s: {b['wall_s']:.1f} s "
+                         f"{common.met(b['meets_wall_s'])}")
+        if "reuse_rate" in b:
+            parts.append(f"trials reusing compiled programs >= {common.pct(TARGET_REUSE, 0)}: "
+                         f"{common.pct(b['reuse_rate'])} {common.met(b['meets_reuse'])}")
+        lines.append(f"- {key} (one run): " + "; ".join(parts))
+    for key in ("quickstart", "grid", "calibration"):
+        b = r.get(key)
+        if b and b.get("timeline_s"):
+            tl = ", ".join(f"{k} {v:.1f}" for k, v in b["timeline_s"].items())
+            lines.append(f"- {key}: controller phases, seconds since the call began: {tl}")
+    c = r.get("cache")
+    if c:
+        lines.append(f"- compilation cache ({c['trial']}): compile {c['cold']['mean_s']:.2f} s "
+                     f"± {c['cold']['sd_s'] or 0:.2f} cold, {c['from_cache']['mean_s']:.2f} s ± "
+                     f"{c['from_cache']['sd_s'] or 0:.2f} from the cache in a fresh process "
+                     f"(n = {c['cold']['n']} each, mean ± sd; load {c['context']['load_average']}): "
+                     f"{common.pct(c['saved_frac'])} saved")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--no-quickstart", action="store_true")
+    parser.add_argument("--only", help=f"comma-separated sections of {', '.join(SECTIONS)} "
+                        "(the others keep their values in the results file)")
     parser.add_argument("--out", default=str(common.RESULTS))
     parser.add_argument("--storage")
     parser.add_argument("--tracking-uri")
@@ -243,30 +501,66 @@ def main(argv: list[str] | None = None) -> int:
     import optuna
 
     from sweeper import paths
+    from sweeper.sweep.space import load_space
 
+    if args.only:
+        run = set(args.only.split(","))
+        unknown = run - set(SECTIONS)
+        if unknown:
+            parser.error(f"--only: unknown sections {sorted(unknown)}; one of {SECTIONS}")
+    else:
+        run = set(SECTIONS) - ({"tune"} if args.no_tune else set()) - \
+            ({"quickstart"} if args.no_quickstart else set())
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("ray").setLevel(logging.WARNING)
     storage = args.storage or paths.default_storage()
     tracking = args.tracking_uri or paths.default_tracking_uri()
+    out_dir = Path(args.out)
+    previous_path = out_dir / f"{NAME}.json"
+    previous = json.loads(previous_path.read_text()) if previous_path.is_file() else {}
     start = time.perf_counter()
     context = common.machine_context()
-    hardware = _host_hardware()
-    print(f"sweep overhead: sweeper run, {args.trials} trials", file=sys.stderr)
-    sweeper = run_sweeper(args.trials, storage, tracking)
-    tune = None
-    if not args.no_tune:
+    sweeper = previous.get("sweeper")
+    if "tiny" in run or sweeper is None:
+        print(f"sweep overhead: sweeper run, {args.trials} trials", file=sys.stderr)
+        sweeper = run_sweeper(args.trials, storage, tracking)
+    tune = previous.get("tune")
+    if "tune" in run:
         print(f"sweep overhead: ray tune, {args.trials} trials", file=sys.stderr)
         with tempfile.TemporaryDirectory() as workdir:
-            tune = run_tune(args.trials, tracking, hardware, workdir)
-    quick = None
-    if not args.no_quickstart:
+            tune = run_tune(args.trials, tracking, _host_hardware(), workdir)
+    quick = previous.get("quickstart")
+    if "quickstart" in run:
         print("sweep overhead: the quickstart", file=sys.stderr)
-        quick = run_quickstart(storage, tracking)
+        quick = sweep_section(str(common.ROOT / "search_spaces" / "quickstart.yaml"), storage,
+                              tracking, parallel=2)
+    sections = {key: previous.get(key) for key in ("grid", "calibration", "cache")}
+    if "grid" in run:
+        print("sweep overhead: the interleaved grid", file=sys.stderr)
+        sections["grid"] = sweep_section(str(GRID_SPACE), storage, tracking, parallel=2)
+    if "calibration" in run:
+        print("sweep overhead: the calibration subset", file=sys.stderr)
+        sections["calibration"] = sweep_section(calibration_subset(), storage, tracking, parallel=2)
+    if "cache" in run:
+        print("sweep overhead: compile time from the cache", file=sys.stderr)
+        sections["cache"] = cache_section()
     result = summarize(sweeper, tune, quick)
-    result.update(context=context, context_end=common.machine_context(),
-                  elapsed_s=time.perf_counter() - start)
-    text = markdown(result)
-    files = common.write(NAME, result, text, Path(args.out))
+    result.update(sections)
+    result["targets"].update(span_share_max=TARGET_SPAN_SHARE, wall_share_max=TARGET_WALL_SHARE,
+                             quickstart_wall_s_max=TARGET_QUICKSTART_WALL_S,
+                             calibration_reuse_min=TARGET_REUSE)
+    result["issue22_targets"] = issue22_targets(result)
+    if "tiny" in run:
+        result.update(context=context, context_end=common.machine_context(),
+                      elapsed_s=time.perf_counter() - start)
+    else:
+        result.update(context=previous.get("context", context),
+                      context_end=previous.get("context_end", context),
+                      elapsed_s=previous.get("elapsed_s", 0.0))
+    result["sections_run"] = {key: time.strftime("%Y-%m-%dT%H:%M:%S") for key in sorted(run)}
+    result["sections_run"] = {**previous.get("sections_run", {}), **result["sections_run"]}
+    text = markdown(result) + markdown_issue22(result)
+    files = common.write(NAME, result, text, out_dir)
     metrics = {"sweeper_overhead_per_trial_s": sweeper["overhead_per_trial_s"]}
     if tune:
         metrics["tune_overhead_per_trial_s"] = tune["overhead_per_trial_s"]
@@ -274,8 +568,12 @@ def main(argv: list[str] | None = None) -> int:
         metrics.update(quickstart_wall_s=quick["wall_s"],
                        quickstart_cache_hit_rate=quick["compile_cache_hit_rate"],
                        quickstart_overhead_share=result["quickstart_overhead_share"])
-    common.log_mlflow(NAME, metrics, {"trials": args.trials, "load_average": context["load_average"]},
-                      list(files))
+    for key in ("grid", "calibration"):
+        if sections[key]:
+            metrics[f"{key}_worker_processes"] = sections[key]["worker_processes"]
+            metrics[f"{key}_orchestration_share"] = sections[key]["orchestration_share"]
+    common.log_mlflow(NAME, metrics, {"trials": args.trials, "load_average": context["load_average"],
+                                      "sections": ",".join(sorted(run))}, list(files))
     print(text)
     print(json.dumps({"quickstart_study": quick["study"] if quick else None}))
     return 0

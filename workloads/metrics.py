@@ -38,6 +38,10 @@ class Measurement:
     decode_step_s_max: float = math.nan
     total_s: float = math.nan          # prefill + all decode steps: the user's end-to-end latency
     compile_s: float = math.nan        # reported separately, never part of a latency
+    # XLA compiles of this trial served by the sweep's persistent compilation cache, and
+    # those XLA had to compile (set by the sweep's worker: sweeper/sweep/compile_cache.py)
+    programs_from_cache: float = math.nan
+    programs_compiled: float = math.nan
     # Noise of the numbers above (docs/architecture.md, "Measurement protocol"):
     # *_ci_rel = half-width of the 95% confidence interval of the median / the median;
     # *_repeats = timed runs used; *_spread = (max - min) / median over those runs.

@@ -57,7 +57,7 @@ from typing import Any, Callable
 
 from sweeper import paths
 from sweeper.formatting import one_line
-from sweeper.sweep import lease, stopping
+from sweeper.sweep import compile_cache, lease, stopping
 from sweeper.sweep.naming import choose_study, open_study
 from sweeper.sweep.pool import (ClusterLost, Handle, LocalPool, TrialError, WorkerLost,
                                 WorkerPool)
@@ -79,6 +79,15 @@ from workloads.trial import TrialConfig
 
 CLUSTER_CHECK_S = 3.0      # how often the controller asks Ray which nodes are alive
 PLACE_GRACE_S = 10.0       # a worker not started by then may be waiting on idle workers
+MAX_WORKERS_PER_SLOT = 6   # live processes a slot keeps, one per device count (memory)
+PRESTART_WAIT_S = 120.0    # at most this long for the workers started with Ray to be up
+# Samplers whose next point does not depend on the results so far: the controller may ask
+# a few points ahead and run first the one a live worker can take (see `_pick`).
+ORDER_FREE_SAMPLERS = ("grid", "random")
+# The last run's phases, seconds since it began (ray, study, tracking, profile, loop,
+# trials_done, pool_closed, closed): benchmarks/sweep_overhead.py reads where start-up and
+# shutdown go.
+TIMELINE: dict[str, float] = {}
 
 
 @dataclass
@@ -118,6 +127,10 @@ class Controller:
         self.on_trial = on_trial
         self.source = space.hardware.source
         self.in_flight: dict[int, _InFlight] = {}
+        # asked of Optuna, shape checked, not yet on a worker: (optuna.Trial, TrialConfig)
+        self.pending: list[tuple[Any, TrialConfig]] = []
+        self.window = 2 * parallel if space.sampler.type in ORDER_FREE_SAMPLERS else 1
+        self.asked = 0
         self.ran = 0
         self.retry_params: list[tuple[int, dict]] = []   # interrupted trials to run again
         self.session: RaySession | None = None
@@ -157,8 +170,21 @@ class Controller:
         self.session = RaySession(self.address)
         self.session.start()
         env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
+        cache = compile_cache.cache_dir()        # shared by every worker (issue 22 item 2)
+        if cache is not None:
+            env[compile_cache.CACHE_DIR_ENV] = str(cache)
         return RayPool(hw.kind, self.parallel, self.space.resources, env=env,
-                       verify=self.space.verify)
+                       verify=self.space.verify,
+                       max_workers_per_slot=min(MAX_WORKERS_PER_SLOT,
+                                                max(3, self._device_counts())))
+
+    def _device_counts(self) -> int:
+        """How many (chips, hosts) meshes the space's points ask for, at most."""
+        count = 1
+        for name in ("chips", "hosts"):
+            param = next((p for p in self.space.params if p.name == name), None)
+            count *= len(param.grid_values()) if param is not None else 1
+        return count
 
     def _enqueue_retries(self) -> None:
         """Interrupted trials run again first, with the same parameters (`retry_of`)."""
@@ -169,12 +195,18 @@ class Controller:
                 self.study.enqueue_trial(params, user_attrs={"retry_of": number})
 
     # ------------------------------------------------------------------ running
+    def _mark(self, phase: str) -> None:
+        TIMELINE[phase] = time.monotonic() - self._started
+
     def run(self) -> SweepResult:
-        start = time.monotonic()
+        start = self._started = time.monotonic()
+        TIMELINE.clear()
         self.progress = ProgressLine(self.target, self.show_progress)
         status = "finished"
         try:
             self.pool = self._start_pool()     # first: a bad --address creates no study or run
+            self._mark("ray")
+            self._prestart()
             self.study, self.study_name = open_study(self.space, self.storage, self.study_name,
                                                      self.resume, generated=self.generated_name)
             self.recorder = Recorder(self.study, self.space, on_trial=self.on_trial)
@@ -185,19 +217,25 @@ class Controller:
                                                                self.recorder)
             self.remaining = max(0, self.target - done_before)
             self._enqueue_retries()
+            self._mark("study")
             self.tracking = TrackingLink(self.tracking_uri, space=self.space, study=self.study,
                                          study_name=self.study_name, storage=self.storage,
                                          resumed=self.resume)
             self.tracking.start()
             self.recorder.tracking = self.tracking
+            self._mark("tracking")
             # After Ray and git have forked their processes: measuring `host` imports JAX
             # (multithreaded) into this process.
             self.profile = self.space.hardware.resolve(self.space.source)
+            self._mark("profile")
+            self.pool.wait_started(PRESTART_WAIT_S)
+            self._mark("workers")
             if self.pool.shares_cores:
                 print(f"sweeper: parallel {self.parallel} > {self.pool.total_cores} cores: "
                       "concurrent trials share cores and disturb each other's timings",
                       file=sys.stderr)
             self._loop()
+            self._mark("trials_done")
         except BaseException as err:
             status = "failed" if isinstance(err, Exception) else "killed"
             reason = INTERRUPTED
@@ -208,12 +246,17 @@ class Controller:
             for flight in list(self.in_flight.values()):
                 self._record(flight, flight.outcome("FAIL", reason, interrupted=True))
             self.in_flight.clear()
+            for trial, config in self.pending:       # asked, never started: run by --resume
+                self.recorder.record(trial, TrialOutcome("FAIL", reason, config,
+                                                         config.flat_params(), interrupted=True))
+            self.pending.clear()
             raise
         finally:
             self.progress.close()
             self._close(status)
         tracking = self.tracking
-        return SweepResult(
+        self._mark("closed")
+        result = SweepResult(
             study=self.study, study_name=self.study_name, storage=self.storage,
             tracking_uri=self.tracking_uri, parent_run_id=tracking.parent_run_id,
             experiment=self.experiment, experiment_id=tracking.experiment_id, source=self.source,
@@ -223,15 +266,19 @@ class Controller:
             searched=[p.name for p in self.space.params],
             elapsed_s=time.monotonic() - start, tracking_errors=tracking.errors,
             interrupted=self.recorder.interrupted, mlflow_missing=len(tracking.unlogged))
+        self._mark("result")      # counts and the Pareto rows read back
+        return result
 
     def _close(self, status: str) -> None:
         try:
             if self.pool is not None:
                 self.pool.close()
+                self._mark("pool_closed")
         finally:
             try:
                 if self.tracking is not None:
                     self.tracking.finish(status, self._study_counts)
+                    self._mark("tracking_finished")
             finally:
                 try:
                     if self.study is not None and self.lease is not None:
@@ -243,22 +290,25 @@ class Controller:
                 finally:
                     if self.session is not None:
                         self.session.close()     # bounded: see sweeper/sweep/session.py
+                        self._mark("ray_closed")
 
     def _study_counts(self) -> dict[str, int]:
         return study_counts(self.study)
 
     def _loop(self) -> None:
-        asked = 0
         free = list(range(self.parallel))
         self._show()
         while True:
             stopping.raise_if_requested()     # a signal whose exception Python dropped
             waiting = self._waiting_for_a_worker(free)
-            while free and asked < self.remaining and not waiting:
-                asked += 1
-                self._dispatch(free)
+            while free and (self.pending or self.asked < self.remaining) and not waiting:
+                while len(self.pending) < self.window and self.asked < self.remaining:
+                    self.asked += 1
+                    self._ask()
+                if self.pending:
+                    self._dispatch(free)
             if not self.in_flight:
-                if asked >= self.remaining:
+                if self.asked >= self.remaining and not self.pending:
                     break
                 continue
             now = time.monotonic()
@@ -337,17 +387,42 @@ class Controller:
             if self.lease is not None:
                 lease.heartbeat(self.study, self.lease)
 
-    def _dispatch(self, free: list[int]) -> None:
-        """Ask one point; prune it or start it on a free slot (removed from `free`)."""
+    def _prestart(self) -> None:
+        """Start every slot's workers, one per device count of the space, right after Ray
+        (issue 22 item 3): their processes import JAX while this one opens the study, sets
+        up MLflow and the host profile, and no new process starts later on a slot's cores
+        while a trial is timed there. `wait_started` holds the first trial until they are
+        up, so no trial is timed beside a worker still importing on its cores."""
+        if self.pool.local or self._device_counts() > MAX_WORKERS_PER_SLOT:
+            return
+        names = {p.name: p for p in self.space.params}
+        chips_values = (names["chips"].grid_values() if "chips" in names
+                        else [self.space.fixed.get("chips", 1)])
+        hosts = (names["hosts"].grid_values() if "hosts" in names
+                 else [self.space.fixed.get("hosts", 1)])
+        if list(hosts) != [1]:
+            return                           # a multi-host group waits for its placement
+        for chips in chips_values:
+            for slot in range(self.parallel):
+                self.pool.prestart(slot, int(chips))
+
+    def _ask(self) -> None:
+        """Ask one point; prune it (no shape) or add it to `pending`."""
         trial = self.study.ask(self.space.distributions())
-        flat = self.space.flat_params(trial.params)
         try:
             config = self.space.trial_config(trial.params)
         except ConfigError as err:
+            flat = self.space.flat_params(trial.params)
             self.recorder.record(trial, TrialOutcome("PRUNED", f"infeasible: {err}", flat=flat))
             return
+        self.pending.append((trial, config))
+
+    def _dispatch(self, free: list[int]) -> None:
+        """Take a pending point (`_pick`); prune it or start it on a free slot (removed
+        from `free`)."""
+        index, slot = self._pick(free)
+        trial, config = self.pending.pop(index)
         flat = config.flat_params()
-        slot = self._choose_slot(free, config.chips, config.hosts)
         hardware, chip_profile, share = self.trial_hardware(config.chips, slot)
         # recorded so calibration reads the share the prediction used (docs/architecture.md)
         trial.set_user_attr("hardware_share", share)
@@ -383,12 +458,32 @@ class Controller:
         self.in_flight[id(handle)] = _InFlight(trial, config, flat, prediction, hardware, slot,
                                                handle, time.monotonic() + self.space.timeout_s)
 
-    def _choose_slot(self, free: list[int], chips: int, hosts: int = 1) -> int:
-        """A free slot whose worker already has this mesh (warm compile cache), else any."""
-        for slot in free:
-            if self.pool.warm_slot(slot, chips, hosts):
-                return slot
-        return free[0]
+    def _pick(self, free: list[int]) -> tuple[int, int]:
+        """(index in `pending`, free slot): which asked point runs next, and where.
+
+        A new worker process costs a JAX import and every compile, so the oldest pending
+        point that a free slot's live worker can run goes first (its mesh is there); only
+        when none can does the oldest point start a new process. With an order-free
+        sampler (grid, random) `pending` holds up to 2 x parallel points asked ahead; other
+        samplers ask one at a time, so their choices see every result as before.
+
+        Replicates stay honest (the calibration's noise floor is their disagreement): a
+        worker that ran a replicate of a configuration (`pool.replicate_key`: same
+        configuration, other seed) does not count as able to run it, so a configuration's
+        seeds meet in one warm process only when nothing else is runnable (a fallback,
+        never a preference) — less often than in the sampler's random order, where the
+        slot a point lands on depends only on which trial finished first. Which slot a
+        point goes to still depends only on finishing times, never on its configuration.
+        """
+        for index, (_, config) in enumerate(self.pending):
+            for slot in free:
+                if self.pool.warm_slot(slot, config.chips, config.hosts, config):
+                    return index, slot
+        config = self.pending[0][1]
+        for slot in free:       # its mesh is warm but ran its replicate: still no new process
+            if self.pool.warm_slot(slot, config.chips, config.hosts):
+                return 0, slot
+        return 0, free[0]
 
     def _finish(self, flight: _InFlight) -> bool:
         """Record a returned trial; False if it was resubmitted (the slot stays busy)."""

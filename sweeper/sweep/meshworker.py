@@ -6,7 +6,10 @@ starts, so one process serves one chip count) and pins itself to its slot's CPU 
 (`split_cores`) with `os.sched_setaffinity` before JAX is imported. Real devices: no
 device-count flag, no pinning. Every actor keeps an engine/compile cache
 (`run_trial(engine_cache=...)`) across its trials, so a repeated shape and layout is not
-compiled again, and answers `where()` (pid, Ray node id and IP, the resources it holds) as
+compiled again (the last ENGINE_CACHE_ENTRIES shapes: each holds its weights and inputs
+placed on the mesh, and a worker lives for the whole sweep), and the sweep's persistent
+compilation cache (`sweeper/sweep/compile_cache.py`) serves the programs another worker
+compiled; the actor answers `where()` (pid, Ray node id and IP, the resources it holds) as
 soon as its process is up, before its first trial.
 
 A multi-host trial's hosts (README "Multi-host trials") join with `jax.distributed` at rank
@@ -24,8 +27,10 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections import OrderedDict
 from typing import Any
 
+from sweeper.sweep import compile_cache
 from sweeper.sweep.slices import JOIN_TIMEOUT_S, free_port
 from workloads import hoststate
 from workloads.config import HardwareProfile
@@ -34,6 +39,26 @@ from workloads.trial import TrialConfig
 
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
 TEST_FAIL_HOST_ENV = "SWEEPER_TEST_FAIL_HOST"      # test-only, see the module docstring
+ENGINE_CACHE_ENTRIES = 4    # shapes a worker keeps compiled in memory (the rest: from disk)
+
+
+class EngineCache(OrderedDict):
+    """`run_trial`'s engine cache, least recently used shape dropped past `capacity`."""
+
+    def __init__(self, capacity: int = ENGINE_CACHE_ENTRIES):
+        super().__init__()
+        self.capacity = capacity
+
+    def get(self, key, default=None):
+        if key in self:
+            self.move_to_end(key)
+        return super().get(key, default)
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
 
 
 def trial_delay_s(number: int | None, environ: dict | None = None) -> float:
@@ -93,8 +118,20 @@ class MeshWorker:
             if wanted:   # on another node of a cluster the driver's core ids may not exist
                 os.sched_setaffinity(0, wanted)
                 self.cores = sorted(wanted)
-        self.engine_cache: dict = {}
+        self.engine_cache: dict = EngineCache()
         self.trials_run = 0
+        # the sweep's persistent compilation cache, set before this process compiles anything
+        self.cache_counter = None
+        if compile_cache.enable(os.environ.get(compile_cache.CACHE_DIR_ENV)):
+            self.cache_counter = compile_cache.CacheCounter.install()
+        if hosts == 1 and self.cache_counter is not None:
+            # Start-up work done now, while the controller sets up (a sweep's workers start
+            # with Ray), not in the first trial: the engine's imports and the JAX backend.
+            # (A multi-host worker must join jax.distributed before its backend starts.)
+            import jax   # lazy: JAX only in the process that runs trials
+
+            import workloads.engine  # noqa: F401 - imported here for its start-up cost
+            jax.devices()
 
     def where(self) -> dict[str, Any]:
         """Where this worker runs (no JAX import: answers as soon as the process is up)."""
@@ -144,6 +181,7 @@ class MeshWorker:
         trial = TrialConfig.from_dict(config, validate=False)
         profile = HardwareProfile.from_dict(hardware) if hardware else None
         before = set(self.engine_cache)
+        cached = self.cache_counter.snapshot() if self.cache_counter else None
         started = time.time()
         hoststate.reset_peak_rss()      # this trial's memory high-water, not the actor's
         measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile,
@@ -152,11 +190,21 @@ class MeshWorker:
         finished = time.time()
         self.trials_run += 1
         new_entries = len(set(self.engine_cache) - before)
+        engine_hit = bool(measurement.extra.get("compile_cache_hit",
+                                                bool(before) and new_entries == 0))
+        if cached is not None:
+            stats = self.cache_counter.since(cached)
+            measurement.programs_from_cache = float(stats.hits)
+            measurement.programs_compiled = float(stats.compiled)
+            measurement.extra["compile_time_saved_s"] = stats.saved_s
+        # reused: nothing compiled by XLA (the engine cache, or every program from disk)
+        reused = engine_hit or (cached is not None and stats.requests > 0
+                                 and stats.compiled == 0)
         return {"measurement": measurement.to_dict(), "started": started, "finished": finished,
                 "worker": {**self.where(),
                            "cores": sorted(os.sched_getaffinity(0)),
                            "cache_entries": len(self.engine_cache),
                            "new_cache_entries": new_entries,
-                           "cache_hit": bool(measurement.extra.get(
-                               "compile_cache_hit", bool(before) and new_entries == 0)),
+                           "cache_hit": engine_hit,        # in this process's memory
+                           "reused": reused,               # ... or every program from disk
                            "trials_run": self.trials_run}}

@@ -14,6 +14,7 @@ This module imports no Ray: the CLI imports `ClusterLost` from it at start-up.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import traceback
@@ -57,6 +58,13 @@ class TrialError(RuntimeError):
 
 
 
+def replicate_key(trial: TrialConfig) -> str:
+    """The trial's configuration without its seed: replicates (seed 0, 1) share it."""
+    data = trial.to_dict()
+    data.pop("seed", None)
+    return json.dumps(data, sort_keys=True, default=str)
+
+
 @dataclass
 class Handle:
     slot: int
@@ -83,9 +91,17 @@ class WorkerPool(Protocol):
     total_cores: int
     slot_cores: list[list[int]]
 
-    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
+    def warm_slot(self, slot: int, chips: int, hosts: int = 1,
+                  trial: TrialConfig | None = None) -> bool:
         """The slot's worker already has a mesh of `chips` devices over `hosts` processes
-        (compiled programs cached)."""
+        (compiled programs cached) and, given `trial`, has not yet run a replicate of it
+        (`replicate_key`)."""
+
+    def prestart(self, slot: int, chips: int) -> None:
+        """Start the slot's single-host worker for `chips` devices now (before its trial)."""
+
+    def wait_started(self, timeout: float) -> None:
+        """Wait (at most `timeout` s) until every worker started so far is up."""
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
                number: int | None = None) -> Handle:
@@ -130,8 +146,15 @@ class LocalPool:
         self.parallel = parallel
         self.slot_cores = [[] for _ in range(parallel)]
 
-    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
+    def warm_slot(self, slot: int, chips: int, hosts: int = 1,
+                  trial: TrialConfig | None = None) -> bool:
         return True
+
+    def prestart(self, slot: int, chips: int) -> None:
+        pass                        # nothing to start
+
+    def wait_started(self, timeout: float) -> None:
+        pass
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
                number: int | None = None) -> Handle:

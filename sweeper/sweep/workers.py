@@ -6,7 +6,12 @@ disjoint slots (`meshworker.split_cores`) and never runs two trials in one slot 
 concurrent trials do not share cores or pollute each other's timings (2 cores, parallel 2:
 one core each). An actor gets its device count through Ray `runtime_env` env_vars
 (`XLA_FLAGS`). An actor whose chip count a trial does not match is not reused; the slot
-starts (or reuses) one for that count, keeping a few alive.
+starts (or reuses) one for that count, keeping `max_workers_per_slot` alive (the controller
+passes the number of device counts the space has, so a grid that interleaves chip counts
+starts one process per slot and count, not one per change of count: issue 22). Each
+worker remembers the configurations it ran (`pool.replicate_key`), so the controller can
+keep a configuration's replicates from meeting in one warm process (see the controller's
+`_pick`).
 
 Real devices (`hardware: devices`): an actor asks Ray for the space's `resources` (e.g.
 {GPU: 1}, {TPU: 4}); no device-count flag, no pinning.
@@ -36,14 +41,14 @@ import os
 import re
 import socket
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
 from sweeper.formatting import one_line
 from sweeper.sweep.meshworker import TEST_DELAY_ENV, TEST_FAIL_HOST_ENV, MeshWorker, split_cores
-from sweeper.sweep.pool import Handle, Outcome, TrialError, WorkerLost
+from sweeper.sweep.pool import Handle, Outcome, TrialError, WorkerLost, replicate_key
 # re-exported from the module that held them before the split (the CLI, tests import them)
 from sweeper.sweep.pool import ClusterLost, LocalPool, WorkerPool  # noqa: F401
 from sweeper.sweep.slices import PLACE_TIMEOUT_S, SlicePlan, plan_slice
@@ -77,6 +82,7 @@ class _Worker:
     group: Any = None               # placement group (multi-host)
     coordinator: Any = None         # ObjectRef of rank 0's coordinator() (multi-host)
     error: BaseException | None = None   # the group could not be placed
+    ran: set = field(default_factory=set)   # replicate_key of each trial it was given
 
 
 
@@ -190,8 +196,24 @@ class RayPool:
             remove_placement_group(worker.group)
             worker.group = None
 
-    def warm_slot(self, slot: int, chips: int, hosts: int = 1) -> bool:
-        return self._worker_key(chips, hosts) in self._workers[slot]
+    def prestart(self, slot: int, chips: int) -> None:
+        """Start the slot's worker for `chips` devices now: its process imports JAX while
+        the controller finishes setting up (the actor's __init__ runs at once)."""
+        self.worker(slot, chips, 1)
+
+    def wait_started(self, timeout: float) -> None:
+        """Until every live worker has answered where() (its __init__, JAX imported, is
+        done), at most `timeout` seconds; a worker that died is the trial's business."""
+        refs = [ref for slot in self._workers for w in slot.values() for ref in w.wheres]
+        if refs:
+            self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+
+    def warm_slot(self, slot: int, chips: int, hosts: int = 1,
+                  trial: TrialConfig | None = None) -> bool:
+        worker = self._workers[slot].get(self._worker_key(chips, hosts))
+        if worker is None or worker.error is not None:
+            return False
+        return trial is None or replicate_key(trial) not in worker.ran
 
     def submit(self, slot: int, trial: TrialConfig, hardware: HardwareProfile | None,
                number: int | None = None) -> Handle:
@@ -201,6 +223,7 @@ class RayPool:
             self._workers[slot].pop(handle.key, None)
             handle.error = worker.error
             return handle
+        worker.ran.add(replicate_key(trial))
         args = (trial.to_dict(), hardware.to_dict() if hardware else None, number)
         # Rank 0's address is an ObjectRef argument: Ray hands it over once rank 0 answers.
         handle.refs = [a.run.remote(*args, worker.coordinator, self.verify) for a in worker.actors]

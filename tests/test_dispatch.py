@@ -1,0 +1,120 @@
+"""Dispatch that keeps workers, and the compilation cache shared by a sweep's workers
+(issue 22 items 1-2). Real JAX in subprocesses (the persistent cache is process-wide
+configuration), a real local Ray, real Optuna and MLflow stores; no timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from requires import require
+from sweeper.sweep import compile_cache
+from sweeper.sweep.meshworker import EngineCache
+from sweeper.sweep.pool import replicate_key
+from sweeper.sweep.space import load_space
+
+ROOT = Path(__file__).resolve().parents[1]
+
+COMPILE = """
+import json, sys
+from sweeper.sweep import compile_cache
+compile_cache.enable(sys.argv[1])
+counter = compile_cache.CacheCounter.install()
+import jax, jax.numpy as jnp
+jax.jit(lambda x: jnp.tanh(x) @ x.T + 1.0).lower(jnp.ones((16, 16))).compile()
+stats = counter.snapshot()
+print(json.dumps({"requests": stats.requests, "hits": stats.hits, "compiled": stats.compiled}))
+"""
+
+
+def _compile_in_fresh_process(folder: Path) -> dict:
+    out = subprocess.run([sys.executable, "-c", COMPILE, str(folder)], cwd=ROOT, check=True,
+                         capture_output=True, text=True, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_what_the_first_compiled(tmp_path):
+    first = _compile_in_fresh_process(tmp_path)
+    assert first["requests"] >= 1 and first["hits"] == 0 and first["compiled"] >= 1
+    assert any(tmp_path.iterdir())                              # entries written
+    second = _compile_in_fresh_process(tmp_path)
+    assert second["requests"] == first["requests"]
+    assert second["hits"] == second["requests"] and second["compiled"] == 0
+
+
+def test_the_cache_folder_is_named_by_jax_versions_and_the_engine_source(tmp_path, monkeypatch):
+    folder = compile_cache.cache_dir(tmp_path)
+    assert folder.parent == tmp_path / "compile-cache" and folder.is_dir()
+    from importlib import metadata
+
+    assert folder.name.startswith(f"jax-{metadata.version('jax')}-jaxlib-"
+                                  f"{metadata.version('jaxlib')}-")
+    # a folder of other code, untouched for longer than STALE_DAYS, goes; a recent one stays
+    old, recent = folder.parent / "jax-0-jaxlib-0-000000000000", folder.parent / "jax-1-x"
+    old.mkdir()
+    recent.mkdir()
+    os.utime(old, (1, 1))
+    assert compile_cache.cache_dir(tmp_path) == folder
+    assert not old.exists() and recent.exists()
+    monkeypatch.setenv(compile_cache.DISABLE_ENV, "1")
+    assert compile_cache.cache_dir(tmp_path) is None
+
+
+def test_engine_cache_keeps_the_most_recently_used_shapes():
+    cache = EngineCache(capacity=2)
+    cache["a"], cache["b"] = 1, 2
+    assert cache.get("a") == 1                                   # a is now the most recent
+    cache["c"] = 3
+    assert list(cache) == ["a", "c"]
+
+
+def test_replicates_share_a_key_other_configurations_do_not():
+    space = load_space(str(ROOT / "benchmarks" / "data" / "interleaved-grid.yaml"))
+    point = {"chips": 2, "batch": 4, "decode_ffn": "ws1d"}
+    seed0 = space.trial_config({**point, "seed": 0})
+    seed1 = space.trial_config({**point, "seed": 1})
+    other = space.trial_config({**point, "seed": 0, "decode_ffn": "ws2d"})
+    assert replicate_key(seed0) == replicate_key(seed1) != replicate_key(other)
+
+
+@pytest.mark.ci_slow
+def test_an_interleaved_grid_starts_one_worker_per_slot_and_chip_count(
+        session_sweeper_home, tmp_path, monkeypatch):
+    """Chips 1 and 2 interleaved by the grid sampler, 2 slots: at most 4 worker processes
+    (before issue 22 a slot started a process whenever the chip count changed); the
+    second process of a chip count loads programs the first compiled."""
+    require(len(os.sched_getaffinity(0)) >= 2, "needs two CPU cores")
+    monkeypatch.setenv("SWEEPER_HOME", str(session_sweeper_home))
+    from sweeper.sweep.controller import run_sweep
+
+    space = load_space({
+        "name": "dispatch", "model": "tiny", "hardware": "host", "input_len": 8,
+        "decode_steps": 2, "repeats": 2, "warmup": 0, "time_budget_s": 0.1,
+        "params": {"chips": [1, 2], "decode_ffn": ["ws1d", "ws2d"], "seed": [0, 1]},
+        "objectives": [{"metric": "decode_step_s", "direction": "minimize"}],
+        "sampler": {"type": "grid", "seed": 0}, "trials": 8, "parallel": 2,
+        "timeout_s": 300, "memory_budget_bytes": "1GiB"})
+    result = run_sweep(space, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+                       tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", progress=False)
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    trials = study.trials
+    assert result.counts["complete"] == 8, [t.user_attrs.get("reason") for t in trials]
+    workers = [t.user_attrs["worker"] for t in trials]
+    by_key = {}
+    for t, w in zip(trials, workers):
+        by_key.setdefault((w["slot"], t.params["chips"]), set()).add(w["pid"])
+    assert all(len(pids) == 1 for pids in by_key.values()), by_key     # no process restarted
+    assert len({w["pid"] for w in workers}) <= 4
+    measured = [t.user_attrs["measurement"] for t in trials]
+    assert all(m["programs_compiled"] >= 0 and m["programs_from_cache"] >= 0 for m in measured)
+    assert sum(m["programs_from_cache"] for m in measured) > 0         # shared across processes
+    assert all(w["reused"] == (w["cache_hit"] or m["programs_compiled"] == 0)
+               for w, m in zip(workers, measured))
+    assert (compile_cache.cache_dir(Path(session_sweeper_home), prune=False)).is_dir()
