@@ -152,6 +152,14 @@ def test_manifest_validates_against_the_kuberay_schema(rayjob, dockerfile):
     assert re.search(r"KubeRay (operator )?>= 1\.2", (DEPLOY / "rayjob.yaml").read_text())
 
 
+def _head(doc) -> dict:
+    return doc["spec"]["rayClusterSpec"]["headGroupSpec"]
+
+
+def _worker(doc) -> dict:
+    return doc["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+
+
 def _broken(rayjob, change) -> dict:
     doc = copy.deepcopy(rayjob)
     change(doc)
@@ -162,16 +170,16 @@ def _broken(rayjob, change) -> dict:
     ("a field KubeRay 1.2 does not have", lambda d: d["spec"].update(deletionPolicy="DeleteNone"),
      "Additional properties are not allowed ('deletionPolicy'"),
     ("a rayStartParams value that is not a string",
-     lambda d: d["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"].update({"num-cpus": 0}),
+     lambda d: _head(d)["rayStartParams"].update({"num-cpus": 0}),
      "0 is not of type 'string'"),
     ("a worker group without minReplicas",
-     lambda d: d["spec"]["rayClusterSpec"]["workerGroupSpecs"][0].pop("minReplicas"),
+     lambda d: _worker(d).pop("minReplicas"),
      "'minReplicas' is a required property"),
-    ("a memory quantity that is not one", lambda d: d["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
-     ["template"]["spec"]["containers"][0]["resources"]["limits"].update(memory="200 GB"),
+    ("a memory quantity that is not one", lambda d: _worker(d)["template"]["spec"]["containers"][0]
+     ["resources"]["limits"].update(memory="200 GB"),
      "does not match"),
     ("a GPU worker without /dev/shm",
-     lambda d: d["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"].pop("volumes"),
+     lambda d: _worker(d)["template"]["spec"].pop("volumes"),
      "no emptyDir (medium: Memory) mounted at /dev/shm"),
     ("another Ray than the image's",
      lambda d: d["spec"]["rayClusterSpec"].update(rayVersion="2.59.0"), "RAY_VERSION"),
@@ -288,8 +296,8 @@ def test_dockerfile_steps_build_a_working_environment(tmp_path, dockerfile, rayj
     """The image's steps, one by one, on this machine: WORKDIR /app is a folder here, COPY
     copies from the build context, RUN runs in bash with the ARG defaults, and `python`/`pip`
     are a fresh virtual environment's (apt-get steps are skipped: system packages). `pip
-    install` is run as `uv pip install --compile-bytecode` (the same requirements from the
-    same index, in a fraction of the time; docs/installing.md). Then the image's CMD and
+    install` is run as `uv pip install` (the same requirements from the same index, in a
+    fraction of the time; docs/installing.md; bytecode is compiled as modules are imported). Then the image's CMD and
     the manifest's entrypoint space, and the Ray version KubeRay is told."""
     context = _context_copy(tmp_path / "context")
     app = tmp_path / "app"
@@ -303,7 +311,7 @@ def test_dockerfile_steps_build_a_working_environment(tmp_path, dockerfile, rayj
         f"#!{sys.executable}\nimport os, sys\n"
         "args = [a for a in sys.argv[1:] if a != '--no-cache-dir']\n"
         "assert args[:1] == ['install'], args\n"
-        f"os.execv({uv!r}, [{uv!r}, 'pip', 'install', '--compile-bytecode', '--python', "
+        f"os.execv({uv!r}, [{uv!r}, 'pip', 'install', '--python', "
         f"{str(venv / 'bin' / 'python')!r}, *args[1:]])\n")
     (shims / "pip").chmod(0o755)
     env = {k: v for k, v in os.environ.items()

@@ -64,12 +64,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def quiet_ray_auth_notice(address: str | None) -> None:
     """Ray (2.60 here) turns token authentication on for a new local cluster when
-    RAY_AUTH_MODE is unset, and says so in a warning on every run ("Token authentication is enabled for this
-    Ray cluster. Set RAY_AUTH_MODE=disabled to opt out", ray/_private/authentication/
-    authentication_token_setup.py). Naming the mode Ray would choose anyway, `token`, keeps
-    that behaviour (a token in ~/.ray/auth_token, created if missing) without the notice.
-    A cluster given by --address or RAY_ADDRESS is left to its own setting; so is a mode the
-    user set."""
+    RAY_AUTH_MODE is unset, and says so in a warning on every run ("Token authentication is
+    enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out",
+    ray/_private/authentication/authentication_token_setup.py). Naming the mode Ray would
+    choose anyway, `token`, keeps that behaviour (a token in ~/.ray/auth_token, created if
+    missing) without the notice. A cluster given by --address or RAY_ADDRESS is left to its
+    own setting; so is a mode the user set (docs/installing.md)."""
     if not address and not os.environ.get("RAY_ADDRESS"):
         os.environ.setdefault("RAY_AUTH_MODE", "token")
 
