@@ -18,6 +18,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def analytical_sweep(sweeper_home, tmp_path):
     return sweeper_home, space, table
 
 
-@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+@pytest.mark.parametrize("damage", ["deleted", pytest.param("truncated", marks=pytest.mark.ci_slow)])
 def test_sync_rebuilds_a_lost_optuna_study_from_mlflow(analytical_sweep, tmp_path, capsys, damage):
     home, space, before = analytical_sweep
     db = home / "optuna.db"
@@ -197,6 +198,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.ci_slow      # ~30 s quiet, 70 s at load 15: three `sweeper` processes
 def test_a_full_disk_while_mlflow_creates_its_schema_is_named_and_repaired(small_disk, tmp_path,
                                                                           monkeypatch):
     mnt, leave, filler = small_disk
@@ -224,6 +226,7 @@ def test_a_full_disk_while_mlflow_creates_its_schema_is_named_and_repaired(small
     assert len(trials) == 6 and sorted(runs["number"]) == sorted(trials["number"])
 
 
+@pytest.mark.ci_slow      # ~24 s at load 15 (MLflow's schema creation until the disk is full)
 def test_a_half_created_store_with_no_run_is_moved_aside_before_a_sweep(small_disk):
     mnt, leave, filler = small_disk
     db = mnt / "mlflow.db"
@@ -260,7 +263,7 @@ DEVICES = {"name": "qs", "model": "tiny", "hardware": "devices", "chips": 1, "in
            "sampler": {"type": "grid"}, "trials": 3, "parallel": 1}
 
 
-@pytest.mark.ci_slow
+@pytest.mark.slow
 def test_a_ray_sweep_whose_optuna_store_is_deleted_then_truncated_is_rebuilt(
         shared_sweeper_home, tmp_path, capsys):
     """Quickstart-like: 3 trials of the tiny model on Ray workers (`sweeper run` itself)."""
@@ -293,3 +296,86 @@ def test_a_ray_sweep_whose_optuna_store_is_deleted_then_truncated_is_rebuilt(
         assert main(["export", *args, "--out", str(tmp_path / "after.csv")]) == 0
         same_table(before, pd.read_csv(tmp_path / "after.csv"))
     shutil.rmtree(tmp_path / "mlartifacts", ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- mid-sweep
+
+
+def start_sweep(tmp_path: Path, study: str, delay: str, trials: int = 3) -> subprocess.Popen:
+    """`sweeper run` of the DEVICES space in its own process (stderr to a file)."""
+    space = write_space(tmp_path, DEVICES)
+    env = dict(os.environ, SWEEPER_TEST_TRIAL_DELAY_S=delay)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sweeper.cli", "run", str(space), "--study", study, "--storage",
+         f"sqlite:///{tmp_path / 'optuna.db'}", "--tracking-uri",
+         f"sqlite:///{tmp_path / 'mlflow.db'}", "--no-analysis", "--trials", str(trials)],
+        env=env, stdout=open(tmp_path / "out", "w"), stderr=open(tmp_path / "err", "w"))
+
+
+def wait_complete(proc: subprocess.Popen, db: Path, n: int, timeout_s: float = 600) -> None:
+    """Until `n` trials are COMPLETE in the Optuna file (read-only)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, (db.parent / "err").read_text()[-2000:]
+        assert time.monotonic() < deadline
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as c:
+                if c.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'"
+                             ).fetchone()[0] >= n:
+                    return
+        except sqlite3.Error:
+            pass
+        time.sleep(0.5)
+
+
+def last_line(path: Path) -> str:
+    return [line for line in path.read_text().splitlines() if line.strip()][-1]
+
+
+@pytest.mark.ci_slow
+def test_the_optuna_store_truncated_mid_sweep_stops_it_then_sync_and_resume_repair_it(
+        shared_sweeper_home, tmp_path):
+    pytest.importorskip("ray")
+    proc = start_sweep(tmp_path, "mid", delay="4")
+    db = tmp_path / "optuna.db"
+    wait_complete(proc, db, 1)
+    os.truncate(db, 8192)                       # under the running sweep
+    assert proc.wait(timeout=600) == 1
+    line = last_line(tmp_path / "err")
+    assert line.startswith("sweeper run: error: the Optuna store") and "damaged" in line
+    sync = line[line.index("`") + 1:line.rindex("`")]
+    assert sync.startswith(f"sweeper sync --study mid --storage sqlite:///{db}")
+    args = sync.split()[2:]
+    assert main(["sync", *args]) == 0
+    table = load_trials("mid", f"sqlite:///{db}")
+    assert (table["state"] == "COMPLETE").sum() >= 1      # every trial that finished
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "run",
+                           str(tmp_path / "qs.yaml"), "--study", "mid", "--resume", "--storage",
+                           f"sqlite:///{db}", "--tracking-uri",
+                           f"sqlite:///{tmp_path / 'mlflow.db'}", "--no-analysis"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = load_trials("mid", f"sqlite:///{db}")
+    assert (table["state"] == "COMPLETE").sum() == 3      # the interrupted one ran again
+
+
+@pytest.mark.slow
+def test_the_mlflow_store_deleted_mid_sweep_is_a_warning_then_exit_1_naming_sync(
+        shared_sweeper_home, tmp_path):
+    pytest.importorskip("ray")
+    proc = start_sweep(tmp_path, "midml", delay="4")
+    wait_complete(proc, tmp_path / "optuna.db", 1)
+    for path in tmp_path.glob("mlflow.db*"):
+        if not path.name.endswith(".lock"):
+            path.unlink()
+    assert proc.wait(timeout=600) == 1
+    err = (tmp_path / "err").read_text()
+    assert "sweeper: warning: the MLflow store" in err and "was deleted" in err
+    line = last_line(tmp_path / "err")
+    assert line.startswith("sweeper run: error: the MLflow store") and "sweeper sync" in line
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    assert (load_trials("midml", storage)["state"] == "COMPLETE").sum() == 3   # all kept
+    assert main(["sync", "--study", "midml", "--storage", storage, "--tracking-uri",
+                 f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
+    runs = load_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "sweeper/qs")
+    assert sorted(runs["number"]) == [0, 1, 2]
