@@ -297,7 +297,12 @@ def prepare_tracking_store(uri: str, study: str | None = None) -> str | None:
         return None
     db = sqlite_path(uri)
     if "half-created" in problem.what and _runs_in(db) == 0:
-        moved = move_aside(db)
+        try:
+            moved = move_aside(db)
+        except OSError as err:
+            raise ConfigError("--tracking-uri", uri, f"an MLflow store that can be created "
+                              f"(this one {problem.what} and cannot be moved aside: "
+                              f"{err.strerror})") from None
         return (f"sweeper: the MLflow store {uri} {problem.what}, with no "
                 f"run in it (the disk filled while MLflow created it): moved aside to {moved}; "
                 "a fresh one is created")
