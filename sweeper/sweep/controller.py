@@ -131,6 +131,7 @@ class Controller:
         self.pending: list[tuple[Any, TrialConfig]] = []
         self.window = 2 * parallel if space.sampler.type in ORDER_FREE_SAMPLERS else 1
         self.asked = 0
+        self._started = time.monotonic()         # reset when run() begins (TIMELINE)
         self.ran = 0
         self.retry_params: list[tuple[int, dict]] = []   # interrupted trials to run again
         self.session: RaySession | None = None
