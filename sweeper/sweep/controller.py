@@ -15,35 +15,16 @@ Optuna 5 sampler reads). Storage is an Optuna RDB (SQLite under $SWEEPER_HOME by
 so `--resume` continues a study and Optuna's own tools (optuna-dashboard,
 `optuna.load_study`) read it.
 
+Over 500 lines because the loop and its dispatch policy (which asked point goes to which
+warm worker, `_pick` and `_prestart`, issue 22) read and change the same in-flight state.
 The other jobs of a sweep live beside it: checks before anything starts
 (`sweep/preflight.py`), which study to write (`sweep/naming.py`), the Ray session and its
 bounded shutdown (`sweep/session.py`), recording (`sweep/recording.py`), the pools
 (`sweep/pool.py`, `sweep/workers.py`) and the result (`sweep/result.py`).
 
-What happens when things fail (docs/architecture.md "Reliability"; each case has a test that injects it):
-
-- A trial raises: FAIL with `Type: message` as its reason; the sweep goes on.
-- Its worker process dies (crash, OOM, kill -9, node lost): the trial runs again on a
-  fresh worker of the same slot, up to `max_retries` times (`worker_lost` lists the dead
-  attempts), then FAIL with reason `worker died: N attempts ...`. Nothing is logged to
-  MLflow for a dead attempt: a trial has one child run, written when it finishes.
-- Past `timeout_s`: its worker is killed and replaced, FAIL with reason `timeout: ...`.
-- The controller dies: every trial is recorded in Optuna (attrs, then MLflow, then tell)
-  as it finishes, so completed trials survive. `--resume` tells trials that were fully
-  recorded but not yet told, marks the ones left running FAIL (`interrupted`), enqueues
-  their parameters again (`retry_of`), reuses the MLflow parent run and reconciles the
-  child runs (`sweeper.tracking.sync`). A study whose controller is alive cannot be resumed twice
-  (`sweeper.sweep.lease`).
-- Every Ray node is gone (the local raylet killed): seen within seconds (`_check_cluster`);
-  in-flight trials are recorded `interrupted` with that reason (re-run by `--resume`), the
-  orphaned workers killed, and `ClusterLost` ends the sweep (`sweeper run` exits 3).
-- Ray does not shut down (a stopped raylet): after SHUTDOWN_WAIT_S the Ray processes the
-  sweep started are killed and the process exits without waiting for Ray
-  (`sweeper.sweep.session`).
-- MLflow is unreachable: trials are still told to Optuna (attr `mlflow_error`);
-  `sweeper.tracking.link` backs off, backfills every missing run when MLflow answers
-  again, and at the end of the sweep tries once more, else prints the `sweeper sync`
-  command to run later.
+What happens when things fail (a trial raises, its worker dies, it times out, the
+controller dies, the Ray cluster is lost or does not shut down, MLflow is unreachable) is
+listed in docs/architecture.md, "Reliability"; each case has a test that injects it.
 """
 
 from __future__ import annotations
@@ -61,8 +42,8 @@ from sweeper.sweep import compile_cache, lease, stopping
 from sweeper.sweep.naming import choose_study, open_study
 from sweeper.sweep.pool import (ClusterLost, Handle, LocalPool, TrialError, WorkerLost,
                                 WorkerPool)
-from sweeper.sweep.preflight import (EMULATED_NOTE, check_memory_fits,  # noqa: F401 (re-exported)
-                                     check_run_arguments, emulated_budget)
+from sweeper.sweep.preflight import (check_memory_fits,  # noqa: F401 (re-exported for tests)
+                                     check_point, check_run_arguments)
 from sweeper.sweep.progress import ProgressLine
 from sweeper.sweep.recording import INTERRUPTED, Recorder, TrialOutcome, resume_trials
 from sweeper.sweep.result import SweepResult, pareto_rows
@@ -73,7 +54,6 @@ from sweeper.tracking.link import TrackingLink
 from sweeper.tracking.mlflow_log import experiment_name
 from sweeper.tracking.study import study_counts
 from workloads.config import ConfigError, HardwareProfile
-from workloads.costmodel import feasibility, predict
 from workloads.hardware import chip_share, per_chip, worker_share
 from workloads.trial import TrialConfig
 
@@ -427,26 +407,11 @@ class Controller:
         hardware, chip_profile, share = self.trial_hardware(config.chips, slot)
         # recorded so calibration reads the share the prediction used (docs/architecture.md)
         trial.set_user_attr("hardware_share", share)
-        prediction: dict[str, float] = {}
-        if chip_profile is not None:
-            budget = None
-            if self.space.hardware.kind == "host":
-                # the space's memory_budget_bytes is compared with the cost model as stated;
-                # the default (the host's memory) leaves room for what XLA CPU allocates
-                budget = self.space.memory_budget_bytes or emulated_budget(chip_profile.hbm_bytes,
-                                                                          config.chips)
-            try:
-                reason = feasibility(config, chip_profile, budget)
-                if reason and not self.space.memory_budget_bytes and budget is not None and \
-                        reason.startswith("memory"):
-                    reason += EMULATED_NOTE
-                prediction = predict(config, chip_profile).metrics()
-            except ConfigError as err:
-                reason = str(err)
-            if reason:
-                self.recorder.record(trial, TrialOutcome("PRUNED", f"infeasible: {reason}",
-                                                         config, flat, prediction))
-                return
+        reason, prediction = check_point(self.space, config, chip_profile)
+        if reason:
+            self.recorder.record(trial, TrialOutcome("PRUNED", f"infeasible: {reason}",
+                                                     config, flat, prediction))
+            return
         free.remove(slot)
         # The analytical pool evaluates the per-chip profile; a worker gets the whole share.
         hardware = chip_profile if self.pool.local else hardware

@@ -1,7 +1,8 @@
-"""Checks a sweep passes before anything is started: its arguments, its stores, and whether
-any point of a `host` space fits in this machine's memory.
+"""Checks a sweep passes before anything is started (its arguments, its stores, whether any
+point of a `host` space fits in this machine's memory), and each point before it runs.
 
     target = check_run_arguments(space, storage, tracking_uri, trials, parallel, ...)
+    reason, prediction = check_point(space, config, chip_profile)   # reason: prune it
 
 Each failure is a `ConfigError` (one line, exit 2) raised before Ray, Optuna's storage or
 MLflow are touched; nothing is created on disk.
@@ -21,8 +22,8 @@ from typing import Any
 from sweeper import paths
 from sweeper.sweep.session import check_ray_address
 from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace, checked_points
-from workloads.config import ConfigError
-from workloads.costmodel import feasibility
+from workloads.config import ConfigError, HardwareProfile
+from workloads.costmodel import feasibility, predict
 from workloads.hardware import load_hardware
 from workloads.hostprofile import physical_memory_bytes
 
@@ -116,3 +117,28 @@ def _number(value: Any) -> bool:
 
 def _order(value: Any) -> Any:
     return (0, value) if isinstance(value, (int, float)) else (1, str(value))
+
+
+def check_point(space: SearchSpace, config, chip_profile: HardwareProfile | None
+                ) -> tuple[str | None, dict[str, float]]:
+    """(why the point cannot run on `chip_profile`, or None; the cost model's prediction of
+    it): layout divisibility and memory against the profile's HBM or, for `host`, the
+    space's `memory_budget_bytes` (default: this host's share, less what XLA CPU adds)."""
+    if chip_profile is None:
+        return None, {}
+    budget = None
+    if space.hardware.kind == "host":
+        # the space's memory_budget_bytes is compared with the cost model as stated;
+        # the default (the host's memory) leaves room for what XLA CPU allocates
+        budget = space.memory_budget_bytes or emulated_budget(chip_profile.hbm_bytes,
+                                                              config.chips)
+    prediction: dict[str, float] = {}
+    try:
+        reason = feasibility(config, chip_profile, budget)
+        if reason and not space.memory_budget_bytes and budget is not None and \
+                reason.startswith("memory"):
+            reason += EMULATED_NOTE
+        prediction = predict(config, chip_profile).metrics()
+    except ConfigError as err:
+        reason = str(err)
+    return reason, prediction
