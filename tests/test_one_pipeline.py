@@ -69,3 +69,19 @@ def test_noise_floor_is_one_measurements_error():
     floor = calho.noise_floor([a, b])
     expected = np.mean([0.2 / 1.0, 0.2 / 1.2]) / math.sqrt(2)
     assert math.isclose(floor.mape, expected) and math.isclose(floor.mean_mape, expected / math.sqrt(2))
+
+
+def test_device_overhead_is_charged_per_layer_and_chip_and_round_trips():
+    """Issue 20's per-device dispatch term: + device_overhead_s x n_layers x chips, outside
+    the overlap and not scaled by the chip's share of the host."""
+    from workloads.config import HardwareProfile
+
+    config = grid(chips=(4,))[0].resolved()
+    call = costmodel.phase_calls(config)["decode"]
+    with_term = dataclasses.replace(TRUTH, device_overhead_s=1e-4)
+    extra = call.predict(with_term).latency_s - call.predict(TRUTH).latency_s
+    assert math.isclose(extra, 1e-4 * config.run_model.n_layers * 4, rel_tol=1e-9)
+    share = with_term.scaled(0.25)
+    assert math.isclose(call.predict(share).latency_s - call.predict(TRUTH.scaled(0.25)).latency_s,
+                        extra, rel_tol=1e-9)
+    assert HardwareProfile.from_dict(with_term.to_dict()).device_overhead_s == 1e-4

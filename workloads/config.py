@@ -287,6 +287,7 @@ class HardwareProfile:
     # Fitted terms the measurements demand (issue 10; sweeper/analysis/fit.py), 0 = the paper's model:
     collective_latency_s_per_device: float = 0.0   # + per collective op x (group size - 1)
     launch_overhead_s: float = 0.0                 # + once per program launch (a phase call)
+    device_overhead_s: float = 0.0                 # + per layer x chips: per-device dispatch (issue 20)
     # Measured per kind and group size by `sweeper profile` (workloads/opprofile.py): one
     # collective over g chips takes latency + bytes_per_chip / bandwidth, bytes per chip as
     # the HLO counts them (all-gather: output; reduce-scatter: input; others: the tensor).
@@ -338,7 +339,7 @@ class HardwareProfile:
             if not values[key] > 0:
                 raise ConfigError(f"{prefix}{key}", data[key], "a positive number", source)
         for key in ("collective_latency_s", "op_overhead_s", "overlap",
-                    "collective_latency_s_per_device", "launch_overhead_s"):
+                    "collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s"):
             if key in data:
                 values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
                 if values[key] < 0 or (key == "overlap" and values[key] > 1):

@@ -600,6 +600,9 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     terms = (compute_s, memory_s, comm_s - fixed_s)
     latency_s = ((1 - hw.overlap) * sum(terms) + hw.overlap * max(terms) + fixed_s
                  + hw.op_overhead_s * model.n_layers
+                 # each layer's ops dispatched once per device, whatever the device's share
+                 # of the host (issue 20: the 8-chip bias on the emulated mesh)
+                 + hw.device_overhead_s * model.n_layers * chips
                  # one program per phase call: dispatch and the host sync, whatever its size
                  + hw.launch_overhead_s)
     working = working_set_bytes(model, topology, layout, batch, seq_len, weights)

@@ -37,6 +37,7 @@ prediction).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -107,12 +108,15 @@ def by_kind_supported() -> bool:
 #   collective_latency_s_per_device  per collective op x (group size - 1): a ring's hops, an
 #                                     emulated mesh's rendezvous of g device threads
 #   launch_overhead_s                once per phase call: program dispatch and the host sync
-EXTRA_TERMS = ("collective_latency_s_per_device", "launch_overhead_s")
+#   device_overhead_s                per layer x chips: each op dispatched once per device, a
+#                                     cost that does not shrink with the device's core share
+EXTRA_TERMS = ("collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s")
 # The terms a default fit frees: chosen per fit by nested cross-validation (select_terms)
 # when the caller asks for it (`terms="select"`); otherwise none (the paper's constants).
 DEFAULT_TERMS: tuple[str, ...] = ()
 EXTRA_BOUNDS = {"collective_latency_s_per_device": (1e-12, 1e-2),   # <= 10 ms per device-hop
-                "launch_overhead_s": (1e-12, 1.0)}                  # <= 1 s per launch
+                "launch_overhead_s": (1e-12, 1.0),                  # <= 1 s per launch
+                "device_overhead_s": (1e-12, 1e-2)}                 # <= 10 ms per layer-device
 
 
 @dataclass(frozen=True)
@@ -186,10 +190,12 @@ def _sigmoid(x: float) -> float:
 # ----------------------------------------------------------------------------- fast terms
 
 
+@functools.lru_cache(maxsize=65536)
 def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...]) -> tuple:
     """One call's latency terms at unit constants: compute, memory, comm, per-kind collective
     counts, per-device group latency, launches, per-layer overhead — each read off
-    `predict_phase` by probing one constant at a time."""
+    `predict_phase` by probing one constant at a time. Cached: the hold-out schemes and the
+    nested term selection fit the same calls many times."""
     base = call.predict(_UNIT)
 
     def probe(**fields) -> Any:
@@ -200,10 +206,11 @@ def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...]) -> tuple:
         one = (probe(collective_latency_s=1.0) if kind == ""
                else probe(collective_latency_s_by_kind={kind: 1.0}))
         counts.append(one.comm_s - base.comm_s)
-    return (base.compute_s, base.memory_s, base.comm_s, counts,
+    return (base.compute_s, base.memory_s, base.comm_s, tuple(counts),
             probe(collective_latency_s_per_device=1.0).comm_s - base.comm_s,
             probe(launch_overhead_s=1.0).latency_s - base.latency_s,
-            probe(op_overhead_s=1.0).latency_s - base.latency_s)
+            probe(op_overhead_s=1.0).latency_s - base.latency_s,
+            probe(device_overhead_s=1.0).latency_s - base.latency_s)
 
 
 @dataclass
@@ -218,6 +225,7 @@ class PhaseTerms:
     group: np.ndarray        # sum of ops x (group size - 1)   (per-device latency, in comm)
     launches: np.ndarray     # launch_overhead_s multiplier     (outside the overlap)
     layers: np.ndarray       # op_overhead_s multiplier
+    devices: np.ndarray      # device_overhead_s multiplier (layers x chips)
     scale: np.ndarray        # per call: its observation's share of the profile
     obs: np.ndarray          # per call: its observation
     variant: np.ndarray      # per call: its variant
@@ -231,7 +239,7 @@ class PhaseTerms:
         col = lambda i: np.array([r[i] for r in rows], dtype=float)  # noqa: E731
         return cls(col(0), col(1), col(2),
                    np.array([r[3] for r in rows], dtype=float).reshape(len(rows), len(kinds)),
-                   col(4), col(5), col(6), np.array([s for *_, s in calls], dtype=float),
+                   col(4), col(5), col(6), col(7), np.array([s for *_, s in calls], dtype=float),
                    np.array([i for i, *_ in calls]), np.array([c.variant for _, c, _ in calls]),
                    np.array([c.weight for _, c, _ in calls], dtype=float), len(observations))
 
@@ -245,7 +253,8 @@ class PhaseTerms:
         fixed = self.counts @ lat + self.group * fields.get("collective_latency_s_per_device", 0.0)
         terms = np.stack([compute, memory, comm])
         return ((1 - overlap) * terms.sum(axis=0) + overlap * terms.max(axis=0) + fixed
-                + overhead * self.layers + fields.get("launch_overhead_s", 0.0) * self.launches)
+                + overhead * self.layers + fields.get("launch_overhead_s", 0.0) * self.launches
+                + fields.get("device_overhead_s", 0.0) * self.devices)
 
     def latency(self, theta: np.ndarray, space: "ParamSpace") -> np.ndarray:
         """Each observation's latency: the weighted sum of its calls, the fastest variant."""

@@ -405,7 +405,8 @@ def blowup_reason(result: "Calibration") -> str | None:
     if fold_fit is not None:
         ratios = {}
         for name in ("peak_flops", "hbm_bandwidth", "ici_bandwidth", "op_overhead_s",
-                     "collective_latency_s", "launch_overhead_s", "collective_latency_s_per_device"):
+                     "collective_latency_s", "launch_overhead_s", "collective_latency_s_per_device",
+                     "device_overhead_s"):
             a, c = getattr(fold_fit, name), getattr(result.fitted, name)
             if a > 0 and c > 0 and max(a, c) > 1e-9:   # overheads at their 0 bound say nothing
                 ratios[name] = a / c
@@ -528,7 +529,7 @@ class Calibration:
                 "collective_latency_s_by_kind": dict(getattr(p, "collective_latency_s_by_kind", {})),
                 "op_overhead_s": p.op_overhead_s, "overlap": p.overlap,
                 "collective_latency_s_per_device": p.collective_latency_s_per_device,
-                "launch_overhead_s": p.launch_overhead_s}
+                "launch_overhead_s": p.launch_overhead_s, "device_overhead_s": p.device_overhead_s}
 
     def summary(self) -> dict[str, Any]:
         """What `sweeper fit --json` prints."""
