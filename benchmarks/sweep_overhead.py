@@ -458,6 +458,21 @@ def markdown_issue22(r: dict) -> str:
                            "trials (whole command)", "... within the trials' span",
                            "before the first trial", "after the last", "trials compiling nothing",
                            "replicate pairs in one process", "load average (start)"], rows)
+    before = r.get("before") or {}
+    for key in ("quickstart", "grid", "calibration"):
+        b, a = before.get(key), r.get(key)
+        if b and a:
+            lines.append(f"- before (commit {before.get('commit')}, one run, load "
+                         f"{(b.get('context') or {}).get('load_average')}), {key}: "
+                         f"{b['worker_processes']} worker processes for {b['ran']} trials, "
+                         f"{b.get('reused')} trials compiling nothing, "
+                         f"{b.get('replicate_pairs_same_process')} of {b.get('replicate_pairs')} "
+                         f"replicate pairs in one process, {common.pct(b.get('span_share'))} of the "
+                         f"slots' time outside trials within the span, "
+                         f"{common.pct(b.get('orchestration_share'))} over the whole command; "
+                         f"after: {a['worker_processes']}, {a.get('reused')}, "
+                         f"{a.get('replicate_pairs_same_process')} of {a.get('replicate_pairs')}, "
+                         f"{common.pct(a.get('span_share'))}, {common.pct(a.get('orchestration_share'))}")
     t = r.get("issue22_targets") or {}
     lines.append("")
     for key, b in t.items():
@@ -497,6 +512,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(common.RESULTS))
     parser.add_argument("--storage")
     parser.add_argument("--tracking-uri")
+    parser.add_argument("--before", metavar="JSON", help="a results file this benchmark wrote "
+                        "with the code before issue 22 (see docs/performance.md): its sweep "
+                        "sections are kept under `before`")
+    parser.add_argument("--before-commit", help="the commit --before was measured at")
     args = parser.parse_args(argv)
     import optuna
 
@@ -550,6 +569,12 @@ def main(argv: list[str] | None = None) -> int:
                              quickstart_wall_s_max=TARGET_QUICKSTART_WALL_S,
                              calibration_reuse_min=TARGET_REUSE)
     result["issue22_targets"] = issue22_targets(result)
+    result["before"] = previous.get("before")
+    if args.before:
+        old = json.loads(Path(args.before).read_text())
+        result["before"] = {"commit": args.before_commit,
+                            **{k: old[k] for k in ("quickstart", "grid", "calibration")
+                               if old.get(k) and old[k].get("worker_processes") is not None}}
     if "tiny" in run:
         result.update(context=context, context_end=common.machine_context(),
                       elapsed_s=time.perf_counter() - start)

@@ -120,18 +120,27 @@ class MeshWorker:
                 self.cores = sorted(wanted)
         self.engine_cache: dict = EngineCache()
         self.trials_run = 0
-        # the sweep's persistent compilation cache, set before this process compiles anything
         self.cache_counter = None
+        self.warmed = False
+
+    def warm(self) -> bool:
+        """Set up what every trial needs, once (the pool calls it right after `where`, and
+        `run` before its first trial): the sweep's persistent compilation cache, before
+        this process compiles anything; for a single-host worker also the engine's imports
+        and the JAX backend, so that they happen while the controller sets up (a sweep's
+        workers start with Ray), not in the first trial. (A multi-host worker must join
+        jax.distributed before its backend starts.)"""
+        if self.warmed:
+            return False
+        self.warmed = True
         if compile_cache.enable(os.environ.get(compile_cache.CACHE_DIR_ENV)):
             self.cache_counter = compile_cache.CacheCounter.install()
-        if hosts == 1 and self.cache_counter is not None:
-            # Start-up work done now, while the controller sets up (a sweep's workers start
-            # with Ray), not in the first trial: the engine's imports and the JAX backend.
-            # (A multi-host worker must join jax.distributed before its backend starts.)
-            import jax   # lazy: JAX only in the process that runs trials
+            if self.hosts == 1:
+                import jax   # lazy: JAX only in the process that runs trials
 
-            import workloads.engine  # noqa: F401 - imported here for its start-up cost
-            jax.devices()
+                import workloads.engine  # noqa: F401 - imported here for its start-up cost
+                jax.devices()
+        return True
 
     def where(self) -> dict[str, Any]:
         """Where this worker runs (no JAX import: answers as soon as the process is up)."""
@@ -178,6 +187,7 @@ class MeshWorker:
             if os.environ.get(TEST_FAIL_HOST_ENV, "") == str(self.rank):
                 raise RuntimeError(f"injected failure on host {self.rank} ({TEST_FAIL_HOST_ENV})")
             self.join(coordinator)
+        self.warm()
         trial = TrialConfig.from_dict(config, validate=False)
         profile = HardwareProfile.from_dict(hardware) if hardware else None
         before = set(self.engine_cache)

@@ -82,6 +82,7 @@ class _Worker:
     group: Any = None               # placement group (multi-host)
     coordinator: Any = None         # ObjectRef of rank 0's coordinator() (multi-host)
     error: BaseException | None = None   # the group could not be placed
+    warmed: list = field(default_factory=list)   # ObjectRefs of each actor's warm()
     ran: set = field(default_factory=set)   # replicate_key of each trial it was given
 
 
@@ -157,7 +158,8 @@ class RayPool:
     def _start(self, slot: int, chips: int) -> _Worker:
         cores = self.slot_cores[slot] if self.emulated else None
         actor = self._remote.options(**self._options(chips)).remote(slot, chips, cores)
-        return _Worker([actor], [actor.where.remote()])   # where() runs first: one thread
+        where = actor.where.remote()          # where() runs first (one thread), then warm()
+        return _Worker([actor], [where], warmed=[actor.warm.remote()])
 
     def _start_group(self, slot: int, chips: int, hosts: int) -> _Worker:
         """Reserve one bundle per host (whole or not at all), start one actor per bundle."""
@@ -202,9 +204,10 @@ class RayPool:
         self.worker(slot, chips, 1)
 
     def wait_started(self, timeout: float) -> None:
-        """Until every live worker has answered where() (its __init__, JAX imported, is
-        done), at most `timeout` seconds; a worker that died is the trial's business."""
-        refs = [ref for slot in self._workers for w in slot.values() for ref in w.wheres]
+        """Until every live worker has warmed up (JAX and the engine imported, the
+        compilation cache set), at most `timeout` seconds; a worker that died is the
+        trial's business."""
+        refs = [ref for slot in self._workers for w in slot.values() for ref in w.warmed]
         if refs:
             self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
 
