@@ -223,6 +223,7 @@ def evaluate(csv: Path = RECORDED, base_yaml: Path = RECORDED_BASE, seed: int = 
                       "noise_floor_by_phase": {st: floors[st].by_phase for st in STATISTICS}},
         "terms_selected": list(result.terms),
         "stop_rule": stop_rule(frame),
+        "core_share_check": core_share_check(base, result.terms, statistic),
         "issue20_all_met": all(holdouts[s].get("issue20", {}).get("met", False) for s in TARGET_SCHEMES
                                if s in holdouts),
         "measurement_ci_rel_median": {ph: _median(frame.get(f"{ph}_ci_rel")) for ph in ("prefill", "decode")},
@@ -238,6 +239,32 @@ def evaluate(csv: Path = RECORDED, base_yaml: Path = RECORDED_BASE, seed: int = 
         "insample_mape": float(result.insample["ape"].mean()),
         "unfitted_mape": float(np.mean(start_ape)),
     }
+
+
+def core_share_check(base, terms: tuple[str, ...], statistic: str) -> dict:
+    """Is the 8-chip bias the serialisation of virtual devices that share a core? The same
+    configurations were run with one worker (the whole host: 4 devices per core at 8 chips)
+    and two (8 per core). Fitted on the sweep, with and without `device_overhead_s`, the
+    signed median error per (workers, phase, chips): a serialisation term would grow with
+    devices per core; a per-device dispatch cost is the same in seconds, so its share is
+    larger where the compute is faster (one worker)."""
+    from sweeper.analysis import fit as calfit
+
+    frame = pd.read_csv(RECORDED)
+    points = calfit.points_from_frame(frame, base, statistic=statistic)
+    out = {}
+    for label, use in (("without device_overhead_s", tuple(t for t in terms if t != "device_overhead_s")),
+                       ("with device_overhead_s", tuple(sorted(set(terms) | {"device_overhead_s"})))):
+        profile = calfit.fit_profile(points, base, calfit.default_space(points, use)).profile
+        cells = {}
+        for parallel, csv in NOISE_RUNS.items():
+            if not csv.is_file():
+                continue
+            for p in calfit.points_from_frame(pd.read_csv(csv), base, statistic=statistic):
+                cells.setdefault(f"{parallel} worker(s), {p.phase} x{p.chips}", []).append(
+                    calfit.predict_point(p, profile) / p.measured - 1)
+        out[label] = {k: float(np.median(v)) for k, v in sorted(cells.items())}
+    return out
 
 
 def issue20_targets(ho) -> dict:
@@ -469,6 +496,16 @@ def _issue20_lines(r: dict) -> list[str]:
             got = {(c["phase"], c["chips"]): c["signed_median"] for c in t["cells"]}
             lines.append(f"| {name} | " + " | ".join(f"{100 * got[k]:+.1f}%" if k in got else "—"
                                                      for k in names) + " |")
+    cs = r.get("core_share_check") or {}
+    if cs:
+        keys = list(next(iter(cs.values())))
+        lines += ["", "Is the 8-chip bias the serialisation of virtual devices sharing a core? The noise "
+                  "runs' signed median error (fitted on the sweep; one worker = 4 devices per core at 8 "
+                  "chips, two = 8 per core). A serialisation term would grow with devices per core; the "
+                  "bias is larger with one worker, as a fixed per-device cost is where compute is faster:", "",
+                  "| fit | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        for label, cells in cs.items():
+            lines.append(f"| {label} | " + " | ".join(f"{100 * cells[k]:+.1f}%" for k in keys) + " |")
     lines += ["", f"Stop rule on the recorded trials: every trial did {sr['min_runs_recorded']:.0f} runs "
               f"(min {sr['runs_recorded']['min']:.0f}, max {sr['runs_recorded']['max']:.0f}); one run takes "
               f"{sr['s_per_run_median']:.2f} s (median), so the minimum alone takes "

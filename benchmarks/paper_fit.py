@@ -74,8 +74,8 @@ def variants(measurements: Path, base) -> dict:
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, keep in (("without Figure 8", lambda line: "Figure 8" not in line),
-                           ("Table 2 only (8 rows)", lambda line: "Table 2" in line)):
+        for name, keep in (("without_figure_8", lambda line: "Figure 8" not in line),
+                           ("table_2_only", lambda line: "Table 2" in line)):
             res = external.calibrate_measurements(subset(measurements, keep, "part.csv", Path(tmp)),
                                                   base, ("loo",))
             out[name] = {"rows": len(res.points), "mape_heldout": res.main.mape,
@@ -129,7 +129,8 @@ def run(measurements: Path, hardware: str) -> tuple[dict, str]:
              "| rows | n | held-out MAPE | median | max | blown up | physical | int8 / bf16 |",
              "|---|---|---|---|---|---|---|---|"]
     for name, v in parts.items():
-        lines.append(f"| {name} | {v['rows']} | {pct(v['mape_heldout'])} | {pct(v['median_ape_heldout'])} | "
+        label = {"without_figure_8": "without Figure 8", "table_2_only": "Table 2 only"}[name]
+        lines.append(f"| {label} | {v['rows']} | {pct(v['mape_heldout'])} | {pct(v['median_ape_heldout'])} | "
                      f"{pct(v['max_ape_heldout'])} | {'yes' if v['refused'] else 'no'} | "
                      f"{'yes' if all(v['physical'].values()) else 'no'} | {v['int8_advantage']['ratio']:.2f}x |")
     lines.append("")
