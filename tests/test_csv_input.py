@@ -78,3 +78,58 @@ def test_missing_and_empty_files(tmp_path):
     assert "an existing CSV file" in error(tmp_path / "nope.csv")
     with pytest.raises(ConfigError, match="header"):
         read_csv(write(tmp_path, "# only a comment\n\n"))
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+PAPER = "benchmarks/data/paper-tpu-v4.csv"
+
+
+def paper_rows(tmp_path, transform, name="paper.csv"):
+    """The shipped measurements file, changed by `transform(text) -> bytes`."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / PAPER).read_text()
+    return write(tmp_path, transform(text), name)
+
+
+def fit(path, capsys) -> tuple[int, str]:
+    from sweeper.cli import main
+
+    code = main(["fit", "--measurements", str(path), "--hardware", "tpu-v4", "--json"])
+    return code, capsys.readouterr().err.strip()
+
+
+def _first_latency(text: str, value: str) -> str:
+    lines = text.splitlines()
+    header_at = next(i for i, l in enumerate(lines) if l and not l.startswith("#"))
+    columns = lines[header_at].split(",")
+    at = columns.index("latency_s")
+    for i in range(header_at + 1, len(lines)):
+        cells = lines[i].split(",")
+        if len(cells) == len(columns) and cells[at]:
+            cells[at] = value
+            lines[i] = ",".join(cells)
+            break
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("transform, expect", [
+    (lambda t: b"\x00\x01binary" * 10, "NUL byte"),
+    (lambda t: t.replace("model", "modèle", 1).encode("latin-1"), "UTF-8"),
+    (lambda t: _first_latency(t, "inf").encode(), "a finite number"),
+    (lambda t: _first_latency(t, "nan").encode(), "a finite number"),
+    (lambda t: t.replace(",source", ",chips", 1).encode(), "each column once"),
+])
+def test_fit_measurements_hostile_files_are_one_line_exit_2(tmp_path, capsys, transform, expect):
+    code, err = fit(paper_rows(tmp_path, transform), capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and expect in err, err
+    assert "Traceback" not in err
+
+
+def test_fit_measurements_accepts_a_utf8_bom(tmp_path, capsys):
+    """The file with a BOM fits exactly as the file without (whatever the fit concludes)."""
+    plain = fit(paper_rows(tmp_path, lambda t: t.encode(), "plain.csv"), capsys)
+    bom = fit(paper_rows(tmp_path, lambda t: b"\xef\xbb\xbf" + t.encode(), "bom.csv"), capsys)
+    assert "header" not in bom[1] and "ufeff" not in bom[1]
+    assert bom[0] == plain[0] and bom[1].replace("bom.csv", "plain.csv") == plain[1]

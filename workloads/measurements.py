@@ -31,12 +31,12 @@ accepted (the CLI prints it as one line and exits 2).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from workloads import costmodel
+from workloads.csv_input import read_csv
 from workloads.config import (BLOCKS, ConfigError, HardwareProfile, ModelConfig, load_model,
                               parse_topology)
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout,
@@ -96,20 +96,10 @@ def load_measurements(path: str | Path) -> list[MeasuredPoint]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("file", str(path), "an existing CSV file of measurements")
-    with path.open(newline="") as handle:   # comment and blank lines keep their numbers
-        numbered = [(i, line) for i, line in enumerate(handle, start=1)
-                    if line.strip() and not line.lstrip().startswith("#")]
-    reader = csv.DictReader(line for _, line in numbered)
-    header = [h.strip() for h in (reader.fieldnames or [])]
+    # limits, encoding, BOM, duplicated columns, non-finite numbers: workloads/csv_input.py
+    header, rows = read_csv(path, numeric=("latency_s", "mfu"))
     _check_header(header, str(path))
-    points = []
-    for index, raw in enumerate(reader, start=1):
-        number = numbered[index][0]        # the file's line number of this row
-        row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
-        if None in raw:
-            raise ConfigError(f"row {number}", ",".join(raw[None]), f"{len(header)} values "
-                              "(one per header column)", str(path))
-        points.append(_parse_row(row, number, str(path)))
+    points = [_parse_row(row, number, str(path)) for number, row in rows]
     if not points:
         raise ConfigError("rows", 0, "at least one measurement row", str(path))
     return points
