@@ -96,7 +96,7 @@ def test_an_interleaved_grid_starts_one_worker_per_slot_and_chip_count(
 
     space = load_space({
         "name": "dispatch", "model": "tiny", "hardware": "host", "input_len": 8,
-        "decode_steps": 2, "repeats": 2, "warmup": 0, "time_budget_s": 0.1,
+        "decode_steps": 2, "repeats": 2, "warmup": 0, "time_budget_s": 0.1, "batch": 4,
         "params": {"chips": [1, 2], "decode_ffn": ["ws1d", "ws2d"], "seed": [0, 1]},
         "objectives": [{"metric": "decode_step_s", "direction": "minimize"}],
         "sampler": {"type": "grid", "seed": 0}, "trials": 8, "parallel": 2,
