@@ -523,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     from sweeper.sweep.space import load_space
 
     if args.only:
-        run = set(args.only.split(","))
+        # "render": run nothing, rewrite the files from the results file's sections
+        run = set(args.only.split(",")) - {"render"}
         unknown = run - set(SECTIONS)
         if unknown:
             parser.error(f"--only: unknown sections {sorted(unknown)}; one of {SECTIONS}")
@@ -564,6 +565,11 @@ def main(argv: list[str] | None = None) -> int:
         print("sweep overhead: compile time from the cache", file=sys.stderr)
         sections["cache"] = cache_section()
     result = summarize(sweeper, tune, quick)
+    if quick and not {"tiny", "quickstart"} <= run:
+        # the tiny sweep's overhead per trial and the quickstart's wall time come from two
+        # runs under different loads: the share is shown, never judged
+        result["meets_quickstart_target"] = None
+        result["quickstart_overhead_share_note"] = "tiny and quickstart sections from different runs"
     result.update(sections)
     result["targets"].update(span_share_max=TARGET_SPAN_SHARE, wall_share_max=TARGET_WALL_SHARE,
                              quickstart_wall_s_max=TARGET_QUICKSTART_WALL_S,
