@@ -76,13 +76,16 @@ BAD_FILES = {
     "binary": (bytes(random.Random(1).randrange(128, 256) for _ in range(4096)), ["UTF-8 text"]),
     "nul-bytes": (b"name: x\x00\x01\nmodel: tiny\n", ["valid YAML"]),
     "deep": ("a: " + "[" * 5000 + "]" * 5000 + "\n", [f"nested at most {MAX_DEPTH}"]),
-    "deep-mapping": ("".join(f"{' ' * i}k{i}:\n" for i in range(2000)) + " " * 2000 + "x\n",
+    "deep-mapping": ("".join(f"{' ' * i}k{i}:\n" for i in range(150)) + " " * 150 + "x\n",
                      ["nesting deeper"]),
     "alias-bomb": (alias_bomb(), [f"more than {MAX_NODES} values"]),
     "recursive-alias": ("name: x\nmodel: &m [*m]\n", ["its own anchor"]),
-    "huge-value": ("name: x\nmodel: tiny\nbogus: " + "x" * 3_000_000 + "\n",
-                   ["bogus", "…(3000002 chars)"]),
-    "huge-key": ("name: x\nmodel: tiny\n? " + "k" * 2_000_000 + "\n: 1\n", ["…(2000000 chars)"]),
+    # under the size limit (config.MAX_FILE_BYTES): the echo of a long value is bounded
+    "huge-value": ("name: x\nmodel: tiny\nbogus: " + "x" * 200_000 + "\n",
+                   ["bogus", "…(200002 chars)"]),
+    "huge-key": ("name: x\nmodel: tiny\n? " + "k" * 200_000 + "\n: 1\n", ["…(200000 chars)"]),
+    # over it: refused before parsing, naming the size and the limit
+    "too-large": ("name: x\nmodel: tiny\n" + "# padding\n" * 600_000, ["at most 256 KiB", "6,000,020 bytes"]),
 }
 
 
@@ -97,7 +100,8 @@ def test_a_bad_space_file_is_one_bounded_config_error(case, tmp_path):
     assert all(text in message for text in expected), (expected, message)
 
 
-@pytest.mark.parametrize("case", ["latin1", "utf16", "binary", "deep", "alias-bomb", "huge-value"])
+@pytest.mark.parametrize("case", ["latin1", "utf16", "binary", "deep", "alias-bomb", "huge-value",
+                                  "too-large"])
 def test_the_cli_rejects_a_bad_space_file_in_one_line(case, tmp_path):
     content, expected = BAD_FILES[case]
     home = tmp_path / "home"
