@@ -212,12 +212,22 @@ def truncate(db: Path, keep: int = 3000) -> None:
         db.with_name(db.name + suffix).unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("command", [["pareto"], ["fit"], ["report", "--out", "OUT"], ["sync"]])
+@pytest.mark.parametrize("command", [["pareto"], ["fit"], ["report", "--out", "OUT"]])
 def test_a_truncated_optuna_db_is_one_line_for_every_reader(command, finished_home, tmp_path):
     home = copy_home(finished_home[0], tmp_path / "home")
     truncate(home / "optuna.db")
     command = [str(tmp_path / "out") if part == "OUT" else part for part in command]
     one_line_error(sweeper(*command, "--study", "done", home=home), "optuna.db")
+
+
+def test_sync_repairs_a_truncated_optuna_db_from_mlflow_and_readers_work_again(finished_home, tmp_path):
+    home = copy_home(finished_home[0], tmp_path / "home")
+    truncate(home / "optuna.db")
+    proc = sweeper("sync", "--study", "done", home=home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "optuna.db" in proc.stdout + proc.stderr
+    pareto = sweeper("pareto", "--study", "done", home=home)
+    assert pareto.returncode == 0, pareto.stderr[-3000:]
 
 
 def test_a_truncated_mlflow_db_stops_run_before_a_study_is_created(finished_home, tmp_path):
