@@ -221,7 +221,7 @@ def test_wheel_in_a_fresh_venv_runs_quickstart_from_another_directory(tmp_path):
     run = sweeper("run", "quickstart", "--set", "trials=2", "--set", "parallel=1", "--json",
                   "--no-analysis")
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "Token authentication" not in run.stderr       # Ray's notice (sweeper/cli/run.py)
+    assert "Token authentication" not in run.stderr       # Ray's notice (sweeper/sweep/session.py)
     result = json.loads(run.stdout)
     study = result["study"]
     assert study.startswith("quickstart-")
@@ -243,7 +243,7 @@ def test_ray_token_notice_is_silenced_only_for_a_local_cluster(monkeypatch):
     """Ray 2.60 warns on every new local cluster when RAY_AUTH_MODE is unset (the ci_slow test
     above checks the notice is gone from a real run); naming `token`, Ray's own default
     there, silences it. A cluster given by address, and a mode the user chose, are untouched."""
-    from sweeper.cli.run import quiet_ray_auth_notice
+    from sweeper.sweep.session import quiet_ray_auth_notice
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

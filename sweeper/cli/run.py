@@ -45,7 +45,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ConfigError(f"--{flag}", value, "a positive integer")
     # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts)
-    quiet_ray_auth_notice(args.address)
     result = run_sweep(space, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study, resume=args.resume, trials=args.trials,
                        parallel=args.parallel, address=args.address, progress=True)
@@ -60,18 +59,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             print()
             print(format_sweep_summary(summary))
     return 0
-
-
-def quiet_ray_auth_notice(address: str | None) -> None:
-    """Ray (2.60 here) turns token authentication on for a new local cluster when
-    RAY_AUTH_MODE is unset, and says so in a warning on every run ("Token authentication is
-    enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out",
-    ray/_private/authentication/authentication_token_setup.py). Naming the mode Ray would
-    choose anyway, `token`, keeps that behaviour (a token in ~/.ray/auth_token, created if
-    missing) without the notice. A cluster given by --address or RAY_ADDRESS is left to its
-    own setting; so is a mode the user set (docs/installing.md)."""
-    if not address and not os.environ.get("RAY_ADDRESS"):
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def format_sweep_summary(summary: dict) -> str:

@@ -189,6 +189,21 @@ def _alarm_at_exit() -> None:
     signal.alarm(EXIT_ALARM_S)
 
 
+def quiet_ray_auth_notice(address: str | None) -> None:
+    """Ray (2.60 here) turns token authentication on for a new local cluster when
+    RAY_AUTH_MODE is unset, and says so in a warning on every run ("Token authentication is
+    enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out",
+    ray/_private/authentication/authentication_token_setup.py). Naming the mode Ray would
+    choose anyway, `token`, keeps that behaviour (a token in ~/.ray/auth_token, created if
+    missing) without the notice. A cluster given by --address or RAY_ADDRESS is left to its
+    own setting; so is a mode the user set (docs/installing.md). Called by `RaySession.start` and by every other
+    place that starts a local Ray (`sweeper serve`, the benchmarks).."""
+    # Ray reads the mode when it is imported: set later, the driver would lack the token
+    # its own new cluster demands (InvalidAuthToken), so an imported Ray is left as it is.
+    if not address and not os.environ.get("RAY_ADDRESS") and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+
 class RaySession:
     """The sweep's connection to Ray and, for a local cluster, the processes it started."""
 
@@ -203,6 +218,7 @@ class RaySession:
     def start(self) -> None:
         """Connect to the cluster at `address`, or start a local one on the loopback.
         ClusterLost when the local cluster does not start; ConfigError for an address."""
+        quiet_ray_auth_notice(None if self.local else self.address)
         import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
         if ray.is_initialized():
