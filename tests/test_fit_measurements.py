@@ -77,7 +77,8 @@ def test_fit_measurements_json_has_the_study_fits_keys(tmp_path, monkeypatch, ca
 def test_a_fit_with_a_blown_up_heldout_row_is_not_published(tmp_path, monkeypatch, capsys):
     """The shipped paper CSV has rows no physically possible constants reconcile (Figure 7's
     weight-gathered 20% MFU at 125k tokens, Figure 8's readings): its worst held-out row is
-    more than 3x the median row's error, so the fit is refused, naming the row; exit 1."""
+    more than 3x the median row's error, so the fit is refused, naming the row: no profile
+    written, one line on stderr, the evaluation itself printed (exit 0)."""
     monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
     out = tmp_path / "refused.yaml"
     code = main(["fit", "--measurements", str(PAPER), "--hardware", "tpu-v4", "--holdout", "loo",
@@ -85,7 +86,7 @@ def test_a_fit_with_a_blown_up_heldout_row_is_not_published(tmp_path, monkeypatc
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     blowup = data["holdouts"]["loo"]["blowup"]
-    assert code == 1 and not out.exists()
+    assert code == 0 and not out.exists()
     assert blowup["fold_mape"] > calho.BLOWUP_RATIO * blowup["median_fold_mape"]
     assert data["refused"] and f"row {blowup['point'].split(',')[0].split()[-1]}" in captured.err
     assert len(captured.err.strip().splitlines()) == 1
