@@ -25,6 +25,7 @@ from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
 from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
 from sweeper.sweep import stopping as sweep_stopping
 from sweeper.sweep.workers import ClusterLost   # (imports no Ray: that is lazy)
+from sweeper.tracking.store_health import StoreLost   # (stdlib only)
 from workloads.config import ConfigError
 
 
@@ -273,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `sweeper ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
+    except StoreLost as err:       # a store deleted or damaged mid-sweep (store_health.py)
+        print(f"sweeper {args.command}: error: {err}", file=sys.stderr)
+        return 1
     except ClusterLost as err:
         print(f"sweeper {args.command}: error: {err}; trials that were in flight are recorded "
               "as interrupted: --resume runs them again", file=sys.stderr)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from typing import Any, Callable
 
 from sweeper import paths
 from sweeper.formatting import one_line
-from sweeper.sweep import compile_cache, lease, stopping
+from sweeper.sweep import compile_cache, lease, oom, stopping
 from sweeper.sweep.naming import choose_study, open_study
 from sweeper.sweep.pool import (ClusterLost, Handle, LocalPool, TrialError, WorkerLost,
                                 WorkerPool)
@@ -52,6 +53,7 @@ from sweeper.sweep.space import SearchSpace, load_space
 from sweeper.sweep.workers import RayPool
 from sweeper.tracking.link import TrackingLink
 from sweeper.tracking.mlflow_log import experiment_name
+from sweeper.tracking.store_health import StoreLost, StoreMonitor
 from sweeper.tracking.study import study_counts
 from workloads.config import ConfigError, HardwareProfile
 from workloads.hardware import chip_share, per_chip, worker_share
@@ -84,6 +86,7 @@ class _InFlight:
     placement: dict | None = None        # where the current attempt's worker runs
     lost: list[dict] = field(default_factory=list)   # earlier attempts whose worker died
     submitted: float = field(default_factory=time.monotonic)   # this attempt's, monotonic
+    oom_before: Any = None               # OOM-kill counters when its worker was up (oom.py)
 
     def outcome(self, state: str, reason: str | None = None, **more: Any) -> TrialOutcome:
         return TrialOutcome(state, reason, self.config, self.flat, self.prediction, **more)
@@ -125,6 +128,7 @@ class Controller:
         self.experiment = experiment_name(space.name, self.source)
         self._next_heartbeat = 0.0
         self._next_cluster_check = 0.0
+        self.stores: StoreMonitor | None = None     # the stores are the files opened, intact
 
     # ------------------------------------------------------------------ setup
     def trial_hardware(self, chips: int, slot: int = 0) -> tuple[HardwareProfile | None,
@@ -204,6 +208,8 @@ class Controller:
                                          resumed=self.resume)
             self.tracking.start()
             self.recorder.tracking = self.tracking
+            self.stores = StoreMonitor.for_sweep(self.storage, self.tracking_uri,
+                                                 self.study_name)
             self._mark("tracking")
             # After Ray and git have forked their processes: measuring `host` imports JAX
             # (multithreaded) into this process.
@@ -216,9 +222,15 @@ class Controller:
                       "concurrent trials share cores and disturb each other's timings",
                       file=sys.stderr)
             self._loop()
+            self.stores.final()        # a store deleted or damaged: non-zero, one line
             self._mark("trials_done")
         except BaseException as err:
             status = "failed" if isinstance(err, Exception) else "killed"
+            if self.stores is not None and isinstance(err, Exception) and \
+                    not isinstance(err, StoreLost):
+                problems = self.stores.problems()   # e.g. "no such table": the file was lost
+                if problems:
+                    err = StoreLost(problems)
             reason = INTERRUPTED
             if isinstance(err, ClusterLost):
                 reason = f"interrupted: {err}"
@@ -231,6 +243,8 @@ class Controller:
                 self.recorder.record(trial, TrialOutcome("FAIL", reason, config,
                                                          config.flat_params(), interrupted=True))
             self.pending.clear()
+            if isinstance(err, StoreLost):
+                raise err from None
             raise
         finally:
             self.progress.close()
@@ -316,6 +330,7 @@ class Controller:
                                        "(timeout_s); its worker was restarted", worker)
                     free.append(flight.slot)
             self._heartbeat()
+            self.stores.poll()
             self._show()
         self._show()
 
@@ -358,6 +373,8 @@ class Controller:
                 placement = self.pool.placement(flight.handle)
                 if placement:
                     flight.placement = placement
+                    if placement.get("host") == socket.gethostname():   # its cgroup, counters
+                        flight.oom_before = oom.snapshot(placement.get("pid"))
                     flight.trial.set_user_attr("worker", {**placement, "running": True,
                                                           "attempts": flight.attempt + 1})
 
@@ -459,9 +476,18 @@ class Controller:
             self.in_flight[id(flight.handle)] = flight    # recorded interrupted if the
             self._check_cluster(now=True)                 # whole cluster is gone
             del self.in_flight[id(flight.handle)]
+            memory = None                 # killed for memory: not retried (it would be again)
+            if flight.oom_before is not None:
+                memory = oom.explain_exit((flight.placement or {}).get("pid"),
+                                          since=flight.oom_before)
+            if memory is None and oom.ray_memory_kill(str(err)):
+                memory = "killed by Ray's memory monitor: out of memory"
+            if memory is not None:
+                err = WorkerLost(f"{memory}; {err}")
             flight.lost.append({**(flight.placement or {}), "attempt": flight.attempt + 1,
                                 "reason": str(err)})
-            if flight.attempt < self.space.max_retries:
+            if flight.attempt < self.space.max_retries and \
+                    (memory is None or getattr(self.space, "retry_oom", False)):
                 flight.attempt += 1
                 flight.trial.set_user_attr("worker_lost", flight.lost)
                 flight.handle = self.pool.submit(flight.slot, flight.config, flight.hardware,
@@ -473,6 +499,10 @@ class Controller:
                 return False
             worker = {**(flight.placement or {}), "attempts": flight.attempt + 1,
                       "lost": flight.lost}
+            if memory is not None and flight.attempt < self.space.max_retries:
+                self._fail(flight, f"worker died, {err} (not retried: it would run out of "
+                                   "memory again)", worker)
+                return True
             self._fail(flight, f"worker died: {flight.attempt + 1} attempts (max_retries "
                                f"{self.space.max_retries}); last: {err}", worker)
             return True

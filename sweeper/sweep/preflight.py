@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any
 
 from sweeper import paths
 from sweeper.sweep.session import check_ray_address
+from sweeper.tracking.store_health import prepare_tracking_store
 from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace, checked_points
 from workloads.config import ConfigError, HardwareProfile
 from workloads.costmodel import feasibility, predict
@@ -61,6 +63,11 @@ def check_run_arguments(space: SearchSpace, *, storage: str | None, tracking_uri
     storage = paths.check_storage_url(storage) if storage else paths.default_storage(create=False)
     tracking_uri = (paths.check_tracking_uri(tracking_uri) if tracking_uri
                     else paths.default_tracking_uri(create=False))
+    # a half-created MLflow schema with no run is moved aside (one line); a damaged MLflow
+    # store is a ConfigError naming `sweeper sync` (sweeper/tracking/store_health.py)
+    moved = prepare_tracking_store(tracking_uri, study_name)
+    if moved:
+        print(moved, file=sys.stderr)
     for url, flag in ((storage, "--storage"), (tracking_uri, "--tracking-uri")):
         if url == paths.default_storage(create=False) or \
                 url == paths.default_tracking_uri(create=False):
