@@ -114,3 +114,52 @@ def test_ray_memory_monitor_kills_are_recognised():
                                "node running low on memory.)")
     assert not oom.ray_memory_kill("pid 1 died (ActorDiedError: Worker exit type: "
                                    "UNEXPECTED_SYSTEM_EXIT ... End of file.)")
+
+
+@pytest.mark.ci_slow
+def test_a_ray_worker_killed_by_the_kernel_for_memory_is_named_and_not_retried(
+        cgroup, shared_sweeper_home, tmp_path):
+    """A real sweep: trial 0's worker waits (test delay), is moved into the 64 MiB cgroup
+    and runs out of memory when the trial imports JAX; the kernel kills it."""
+    pytest.importorskip("ray")
+    import json
+    import sqlite3
+
+    import optuna
+    import yaml
+
+    space = tmp_path / "qs.yaml"
+    space.write_text(yaml.safe_dump({
+        "name": "qs", "model": "tiny", "hardware": "devices", "chips": 1, "input_len": 8,
+        "decode_steps": 2, "repeats": 1, "warmup": 0, "timeout_s": 120,
+        "params": {"batch": [2, 4]}, "sampler": {"type": "grid"}, "trials": 2, "parallel": 1,
+        "max_retries": 1,
+        "objectives": [{"metric": "decode_step_s", "direction": "minimize"},
+                       {"metric": "decode_cost_chip_s_per_token", "direction": "minimize"}]}))
+    db = tmp_path / "optuna.db"
+    storage = f"sqlite:///{db}"
+    env = dict(os.environ, SWEEPER_TEST_TRIAL_DELAY_S="6:0")
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(space), "--study",
+                             "oom", "--storage", storage, "--tracking-uri",
+                             f"sqlite:///{tmp_path / 'mlflow.db'}", "--no-analysis"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "err", "w"))
+    deadline = time.monotonic() + 600
+    pid = None
+    while pid is None:                 # the worker's pid, recorded as soon as it is up
+        assert proc.poll() is None, (tmp_path / "err").read_text()[-2000:]
+        assert time.monotonic() < deadline
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as c:
+                row = c.execute("SELECT value_json FROM trial_user_attributes a JOIN trials t "
+                                "ON a.trial_id = t.trial_id WHERE t.number = 0 AND "
+                                "a.key = 'worker'").fetchone()
+            pid = json.loads(row[0])["pid"] if row else None
+        except sqlite3.Error:
+            pass
+        time.sleep(0.3)
+    (cgroup / "cgroup.procs").write_text(str(pid))
+    assert proc.wait(timeout=600) == 0, (tmp_path / "err").read_text()[-2000:]
+    trial = optuna.load_study(study_name="oom", storage=storage).trials[0]
+    reason = trial.user_attrs["reason"]
+    assert trial.state.name == "FAIL" and oom.OOM_PHRASE in reason, reason
+    assert "not retried" in reason and trial.user_attrs["worker"]["attempts"] == 1
