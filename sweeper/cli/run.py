@@ -80,11 +80,20 @@ def format_sweep_summary(summary: dict) -> str:
                 lines.append(f"held-out ({name}): skipped, {ho['skipped']}")
                 continue
             lines.append(heldout_line(name, ho))
-        lines.append(f"fitted profile: {summary['fitted_yaml']}")
+        lines.append(fitted_profile_line(summary))
     lines.append(f"report: {summary['report']}")
     for err in summary.get("errors", []):
         lines.append(f"warning: {err}")
     return "\n".join(lines)
+
+
+def fitted_profile_line(summary: dict) -> str:
+    """Where the fitted profile is, or (one line) why none was written: `sweeper fit` refuses
+    to publish a fit whose worst held-out fold blew up (sweeper/analysis/holdout.py)."""
+    if summary.get("fitted_yaml"):
+        return f"fitted profile: {summary['fitted_yaml']}"
+    why = summary.get("heldout", {}).get("refused") or "no profile was written"
+    return f"fitted profile: refused, not written ({' '.join(str(why).split())})"
 
 
 def heldout_line(name: str, ho: dict) -> str:
