@@ -68,6 +68,21 @@ def test_recommend_pads_the_paper_model_and_lists_what_it_rejects():
     assert {r["kind"] for r in unpadded["rejected"]} >= {"heads do not divide"}
 
 
+def test_pad_vocab_flag(tmp_path):
+    """--pad-vocab auto answers a vocabulary of 50000 on 64 chips; none refuses it in one line
+    naming the vocabulary's divisibility; a bad value names the flag."""
+    path = tmp_path / "v50k.yaml"
+    path.write_text("name: v50k\nd_model: 4096\nd_ff: 16384\nn_layers: 4\nn_heads: 32\n"
+                    "n_kv_heads: 8\nd_head: 128\nvocab: 50000\n")
+    args = ["recommend", "--model", str(path), "--hardware", "tpu-v4", "--chips", "64",
+            "--batch", "64", "--phase", "decode"]
+    answer = run_json(*args)
+    assert answer["pad_vocab"] == "auto" and answer["latency_s"] > 0
+    refused = sweeper(*args, "--pad-vocab", "none")
+    assert_one_line_error(refused, "multiple of chips=64")
+    assert_one_line_error(sweeper(*args, "--pad-vocab", "often"), "--pad-vocab", "often")
+
+
 def test_predict_names_a_degenerate_layout_as_its_program():
     out = run_json("predict", "--model", "tiny", "--hardware", "tpu-v4", "--chips", "8", "--batch", "8",
                    "--phase", "decode", "--ffn", "wg_x", "--attn", "head", "--topology", "1x4x2")

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import dataclasses  # noqa: E402
+import re  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -148,6 +149,33 @@ def test_a_vocabulary_that_does_not_split_is_padded_not_rejected():
     assert padded.executed_flops > padded.flops
     assert padded.flops == pytest.approx(64 * cm.model_flops_per_token(model, 2048))
     assert cm.param_breakdown(run)["embedding"] - cm.param_breakdown(model)["embedding"] == 48 * 4096
+
+
+def test_pad_vocab_is_a_trial_field_the_cost_model_honours():
+    """TrialConfig.pad_vocab (auto | none, default auto): vocab 50000 on 64 chips is answered
+    under auto and refused under none, every layout naming the divisibility of the vocabulary."""
+    from workloads.recommend import recommend
+
+    model = ModelConfig("v50k", d_model=4096, d_ff=16384, n_layers=4, n_heads=32, n_kv_heads=8,
+                        d_head=128, vocab=50000)
+    base = dict(model=model, chips=64, batch=64, input_len=128, topology=TORUS,
+                prefill=WS2D, decode=WS2D)
+    auto = TrialConfig.from_dict(base)
+    assert auto.pad_vocab == "auto" and auto.run_model.vocab == 50048
+    assert cm.predict(auto, TPU_V4).decode_step_s > 0
+    with pytest.raises(ConfigError, match=r"model.vocab.*multiple of chips=64"):
+        TrialConfig.from_dict({**base, "pad_vocab": "none"})
+    unpadded = TrialConfig.from_dict({**base, "pad_vocab": "none"}, validate=False)
+    with pytest.raises(ConfigError, match=r"model.vocab.*multiple of chips=64"):
+        cm.predict(unpadded, TPU_V4)                  # the cost model honours it too
+    with pytest.raises(ConfigError, match="pad_vocab"):
+        TrialConfig.from_dict({**base, "pad_vocab": "sometimes"})
+    assert recommend(model, TPU_V4, 64, 64, "decode", input_len=2048, pad_vocab="auto").candidates
+    with pytest.raises(ConfigError) as refused:
+        recommend(model, TPU_V4, 64, 64, "decode", input_len=2048, pad_vocab="none")
+    reasons = re.findall(r"(\w+/\w+) on 4x4x4: ([\w.]+): got (\w+)", str(refused.value))
+    assert len(reasons) >= 2 and all(r[1:] == ("model.vocab", "50000") for r in reasons), reasons
+    assert str(refused.value).count("expected a multiple of chips=64") == len(reasons)
 
 
 def test_vocab_padded_engine_equals_the_unpadded_reference():

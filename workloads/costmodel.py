@@ -689,7 +689,7 @@ def predict(trial, hw: HardwareProfile):
     from workloads.metrics import Measurement
 
     topology = trial.mesh_shape
-    model = trial.run_model            # padded per trial.pad_heads (paper §4)
+    model = trial.run_model            # padded per trial.pad_heads (paper §4) and pad_vocab
     validate_layouts(model, topology, trial.prefill, trial.decode, trial.batch)
     calls = phase_calls(trial)
     pre, dec = calls["prefill"].predict(hw), calls["decode"].predict(hw)

@@ -320,6 +320,7 @@ def _validate(trial: TrialConfig, topology: tuple[int, int, int]) -> None:
     for phase in ("prefill", "decode"):
         if not isinstance(getattr(trial, phase), PhaseLayout):
             raise ConfigError(phase, getattr(trial, phase), "a PhaseLayout(ffn, attn)")
-    model = resolve_padding(trial.model, trial.pad_heads, topology, trial.prefill, trial.decode)
+    model = resolve_padding(trial.model, trial.pad_heads, topology, trial.prefill, trial.decode,
+                            pad_vocab=trial.pad_vocab)
     validate_layouts(model, topology, trial.prefill, trial.decode, trial.batch)
     check_model(model)

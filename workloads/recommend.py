@@ -156,7 +156,7 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
               input_len: int = 1, context: float | None = None, weights: str = "bf16",
               topology: tuple[int, int, int] | None = None, ffn: str | None = None,
               attn: str | None = None, search_topology: bool = False,
-              pad_heads: str | int = "auto") -> Recommendation:
+              pad_heads: str | int = "auto", pad_vocab: str = "auto") -> Recommendation:
     """The fastest valid (ffn, attn, topology) for one phase; see the module docstring.
 
     Every candidate is predicted as both phases' layout (the stored weights serve it).
@@ -183,7 +183,8 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
                     evaluated[key].aliases.append(f)
                     continue
                 try:
-                    run_model = resolve_padding(model, pad_heads, t, layout, layout)
+                    run_model = resolve_padding(model, pad_heads, t, layout, layout,
+                                                pad_vocab=pad_vocab)
                     prediction = costmodel.predict_phase(run_model, hw, chips, batch, phase,
                                                          input_len, context, layout, weights, t)
                 except ConfigError as err:

@@ -21,8 +21,8 @@ from typing import Any, Callable, ClassVar, Mapping
 from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
                               read_yaml)
 from workloads.costmodel import best_topology
-from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, WEIGHT_FORMATS,
-                               PhaseLayout, resolve_padding, validate_layouts)
+from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, PAD_VOCAB_CHOICES,
+                               WEIGHT_FORMATS, PhaseLayout, resolve_padding, validate_layouts)
 from workloads.validate import integer, is_int, number, one_of
 
 # The parts of a phase layout (PhaseLayout's fields) and the layouts each accepts (paper §3).
@@ -125,6 +125,11 @@ class TrialConfig:
         "auto", help="paper §4 head padding: auto, none or N query heads",
         parse=lambda value, where, source, _: parse_pad_heads(value, source, where),
         searchable=True)
+    # Vocabulary padding (docs/cost-model.md): auto pads the vocabulary with never-used tokens
+    # to the next multiple of the chips (the embedding is stored V_xyz) | none (refuses a
+    # vocabulary the chips do not divide).
+    pad_vocab: str = _field("auto", help="vocabulary padding: auto (to a multiple of the chips) "
+                            "or none", choices=PAD_VOCAB_CHOICES, searchable=True)
     hosts: int = _field(1, help="JAX processes the mesh spans, chips / hosts devices each",
                         integer=True, minimum=1, searchable=True, unit="hosts")
 
@@ -136,8 +141,10 @@ class TrialConfig:
 
     @property
     def run_model(self) -> ModelConfig:
-        """The model as the engine and the cost model run it: padded per `pad_heads`."""
-        return resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill, self.decode)
+        """The model as the engine and the cost model run it: padded per `pad_heads` and
+        `pad_vocab`."""
+        return resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill,
+                               self.decode, pad_vocab=self.pad_vocab)
 
     @property
     def context_len(self) -> int:
@@ -156,7 +163,7 @@ class TrialConfig:
 
     def validate(self, source: str | None = None) -> "TrialConfig":
         model = resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill,
-                                self.decode, source)
+                                self.decode, source, pad_vocab=self.pad_vocab)
         validate_layouts(model, self.mesh_shape, self.prefill, self.decode, self.batch, source)
         return self
 

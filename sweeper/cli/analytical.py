@@ -17,8 +17,8 @@ from sweeper.formatting import format_fields, format_table, human_bytes, human_s
 from workloads import costmodel
 from workloads.config import load_model, parse_topology
 from workloads.hardware import load_hardware
-from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout,
-                               resolve_padding)
+from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_VOCAB_CHOICES, PHASES,
+                               WEIGHT_FORMATS, PhaseLayout, resolve_padding)
 from workloads.recommend import recommend
 from workloads.trial import parse_pad_heads
 from workloads.validate import one_of, positive_int
@@ -65,6 +65,9 @@ def _pad_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pad-heads", default="auto",
                    help="auto | none | N: pad the query heads with zero heads so the layout's "
                         "axes divide them, as the paper padded PaLM 540B's 48 to 64 (default auto)")
+    p.add_argument("--pad-vocab", default="auto",
+                   help="auto | none: pad the vocabulary with never-used tokens to a multiple of "
+                        "the chips, as Megatron and MaxText do (default auto)")
 
 
 def _common_args(p: argparse.ArgumentParser) -> None:
@@ -156,22 +159,25 @@ def run_predict(args) -> int:
     attn = None if args.attn is None else one_of("--attn", args.attn, ATTN_LAYOUTS)
     topology = _topology(args)
     pad = parse_pad_heads(args.pad_heads, field="--pad-heads")
+    pad_vocab = one_of("--pad-vocab", args.pad_vocab, PAD_VOCAB_CHOICES)
     if ffn is not None and attn is not None:
         layout = PhaseLayout(ffn, attn)
         mesh = topology or costmodel.best_topology(model, args.chips)
-        run_model = resolve_padding(model, pad, mesh, layout, layout, None)
+        run_model = resolve_padding(model, pad, mesh, layout, layout, None, pad_vocab=pad_vocab)
         pred = costmodel.predict_phase(run_model, hw, args.chips, args.batch, phase, input_len,
                                        context, layout, weights, mesh)
         result, chosen = pred.to_dict(), "given"
         result["same_program_as"] = [ffn] if pred.ffn != ffn else []
     else:   # fill in what was left out with the best layout consistent with what was given
         result = recommend(model, hw, args.chips, args.batch, phase, input_len, context, weights,
-                           topology, ffn=ffn, attn=attn, pad_heads=pad).to_dict()
+                           topology, ffn=ffn, attn=attn, pad_heads=pad,
+                           pad_vocab=pad_vocab).to_dict()
         for key in ("alternatives", "candidates", "rejected", "gather_degree_continuous",
                     "ws2d_crossover_chips"):
             result.pop(key, None)
         chosen = "recommended"
     result["pad_heads"] = pad
+    result["pad_vocab"] = pad_vocab
     payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
                "input_len": input_len, "layout_chosen_by": chosen, **result}
     _emit(args, payload, lambda: _predict_text(model, hw, args, result, chosen))
@@ -229,10 +235,12 @@ def run_recommend(args) -> int:
     weights = one_of("--weights", args.weights, WEIGHT_FORMATS)
     topology = _topology(args)
     pad = parse_pad_heads(args.pad_heads, field="--pad-heads")
+    pad_vocab = one_of("--pad-vocab", args.pad_vocab, PAD_VOCAB_CHOICES)
     result = recommend(model, hw, args.chips, args.batch, phase, input_len, context, weights,
-                       topology, search_topology=args.search_topology, pad_heads=pad).to_dict()
+                       topology, search_topology=args.search_topology, pad_heads=pad,
+                       pad_vocab=pad_vocab).to_dict()
     payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
-               "input_len": input_len, **result}
+               "input_len": input_len, **result, "pad_vocab": pad_vocab}
     _emit(args, payload, lambda: _recommend_text(model, hw, args, result))
     return 0
 
