@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -129,6 +130,96 @@ def matvec_only_s(model, batch: int, repeats: int = 5) -> tuple[float, float]:
     return wall, float(sum(a * b * 2 for a, b in shapes))
 
 
+def decode_variants(engine, bound_s: float, rounds: int = 7) -> dict:
+    """Where a one-chip decode step's time goes beyond streaming weights and KV cache: the
+    same greedy loop (decode_steps steps, synchronised once at the end, as measure.py times
+    it) written four ways, timed round-robin in one process so load hits them alike:
+    `as_run` engine.decode_loop (decode and greedy argmax: two dispatches per step),
+    `decode_only` the decode program alone (argmax dropped: what the extra dispatch costs),
+    `fused` decode and argmax in one program (one dispatch per step), `one_program` every
+    step in one jitted fori_loop (no per-step dispatch at all). Plus two facts read from
+    the compiled decode program: the KV cache is updated in place (donated, aliased to the
+    output) and how many f32 converts of weight-sized arrays (>= 1M elements) it holds."""
+    import re
+    import statistics
+
+    import jax
+
+    from workloads.engine import decode_loop
+
+    params, positions, greedy = engine.params, engine.positions(), engine.greedy
+    logits, cache = engine.prefill(params, engine.input_tokens())
+    token = jax.block_until_ready(greedy(logits))
+    step = engine._decode   # the jitted shard_map decode program (cache donated)
+    fused = jax.jit(lambda p, c, t, pos: (lambda lg, c2: (greedy(lg), c2))(*step(p, c, t, pos)),
+                    donate_argnums=1)
+
+    def loop_program(p, c, t, pos0):
+        def body(i, carry):
+            c, t = carry
+            lg, c = step(p, c, t, pos0 + i)
+            return c, greedy(lg)
+        return jax.lax.fori_loop(0, len(positions), body, (c, t))
+    one_program = jax.jit(loop_program, donate_argnums=1)
+    state = {"cache": cache}
+
+    def as_run():
+        d = decode_loop(engine.decode, greedy, params, state["cache"], token, positions)
+        state["cache"] = jax.block_until_ready((d.cache, d.tokens[-1]))[0]
+
+    def decode_only():
+        c = state["cache"]
+        for pos in positions:
+            _, c = step(params, c, token, pos)
+        state["cache"] = jax.block_until_ready(c)
+
+    def fused_run():
+        c, t = state["cache"], token
+        for pos in positions:
+            t, c = fused(params, c, t, pos)
+        state["cache"] = jax.block_until_ready((c, t))[0]
+
+    def one_program_run():
+        c, t = one_program(params, state["cache"], token, positions[0])
+        state["cache"] = jax.block_until_ready((c, t))[0]
+
+    # The bound measured in the same rounds: one jitted reduction over exactly the bytes a
+    # step must read (every weight and the KV cache), so load moves it with the variants.
+    import jax.numpy as jnp
+
+    read_all = jax.jit(lambda p, c: sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(p))
+                       + jnp.sum(c.astype(jnp.float32)))
+
+    def stream():   # one step's bytes, repeated as many times as the loop has steps
+        for _ in positions:
+            out = read_all(params, state["cache"])
+        jax.block_until_ready(out)
+
+    variants = {"as_run": as_run, "decode_only": decode_only, "fused": fused_run,
+                "one_program": one_program_run, "stream": stream}
+    for fn in variants.values():     # compile and warm each
+        fn()
+    samples: dict = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - t0) / len(positions))
+    hlo = engine.lowered()["decode"].compile().as_text()
+    big_f32 = [m for m in re.findall(r"= f32\[([0-9,]*)\][^ ]* convert\(", hlo)
+               if m and math.prod(int(x) for x in m.split(",")) >= 1 << 20]
+    stream_s = statistics.median(samples["stream"])
+    out = {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v),
+                  "n": len(v), "ratio_to_bound": statistics.median(v) / bound_s,
+                  "ratio_to_stream": statistics.median(v) / stream_s}
+           for name, v in samples.items()}
+    return {"variants": out, "steps": len(positions), "rounds": rounds, "stream_s": stream_s,
+            "stream_bandwidth": (engine_bytes := sum(x.nbytes for x in jax.tree.leaves(params))
+                                 + state["cache"].nbytes) / stream_s, "bytes_read": engine_bytes,
+            "cache_aliased": "input_output_alias" in hlo.split("\n", 1)[0],
+            "f32_weight_converts": len(big_f32), "load_average": common.load_average()}
+
+
 def child(devices: int, quick: bool, profile_dict: dict) -> dict:
     """Runs in a process with `devices` virtual devices. With 1: the single-chip trials.
     With 8: each 8-chip trial right after a 1-chip reference of the same work in this same
@@ -215,6 +306,9 @@ def child(devices: int, quick: bool, profile_dict: dict) -> dict:
                 "matvec_bandwidth": mv_bytes / mv_wall if mv_wall else None,
                 "matvec_two_rows_s": mv2_wall,
                 "load_average": common.load_average()})
+            if profiled:   # side by side: the loop as run against the loop without what the engine adds
+                entry = cache[cache_key(trial.resolved())]
+                decode_rows[-1]["variants"] = decode_variants(entry.engine, bound)
             print(f"  [{devices} devices] {chips} chip(s) decode {ffn} B={batch}: step "
                   f"{m.decode_step_s * 1e3:.2f} ms, bound {bound * 1e3:.2f} ms "
                   f"({m.decode_step_s / bound:.2f}x)", file=sys.stderr)
@@ -411,7 +505,7 @@ def markdown(r: dict) -> str:
                      f"({d1['matvec_bandwidth'] / 1e9:.1f} GB/s): XLA CPU's bf16 x bf16 -> f32 dot with "
                      "ONE row takes a slow path; the same matmuls with 2 rows take "
                      f"{common.ms(two)}" + (f" ({d1['matvec_only_s'] / two:.1f}x faster)" if two else "")
-                     + ": padding a 1-row matmul to 2 rows is the engine fix (docs/architecture.md, Performance notes);")
+                     + ": padding a 1-row matmul to 2 rows is the engine fix (docs/performance.md, \"Why decode is above its memory bound\");")
     for batch, d in sorted(decode1.items()):
         if batch > 1 and d.get("matvec_only_s"):
             lines.append(f"- batch {batch}: the weight matmuls alone take {common.ms(d['matvec_only_s'])}, "
@@ -420,7 +514,50 @@ def markdown(r: dict) -> str:
                          "small-batch dot kernel, not the engine, sets this ratio;")
     lines += ["- 8 chips: every collective is a rendezvous of 8 virtual devices' threads on the "
               "host's cores:", *_decode_explanations(r), ""]
+    lines += _variant_lines(decode1)
     return "\n".join(lines)
+
+
+_VARIANT_LABELS = {"as_run": "as run (engine.decode_loop: decode, then the greedy argmax, two dispatches a step)",
+                   "decode_only": "decode program alone (argmax dropped)",
+                   "fused": "decode and argmax in one program (one dispatch a step)",
+                   "one_program": "all steps in one program (jitted fori_loop, no per-step dispatch)",
+                   "stream": "reading the step's bytes alone (weights + KV cache, one jitted reduction)"}
+
+
+def _variant_lines(decode1: dict) -> list[str]:
+    """The one-chip greedy loop written four ways, timed round-robin in one process."""
+    rows, facts = [], []
+    for batch, d in sorted(decode1.items()):
+        v = d.get("variants")
+        if not v:
+            continue
+        for name, label in _VARIANT_LABELS.items():
+            x = v["variants"][name]
+            rows.append([batch, label, common.ms(x["median_s"]),
+                         f"{common.ms(x['min_s'])} to {common.ms(x['max_s'])}", x["n"],
+                         f"{x['ratio_to_bound']:.2f}x", f"{x['ratio_to_stream']:.2f}x"])
+        facts.append(f"- batch {batch}: {v['steps']} steps a loop, {v['rounds']} rounds; reading the step's "
+                     f"{v['bytes_read'] / 2**20:.1f} MiB ran at {v['stream_bandwidth'] / 1e9:.1f} GB/s in these rounds; KV cache updated "
+                     f"in place (donated, aliased to the output): {'yes' if v['cache_aliased'] else 'NO'}; "
+                     f"f32 converts of weight-sized arrays in the compiled step: {v['f32_weight_converts']}; "
+                     f"load average {v['load_average']}")
+        if batch > 1 and d.get("matvec_only_s"):
+            facts.append(f"  - the step's weight matmuls alone (XLA CPU's small-batch dot, timed above): "
+                         f"{common.ms(d['matvec_only_s'])}, {d['matvec_only_s'] / d['memory_bound_s']:.2f}x "
+                         "the bound by themselves")
+    if not rows:
+        return []
+    return ["## Decode step: what the engine adds (one chip, side by side)", "",
+            "The same greedy loop, timed round-robin in one process (per step: median, range, "
+            "number of loops; ratio = median / memory bound, from the host profile's read bandwidth; "
+            "the last column divides by the last row, the same bytes read in the same rounds, "
+            "which moves with the load as the steps do). What separates these rows is what "
+            "the engine's loop adds; what remains in the fastest is the compiled step itself, "
+            "whose weight matmuls alone are timed above.", "",
+            *common.table(["batch", "loop", "step", "range", "loops", "ratio to bound",
+                           "ratio to reading its bytes (same rounds)"], rows), "",
+            *facts, ""]
 
 
 def headline(r: dict) -> dict:
