@@ -289,3 +289,12 @@ def test_cli_rejects_a_bad_space_with_exit_2_before_any_store_exists(tmp_path):
 def test_space_object_passes_through():
     space = load_space(minimal())
     assert load_space(space) is space and isinstance(space, SearchSpace)
+
+
+def test_retry_oom_is_off_by_default_and_read_as_a_boolean():
+    """The controller re-runs a worker the kernel killed for memory only when asked
+    (sweeper/sweep/controller.py; docs/reliability.md)."""
+    assert load_space(minimal()).retry_oom is False
+    assert load_space(minimal(retry_oom=True)).retry_oom is True
+    with pytest.raises(ConfigError, match="retry_oom.*true or false"):
+        load_space(minimal(retry_oom="yes"))

@@ -487,7 +487,7 @@ class Controller:
             flight.lost.append({**(flight.placement or {}), "attempt": flight.attempt + 1,
                                 "reason": str(err)})
             if flight.attempt < self.space.max_retries and \
-                    (memory is None or getattr(self.space, "retry_oom", False)):
+                    (memory is None or self.space.retry_oom):
                 flight.attempt += 1
                 flight.trial.set_user_attr("worker_lost", flight.lost)
                 flight.handle = self.pool.submit(flight.slot, flight.config, flight.hardware,

@@ -121,6 +121,8 @@ def _space_field(name: str) -> dict:
         "parallel": {"type": "integer", "minimum": 1},
         "timeout_s": _QUANTITY,
         "max_retries": {"type": "integer", "minimum": 0},
+        "retry_oom": {"type": "boolean",
+                      "description": "also re-run a trial whose worker the kernel killed for memory"},
         "memory_budget_bytes": _QUANTITY,
         "resources": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
         "verify": {"type": "boolean",

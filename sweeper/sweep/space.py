@@ -25,6 +25,7 @@ parameters to search, what to optimise and under which constraints:
     parallel: 2                      # trials in flight at once (one Ray worker each)
     timeout_s: 300                   # per trial
     max_retries: 1                   # re-runs of a trial whose worker died
+    retry_oom: false                 # also re-run one the kernel killed for memory
     memory_budget_bytes: 2GiB        # per chip, host only (feasibility check)
     resources: {GPU: 1}              # Ray resources per worker (devices; per host if hosts > 1)
     hosts: 2                         # JAX processes per trial (a fixed field or a param; default 1)
@@ -78,7 +79,7 @@ AUTO_TOPOLOGY = "auto"   # the cost model's best split (TrialConfig.topology = N
 # Trial fields that a space file may fix (the model is the space's own `model`).
 FIXED_FIELDS = tuple(name for name in FIELDS if name != "model")
 SPACE_FIELDS = ("name", "description", "model", "hardware", "params", "objectives",
-                "constraints", "sampler", "trials", "parallel", "timeout_s", "max_retries",
+                "constraints", "sampler", "trials", "parallel", "timeout_s", "max_retries", "retry_oom",
                 "memory_budget_bytes", "resources", "verify", "serving")
 
 GRID_LIMIT = 100_000
@@ -192,6 +193,7 @@ class SearchSpace:
     parallel: int = DEFAULTS["parallel"]
     timeout_s: float = DEFAULTS["timeout_s"]
     max_retries: int = DEFAULTS["max_retries"]
+    retry_oom: bool = False                  # re-run a worker the kernel killed for memory
     memory_budget_bytes: float | None = None
     resources: Mapping[str, float] = field(default_factory=dict)
     verify: bool = False                     # measured trials also run the unsharded reference
@@ -353,6 +355,7 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
         number(f"resources.{key}", value, source)
     description = data.get("description") or ""
     verify = boolean("verify", data.get("verify", False), source)
+    retry_oom = boolean("retry_oom", data.get("retry_oom", False), source)
     serving = data.get("serving")
     if serving is not None and not isinstance(serving, Mapping):
         raise ConfigError("serving", serving, "a mapping of serving-workload fields "
@@ -361,7 +364,7 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
     space = SearchSpace(name=name, model=model, hardware=hardware, fixed=fixed, params=params,
                         objectives=objectives, constraints=constraints, sampler=sampler,
                         trials=trials, parallel=parallel, timeout_s=timeout_s,
-                        max_retries=max_retries, memory_budget_bytes=budget,
+                        max_retries=max_retries, retry_oom=retry_oom, memory_budget_bytes=budget,
                         resources=dict(resources), verify=verify,
                         serving=dict(serving) if serving is not None else None,
                         description=str(description).strip(),
