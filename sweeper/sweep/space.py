@@ -12,6 +12,7 @@ parameters to search, what to optimise and under which constraints:
       batch: [4, 8, 16]              #   prefill_ffn prefill_attn decode_ffn decode_attn,
                                      #   ffn / attn (the same layout in both phases),
                                      #   pad_heads (auto | none | N: paper §4 head padding),
+                                     #   pad_vocab (auto | none: vocabulary padding),
                                      #   and seed (replicates)
       chips: {choices: [1, 2, 4]}    # categorical (a list is shorthand for choices)
       input_len: {low: 16, high: 256, log: true}   # integer range (optional log, step)
