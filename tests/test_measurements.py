@@ -48,6 +48,20 @@ def test_headline_rows_are_the_papers_configuration():
     assert row["predicted"] < row["measured"]
 
 
+def test_figure_8_rows_run_the_8_layer_model_the_reference_names(tmp_path, monkeypatch):
+    """Section 4.2: Figure 8 benchmarks "an 8-layer version of PaLM 540B on 64 chips with batch
+    size 256"; its rows name the 8-layer YAMLs beside the CSV, found from any folder."""
+    from workloads.measurements import point_model
+
+    monkeypatch.chdir(tmp_path)
+    points = [p for p in load_measurements(PAPER) if "Figure 8" in p.source]
+    assert len(points) == 7
+    for p in points:
+        model = point_model(p)
+        assert (model.n_layers, p.chips, p.batch, p.phase) == (8, 64, 256, "decode"), p.source
+        assert model.d_model == 18432 and model.d_ff == 73728
+
+
 def test_mfu_rows_count_the_unpadded_model():
     """Padding (pad_heads 64) costs the prediction MFU: the paper's convention."""
     points = load_measurements(PAPER)

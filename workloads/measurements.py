@@ -4,7 +4,7 @@
     predict_point(points[0], load_hardware("tpu-v4"))    # the cost model's value for that row
 
 Columns (header required; the order is free):
-  model        preset name or model YAML path                       required
+  model        preset name or model YAML path (relative: to the CSV's folder first)  required
   chips        number of chips                                      required
   topology     XxYxZ (default: the cost model's best 2D split)      optional
   batch        sequences                                            required
@@ -153,6 +153,10 @@ def _parse_row(row: dict, number: int, source: str) -> MeasuredPoint:
             raise bad(column, f"one of {list(choices)}")
         return value
 
+    # a model YAML named relative to the CSV's folder (the CSV's own models travel with it)
+    beside = Path(source).parent / row.get("model", "")
+    if row.get("model", "").endswith((".yaml", ".yml")) and beside.is_file():
+        row = {**row, "model": str(beside)}
     try:
         load_model(row.get("model", ""), field="model")
     except ConfigError as err:
