@@ -247,6 +247,11 @@ def test_ray_token_notice_is_silenced_only_for_a_local_cluster(monkeypatch):
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if "ray" in sys.modules:       # Ray reads the mode when imported: an imported Ray is left alone
+        monkeypatch.setitem(sys.modules, "ray", sys.modules["ray"])
+        quiet_ray_auth_notice(None)
+        assert "RAY_AUTH_MODE" not in os.environ
+        monkeypatch.delitem(sys.modules, "ray")
     quiet_ray_auth_notice("10.0.0.1:6379")
     assert "RAY_AUTH_MODE" not in os.environ
     monkeypatch.setenv("RAY_ADDRESS", "auto")
