@@ -10,10 +10,23 @@ different seeds (arrivals and prompts): the replicate spread of the measurement 
 beside every error. Each deployment's workers start and warm up once (sweeper/serving/serve.py
 `ServingSession`), then serve its four streams.
 
+Calibration first, as the tool promises its users (docs/calibration.md): before serving,
+a small `sweeper run` sweep on THIS host (`CALIBRATION_SPACE`: the deployments' model, chip
+counts, layouts, weights and prefill/decode batches at the served prompt length, about 2 min)
+into a temporary SWEEPER_HOME, then the `sweeper fit` pipeline on that study with the extra
+terms (launch_overhead_s, per-device collective latency, ...) chosen by nested
+cross-validation (`terms="select"`; the `sweeper fit` CLI has no flag for it). Its decode
+trials run ONE step per timed call (`decode_steps: 1`), synchronised as the server's step is
+(every serving step brings its tokens to the host), so the per-call dispatch and sync is in
+the measurements the fit sees; the engine's multi-step runs pipeline the steps and hide it.
+The fitted profile (with its held-out residuals: the plans' error bands) is written to
+`benchmarks/results/serving_validation.fitted.yaml` and is the deployments' hardware. If the
+fit refuses to publish (the 3x worst-fold rule), the committed `host-fitted.yaml` is used and
+the results say so. None of the calibration measurements is a serving run.
+
 Predicted (the headline): `simulate()` of the same deployment and the same requests with the
-cost model's step times and the plan's hardware profile: `benchmarks/results/host-fitted.yaml`
-(a profile `sweeper fit` made from the calibration sweep's trials, none of them serving runs),
-scaled to each worker's core share. Nothing of the serving runs feeds it.
+cost model's step times and that profile, scaled to each worker's core share. Nothing of the
+serving runs feeds it.
 Warm-up model (a diagnostic, separately labelled): the same simulation on the step times the
 workers measured while warming up before the streams; its error is the serving model's own
 (queueing, slots, handover) with the step-time model taken out.
@@ -27,7 +40,12 @@ measured latencies include their interference.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +60,21 @@ LOADS = (0.35, 0.85)          # fractions of the capacity the warm-up step times
 SEEDS = (1, 2)
 METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 TARGET = {"p50": 0.15, "p99": 0.30}
-PROFILE = common.RESULTS / "host-fitted.yaml"
+FALLBACK_PROFILE = common.RESULTS / "host-fitted.yaml"   # fitted on the calibration sweep's shapes
+FITTED_PROFILE = common.RESULTS / "serving_validation.fitted.yaml"
+# The calibration sweep (a space file, written to the temporary SWEEPER_HOME): the served
+# shapes and their neighbours; decode_steps 1: one synchronised step per timed call, as served.
+CALIBRATION_SPACE = {
+    "name": "serving-validation-calibration",
+    "description": "calibration for benchmarks/serving_validation.py: the served shapes on this host",
+    "model": MODEL, "hardware": "host", "weights": "bf16", "input_len": INPUT_LEN, "decode_steps": 1,
+    "repeats": 6, "warmup": 1, "ci_target": 0.02, "time_budget_s": 1.0,   # as calibration.yaml
+    "params": {"chips": [1, 2, 4], "batch": [1, 4, 8], "prefill_ffn": ["ws2d", "wg_xyz"],
+               "decode_ffn": ["ws2d", "ws1d"], "attn": ["head", "batch"]},
+    "objectives": [{"metric": "decode_step_s", "direction": "minimize"},
+                   {"metric": "prefill_s", "direction": "minimize"}],
+    "sampler": {"type": "grid", "seed": 0}, "trials": 72, "parallel": 2, "timeout_s": 300,
+    "max_retries": 1, "memory_budget_bytes": "2GiB"}
 
 
 def _part(chips, ffn, attn, batch):
@@ -60,13 +92,68 @@ DEPLOYMENTS = {
 }
 
 
-def deployment(name: str):
+def calibrate() -> dict:
+    """The calibration sweep and fit (module docstring): which profile the plans use, and why."""
+    started, load = time.time(), common.load_average()
+    study = "serving-validation-calibration"
+    with tempfile.TemporaryDirectory(prefix="sweeper-sv-") as home:
+        space = Path(home) / "space.yaml"
+        space.write_text(yaml.safe_dump(CALIBRATION_SPACE, sort_keys=False))
+        sweeper = Path(sys.executable).parent / "sweeper"     # the CLI, as a user runs it
+        run = subprocess.run([str(sweeper), "run", str(space), "--study", study,
+                              "--no-analysis"], env={**os.environ, "SWEEPER_HOME": home},
+                             capture_output=True, text=True)
+        sweep_s = time.time() - started
+        out = {"space": CALIBRATION_SPACE, "sweep_wall_s": sweep_s, "load_average_before": load,
+               "load_average_after_sweep": common.load_average()}
+        if run.returncode != 0:
+            out.update(used=str(FALLBACK_PROFILE.relative_to(common.ROOT)),
+                       why=f"the calibration sweep failed (exit {run.returncode}): "
+                           f"{run.stderr.strip()[-300:]}")
+            return out
+        out.update(fit(study, f"sqlite:///{home}/optuna.db", Path(home) / "fit"))
+    out["fit_wall_s"] = time.time() - started - sweep_s
+    return out
+
+
+def fit(study: str, storage: str, artifacts: Path, fitted_yaml: Path = FITTED_PROFILE) -> dict:
+    """The `sweeper fit` pipeline on the calibration study, the extra terms chosen by nested
+    cross-validation; the fitted profile (with held-out residuals) written unless refused."""
+    from sweeper.analysis import calibrate as cal
+    from sweeper.analysis import holdout
+
+    data = cal.load_study_data(study, storage)
+    swept = cal.study_base_profile(data.attrs)
+    points = cal.points_from_frame(data.frame, swept, data.configs)
+    result = holdout.calibrate(points, swept, ("kfold",), study, terms=holdout.SELECT)
+    cal.write_outputs(result, artifacts, None if result.refused else fitted_yaml)
+    main = result.main
+    out = {"trials": len({p.trial for p in points}), "points": len(points),
+           "terms": list(result.terms), "heldout_mape": main.mape,
+           "heldout_median_ape": main.median_ape, "heldout_max_ape": main.max_ape,
+           "heldout_mape_by_phase": {ph: float(np.mean(np.abs(v))) for ph, v in
+                                     main.summary()["residuals"].items() if v},
+           "refused": result.refused,
+           "fitted": {k: getattr(result.fitted, k) for k in (
+               "peak_flops", "hbm_bandwidth", "ici_bandwidth", "op_overhead_s", "overlap",
+               "launch_overhead_s", "device_overhead_s", "collective_latency_s_per_device")}}
+    if result.refused:
+        out.update(used=str(FALLBACK_PROFILE.relative_to(common.ROOT)),
+                   why=f"the fit refused to publish ({result.refused}): fell back to the "
+                       "committed profile fitted on the calibration sweep's shapes")
+    else:
+        out.update(used=str(fitted_yaml.relative_to(common.ROOT)) if fitted_yaml.is_relative_to(common.ROOT)
+                   else str(fitted_yaml), why="fitted by this run on this host's calibration sweep")
+    return out
+
+
+def deployment(name: str, profile: Path):
     from sweeper.serving.deployment import Deployment
 
     mode, prefill, decode = DEPLOYMENTS[name]
-    hardware = yaml.safe_load(PROFILE.read_text())
+    hardware = yaml.safe_load(profile.read_text())
     return Deployment.from_dict({"model": MODEL, "hardware": hardware, "mode": mode,
-                                 "prefill": prefill, "decode": decode}, str(PROFILE))
+                                 "prefill": prefill, "decode": decode}, str(profile))
 
 
 def stream(rate: float, n: int, seed: int):
@@ -77,19 +164,47 @@ def stream(rate: float, n: int, seed: int):
                     n, seed)
 
 
-def run(n_requests: int) -> dict:
+def step_times(d, session) -> dict:
+    """The step times behind the two predictions: the cost model's (fitted profile, scaled to
+    the workers' core share) beside the workers' warm-up medians (measured before the streams)."""
+    from sweeper.serving.serve import prediction_deployment
+    from sweeper.serving.simulate import cost_model_step_times
+
+    model = cost_model_step_times(prediction_deployment(d, session.share))
+    pre = session.warmup.get("aggregated") or session.warmup["prefill"]
+    dec = session.warmup.get("aggregated") or session.warmup["decode"]
+    context = INPUT_LEN + OUTPUT_LEN / 2
+    return {"prefill_s": {"predicted": model.prefill_s(d.prefill.batch, INPUT_LEN),
+                          "warmup": pre[f"prefill_s@{INPUT_LEN}"]},
+            "decode_step_s": {"predicted": model.decode_step_s(d.decode.batch, context),
+                              "warmup": dec["decode_step_s"]},
+            "kv_transfer_s": {"predicted": model.kv_transfer_s(INPUT_LEN)
+                              if d.mode == "disaggregated" else 0.0}}
+
+
+def handover_s(per_request: list[dict]) -> float | None:
+    """Disaggregated: measured mean seconds from the first token to the request's KV in a
+    decode slot (export, the object store, insert, and any wait for a free slot)."""
+    gaps = [p["kv_ready_s"] - p["first_token_s"] for p in per_request
+            if "kv_ready_s" in p and "first_token_s" in p]
+    return float(np.mean(gaps)) if gaps else None
+
+
+def run(n_requests: int, calibration: dict) -> dict:
     from sweeper.serving.serve import ServingSession, relative_errors, warmup_step_times
     from sweeper.serving.simulate import capacity_rps
 
     rows, started = [], time.time()
     load_before = common.load_average()
     context = INPUT_LEN + OUTPUT_LEN + 1
+    profile = common.ROOT / calibration["used"]
     for name in DEPLOYMENTS:
-        d = deployment(name)
+        d = deployment(name, profile)
         t0 = time.time()
         with ServingSession(d, context, [INPUT_LEN], seed=0) as session:
             setup_s = time.time() - t0
             capacity = capacity_rps(d, warmup_step_times(d, session.warmup), INPUT_LEN, OUTPUT_LEN)["rps"]
+            steps = step_times(d, session)
             for load in LOADS:
                 rate = load * capacity
                 for seed in SEEDS:
@@ -101,16 +216,19 @@ def run(n_requests: int) -> dict:
                         "warmup_model": result.calibrated,
                         "error": relative_errors(result.measured, result.predicted),
                         "error_warmup_model": relative_errors(result.measured, result.calibrated),
-                        "warmup": result.warmup, "wall_s": result.wall_s, "setup_s": setup_s,
+                        "warmup": result.warmup, "step_times": steps,
+                        "handover_measured_s": handover_s(result.per_request),
+                        "wall_s": result.wall_s, "setup_s": setup_s,
                         "load_average": common.load_average()})
                     print(f"{name} load {load:.2f} ({rate:.2f} req/s) seed {seed}: " + ", ".join(
                         f"{k} {result.measured[k] * 1e3:.0f}/{result.predicted[k] * 1e3:.0f} ms"
                         for k in METRICS), flush=True)
     return {"rows": rows, "groups": groups(rows), "summary": summarize(groups(rows)),
+            "steps": deployment_steps(rows),
             "context": {**common.machine_context(), "load_average_before": load_before},
             "wall_s": time.time() - started, "model": MODEL, "input_len": INPUT_LEN,
             "output_len": OUTPUT_LEN, "loads": list(LOADS), "seeds": list(SEEDS),
-            "profile": str(PROFILE.relative_to(common.ROOT)), "target": TARGET,
+            "profile": calibration["used"], "calibration": calibration, "target": TARGET,
             "command": "python -m benchmarks.serving_validation"
                        + (f" --requests {n_requests}" if n_requests != DEFAULT_REQUESTS else "")}
 
@@ -139,7 +257,46 @@ def groups(rows: list[dict]) -> list[dict]:
                         "error_warmup_model": float(np.mean(warm)),
                         "warmup_within_target": bool(abs(float(np.mean(warm))) <= target)
                         if math.isfinite(float(np.mean(warm))) else None,
-                        "target": target})
+                        "target": target,
+                        "responsible": responsible(err, float(np.mean(warm)), target)})
+    return out
+
+
+def responsible(error: float, warmup_error: float, target: float) -> str:
+    """What a miss is owed to, measured: the warm-up model runs the same simulation on the
+    workers' measured step times, so its error is the serving model's (queueing, slots,
+    handover, the step time's variation under load) and the rest is the step-time prediction's."""
+    if not math.isfinite(error) or abs(error) <= target:
+        return ""
+    if not math.isfinite(warmup_error):
+        return "unknown"
+    if abs(warmup_error) <= target:
+        return "step-time prediction"
+    if abs(warmup_error) < 0.5 * abs(error):
+        return "mostly step-time prediction"
+    if abs(error) < 0.5 * abs(warmup_error):
+        return "serving model (step prediction offsets it)"
+    return "serving model" if abs(warmup_error) >= abs(error) else "both"
+
+
+def deployment_steps(rows: list[dict]) -> list[dict]:
+    """Per deployment: predicted vs warm-up step times, and the disaggregated KV handover."""
+    out = []
+    for name in DEPLOYMENTS:
+        reps = [r for r in rows if r["deployment"] == name]
+        if not reps:
+            continue
+        st = reps[0]["step_times"]
+        hand = [r["handover_measured_s"] for r in reps if r.get("handover_measured_s") is not None]
+        out.append({"deployment": name,
+                    "prefill_predicted_s": st["prefill_s"]["predicted"],
+                    "prefill_warmup_s": st["prefill_s"]["warmup"],
+                    "decode_step_predicted_s": st["decode_step_s"]["predicted"],
+                    "decode_step_warmup_s": st["decode_step_s"]["warmup"],
+                    "kv_transfer_predicted_s": st["kv_transfer_s"]["predicted"],
+                    "handover_measured_s": float(np.mean(hand)) if hand else None,
+                    "handover_spread": float((max(hand) - min(hand)) / np.mean(hand))
+                    if len(hand) > 1 and np.mean(hand) > 0 else None})
     return out
 
 
@@ -160,7 +317,7 @@ def summarize(groups_: list[dict]) -> dict:
 
 
 def render(r: dict) -> str:
-    c = r["context"]
+    c, cal = r["context"], r["calibration"]
     lines = ["# Serving validation: measured vs predicted TTFT and TPOT",
              "",
              f"Command: `{r['command']}`. Model {r['model']}, prompts {r['input_len']} and answers "
@@ -168,14 +325,43 @@ def render(r: dict) -> str:
              f"stream, loads {', '.join(f'{x:.0%}' for x in r['loads'])} of each deployment's "
              f"capacity (from its warm-up step times), {len(r['seeds'])} replicates (seeds "
              f"{', '.join(map(str, r['seeds']))}) each. Emulated meshes on this host (`host` "
-             f"timings): {c['cpus']} CPUs, load average {c['load_average_before']} before and "
-             f"{c['load_average']} after; wall {r['wall_s'] / 60:.1f} min.",
+             f"timings): {c['cpus']} CPUs, load average {cal['load_average_before']} before the "
+             f"calibration, {c['load_average_before']} before serving and {c['load_average']} "
+             f"after; serving wall {r['wall_s'] / 60:.1f} min.",
              "",
-             f"Predicted: the serving model (`simulate`) with the cost model's step times and "
-             f"`{r['profile']}`. Warm-up model (diagnostic): the same simulation on the workers' "
-             "warm-up step times. Error = predicted / measured - 1, the mean over the replicates; "
-             "spread = (max - min) / mean of the replicates' measured values.",
+             "#### Calibration (before serving, on this host, no serving run in it)",
              ""]
+    sp = cal["space"]
+    lines.append(
+        f"`sweeper run` of a generated space ({sp['model']}, chips {sp['params']['chips']}, batch "
+        f"{sp['params']['batch']}, prefill {sp['params']['prefill_ffn']}, decode "
+        f"{sp['params']['decode_ffn']}, attention {sp['params']['attn']}, {sp['weights']}, input "
+        f"{sp['input_len']} tokens, decode_steps {sp['decode_steps']}: one synchronised step per "
+        f"timed call, as the server steps; repeats as search_spaces/calibration.yaml) in "
+        f"{cal['sweep_wall_s'] / 60:.1f} min, load average {cal['load_average_before']} before and "
+        f"{cal['load_average_after_sweep']} after; then the `sweeper fit` pipeline with the extra "
+        f"terms chosen by nested cross-validation.")
+    if "heldout_mape" in cal:
+        by_phase = ", ".join(f"{ph} {common.pct(v, 0)}" for ph, v in cal["heldout_mape_by_phase"].items())
+        fitted = cal["fitted"]
+        lines += ["", f"- {cal['trials']} trials, {cal['points']} points; terms freed: "
+                  f"{', '.join(cal['terms']) or 'none'}; held-out (k-fold) MAPE "
+                  f"{common.pct(cal['heldout_mape'], 1)} ({by_phase}), median "
+                  f"{common.pct(cal['heldout_median_ape'], 1)}, max {common.pct(cal['heldout_max_ape'], 0)}.",
+                  f"- fitted: launch_overhead_s {fitted['launch_overhead_s'] * 1e3:.3f} ms, "
+                  f"op_overhead_s {fitted['op_overhead_s'] * 1e6:.1f} us/layer, device_overhead_s "
+                  f"{fitted['device_overhead_s'] * 1e6:.1f} us, collective latency/device "
+                  f"{fitted['collective_latency_s_per_device'] * 1e6:.1f} us, overlap {fitted['overlap']:.2f}."]
+    lines += ["", f"**Profile used: `{cal['used']}`** ({cal['why']}).", "",
+              "#### Results", "",
+              "Predicted: the serving model (`simulate`) with the cost model's step times and that "
+              "profile. Warm-up model (diagnostic): the same simulation on the workers' warm-up step "
+              "times. Error = predicted / measured - 1, the mean over the replicates; spread = "
+              "(max - min) / mean of the replicates' measured values. Responsible (for a miss, "
+              "measured): `step-time prediction` when the warm-up model is within target (the "
+              "queueing model on measured steps is right), `serving model` when the warm-up model "
+              "misses as much or more (queueing, slots, handover, step-time variation under load).",
+              ""]
     for stat, s in r["summary"].items():
         lines.append(f"- **{stat}** (target within {s['target']:.0%}): prediction within target "
                      f"in {s['within_target']}/{s['cases']} cases, median |error| "
@@ -187,10 +373,27 @@ def render(r: dict) -> str:
     rows = [[g["deployment"], f"{g['load']:.0%} ({g['rate_rps']:.2f}/s)", g["metric"],
              common.ms(g["measured_mean_s"]), common.pct(g["replicate_spread"], 0),
              common.ms(g["predicted_mean_s"]), common.pct(g["error"], 0),
-             "yes" if g["within_target"] else "no", common.pct(g["error_warmup_model"], 0)]
+             "yes" if g["within_target"] else "no", common.pct(g["error_warmup_model"], 0),
+             g.get("responsible", "")]
             for g in r["groups"]]
     lines += common.table(["deployment", "load", "metric", "measured", "spread", "predicted",
-                           "error", "within target", "warm-up model error"], rows)
+                           "error", "within target", "warm-up model error", "responsible"], rows)
+    lines += ["", "#### Step times: predicted (fitted profile) vs the workers' warm-up medians", "",
+              "Prefill: one call of the prefill batch at the prompt length; decode: one step of the "
+              "full slot batch; handover (disaggregated): the predicted KV transfer vs the measured "
+              "mean from the first token to the KV in a decode slot (export, Ray's object store, "
+              "insert, any wait for a slot).", ""]
+    rows = [[s["deployment"], common.ms(s["prefill_predicted_s"]), common.ms(s["prefill_warmup_s"]),
+             common.pct(s["prefill_predicted_s"] / s["prefill_warmup_s"] - 1, 0),
+             common.ms(s["decode_step_predicted_s"]), common.ms(s["decode_step_warmup_s"]),
+             common.pct(s["decode_step_predicted_s"] / s["decode_step_warmup_s"] - 1, 0),
+             common.ms(s["kv_transfer_predicted_s"]) if s["handover_measured_s"] is not None else "-",
+             (f"{common.ms(s['handover_measured_s'])} (spread {common.pct(s['handover_spread'], 0)})"
+              if s["handover_measured_s"] is not None else "-")]
+            for s in r["steps"]]
+    lines += common.table(["deployment", "prefill predicted", "prefill warm-up", "error",
+                           "decode step predicted", "decode step warm-up", "error",
+                           "handover predicted", "handover measured"], rows)
     return "\n".join(lines) + "\n"
 
 
@@ -201,8 +404,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per stream")
     parser.add_argument("--out", default=str(common.RESULTS), help="results folder")
+    parser.add_argument("--render", metavar="RESULTS.json",
+                        help="only re-render the Markdown of a recorded results file")
     args = parser.parse_args(argv)
-    result = run(args.requests)
+    if args.render:
+        result = json.loads(Path(args.render).read_text())
+        common.write("serving_validation", result, render(result), Path(args.out))
+        return 0
+    calibration = calibrate()
+    print(f"calibration: {calibration['used']} ({calibration['why']}); held-out MAPE "
+          f"{calibration.get('heldout_mape')}, terms {calibration.get('terms')}", flush=True)
+    result = run(args.requests, calibration)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)    # the numbers first: nothing measured is lost
+    (out / "serving_validation.json").write_text(json.dumps(common.clean(result), indent=2))
     common.publish("serving_validation", result, render, Path(args.out))
     return 0
 
