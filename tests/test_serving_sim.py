@@ -48,6 +48,17 @@ def test_idle_arrivals_see_one_prefill_and_one_step_per_token(mode):
     assert np.allclose(result.tpot_s, 0.02 + extra)
 
 
+def test_prefill_slice_sends_each_kv_before_its_next_call():
+    """Disaggregated: the prefill slice exports and sends each request's KV itself before its
+    next prefill call (server.py serve_prefill), so two requests arriving together see the
+    second prefill start after the first's transfer: TTFT 0.25 and 0.25 + 0.1 + 0.25."""
+    d = _deployment("disaggregated")
+    result = simulate(d, [Request(0.0, 128, 10), Request(0.0, 128, 10)],
+                      _constant(0.25, 0.02, transfer_s=0.1))
+    assert np.allclose(np.sort(result.ttft_s), [0.25, 0.6])
+    assert np.isclose(result.prefill_busy_s, 2 * (0.25 + 0.1))
+
+
 def test_cost_model_step_times_give_the_predicted_prefill_and_transfer():
     """With the default (analytical) step times an idle deployment's TTFT is the cost
     model's prefill latency, and its disaggregated TPOT adds the KV bytes over the link."""

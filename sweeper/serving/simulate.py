@@ -14,8 +14,10 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
 - disaggregated: prefill slices run prefill calls back to back (FIFO); each request's KV
   cache (`kv_bytes_per_token x input_len`) then crosses the link between the slices, one
   transfer at a time per prefill slice, at `min(prefill chips, decode chips)` x the per-chip
-  bandwidth (ICI inside one fast domain, `inter_domain_bandwidth` across domains); the
-  decode slice puts it into a free slot before its next step;
+  bandwidth (ICI inside one fast domain, `inter_domain_bandwidth` across domains). The
+  prefill slice sends them itself before its next prefill call, as the server does (its loop
+  exports and sends each request's KV, sequentially), so a handover delays the next
+  prefill; the decode slice puts it into a free slot before its next step;
 - requests go to replicas round-robin in arrival order (decode slices: in KV-ready order),
   so every replica is simulated on its own (fast, and a real router's choice is no worse);
 - TTFT = first token - arrival; TPOT = (finish - first token) / (output_len - 1), as the
@@ -359,8 +361,10 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
 
 def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: StepTimes,
                    first: np.ndarray, ready: np.ndarray, transfer: np.ndarray) -> float:
-    """Prefill calls back to back in arrival order, then the KV transfers one at a time."""
-    t, link_free, busy = 0.0, 0.0, 0.0
+    """Prefill calls back to back in arrival order, each followed by its requests' KV
+    transfers one at a time, sent by the prefill slice before its next call (server.py
+    `serve_prefill`: the export and send are in the prefill loop)."""
+    t, busy = 0.0, 0.0
     queue = deque(ids)
     while queue:
         t = max(t, reqs[queue[0]].arrival_s)
@@ -370,11 +374,12 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
         duration = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
         t += duration
         busy += duration
+        first[take] = t
         for i in take:
-            first[i] = t
             transfer[i] = times.kv_transfer_s(reqs[i].input_len)
-            link_free = max(link_free, t) + transfer[i]
-            ready[i] = link_free
+            t += transfer[i]
+            busy += transfer[i]
+            ready[i] = t
     return busy
 
 
