@@ -1,7 +1,7 @@
 """Serving validation (issue 19, deliverable 6): measured vs predicted TTFT and TPOT of real
 serving runs on this host's emulated meshes.
 
-    python -m benchmarks.serving_validation            # ~10 min on 2 cores
+    python -m benchmarks.serving_validation            # ~5 min on 2 cores (2 of calibration)
     python -m benchmarks.serving_validation --requests 10 --out /tmp/sv
 
 Six deployments of a tiny model (three aggregated, three disaggregated), each served at two
