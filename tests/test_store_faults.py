@@ -59,6 +59,18 @@ def same_table(a: pd.DataFrame, b: pd.DataFrame) -> None:
                                   check_dtype=False)
 
 
+def damage_optuna_store(home: Path, damage: str) -> None:
+    """The real fault: optuna.db (and its -wal/-shm) deleted, or truncated to 8 KiB."""
+    if damage == "deleted":
+        for path in home.glob("optuna.db*"):
+            if not path.name.endswith(".lock"):
+                path.unlink()
+    else:
+        with sqlite3.connect(home / "optuna.db") as c:
+            c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        os.truncate(home / "optuna.db", 8192)
+
+
 def export(study: str, out: Path) -> tuple[int, pd.DataFrame | None]:
     rc = main(["export", "--study", study, "--out", str(out)])
     return rc, (pd.read_csv(out) if rc == 0 else None)
@@ -123,14 +135,7 @@ def test_sync_rebuilds_a_lost_optuna_study_from_mlflow(analytical_sweep, tmp_pat
     trials = [(t.number, t.state, t.params, t.distributions, t.values, t.system_attrs)
               for t in original.get_trials()]
     rdb.engine.dispose()
-    if damage == "deleted":
-        for path in home.glob("optuna.db*"):
-            if not path.name.endswith(".lock"):
-                path.unlink()
-    else:
-        with sqlite3.connect(db) as c:
-            c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        os.truncate(db, 8192)
+    damage_optuna_store(home, damage)
     capsys.readouterr()
     assert export("an1", tmp_path / "x.csv")[0] == 2       # the damage is bad input to export
     err = capsys.readouterr().err
@@ -281,15 +286,7 @@ def test_a_ray_sweep_whose_optuna_store_is_deleted_then_truncated_is_rebuilt(
     before = pd.read_csv(tmp_path / "before.csv")
     assert (before["state"] == "COMPLETE").sum() == 3
     for damage in ("deleted", "truncated"):
-        db = tmp_path / "optuna.db"
-        if damage == "deleted":
-            for path in tmp_path.glob("optuna.db*"):
-                if not path.name.endswith(".lock"):
-                    path.unlink()
-        else:
-            with sqlite3.connect(db) as c:
-                c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            os.truncate(db, 8192)
+        damage_optuna_store(tmp_path, damage)
         assert main(["export", *args, "--out", str(tmp_path / "x.csv")]) == 2
         assert main(["sync", *args, "--tracking-uri", tracking]) == 0
         assert "rebuilt from 3 MLflow runs" in capsys.readouterr().out
