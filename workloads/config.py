@@ -309,6 +309,14 @@ class HardwareProfile:
     # ({"prefill": [...], "decode": [...]}), written by `sweeper fit` into a fitted profile;
     # the serving planner's error bands are their split-conformal quantiles. Empty = unknown.
     heldout_residuals: dict = dataclasses.field(default_factory=dict, hash=False)
+    # Serving host costs (issue 19, docs/serving.md): what a serving engine adds on the host to
+    # the engine's own step time: per decode step (the token's transfer, argmax, slot
+    # bookkeeping), per prefill insertion, and per KV-cache handover between slices beyond its
+    # bytes over the link (export, object store, insert). Measured outside the serving runs
+    # they predict (sweeper/serving/overheads.py); 0 = none (an accelerator's own profile).
+    serving_step_overhead_s: float = 0.0
+    serving_prefill_overhead_s: float = 0.0
+    handover_overhead_s: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -339,7 +347,9 @@ class HardwareProfile:
             if not values[key] > 0:
                 raise ConfigError(f"{prefix}{key}", data[key], "a positive number", source)
         for key in ("collective_latency_s", "op_overhead_s", "overlap",
-                    "collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s"):
+                    "collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
+                    "serving_step_overhead_s", "serving_prefill_overhead_s",
+                    "handover_overhead_s"):
             if key in data:
                 values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
                 if values[key] < 0 or (key == "overlap" and values[key] > 1):
