@@ -252,6 +252,14 @@ def store_failure(err: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    session = sys.modules.get("sweeper.sweep.session")     # (imported only where Ray started)
+    if argv is None and session is not None:     # the command line, not a caller in-process
+        session.exit_without_finalizing_if_abandoned(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler

@@ -12,7 +12,9 @@ runtime-env agents, workers) are this process's descendants; `close` calls `ray.
 and, if it has not returned within SHUTDOWN_WAIT_S (a stopped raylet, a control store that
 stopped answering), kills every one of them still alive and takes Ray's own `atexit`
 shutdown off the exit path (it would wait forever on the lock the stuck shutdown holds).
-An interpreter exit that still hangs after that is ended by SIGALRM EXIT_ALARM_S later.
+The command line then exits without finalizing the interpreter around Ray's stuck threads
+(`exit_without_finalizing_if_abandoned`, called by sweeper.cli.main); an exit that still
+hangs is ended by SIGALRM EXIT_ALARM_S later.
 On a cluster (`--address`) the sweep owns no Ray process: `close` only disconnects.
 
 Three private names of Ray are used, checked before `ray.init` (a ConfigError naming
@@ -182,6 +184,24 @@ def kill_processes(procs: list[psutil.Process], wait_s: float = KILL_WAIT_S) -> 
     return killed
 
 
+_abandoned: list[int] = []    # pids whose ray.shutdown() was left running (RaySession.close)
+
+
+def exit_without_finalizing_if_abandoned(code: int) -> None:
+    """After a `ray.shutdown()` that was left running, end the process now with `code`.
+
+    Ray's core worker threads are still inside the stuck shutdown: finalizing the
+    interpreter around them crashed the process (SIGSEGV at exit, seen on CI after a
+    SIGTERM during start-up) instead of exiting with the code the sweep decided. Every
+    trial and store write is done by then; only stdio needs flushing."""
+    if os.getpid() not in _abandoned:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def _alarm_at_exit() -> None:
     """Last resort, from the exit path: a process still finalizing EXIT_ALARM_S later (a Ray
     thread that never returns) is ended by SIGALRM."""
@@ -277,6 +297,7 @@ class RaySession:
         returned = done.wait(wait_s)
         if not returned:
             self.abandoned = True
+            _abandoned.append(os.getpid())
             atexit.unregister(ray.shutdown)       # it would wait on the stuck shutdown's lock
             atexit.register(_alarm_at_exit)
         if procs:
