@@ -10,6 +10,7 @@ Closed forms (docs/serving.md "The serving model"):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -17,7 +18,8 @@ import pytest
 
 from sweeper.serving import bands
 from sweeper.serving.deployment import Deployment, PhaseSlice, load_plan
-from sweeper.serving.simulate import (StepTimes, kv_link_bandwidth, phase_prediction, simulate)
+from sweeper.serving.simulate import (StepTimes, capacity_rps, cost_model_step_times,
+                                      kv_link_bandwidth, phase_prediction, simulate)
 from sweeper.serving.workload import (AppProfile, Request, parse_length, profile_from_dict,
                                       read_trace, requests)
 from workloads import costmodel
@@ -76,6 +78,66 @@ def test_cost_model_step_times_give_the_predicted_prefill_and_transfer():
     steps = [phase_prediction(dis_d, "decode", 64, 1, c).latency_s for c in (2049, 2111)]
     expected = (transfer + 63 * (steps[0] + steps[1]) / 2) / 63
     assert np.allclose(dis.tpot_s, expected, rtol=1e-6)
+
+
+def _with_host_costs(times, step=0.0, prefill=0.0, handover=0.0):
+    return dataclasses.replace(times, step_overhead_s=step, prefill_overhead_s=prefill,
+                               handover_overhead_s=handover)
+
+
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_idle_arrivals_pay_the_serving_host_costs(mode):
+    """Serving host costs (docs/serving.md): at idle, TTFT = prefill call + its host work;
+    TPOT = decode step + its host work (disaggregated: + the transfer and the handover's
+    host work, over K - 1 tokens)."""
+    times = _with_host_costs(_constant(0.25, 0.02, transfer_s=0.1), step=0.005, prefill=0.03,
+                             handover=0.04)
+    result = simulate(_deployment(mode), _spaced(20, 10.0), times)
+    assert np.allclose(result.ttft_s, 0.25 + 0.03)
+    extra = (0.1 + 0.04) / 9 if mode == "disaggregated" else 0.0
+    assert np.allclose(result.tpot_s, 0.02 + 0.005 + extra)
+
+
+def test_handovers_are_serialised_through_the_decode_loop():
+    """Disaggregated: a burst's handovers are inserted one after the other by the decode
+    slice (each handover_overhead_s of its loop): four requests prefilled in one call are
+    all inserted (4 h) before the first step, and then decode together."""
+    d = _deployment("disaggregated", slots=4, prefill_batch=4)
+    h, step, prefill = 0.05, 0.01, 0.2
+    times = _with_host_costs(_constant(prefill, step), handover=h)
+    result = simulate(d, [Request(0.0, 128, 11) for _ in range(4)], times)
+    assert np.allclose(result.finish_s, prefill + 4 * h + 10 * step)
+    assert np.isclose(result.decode_busy_s, 4 * h + 10 * step)
+
+
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_saturating_load_with_host_costs_serves_at_the_capacity_they_give(mode):
+    """At saturation the throughput is capacity_rps with the host costs in the steps and
+    calls (aggregated: 1 / ((K-1)(step + s)/slots + prefill + p); disaggregated, decode-bound:
+    slots / ((K-1)(step + s) + slots x h))."""
+    slots, output_len, step, prefill = 8, 41, 0.01, 0.002
+    d = _deployment(mode, slots=slots)
+    times = _with_host_costs(_constant(prefill, step), step=0.002, prefill=0.001, handover=0.003)
+    burst = [Request(0.0, 128, output_len) for _ in range(1500)]
+    summary = simulate(d, burst, times).summary()
+    capacity = capacity_rps(d, times, 128, output_len)
+    if mode == "aggregated":
+        expected = 1 / ((output_len - 1) * 0.012 / slots + 0.003)
+    else:
+        expected = slots / ((output_len - 1) * 0.012 + slots * 0.003)
+    assert capacity["rps"] == pytest.approx(expected, rel=1e-9)
+    assert summary["throughput_rps"] == pytest.approx(expected, rel=0.03)
+
+
+def test_cost_model_step_times_carry_the_profiles_host_costs():
+    d = _deployment("disaggregated", slots=64)
+    hw = dataclasses.replace(d.hardware, serving_step_overhead_s=0.001,
+                             serving_prefill_overhead_s=0.002, handover_overhead_s=0.003)
+    times = cost_model_step_times(dataclasses.replace(d, hardware=hw))
+    assert (times.step_overhead_s, times.prefill_overhead_s, times.handover_overhead_s) == (
+        0.001, 0.002, 0.003)
+    plain = cost_model_step_times(d)
+    assert plain.step_overhead_s == plain.prefill_overhead_s == plain.handover_overhead_s == 0.0
 
 
 @pytest.mark.parametrize("mode,replicas", [("aggregated", 1), ("disaggregated", 2)])

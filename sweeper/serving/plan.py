@@ -520,11 +520,12 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
     ends = {}
     for end, (fp, fd) in (("low", (pre.low, dec.low)), ("high", (pre.high, dec.high))):
         affine = base.decode_affine
-        scaled = StepTimes(lambda b, n, f=fp: base.prefill_s(b, n) * f,
-                           lambda b, c, f=fd: base.decode_step_s(b, c) * f,
-                           base.kv_transfer_s, source=base.source,
-                           decode_affine=None if affine is None else
-                           (lambda b, f=fd: tuple(f * x for x in affine(b))))
+        # the band scales the engine's step times; the serving host costs stay as measured
+        scaled = dataclasses.replace(
+            base, prefill_s=lambda b, n, f=fp: base.prefill_s(b, n) * f,
+            decode_step_s=lambda b, c, f=fd: base.decode_step_s(b, c) * f,
+            decode_affine=None if affine is None else
+            (lambda b, f=fd: tuple(f * x for x in affine(b))))
         ends[end] = search._plan(plan.deployment, simulate(plan.deployment, search.requests, scaled,
                                                            slo=p), plan.config)
     ttft_band = sorted([ends["low"].summary["ttft_slo_stat_s"], ends["high"].summary["ttft_slo_stat_s"]])

@@ -18,6 +18,14 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   prefill slice sends them itself before its next prefill call, as the server does (its loop
   exports and sends each request's KV, sequentially), so a handover delays the next
   prefill; the decode slice puts it into a free slot before its next step;
+- host work (docs/serving.md "Serving host costs"): every decode step costs the engine's
+  step plus `serving_step_overhead_s` (the serving loop's per-step host work: the tokens'
+  transfer, the argmax program, the sync, slot bookkeeping), every prefill call the engine's
+  call plus `serving_prefill_overhead_s` (prompts, argmax, sync, writing its rows into slots
+  or exporting their KV); a KV handover (disaggregated) costs `handover_overhead_s` beyond
+  its bytes over the link, paid in the decode slice's loop, one handover at a time before
+  its next step (server.py `serve_decode` receives and inserts there); all from the
+  hardware profile, 0 by default;
 - requests go to replicas round-robin in arrival order (decode slices: in KV-ready order),
   so every replica is simulated on its own (fast, and a real router's choice is no worse);
 - TTFT = first token - arrival; TPOT = (finish - first token) / (output_len - 1), as the
@@ -69,6 +77,11 @@ class StepTimes:
     # Optional: slots -> (a, b) with decode_step_s(slots, c) = a + b * c, so runs of steps
     # are summed in closed form (the cost model's step time is affine in the context).
     decode_affine: Callable[[int], tuple[float, float]] | None = None
+    # Serving host costs (module docstring), seconds: added to every decode step, every
+    # prefill call, and every KV handover (paid by the decode slice's loop).
+    step_overhead_s: float = 0.0
+    prefill_overhead_s: float = 0.0
+    handover_overhead_s: float = 0.0
 
 
 def run_model(deployment: Deployment):
@@ -148,8 +161,12 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
     def kv_transfer_s(input_len: int) -> float:
         return per_token * input_len / bandwidth
 
+    hw = d.hardware
     return StepTimes(prefill_s, decode_step_s, kv_transfer_s, source=costmodel.SOURCE,
-                     decode_affine=decode_affine)
+                     decode_affine=decode_affine,
+                     step_overhead_s=hw.serving_step_overhead_s,
+                     prefill_overhead_s=hw.serving_prefill_overhead_s,
+                     handover_overhead_s=hw.handover_overhead_s)
 
 
 # --------------------------------------------------------------------------- result
@@ -287,14 +304,16 @@ class _Slots:
 def _decode_run(slots: _Slots, times: StepTimes, batch: int, t: float, until: float) -> tuple:
     """Decode steps from time t until a slot frees or a step ends at or after `until` (the
     next event that could change the batch): (end time, steps, busy seconds, finished).
-    With an affine step time (the cost model's) the run is summed in closed form."""
+    With an affine step time (the cost model's) the run is summed in closed form. Each step
+    costs the engine's step plus the serving loop's host work (`step_overhead_s`)."""
     context = slots.mean_context()
+    overhead = times.step_overhead_s
     most = slots.min_remaining()
     start = t
     affine = times.decode_affine(batch) if times.decode_affine else None
     if affine is not None:
         a, b = affine          # step k (0-based) takes a + b * (context + k)
-        first = a + b * context
+        first = a + overhead + b * context
 
         def elapsed(k: int) -> float:
             return k * first + b * k * (k - 1) / 2
@@ -313,7 +332,7 @@ def _decode_run(slots: _Slots, times: StepTimes, batch: int, t: float, until: fl
     else:
         steps = 0
         for steps in range(1, most + 1):
-            t += times.decode_step_s(batch, context + steps - 1)
+            t += times.decode_step_s(batch, context + steps - 1) + overhead
             if t >= until:
                 break
     return t, steps, t - start, slots.advance(steps)
@@ -334,7 +353,8 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
             continue
         if waiting and slots.free and not (prefilled_since_step and slots.active):
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
-            duration = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
+            duration = (times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
+                        + times.prefill_overhead_s)
             t += duration
             prefill_busy += duration
             for i in take:
@@ -371,7 +391,8 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
         take = []
         while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
             take.append(queue.popleft())
-        duration = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
+        duration = (times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
+                    + times.prefill_overhead_s)
         t += duration
         busy += duration
         first[take] = t
@@ -385,6 +406,9 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
 
 def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: StepTimes,
                   ready: np.ndarray, finish: np.ndarray) -> float:
+    """Decode steps of the slot batch; before each step every ready request takes a free
+    slot, each insertion costing `handover_overhead_s` of this loop's time, one after the
+    other (server.py `serve_decode` receives and inserts the handed-over KV between steps)."""
     slots = _Slots(d.decode.batch)
     pending = deque(sorted(ids, key=lambda i: ready[i]))
     waiting: deque[int] = deque()
@@ -395,6 +419,8 @@ def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: Ste
         while waiting and slots.free:
             i = waiting.popleft()
             slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
+            t += times.handover_overhead_s
+            busy += times.handover_overhead_s
         if not slots.active:
             t = max(t, ready[pending[0]])
             continue
@@ -448,14 +474,19 @@ def simulate(deployment: Deployment, requests: list[Request], step_times: StepTi
 def capacity_rps(deployment: Deployment, times: StepTimes, input_len: float, output_len: float) -> dict:
     """Analytical upper bounds on requests/s (the planner prunes with them):
     decode: slots x replicas / ((output_len - 1) x step); prefill: batch x replicas / call
-    (aggregated: the replica's time is shared, 1 / (prefill share + decode share))."""
+    (aggregated: the replica's time is shared, 1 / (prefill share + decode share)). Steps
+    and calls include the serving host costs; disaggregated, the prefill slice's time per
+    request includes its KV transfer and the decode slice's the handover's host work."""
     d = deployment
     context = input_len + output_len / 2
-    step = times.decode_step_s(d.decode.batch, context)
-    call = times.prefill_s(d.prefill.batch, int(math.ceil(input_len)))
+    step = times.decode_step_s(d.decode.batch, context) + times.step_overhead_s
+    call = times.prefill_s(d.prefill.batch, int(math.ceil(input_len))) + times.prefill_overhead_s
     decode_steps = max(output_len - 1, 0.0)
     per_request_decode = decode_steps * step / d.decode.batch       # replica-seconds
     per_request_prefill = call / d.prefill.batch
+    if d.mode == "disaggregated":
+        per_request_prefill += times.kv_transfer_s(int(math.ceil(input_len)))
+        per_request_decode += times.handover_overhead_s
     if d.mode == "aggregated":
         per_request = per_request_decode + per_request_prefill
         total = d.decode.replicas / per_request if per_request > 0 else math.inf
