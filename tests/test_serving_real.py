@@ -115,6 +115,9 @@ def test_decode_kv_from_another_mesh_matches_reference():
     (["--plan", "{plan}", "--rate", "2", "--requests", "0"], "--requests"),
     (["--plan", "{bad_batch}", "--rate", "2"], "batch"),
     (["--plan", "{replicas}", "--rate", "2"], "replicas"),
+    (["--plan", "{plan}"], "--rate"),
+    (["--plan", "{plan}", "--measure-overheads", "{tmp}/nowhere/x.yaml"], "--measure-overheads"),
+    (["--plan", "{replicas}", "--measure-overheads", "{tmp}/x.yaml"], "replicas"),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, capsys, args, needle):
     import sys
@@ -130,7 +133,7 @@ def test_bad_input_one_line_exit_2(tmp_path, capsys, args, needle):
     replicas = tmp_path / "replicas.json"
     replicas.write_text(json.dumps(two))
     values = {"missing": str(tmp_path / "none.json"), "plan": str(plan),
-              "bad_batch": str(bad_batch), "replicas": str(replicas)}
+              "bad_batch": str(bad_batch), "replicas": str(replicas), "tmp": str(tmp_path)}
     before = {m for m in ("ray", "jax") if m in sys.modules}
     code = main(["serve", *[a.format(**values) for a in args]])
     err = capsys.readouterr().err.strip()
@@ -193,3 +196,26 @@ def test_serve_aggregated_real(tmp_path, capsys, sweeper_home):
 @pytest.mark.ci_slow
 def test_serve_disaggregated_real(tmp_path, capsys, sweeper_home):
     _check(*_served(tmp_path, capsys, "disaggregated"))
+
+
+@pytest.mark.slow
+@pytest.mark.ci_slow
+def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
+    """`sweeper serve --measure-overheads` on real Ray workers (disaggregated: both workers
+    and a real KV handover): sane costs, and a profile YAML that loads with them."""
+    from workloads.config import load_hardware
+
+    plan = plan_file(tmp_path, "disaggregated")
+    out = tmp_path / "profile.yaml"
+    assert main(["serve", "--plan", str(plan), "--measure-overheads", str(out), "--json"]) == 0
+    costs = json.loads(capsys.readouterr().out)
+    for side in ("prefill", "decode"):
+        for key, value in costs["detail"][side].items():
+            assert 0 < value < 5.0, (side, key, value)
+    assert costs["serving_step_overhead_s"] >= 0 and costs["serving_prefill_overhead_s"] >= 0
+    assert 0 < costs["handover_overhead_s"] < 5.0       # a Ray call and an insert: never free
+    assert costs["detail"]["handover"]["samples"] >= 8
+    hardware = load_hardware(str(out))
+    for key in ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s"):
+        assert getattr(hardware, key) == pytest.approx(costs[key])
+    assert hardware.peak_flops == HARDWARE["peak_flops"]

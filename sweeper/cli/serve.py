@@ -20,11 +20,16 @@ def add_parser(sub) -> None:
                        "deployment; measured TTFT/TPOT beside the serving model's prediction")
     p.add_argument("--plan", required=True, metavar="PLAN.json",
                    help="deployment to run (`sweeper plan --out`, or written by hand)")
-    p.add_argument("--rate", required=True, metavar="RPS", help="requests per second (Poisson)")
+    p.add_argument("--rate", metavar="RPS", help="requests per second (Poisson; required unless "
+                   "--measure-overheads)")
     p.add_argument("--requests", default="20", metavar="N", help="requests in the stream (default 20)")
     p.add_argument("--seed", default="0", metavar="S", help="arrivals, lengths and prompts (default 0)")
     p.add_argument("--input-len", metavar="N", help="prompt tokens (default: the plan's profile)")
     p.add_argument("--output-len", metavar="K", help="answer tokens (default: the plan's profile)")
+    p.add_argument("--measure-overheads", metavar="OUT.yaml",
+                   help="serve nothing: measure this host's serving host costs for the plan's "
+                   "deployment (per decode step, per prefill call, per KV handover; "
+                   "docs/serving.md) and write the plan's hardware profile with them to OUT.yaml")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
     p.add_argument("--tracking-uri", help="MLflow store (default: sqlite under $SWEEPER_HOME)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -47,6 +52,8 @@ def stream_of(args):
     from sweeper.serving.deployment import load_plan, load_plan_profile
     from sweeper.serving.workload import AppProfile, parse_length, requests
 
+    if args.rate is None:
+        raise ConfigError("--rate", None, "requests per second (required unless --measure-overheads)")
     rate = _positive(args.rate, "--rate", False, 0)
     count = int(_positive(args.requests, "--requests", True, 1))
     seed = int(_positive(args.seed, "--seed", True, 0))
@@ -65,7 +72,63 @@ def stream_of(args):
     return deployment, requests(stream, count, seed), rate, seed
 
 
+def lengths_of(args) -> tuple[int, int]:
+    """(input_len, output_len) for --measure-overheads: the flags, else the plan's profile
+    (a distribution: its mean)."""
+    from sweeper.serving.deployment import load_plan_profile
+    from sweeper.serving.workload import parse_length
+
+    profile = load_plan_profile(args.plan)
+    out = []
+    for key, flag in (("input_len", "--input-len"), ("output_len", "--output-len")):
+        value = getattr(args, key)
+        if value is not None:
+            length = parse_length(value, flag, None)
+        elif profile is not None:
+            length = getattr(profile, key)
+        else:
+            raise ConfigError(flag, None, "a token count (the plan has no profile to take it from)")
+        out.append(max(int(round(length.mean)), 1))
+    return out[0], out[1]
+
+
+def cmd_measure_overheads(args) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from sweeper.serving.deployment import load_plan
+    from sweeper.serving.serve import slot_specs
+
+    out = Path(args.measure_overheads)
+    if out.suffix not in (".yaml", ".yml") or not out.parent.is_dir():
+        raise ConfigError("--measure-overheads", args.measure_overheads,
+                          "a .yaml path in an existing folder")
+    deployment = load_plan(args.plan)
+    input_len, output_len = lengths_of(args)
+    slot_specs(deployment, input_len + output_len + 1, 0)    # every layout check before Ray and JAX
+    from sweeper.serving.overheads import FIELDS, measure, with_overheads
+
+    costs = measure(deployment, input_len, output_len)
+    hardware = with_overheads(deployment.hardware, costs)
+    out.write_text(yaml.safe_dump(hardware.to_dict(), sort_keys=False))
+    if args.json:
+        from sweeper.formatting import jsonable
+
+        print(json.dumps(jsonable({**{k: costs[k] for k in FIELDS}, "detail": costs["detail"],
+                                   "profile": str(out)}), indent=2))
+        return 0
+    print(f"{deployment.describe()}; prompts {input_len}, answers {output_len} tokens")
+    for key in FIELDS:
+        print(f"{key:28}{costs[key] * 1e3:9.3f} ms")
+    print(f"wrote {out} (the plan's hardware profile with them; `host` timings, measured "
+          "outside any served stream: docs/serving.md \"Serving host costs\")")
+    return 0
+
+
 def cmd_serve(args) -> int:
+    if args.measure_overheads:
+        return cmd_measure_overheads(args)
     deployment, reqs, rate, seed = stream_of(args)
     from sweeper.serving.serve import context_of, serve, slot_specs, table
 

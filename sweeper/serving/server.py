@@ -7,10 +7,15 @@ slots are free, one prefill call (at most `prefill.batch` prompts of one length)
 between two decode steps; the decode step runs every slot.
 
 Disaggregated: a prefill worker runs prefill calls back to back in arrival order and hands
-each request's KV cache to the decode worker through Ray (`ray.put` in the prefill process,
-`ray.get` in the decode process; the object store); the decode worker (two threads: one
-receives handovers, one serves) puts every ready request into a free slot before its next
-step.
+each request's KV cache (a host array) to the decode worker in one Ray call per prefill
+call (`deliver.remote`: Ray moves an argument over 100 KiB through its object store); the
+decode worker (two threads: one receives handovers, one serves) puts every received request
+into a free slot before its next step, one insertion after the other (the serving model
+charges each `handover_overhead_s` of the decode loop's time, docs/serving.md).
+
+Serving host costs (`measure_host_costs`, `handover_receive`; sweeper/serving/overheads.py):
+a worker times its own serving loop's work against the engine's timed calls of the same
+shape, outside any served stream.
 
 Arrivals are wall-clock: every worker waits for a shared start time and then for each
 request's `arrival_s` after it. Times are `time.time()` (one host: the same clock in every
@@ -158,8 +163,8 @@ class ServingWorker:
                 if requests[i]["output_len"] <= 1:
                     out[i]["finish_s"] = t
                     continue
-                kv = ray.put(srv.export_kv(done, row))
-                handover.append({"request": i, "kv": [kv], "first_token": int(done.first_tokens[row]),
+                handover.append({"request": i, "kv": srv.export_kv(done, row),
+                                 "first_token": int(done.first_tokens[row]),
                                  "output_len": requests[i]["output_len"]})
             if handover:
                 sent.append(decode.deliver.remote(handover))
@@ -174,8 +179,6 @@ class ServingWorker:
     def serve_decode(self, expected: int, start_at: float) -> dict[int, dict]:
         """Decode the `expected` requests the prefill worker hands over; per request, when
         its KV was in a slot, its last token's time and its decoded tokens."""
-        import ray   # lazy: only inside a Ray worker
-
         srv, spec = self.server, self.spec
         out: dict[int, dict] = {}
         waiting: deque[dict] = deque()
@@ -193,9 +196,8 @@ class ServingWorker:
             free = [s for s in range(spec.slots) if slot_request[s] < 0]
             while waiting and free:
                 item = waiting.popleft()
-                kv = ray.get(item["kv"][0])
                 slot = free.pop(0)
-                srv.insert(slot, kv, 0, item["first_token"])
+                srv.insert(slot, item["kv"], 0, item["first_token"])
                 i = item["request"]
                 out[i] = {"kv_ready_s": time.time() - start_at, "tokens": []}
                 slot_request[slot], remaining[slot] = i, item["output_len"] - 1
@@ -206,6 +208,114 @@ class ServingWorker:
             t = time.time() - start_at
             _advance(srv, tokens, t, slot_request, remaining, out)
         return out
+
+
+    # ---- serving host costs (sweeper/serving/overheads.py), outside any served stream
+
+    def measure_host_costs(self, input_len: int, output_len: int, rounds: int = 3) -> dict:
+        """This worker's serving loop against the engine's timed calls of the same shape.
+
+        Decode: a closed loop of the serving loop's own step (`srv.step()`, the clock read and
+        `_advance`) with every slot full and no arrivals, `output_len - 1` steps per round,
+        beside the engine's decode call of the same slot batch (decode program and argmax,
+        arguments placed before the timer, synchronised once: as a trial times a step).
+        Prefill: the loop's prefill (prompts, `srv.prefill`, and its rows into slots or their
+        KV exported) beside the engine's prefill program alone (as a trial times it). Medians
+        of each: {engine_step_s, loop_step_s, engine_prefill_s, loop_prefill_s}."""
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        srv, spec = self.server, self.spec
+        model = srv.model.unpadded
+        out: dict[str, float] = {}
+        prompts = [prompt_for(model, i, input_len, 7) for i in range(spec.prefill_batch)]
+        if spec.prefill is not None:
+            program = srv._prefill_program(input_len)
+            batch = np.zeros((spec.prefill_batch, input_len), np.int32)
+            batch[:len(prompts)] = prompts
+            placed = jax.device_put(batch, srv._replicated)
+            engine, loop = [], []
+            for _ in range(max(rounds * 4, 8) + 1):
+                start = time.perf_counter()
+                jax.block_until_ready(program(srv.params, placed))
+                engine.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                done = srv.prefill(prompts)
+                for row in range(len(prompts)):
+                    if spec.decode is not None:
+                        srv.insert(row % spec.slots, done, row, int(done.first_tokens[row]))
+                    else:
+                        self.export_for_handover(done, row)
+                if spec.decode is not None:
+                    jax.block_until_ready(srv.cache)
+                loop.append(time.perf_counter() - start)
+            out["engine_prefill_s"] = float(np.median(engine[1:]))
+            out["loop_prefill_s"] = float(np.median(loop[1:]))
+            for slot in range(spec.slots if spec.decode is not None else 0):
+                srv.release(slot)
+        if spec.decode is not None:
+            kv = np.zeros((srv.model.n_layers, input_len, 2, srv.model.n_kv_heads,
+                           srv.model.d_head), jnp.bfloat16)
+            engine, loop = [], []
+            slot_request = [-1] * spec.slots
+            remaining = [0] * spec.slots
+            record = [{"tokens": []} for _ in range(spec.slots)]
+            for _ in range(rounds):
+                for slot in range(spec.slots):            # every slot full, no arrivals
+                    srv.insert(slot, kv, 0, 0)
+                    slot_request[slot], remaining[slot] = slot, max(output_len - 1, 1)
+                    record[slot]["tokens"] = []
+                jax.block_until_ready(srv.cache)
+                while any(r >= 0 for r in slot_request):
+                    start = time.perf_counter()
+                    tokens = srv.step()
+                    _advance(srv, tokens, time.time(), slot_request, remaining, record)
+                    loop.append(time.perf_counter() - start)
+                # the engine's call of the same shape, placed before the timer (a trial's step)
+                tokens = jax.device_put(srv.tokens, srv._replicated)
+                positions = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
+                for _ in range(max(output_len - 1, 1)):
+                    start = time.perf_counter()
+                    logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens, positions)
+                    jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
+                    engine.append(time.perf_counter() - start)
+            out["engine_step_s"] = float(np.median(engine[1:]))
+            out["loop_step_s"] = float(np.median(loop[1:]))
+        return out
+
+    def export_for_handover(self, done, row: int):
+        """What serve_prefill does per request before sending: the KV as a host array."""
+        return self.server.export_kv(done, row)
+
+    def handover_send(self, input_len: int, decode, repeats: int = 8) -> list[dict]:
+        """KV handovers of `input_len` tokens to `decode`, as serve_prefill sends them (export,
+        one `deliver`-like Ray call), one at a time: per handover the wall clock when the
+        prefill worker starts the export and when the decode worker has it in a slot."""
+        import ray   # lazy: only inside a Ray worker
+
+        srv = self.server
+        prompt = [prompt_for(srv.model.unpadded, 0, input_len, 7)]
+        done = srv.prefill(prompt)
+        out = []
+        for _ in range(repeats + 1):
+            start = time.time()
+            kv = srv.export_kv(done, 0)
+            finished = ray.get(decode.handover_receive.remote(
+                [{"request": 0, "kv": kv, "first_token": int(done.first_tokens[0]), "output_len": 2}]))
+            out.append({"start": start, "in_slot": finished, "bytes": int(kv.nbytes)})
+        return out[1:]
+
+    def handover_receive(self, handover: list[dict]) -> float:
+        """The decode side of one handover: the KV into slot 0, synchronised; the wall clock then."""
+        import jax
+
+        for item in handover:
+            self.server.insert(0, item["kv"], 0, item["first_token"])
+        jax.block_until_ready(self.server.cache)
+        done = time.time()
+        self.server.release(0)
+        return done
 
 
 def _sleep_until(when: float) -> None:
