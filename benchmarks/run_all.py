@@ -4,8 +4,8 @@
 
 Order: the host profile is measured afresh (so every MFU in this run uses one peak), then
 engine efficiency, sweep overhead (which also runs the quickstart), calibration and search
-efficiency (both on the recorded calibration sweep, benchmarks/data/: no measurement), and
-last `benchmarks.readme_numbers`, which regenerates summary.md (every target with its
+efficiency (both on the recorded calibration sweep, benchmarks/data/: no measurement), the
+paper fit, the planner's speed, the serving validation, and last `benchmarks.readme_numbers`, which regenerates summary.md (every target with its
 measured value) and every number quoted in README.md and docs/ from the results files. Each
 runs in its own process, one after the other, so a failure in one is reported and the others
 still run; the step table (exit code, minutes) is printed at the end.
@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes, trials and seeds")
     parser.add_argument("--skip", default="", help="comma-separated steps to skip, keeping their "
                         "results from an earlier run (engine_efficiency, sweep_overhead, calibration, "
-                        "search_efficiency)")
+                        "profile_predict, search_efficiency, paper_fit, plan_speed, "
+                        "serving_validation)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     step("profile_predict", ["--out", str(out)])
     step("search_efficiency", ["--out", str(out), "--gp-seeds", "3"]
          + (["--seeds", "3"] if args.quick else ["--seeds", "10"]))
+    # the cost model on the paper's published numbers (no measurement), the planner's speed,
+    # and the serving model against real serving runs of the engine on this host (~5 min)
+    step("paper_fit", ["--out", str(out)])
+    step("plan_speed", ["--out", str(out)] + (["--repeats", "2"] if args.quick else []))
+    step("serving_validation", ["--out", str(out)])
     # summary.md, the README's and docs/' numbers: all generated from the results files
     step("readme_numbers", ["--results", str(out)])
     print("\n".join(common.table(["step", "exit code", "minutes"],
