@@ -84,6 +84,21 @@ class Measurement:
     decode_compute_s: float = math.nan
     decode_memory_s: float = math.nan
     decode_comm_s: float = math.nan
+    # Serving trials (a space's `serving:` block, workloads/servingtrial.py): one request
+    # stream served with wall-clock arrivals; definitions as `sweeper serve`'s (docs/serving.md):
+    # TTFT = first token - arrival, TPOT = (finish - first token) / (output tokens - 1),
+    # percentiles over the requests; throughput and tokens over the span from the first
+    # arrival to the last finish; goodput = SLO attainment x the offered rate.
+    ttft_p50_s: float = math.nan
+    ttft_p99_s: float = math.nan
+    tpot_p50_s: float = math.nan
+    tpot_p99_s: float = math.nan
+    slo_attainment: float = math.nan       # share of requests meeting both SLOs
+    goodput_rps: float = math.nan
+    throughput_rps: float = math.nan
+    tokens_per_s_per_chip: float = math.nan
+    completed: float = math.nan            # requests answered
+    cost_per_million_tokens: float = math.nan   # output tokens; the profile's price per chip-hour
     # Verification (engine with --verify).
     verify_max_abs_err: float = math.nan
     tokens_match: bool | None = None
@@ -116,3 +131,8 @@ class Measurement:
 
 METRIC_NAMES = tuple(f.name for f in dataclasses.fields(Measurement)
                      if f.type in ("float", "bool | None"))
+# What a serving trial reports (and only it): the metrics an objective or constraint of a
+# space with a `serving:` block names (sweeper/sweep/objectives.py).
+SERVING_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "slo_attainment",
+                   "goodput_rps", "throughput_rps", "tokens_per_s_per_chip", "completed",
+                   "cost_per_million_tokens")

@@ -23,6 +23,8 @@ from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, 
 from workloads.costmodel import best_topology
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, PAD_VOCAB_CHOICES,
                                WEIGHT_FORMATS, PhaseLayout, resolve_padding, validate_layouts)
+from workloads.servingprofile import FIELDS as PROFILE_FIELDS
+from workloads.servingprofile import profile_from_dict
 from workloads.validate import integer, is_int, number, one_of
 
 # The parts of a phase layout (PhaseLayout's fields) and the layouts each accepts (paper §3).
@@ -52,6 +54,27 @@ def parse_phase_layout(data: Any, phase: str, source: str | None = None) -> Phas
                           source, suggest=True)
              for part, choices in PHASE_PARTS.items()}
     return PhaseLayout(**parts)
+
+
+SERVING_REQUESTS = 32      # requests per serving trial unless the block says `requests`
+
+
+def parse_serving(value: Any, where: str = "serving", source: str | None = None,
+                  context: Mapping | None = None) -> dict | None:
+    """A serving trial's stream: the application profile's fields (rate or trace, input_len,
+    output_len, ttft, tpot, ...; workloads/servingprofile.py) plus `requests`, the requests
+    served per trial; checked by the profile's own parsers, kept as plain data
+    (`AppProfile.to_dict()` plus `requests`). None: not a serving trial."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(where, value, "a mapping of serving fields "
+                          f"{sorted([*PROFILE_FIELDS, 'requests'])}", source)
+    check_keys(value, [*PROFILE_FIELDS, "requests"], source, prefix=f"{where}.")
+    block = {k: v for k, v in value.items() if k != "requests"}
+    profile = profile_from_dict(block, source, prefix=f"{where}.")
+    requests = integer(f"{where}.requests", value.get("requests", SERVING_REQUESTS), source, 1)
+    return {**profile.to_dict(), "requests": requests}
 
 
 def _parse_topology(value: Any, where: str, source: str | None, context: Mapping) -> Any:
@@ -132,6 +155,12 @@ class TrialConfig:
                             "or none", choices=PAD_VOCAB_CHOICES, searchable=True)
     hosts: int = _field(1, help="JAX processes the mesh spans, chips / hosts devices each",
                         integer=True, minimum=1, searchable=True, unit="hosts")
+    # A serving trial (docs/space-files.md, "Serving trials"): the engine serves a request
+    # stream with this trial's deployment (batch = decode slots) instead of timing one batch.
+    serving: dict | None = _field(
+        None, help="a serving trial's request stream (rate or trace, input_len, output_len, "
+        "ttft, tpot, ..., requests); none: a prefill/decode trial",
+        parse=parse_serving, flat=False)
 
     # Derived from the fields' metadata below the class (module-level names of the same).
     FIELDS: ClassVar[tuple[str, ...]]

@@ -9,8 +9,10 @@ device-count flag, no pinning. Every actor keeps an engine/compile cache
 compiled again (the last ENGINE_CACHE_ENTRIES shapes: each holds its weights and inputs
 placed on the mesh, and a worker lives for the whole sweep), and the sweep's persistent
 compilation cache (`sweeper/sweep/compile_cache.py`) serves the programs another worker
-compiled; the actor answers `where()` (pid, Ray node id and IP, the resources it holds) as
-soon as its process is up, before its first trial.
+compiled. A serving trial (`TrialConfig.serving`, a space's `serving:` block) serves its
+request stream on the same mesh instead (workloads/servingtrial.py; its slot server is
+built for the trial, outside the engine cache). The actor answers `where()` (pid, Ray node
+id and IP, the resources it holds) as soon as its process is up, before its first trial.
 
 A multi-host trial's hosts (README "Multi-host trials") join with `jax.distributed` at rank
 0's address before their first trial, then meet at a barrier before each (`JOIN_TIMEOUT_S`).
@@ -35,6 +37,7 @@ from sweeper.sweep.slices import JOIN_TIMEOUT_S, free_port
 from workloads import hoststate
 from workloads.config import HardwareProfile
 from workloads.measure import run_trial
+from workloads.servingtrial import run_serving_trial
 from workloads.trial import TrialConfig
 
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
@@ -194,8 +197,12 @@ class MeshWorker:
         cached = self.cache_counter.snapshot() if self.cache_counter else None
         started = time.time()
         hoststate.reset_peak_rss()      # this trial's memory high-water, not the actor's
-        measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile,
-                                verify=verify)
+        if trial.serving is not None:     # a space's serving: block (docs/space-files.md)
+            measurement = run_serving_trial(trial, profile)
+            measurement.extra["compile_cache_hit"] = False     # not from the engine cache
+        else:
+            measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile,
+                                    verify=verify)
         measurement.worker_rss_peak_bytes = hoststate.peak_rss_bytes()
         finished = time.time()
         self.trials_run += 1

@@ -5,6 +5,11 @@
       - {metric: decode_step_s, direction: minimize}
     constraints: ["decode_step_s <= 0.05"]
 
+A space with a `serving:` block runs serving trials (docs/space-files.md, "Serving trials"):
+its objectives and constraints name serving metrics (`SERVING_METRICS`: ttft_p99_s,
+goodput_rps, ...; default: TTFT p99 and TPOT p99, both minimised), and a space without one
+cannot name them (its trials do not serve a stream).
+
 Each error is one `ConfigError` line naming the file, the field, the value and what is accepted.
 """
 
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from workloads.config import ConfigError, parse_quantity
-from workloads.metrics import METRIC_NAMES, Measurement
+from workloads.metrics import METRIC_NAMES, SERVING_METRICS, Measurement
 from workloads.validate import check_keys, one_of
 
 DIRECTIONS = ("minimize", "maximize")
@@ -26,6 +31,7 @@ NUMERIC_METRICS = tuple(f for f in METRIC_NAMES
 # The analytical breakdown exists only in cost-model predictions, never in measurements.
 ANALYTICAL_ONLY = tuple(f"{p}_{k}_s" for p in ("prefill", "decode") for k in ("compute", "memory", "comm"))
 DEFAULT_OBJECTIVES = (("decode_step_s", "minimize"), ("decode_cost_chip_s_per_token", "minimize"))
+DEFAULT_SERVING_OBJECTIVES = (("ttft_p99_s", "minimize"), ("tpot_p99_s", "minimize"))
 
 
 @dataclass(frozen=True)
@@ -82,13 +88,15 @@ class Constraint:
         return cls(metric, match.group(2), bound, spec.strip())
 
 
-def parse_goals(data: Mapping, backend_source: str, source: str | None
+def parse_goals(data: Mapping, backend_source: str, source: str | None, serving: bool = False
                 ) -> tuple[tuple[Objective, ...], tuple[Constraint, ...]]:
-    """A space's objectives (default: Figure 1's axes) and constraints; `backend_source` is
-    `measured` or `analytical` (a measured sweep cannot target a cost-model-only metric)."""
+    """A space's objectives (default: Figure 1's axes; serving trials: TTFT and TPOT p99)
+    and constraints; `backend_source` is `measured` or `analytical` (a measured sweep cannot
+    target a cost-model-only metric); `serving`: the space has a `serving:` block."""
     objectives_spec = data.get("objectives")
     if objectives_spec is None:
-        objectives = tuple(Objective(m, d) for m, d in DEFAULT_OBJECTIVES)
+        objectives = tuple(Objective(m, d) for m, d in
+                           (DEFAULT_SERVING_OBJECTIVES if serving else DEFAULT_OBJECTIVES))
     else:
         if isinstance(objectives_spec, (str, Mapping)):
             objectives_spec = [objectives_spec]
@@ -111,4 +119,12 @@ def parse_goals(data: Mapping, backend_source: str, source: str | None
             if metric in ANALYTICAL_ONLY:
                 raise ConfigError(where, metric, "a metric that a measured trial reports "
                                   f"({metric} exists only in cost-model predictions)", source)
+    for where, metric in ([(f"objectives[{i}].metric", o.metric) for i, o in enumerate(objectives)]
+                          + [(f"constraints[{i}]", c.metric) for i, c in enumerate(constraints)]):
+        if serving and metric not in SERVING_METRICS:
+            raise ConfigError(where, metric, f"a serving metric, one of {list(SERVING_METRICS)} "
+                              "(the space's serving: block makes each trial a serving run)", source)
+        if not serving and metric in SERVING_METRICS:
+            raise ConfigError(where, metric, "a metric this space's trials report (serving "
+                              f"trials report {metric}: add a serving: block)", source)
     return objectives, constraints

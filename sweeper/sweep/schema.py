@@ -30,6 +30,8 @@ _CUSTOM: dict[str, dict] = {
                            {"type": "null"}]},
     # workloads/trial.py parse_pad_heads: auto | none | a positive integer
     "pad_heads": {"anyOf": [{"enum": ["auto", "none", None, False]}, {"type": "integer", "minimum": 1}]},
+    # workloads/trial.py parse_serving: the application profile's fields plus `requests`
+    "serving": {"type": ["object", "null"]},
 }
 
 

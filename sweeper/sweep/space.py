@@ -31,8 +31,9 @@ parameters to search, what to optimise and under which constraints:
     resources: {GPU: 1}              # Ray resources per worker (devices; per host if hosts > 1)
     hosts: 2                         # JAX processes per trial (a fixed field or a param; default 1)
     verify: true                     # also compare each measured trial with the reference
-    serving: {rate: 2, ttft: 1.0}    # the serving workload a plan is made for (kept as read;
-                                     #   sweeper.serving.workload.profile_from_dict parses it)
+    serving: {rate: 2, ttft: 1.0}    # serving trials: each trial serves this request stream
+                                     #   (docs/space-files.md "Serving trials"; `sweeper plan
+                                     #   --space` plans for the same block)
 
 The trial fields, which of them can be searched, and what each accepts are declared once
 on `TrialConfig` (workloads/trial.py); the lists below derive from its metadata. The
@@ -63,6 +64,7 @@ from workloads.config import (ConfigError, ModelConfig, load_model, parse_quanti
                               parse_yaml, read_text)
 from workloads.costmodel import best_topology, factorizations
 from workloads.layouts import PhaseLayout, stores_1d, validate_layouts
+from workloads.servingprofile import length_stats, profile_from_dict
 from workloads.trial import (FIELDS, FLAT_BY_NAME, PHASE_PARTS, REQUIRED, SEARCHABLE, TRIAL_FIELDS,
                              FlatParam, TrialConfig, flat_params_of, parse_field)
 from workloads.validate import boolean, check_keys as _check_keys, integer, number, one_of
@@ -198,7 +200,7 @@ class SearchSpace:
     memory_budget_bytes: float | None = None
     resources: Mapping[str, float] = field(default_factory=dict)
     verify: bool = False                     # measured trials also run the unsharded reference
-    serving: Mapping[str, Any] | None = None  # the `serving:` block as read (sweeper.serving parses it)
+    serving: Mapping[str, Any] | None = None  # the `serving:` block as read (parsed: fixed["serving"])
     description: str = ""
     source: str | None = None                # the space file
     text: str | None = None                  # its contents (logged as an MLflow artifact)
@@ -340,7 +342,10 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
             raise ConfigError(required, None, f"a fixed value or an entry under params "
                               f"({required} is required)", source)
 
-    objectives, constraints = parse_goals(data, hardware.source, source)
+    if fixed.get("serving") is not None:
+        _serving_trials(fixed, searched, hardware, data, source)
+    objectives, constraints = parse_goals(data, hardware.source, source,
+                                          serving=fixed.get("serving") is not None)
     sampler = SamplerSpec.parse(data.get("sampler"), source)
     trials = integer("trials", data.get("trials", DEFAULTS["trials"]), source)
     parallel = integer("parallel", data.get("parallel", DEFAULTS["parallel"]), source)
@@ -432,6 +437,34 @@ def _parse_fixed(data: Mapping, source: str | None) -> dict[str, Any]:
             parsed = list(parsed)
         fixed[key] = parsed
     return fixed
+
+
+def _serving_trials(fixed: dict[str, Any], searched: set[str], hardware: HardwareSpec,
+                    data: Mapping, source: str | None) -> None:
+    """A `serving:` block makes every trial a serving run (workloads/servingtrial.py): on a
+    real mesh, one host, its prompt and answer lengths from the block. The trial's
+    `input_len` and `decode_steps` become the longest prompt and answer - 1 (the memory
+    check and the prediction size the slots for them)."""
+    if hardware.kind == "analytical":
+        raise ConfigError("hardware", data.get("hardware"), "host or devices for a space with a "
+                          "serving: block (each trial is a real serving run; plan analytically with "
+                          "`sweeper plan --space`)", source)
+    for name in ("input_len", "decode_steps"):
+        if name in searched or name in data:
+            where = f"params.{name}" if name in searched else name
+            raise ConfigError(where, (data.get("params") or {}).get(name, data.get(name)),
+                              "no value: a serving trial's prompt and answer lengths are the "
+                              "serving block's input_len and output_len", source)
+    if "hosts" in searched or fixed.get("hosts", 1) != 1:
+        raise ConfigError("hosts", fixed.get("hosts", "searched"), "1 (a serving trial runs "
+                          "on one host)", source)
+    if data.get("verify"):
+        raise ConfigError("verify", data.get("verify"), "false (a serving trial serves a "
+                          "stream; it runs no reference comparison)", source)
+    block = {k: v for k, v in fixed["serving"].items() if k != "requests"}
+    lengths = length_stats(profile_from_dict(block, source))
+    fixed["input_len"] = int(lengths["input_max"])
+    fixed["decode_steps"] = int(lengths["output_max"]) - 1
 
 
 def _parse_params(spec: Any, fixed: Mapping[str, Any], source: str | None) -> tuple[Param, ...]:

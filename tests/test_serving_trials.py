@@ -1,0 +1,222 @@
+"""Serving trials: a space's `serving:` block makes each trial of `sweeper run` a real serving
+run (docs/space-files.md, "Serving trials").
+
+A real sweep of the shipped `search_spaces/serving.yaml` (real Ray actors serving a Poisson
+stream with wall-clock arrivals on the emulated mesh, a real SQLite Optuna study and MLflow
+store): its trials carry the serving metrics, in Optuna and in their MLflow child runs. Bad
+serving input exits 2 with one line through the real CLI. The profile module the sweep reads
+(workloads/servingprofile.py) parses and draws exactly as `sweeper serve`'s
+(sweeper/serving/workload.py), and a trial's summary is `SimResult.summary`'s on the same
+requests. Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+
+from test_bad_input import check_rejected, run_cli
+from sweeper.serving import workload as serve_workload
+from sweeper.serving.deployment import Deployment, PhaseSlice
+from sweeper.serving.simulate import SimResult
+from sweeper.sweep.controller import run_sweep
+from sweeper.sweep.space import load_space
+from sweeper.tracking.results import load_runs, load_trials
+from workloads import servingprofile
+from workloads.config import ConfigError, HARDWARE_PRESETS, load_model
+from workloads.metrics import SERVING_METRICS
+from workloads.servingtrial import summarize, trial_requests
+from workloads.trial import TrialConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVING_SPACE = ROOT / "search_spaces" / "serving.yaml"
+REPORTED = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "slo_attainment",
+            "goodput_rps", "throughput_rps", "tokens_per_s_per_chip", "completed")
+BASE = {"name": "s", "model": "tiny", "hardware": "host", "chips": 1, "batch": 2,
+        "serving": {"rate": 40, "requests": 8, "input_len": 16, "output_len": 4}}
+
+
+# ----------------------------------------------------------------------------- a real sweep
+
+
+@pytest.fixture(scope="module")
+def sweep(session_sweeper_home, tmp_path_factory):
+    stores = tmp_path_factory.mktemp("serving_stores")
+    old = os.environ.get("SWEEPER_HOME")
+    os.environ["SWEEPER_HOME"] = str(session_sweeper_home)
+    try:
+        yield run_sweep(str(SERVING_SPACE), progress=False,
+                        storage=f"sqlite:///{stores / 'optuna.db'}",
+                        tracking_uri=f"sqlite:///{stores / 'mlflow.db'}")
+    finally:
+        if old is None:
+            os.environ.pop("SWEEPER_HOME", None)
+        else:
+            os.environ["SWEEPER_HOME"] = old
+
+
+def test_a_serving_sweep_records_each_trials_serving_metrics_in_optuna(sweep):
+    space = load_space(str(SERVING_SPACE))
+    requests = space.fixed["serving"]["requests"]
+    assert sweep.counts == {"complete": 2, "failed": 0, "pruned": 0}, \
+        load_trials(sweep.study_name, sweep.storage).reason.tolist()
+    study = optuna.load_study(study_name=sweep.study_name, storage=sweep.storage)
+    assert sorted(t.params["batch"] for t in study.trials) == [2, 4]     # the grid: slots
+    for trial in study.trials:
+        measured = trial.user_attrs["measurement"]
+        assert set(REPORTED) <= set(measured), sorted(measured)
+        assert measured["completed"] == requests              # every request answered
+        assert 0 < measured["ttft_p50_s"] <= measured["ttft_p99_s"]
+        assert 0 < measured["tpot_p50_s"] <= measured["tpot_p99_s"]
+        assert 0 <= measured["slo_attainment"] <= 1 and measured["throughput_rps"] > 0
+        assert "cost_per_million_tokens" not in measured      # host: no price, none invented
+        # the objectives Optuna was told are the measured serving latencies
+        assert trial.values == [measured["ttft_p99_s"], measured["tpot_p99_s"]]
+        assert trial.user_attrs["hardware"] == "host" and trial.user_attrs["source"] == "measured"
+        assert trial.user_attrs["config"]["serving"]["rate"] == 40.0
+        assert trial.user_attrs["config"]["serving"]["requests"] == requests
+        # prompt and answer lengths are the block's (the memory check sized the slots for them)
+        assert trial.user_attrs["flat_params"]["input_len"] == 16
+        assert trial.user_attrs["flat_params"]["decode_steps"] == 7
+
+
+def test_a_serving_sweeps_mlflow_child_runs_carry_the_serving_metrics(sweep):
+    study = optuna.load_study(study_name=sweep.study_name, storage=sweep.storage)
+    runs = load_runs(sweep.tracking_uri, parent_run_id=sweep.parent_run_id)
+    assert sorted(runs.number) == sorted(t.number for t in study.trials)
+    by_number = {t.number: t for t in study.trials}
+    for _, run in runs.iterrows():
+        measured = by_number[run.number].user_attrs["measurement"]
+        for name in REPORTED:
+            assert run[name] == pytest.approx(measured[name], rel=1e-12), name
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+BAD = [
+    ("serving-unknown-key", {**BASE, "serving": {**BASE["serving"], "arival": 3}},
+     ["serving.arival", "requests", "rate"]),
+    ("serving-objective-without-block", {**{k: v for k, v in BASE.items() if k != "serving"},
+                                         "input_len": 8, "decode_steps": 2,
+                                         "objectives": [{"metric": "ttft_p99_s"}]},
+     ["objectives[0].metric", "ttft_p99_s", "add a serving: block"]),
+    ("serving-block-with-a-batch-objective", {**BASE, "objectives": ["decode_step_s"]},
+     ["objectives[0].metric", "decode_step_s", "a serving metric"]),
+    ("serving-constraint-without-block", {**{k: v for k, v in BASE.items() if k != "serving"},
+                                          "constraints": ["goodput_rps >= 3"]},
+     ["constraints[0]", "goodput_rps"]),
+    ("serving-bad-rate", {**BASE, "serving": {**BASE["serving"], "rate": -1}},
+     ["serving.rate", "-1", "a positive number of requests per second"]),
+    ("serving-bad-requests", {**BASE, "serving": {**BASE["serving"], "requests": 0}},
+     ["serving.requests", "0"]),
+    ("serving-input-len-also-fixed", {**BASE, "input_len": 32},
+     ["input_len", "32", "serving block's input_len"]),
+    ("serving-analytical", {**BASE, "hardware": "analytical:tpu-v4"},
+     ["hardware", "host or devices"]),
+]
+
+
+@pytest.mark.parametrize("contents, expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_serving_input_exits_2_with_one_line_before_anything_starts(tmp_path, contents,
+                                                                        expected):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(contents))
+    home, imports = tmp_path / "home", tmp_path / "imports.json"
+    check_rejected(run_cli(["run", str(path)], home, imports), home, imports, expected, path.name)
+
+
+def test_a_serving_block_without_objectives_minimises_ttft_and_tpot_p99():
+    space = load_space(BASE)
+    assert [(o.metric, o.direction) for o in space.objectives] == [
+        ("ttft_p99_s", "minimize"), ("tpot_p99_s", "minimize")]
+    assert set(SERVING_METRICS) >= {o.metric for o in space.objectives}
+    # lengths: the longest prompt, and the longest answer less its first token (prefill's)
+    block = {**BASE["serving"], "input_len": "uniform:8:24", "output_len": {"dist": "uniform",
+                                                                            "low": 2, "high": 6}}
+    fixed = load_space({**BASE, "serving": block}).fixed
+    assert (fixed["input_len"], fixed["decode_steps"]) == (24, 5)
+    assert space.serving == BASE["serving"]                  # the block as read, for `plan`
+
+
+def test_a_serving_trial_round_trips_through_its_dict_and_draws_a_seeded_stream():
+    trial = load_space(BASE).trial_config({})
+    again = TrialConfig.from_dict(trial.to_dict())
+    assert again == trial and again.serving["requests"] == 8
+    first = trial_requests(trial)
+    assert first == trial_requests(again) and len(first) == 8
+    other = TrialConfig.from_dict({**trial.to_dict(), "seed": 1})
+    assert [r.arrival_s for r in trial_requests(other)] != [r.arrival_s for r in first]
+    with pytest.raises(ConfigError) as err:
+        TrialConfig.from_dict({**trial.to_dict(), "serving": {"rate": 1, "requests": 2.5}})
+    assert err.value.field == "serving.requests"
+
+
+# ----------------------------------------------------------------------------- one definition
+
+
+BLOCKS = [
+    {"rate": 2},
+    {"rate": 0.5, "input_len": "uniform:16:64", "output_len": "lognormal:32:0.5", "ttft": 1,
+     "tpot": 0.02, "slo_stat": "p90", "attainment": 0.9},
+    {"rate": 3, "input_len": {"dist": "lognormal", "mean": 100, "sigma": 0.3, "high": 300},
+     "output_len": {"dist": "fixed", "value": 9}, "ttft_stat": "mean", "tpot_stat": "p50"},
+    {"rate": 0}, {"rate": True}, {"input_len": 8}, {"rate": 1, "trace": "missing.csv"},
+    {"rate": 1, "input_len": "uniform:9:3"}, {"rate": 1, "slo_stat": "p100"},
+    {"rate": 1, "attainment": 1.5}, {"rate": 1, "output_len": {"dist": "normal"}},
+    {"rate": 1, "unknown": 1}, "fast",
+]
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[str(i) for i in range(len(BLOCKS))])
+def test_the_sweeps_profile_parses_and_draws_as_sweeper_serves(block):
+    """workloads/servingprofile.py is sweeper/serving/workload.py a layer down: until the
+    latter re-exports it, both must accept, reject and sample every block alike."""
+    def parse(module):
+        try:
+            return module.profile_from_dict(block, "s.yaml")
+        except ConfigError as err:
+            return str(err)
+
+    ours, theirs = parse(servingprofile), parse(serve_workload)
+    if isinstance(ours, str):
+        assert ours == theirs
+        return
+    assert ours.to_dict() == theirs.to_dict()
+    drawn = servingprofile.requests(ours, 50, seed=3)
+    assert [vars(r) for r in drawn] == [vars(r) for r in serve_workload.requests(theirs, 50, seed=3)]
+    assert servingprofile.length_stats(ours) == serve_workload.length_stats(theirs)
+
+
+def test_a_trials_summary_is_the_serving_models_on_the_same_requests():
+    """The same statistics as `sweeper serve` (SimResult.summary) for the same requests,
+    including ones that never finished and one-token answers."""
+    profile = servingprofile.profile_from_dict({"rate": 20, "input_len": 16,
+                                                "output_len": "uniform:1:9", "ttft": 0.05,
+                                                "tpot": 0.01})
+    reqs = servingprofile.requests(profile, 40, seed=5)
+    rng = np.random.default_rng(0)
+    first = np.array([r.arrival_s for r in reqs]) + rng.exponential(0.03, len(reqs))
+    finish = first + np.array([r.output_len - 1 for r in reqs]) * rng.uniform(0.005, 0.015, len(reqs))
+    finish[[3, 17]] = np.nan                                 # not finished
+    ours = summarize(reqs, first, finish, chips=4, profile=profile, price_per_chip_hour=2.0)
+    done = np.isfinite(finish)
+    slice_ = PhaseSlice(chips=4, replicas=1, ffn="ws2d", attn="head", batch=4, weights="bf16")
+    hardware = HARDWARE_PRESETS["tpu-v4"]
+    deployment = Deployment(load_model("tiny"), hardware, "aggregated", slice_, slice_)
+    theirs = SimResult(deployment, np.array([r.arrival_s for r in reqs])[done], first[done],
+                       finish[done], np.array([r.output_len for r in reqs])[done],
+                       slo=serve_workload.profile_from_dict(profile.to_dict())).summary()
+    theirs["completed"] = int(done.sum())
+    theirs["cost_per_million_tokens"] = (theirs["cost_per_million_tokens"] * 2.0
+                                         / hardware.price_per_chip_hour)
+    for name in SERVING_METRICS:
+        assert ours[name] == pytest.approx(theirs[name], rel=1e-9), name
+    assert ours["completed"] == 38 and 0 < ours["slo_attainment"] < 1
+    assert math.isnan(summarize(reqs, first, finish, 4, profile)["cost_per_million_tokens"])

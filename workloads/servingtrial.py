@@ -1,0 +1,211 @@
+"""A serving trial: the engine serves a request stream with one sweep point's deployment.
+
+A space with a `serving:` block (docs/space-files.md, "Serving trials") makes every trial of
+`sweeper run` a real serving run instead of a timed prefill/decode batch:
+
+    measurement = run_serving_trial(trial, hardware)    # trial.serving: the stream
+
+- **Deployment**: aggregated, one replica on the trial's mesh (its chips, topology,
+  per-phase layouts, weights and head padding), `batch` decode slots and one prompt per
+  prefill call: the engine's slot server (workloads/serving.py), as `sweeper serve` runs an
+  aggregated plan (docs/serving.md, "Real serving runs").
+- **Stream**: `requests` requests of the block's profile (workloads/servingprofile.py):
+  Poisson arrivals at `rate` (or a trace's rows), prompt and answer lengths drawn from it,
+  seeded by the trial's `seed`. Arrivals are wall clock: the loop waits for each arrival
+  after a common start; every program is compiled and warmed up before (no request pays a
+  compile; `compile_s` is that set-up).
+- **Loop**: when prompts wait and slots are free, one prefill call (prompts of one length)
+  is inserted between two decode steps; a decode step runs every slot; a slot is refilled
+  as soon as its request finishes (the loop `sweeper serve` runs and the serving model
+  simulates, docs/serving.md "The serving model").
+- **Metrics** (workloads/metrics.py, the serving block): TTFT = first token on the host -
+  arrival; TPOT = (last token - first token) / (output tokens - 1); p50/p99 over the
+  requests; throughput and tokens per second per chip over the span from the first arrival
+  to the last finish; SLO attainment = share of requests within both the `ttft` and `tpot`
+  targets; goodput = attainment x the offered rate (the profile's Poisson rate, else the
+  stream's); cost per million output tokens when the hardware profile has a price.
+  The same definitions as `sweeper serve` (sweeper/serving/simulate.py `SimResult.summary`);
+  tests/test_serving_trials.py checks that the two agree on the same requests.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from workloads.config import HardwareProfile
+from workloads.metrics import Measurement
+from workloads.servingprofile import AppProfile, Request, profile_from_dict, requests
+from workloads.trial import TrialConfig
+
+START_MARGIN_S = 0.05     # the stream starts this long after the set-up ends
+
+
+def trial_profile(trial: TrialConfig) -> AppProfile:
+    """The application profile of a serving trial's stream (already validated)."""
+    block = {k: v for k, v in (trial.serving or {}).items() if k != "requests"}
+    return profile_from_dict(block, prefix="serving.")
+
+
+def trial_requests(trial: TrialConfig) -> list[Request]:
+    """The trial's request stream: `requests` requests of its profile, seeded by its seed."""
+    return requests(trial_profile(trial), int(trial.serving["requests"]), seed=trial.seed)
+
+
+def context_len(reqs: list[Request]) -> int:
+    """KV positions a slot needs for the longest request (prompt + answer)."""
+    return max(r.input_len + r.output_len for r in reqs) + 1
+
+
+def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = None) -> Measurement:
+    """Serve the trial's stream on this process's mesh; its metrics (module docstring)."""
+    from workloads.hoststate import HostSampler
+    from workloads.measure import hardware_label
+    from workloads.model import prompt_tokens
+    from workloads.serving import SlotServer, SlotSpec
+
+    if trial.hosts != 1:
+        raise ValueError("a serving trial runs on one host (hosts: 1)")
+    profile = trial_profile(trial)
+    reqs = trial_requests(trial)
+    setup = time.perf_counter()
+    server = SlotServer(SlotSpec(trial.model, tuple(trial.mesh_shape), trial.prefill, trial.decode,
+                                 slots=trial.batch, prefill_batch=1, context_len=context_len(reqs),
+                                 weights=trial.weights, seed=trial.seed, pad_heads=trial.pad_heads))
+    warmup = {}
+    for length in sorted({r.input_len for r in reqs}):
+        warmup[length] = server.warm_up(length)
+    model = server.model.unpadded
+    prompts = [prompt_tokens(model, 1, r.input_len, trial.seed * 1_000_003 + i)[0]
+               for i, r in enumerate(reqs)]
+    compile_s = time.perf_counter() - setup
+    host = HostSampler().start()
+    start_at = time.time() + START_MARGIN_S
+    served = serve_stream(server, reqs, prompts, start_at)
+    state = host.stop()
+    wall_s = time.time() - start_at
+
+    m = Measurement(source="measured", hardware=hardware_label())
+    m.compile_s = compile_s
+    m.measure_s = wall_s
+    m.host_load_avg_1m, m.host_steal_frac = state.load_avg_1m, state.steal_frac
+    m.host_busy_frac, m.host_involuntary_switches = state.busy_frac, state.involuntary_switches
+    first = np.array([s.get("first_token_s", np.nan) for s in served], dtype=float)
+    finish = np.array([s.get("finish_s", np.nan) for s in served], dtype=float)
+    price = hardware.price_per_chip_hour if hardware is not None else None
+    for key, value in summarize(reqs, first, finish, trial.chips, profile, price).items():
+        setattr(m, key, value)
+    m.extra["serving"] = {
+        "requests": len(reqs), "offered_rps": _offered_rps(reqs), "wall_s": wall_s,
+        "deployment": "aggregated", "slots": trial.batch, "prefill_batch": 1,
+        "warmup": {str(k): v for k, v in warmup.items()},
+        "per_request": [{"arrival_s": r.arrival_s, "input_len": r.input_len,
+                         "output_len": r.output_len, **{k: v for k, v in s.items() if k != "tokens"}}
+                        for r, s in zip(reqs, served)]}
+    return m
+
+
+def serve_stream(server, reqs: list[Request], prompts: list, start_at: float) -> list[dict]:
+    """Serve `reqs` (wall-clock arrivals after `start_at`, `time.time()`) on an aggregated
+    slot server; per request its first-token and finish times (seconds after `start_at`) and
+    its tokens."""
+    slots = server.spec.slots
+    n = len(reqs)
+    out: list[dict[str, Any]] = [{"tokens": []} for _ in range(n)]
+    pending = deque(sorted(range(n), key=lambda i: reqs[i].arrival_s))
+    waiting: deque[int] = deque()
+    slot_request = [-1] * slots
+    remaining = [0] * slots
+    prefilled_since_step = False
+    _sleep_until(start_at)
+    while pending or waiting or any(r >= 0 for r in slot_request):
+        now = time.time() - start_at
+        while pending and reqs[pending[0]].arrival_s <= now:
+            waiting.append(pending.popleft())
+        active = sum(r >= 0 for r in slot_request)
+        if not waiting and not active:
+            _sleep_until(start_at + reqs[pending[0]].arrival_s)
+            continue
+        free = [s for s in range(slots) if slot_request[s] < 0]
+        # one prefill call between two decode steps while requests decode (docs/serving.md)
+        if waiting and free and not (prefilled_since_step and active):
+            i = waiting.popleft()
+            done = server.prefill(np.asarray(prompts[i])[None])
+            t = time.time() - start_at
+            first = int(done.first_tokens[0])
+            out[i].update(first_token_s=t, tokens=[first])
+            if reqs[i].output_len <= 1:
+                out[i]["finish_s"] = t
+            else:
+                slot = free.pop(0)
+                server.insert(slot, done, 0, first)
+                slot_request[slot], remaining[slot] = i, reqs[i].output_len - 1
+            prefilled_since_step = True
+            continue
+        tokens = server.step()
+        t = time.time() - start_at
+        for slot, i in enumerate(slot_request):
+            if i < 0:
+                continue
+            out[i]["tokens"].append(int(tokens[slot]))
+            remaining[slot] -= 1
+            if remaining[slot] == 0:
+                out[i]["finish_s"] = t
+                slot_request[slot] = -1
+                server.release(slot)
+        prefilled_since_step = False
+    return out
+
+
+def _sleep_until(when: float) -> None:
+    delay = when - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _offered_rps(reqs: list[Request]) -> float | None:
+    """The stream's rate: (n - 1) / arrival span (None for a burst at one instant)."""
+    arrivals = [r.arrival_s for r in reqs]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else None
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.percentile(finite, q)) if finite.size else math.nan
+
+
+def summarize(reqs: list[Request], first_token_s: np.ndarray, finish_s: np.ndarray, chips: int,
+              profile: AppProfile, price_per_chip_hour: float | None = None) -> dict[str, float]:
+    """The serving metrics of one served stream (module docstring), over the requests that
+    finished; `first_token_s`/`finish_s` in seconds on the arrivals' clock (NaN: not done)."""
+    arrival = np.array([r.arrival_s for r in reqs], dtype=float)
+    output = np.array([r.output_len for r in reqs], dtype=float)
+    done = np.isfinite(finish_s) & np.isfinite(first_token_s)
+    arrival, first, finish, output = arrival[done], first_token_s[done], finish_s[done], output[done]
+    n = int(done.sum())
+    ttft = first - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (finish - first) / np.maximum(output - 1, 1), np.nan)
+    span = float(finish.max() - arrival.min()) if n else math.nan
+    tokens_per_s = float(output.sum()) / span if span > 0 else math.nan
+    meets = (ttft <= profile.ttft) & (np.isnan(tpot) | (tpot <= profile.tpot))
+    attainment = float(meets.mean()) if n else math.nan
+    offered = profile.rate if profile.rate is not None else _offered_rps(
+        [r for r, ok in zip(reqs, done) if ok])
+    if offered:
+        goodput = attainment * offered
+    else:
+        goodput = float(meets.sum()) / span if span > 0 else math.nan
+    cost = (price_per_chip_hour * chips / 3600.0 / tokens_per_s * 1e6
+            if price_per_chip_hour is not None and tokens_per_s > 0 else math.nan)
+    return {"ttft_p50_s": _percentile(ttft, 50), "ttft_p99_s": _percentile(ttft, 99),
+            "tpot_p50_s": _percentile(tpot, 50), "tpot_p99_s": _percentile(tpot, 99),
+            "slo_attainment": attainment, "goodput_rps": goodput,
+            "throughput_rps": n / span if span > 0 else math.nan,
+            "tokens_per_s_per_chip": tokens_per_s / chips, "completed": float(n),
+            "cost_per_million_tokens": cost}
