@@ -1,14 +1,26 @@
 """Serving validation (issue 19, deliverable 6): measured vs predicted TTFT and TPOT of real
 serving runs on this host's emulated meshes.
 
-    python -m benchmarks.serving_validation            # ~5 min on 2 cores (2 of calibration)
+    python -m benchmarks.serving_validation            # ~8 min on 2 cores (2-3 of calibration)
     python -m benchmarks.serving_validation --requests 10 --out /tmp/sv
 
-Six deployments of a tiny model (three aggregated, three disaggregated), each served at two
-loads (about 35% and 85% of its capacity: the second near saturation), each load twice with
-different seeds (arrivals and prompts): the replicate spread of the measurement is stated
-beside every error. Each deployment's workers start and warm up once (sweeper/serving/serve.py
-`ServingSession`), then serve its four streams.
+Six deployments of the `calib` model (three aggregated, three disaggregated; on 1-2 emulated
+chips per worker, since this host has 2 cores), each served at two loads (35% and 85% of its
+capacity: the second near saturation), each load twice with different seeds (arrivals and
+prompts): the replicate spread of the measurement is stated beside every error. Each
+deployment's workers start and warm up once (sweeper/serving/serve.py `ServingSession`),
+then serve its four streams.
+
+The protocol is engine-dominated, as a real deployment is: `calib` (d_model 768, 2 layers)
+takes ~5 ms per decode step and ~10-40 ms per 32-token prefill on this host's cores, where the
+serving loop's own host work is ~0.5-1 ms per call; the serving host costs
+(sweeper/serving/overheads.py: per decode step, per prefill call, per KV handover) are
+measured on each deployment's own workers BEFORE its streams, outside them (a closed loop
+with every slot full and no arrivals, the engine's timed calls of the same shapes, KV
+handovers of two sizes), and written into the deployment's profile (`with_overheads`). The
+loads are fractions of the capacity those closed-loop measurements give (`capacity_rps` on
+the loop's measured step, prefill and handover times): the experiment's design, measured
+outside the streams, never a served request.
 
 Calibration first, as the tool promises its users (docs/calibration.md): before serving,
 a small `sweeper run` sweep on THIS host (`CALIBRATION_SPACE`: the deployments' model, chip
@@ -27,12 +39,15 @@ the results say so. None of the calibration measurements is a serving run.
 Predicted (the headline): `simulate()` of the same deployment and the same requests with the
 cost model's step times and that profile, scaled to each worker's core share. Nothing of the
 serving runs feeds it.
-Warm-up model (a diagnostic, separately labelled): the same simulation on the step times the
-workers measured while warming up before the streams; its error is the serving model's own
-(queueing, slots, handover) with the step-time model taken out.
+Loop model (a diagnostic, separately labelled): the same simulation on the serving loop's
+step, prefill and handover times measured in the closed loop before the streams; its error is
+the serving model's own (queueing, slots, handover, step-time variation under load) with the
+step-time model taken out.
 
-The loads are set from the warm-up step times (`capacity_rps`): the experiment's design, not
-a prediction. Targets: p50 within 15%, p99 within 30% (issue 19). The host's load average is
+Cores: the workers are pinned to disjoint cores (sweeper/serving/server.py `worker_cores`:
+aggregated one worker on both cores, disaggregated one core each), and the predictions scale
+the fitted profile to each worker's share; the host costs are measured on those same cores.
+Targets: p50 within 15%, p99 within 30% (issue 19). The host's load average is
 recorded before and after: other processes share its cores, and on a loaded host the
 measured latencies include their interference.
 """
@@ -54,9 +69,9 @@ import yaml
 
 from benchmarks import common
 
-MODEL = "tiny-serial"
-INPUT_LEN, OUTPUT_LEN = 16, 12
-LOADS = (0.35, 0.85)          # fractions of the capacity the warm-up step times give
+MODEL = "calib"               # workloads/config.py: steps of ms, not tens of microseconds
+INPUT_LEN, OUTPUT_LEN = 32, 16
+LOADS = (0.35, 0.85)          # fractions of the capacity the closed-loop measurements give
 SEEDS = (1, 2)
 METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 TARGET = {"p50": 0.15, "p99": 0.30}
@@ -69,11 +84,11 @@ CALIBRATION_SPACE = {
     "description": "calibration for benchmarks/serving_validation.py: the served shapes on this host",
     "model": MODEL, "hardware": "host", "weights": "bf16", "input_len": INPUT_LEN, "decode_steps": 1,
     "repeats": 6, "warmup": 1, "ci_target": 0.02, "time_budget_s": 1.0,   # as calibration.yaml
-    "params": {"chips": [1, 2, 4], "batch": [1, 4, 8], "prefill_ffn": ["ws2d", "wg_xyz"],
+    "params": {"chips": [1, 2], "batch": [1, 4, 8], "prefill_ffn": ["ws2d"],
                "decode_ffn": ["ws2d", "ws1d"], "attn": ["head", "batch"]},
     "objectives": [{"metric": "decode_step_s", "direction": "minimize"},
                    {"metric": "prefill_s", "direction": "minimize"}],
-    "sampler": {"type": "grid", "seed": 0}, "trials": 72, "parallel": 2, "timeout_s": 300,
+    "sampler": {"type": "grid", "seed": 0}, "trials": 24, "parallel": 2, "timeout_s": 300,
     "max_retries": 1, "memory_budget_bytes": "2GiB"}
 
 
@@ -82,12 +97,13 @@ def _part(chips, ffn, attn, batch):
             "weights": "bf16"}
 
 
+# Worker chips <= 2: a worker runs on 1-2 of this host's 2 cores (module docstring).
 DEPLOYMENTS = {
     "agg-1chip-4slots": ("aggregated", _part(1, "ws2d", "head", 1), _part(1, "ws2d", "head", 4)),
     "agg-2chip-8slots": ("aggregated", _part(2, "ws2d", "head", 1), _part(2, "ws2d", "batch", 8)),
-    "agg-4chip-prefill4": ("aggregated", _part(4, "wg_xyz", "batch", 4), _part(4, "ws2d", "batch", 4)),
+    "agg-2chip-prefill4": ("aggregated", _part(2, "ws2d", "batch", 4), _part(2, "ws2d", "batch", 4)),
     "dis-1+1chip-4slots": ("disaggregated", _part(1, "ws2d", "head", 1), _part(1, "ws2d", "head", 4)),
-    "dis-2+2chip-8slots": ("disaggregated", _part(2, "ws2d", "head", 1), _part(2, "ws2d", "batch", 8)),
+    "dis-1+1chip-8slots": ("disaggregated", _part(1, "ws2d", "head", 1), _part(1, "ws2d", "head", 8)),
     "dis-1+2chip-4slots": ("disaggregated", _part(1, "ws2d", "head", 1), _part(2, "ws1d", "head", 4)),
 }
 
@@ -164,22 +180,44 @@ def stream(rate: float, n: int, seed: int):
                     n, seed)
 
 
-def step_times(d, session) -> dict:
-    """The step times behind the two predictions: the cost model's (fitted profile, scaled to
-    the workers' core share) beside the workers' warm-up medians (measured before the streams)."""
+def step_times(d, session, costs: dict) -> dict:
+    """The step times behind the predictions: the cost model's (fitted profile scaled to the
+    workers' core share) plus the measured host costs, beside the serving loop's measured
+    medians (closed loop, before the streams) and the workers' warm-up medians."""
     from sweeper.serving.serve import prediction_deployment
     from sweeper.serving.simulate import cost_model_step_times
 
     model = cost_model_step_times(prediction_deployment(d, session.share))
     pre = session.warmup.get("aggregated") or session.warmup["prefill"]
     dec = session.warmup.get("aggregated") or session.warmup["decode"]
+    detail = costs["detail"]
+    loop_pre = detail.get("aggregated") or detail["prefill"]
+    loop_dec = detail.get("aggregated") or detail["decode"]
     context = INPUT_LEN + OUTPUT_LEN / 2
-    return {"prefill_s": {"predicted": model.prefill_s(d.prefill.batch, INPUT_LEN),
+    return {"prefill_s": {"predicted": model.prefill_s(d.prefill.batch, INPUT_LEN)
+                          + model.prefill_overhead_s,
+                          "engine": loop_pre["engine_prefill_s"], "loop": loop_pre["loop_prefill_s"],
                           "warmup": pre[f"prefill_s@{INPUT_LEN}"]},
-            "decode_step_s": {"predicted": model.decode_step_s(d.decode.batch, context),
+            "decode_step_s": {"predicted": model.decode_step_s(d.decode.batch, context)
+                              + model.step_overhead_s,
+                              "engine": loop_dec["engine_step_s"], "loop": loop_dec["loop_step_s"],
                               "warmup": dec["decode_step_s"]},
-            "kv_transfer_s": {"predicted": model.kv_transfer_s(INPUT_LEN)
-                              if d.mode == "disaggregated" else 0.0}}
+            "kv_transfer_s": {"predicted": model.kv_transfer_s(INPUT_LEN) + model.handover_overhead_s
+                              if d.mode == "disaggregated" else 0.0},
+            "host_costs": {k: costs[k] for k in ("serving_step_overhead_s",
+                                                 "serving_prefill_overhead_s", "handover_overhead_s")}}
+
+
+def loop_step_times(d, costs: dict):
+    """StepTimes of the serving loop as measured before the streams (closed loop: its step,
+    its prefill, the handover's fixed part): the loads' capacity (module docstring)."""
+    from sweeper.serving.simulate import StepTimes
+
+    detail = costs["detail"]
+    pre = detail.get("aggregated") or detail["prefill"]
+    dec = detail.get("aggregated") or detail["decode"]
+    return StepTimes(lambda b, n: pre["loop_prefill_s"], lambda b, c: dec["loop_step_s"],
+                     handover_overhead_s=costs["handover_overhead_s"], source="serving loop")
 
 
 def handover_s(per_request: list[dict]) -> float | None:
@@ -191,7 +229,8 @@ def handover_s(per_request: list[dict]) -> float | None:
 
 
 def run(n_requests: int, calibration: dict) -> dict:
-    from sweeper.serving.serve import ServingSession, relative_errors, warmup_step_times
+    from sweeper.serving.overheads import measure_session, with_deployment_overheads
+    from sweeper.serving.serve import ServingSession, relative_errors
     from sweeper.serving.simulate import capacity_rps
 
     rows, started = [], time.time()
@@ -201,17 +240,26 @@ def run(n_requests: int, calibration: dict) -> dict:
     for name in DEPLOYMENTS:
         d = deployment(name, profile)
         t0 = time.time()
-        with ServingSession(d, context, [INPUT_LEN], seed=0) as session:
+        with ServingSession(d, context, sorted({INPUT_LEN // 2, INPUT_LEN}), seed=0) as session:
             setup_s = time.time() - t0
-            capacity = capacity_rps(d, warmup_step_times(d, session.warmup), INPUT_LEN, OUTPUT_LEN)["rps"]
-            steps = step_times(d, session)
+            costs = measure_session(session, INPUT_LEN, OUTPUT_LEN)   # before any stream
+            d = with_deployment_overheads(d, costs)
+            session.deployment = d                 # the predictions use the measured costs
+            session.diagnostic_step_times = loop_step_times(d, costs)
+            capacity = capacity_rps(d, loop_step_times(d, costs), INPUT_LEN, OUTPUT_LEN)["rps"]
+            steps = step_times(d, session, costs)
+            print(f"{name}: host costs " + ", ".join(
+                f"{k} {costs[k] * 1e3:.2f} ms" for k in ("serving_step_overhead_s",
+                                                        "serving_prefill_overhead_s",
+                                                        "handover_overhead_s"))
+                  + f"; capacity {capacity:.1f} req/s", flush=True)
             for load in LOADS:
                 rate = load * capacity
                 for seed in SEEDS:
                     result = session.run(stream(rate, n_requests, seed), seed)
                     rows.append({
                         "deployment": name, "mode": d.mode, "load": load, "rate_rps": rate,
-                        "capacity_rps_warmup": capacity, "seed": seed, "requests": n_requests,
+                        "capacity_rps_loop": capacity, "host_costs": costs, "seed": seed, "requests": n_requests,
                         "measured": result.measured, "predicted": result.predicted,
                         "warmup_model": result.calibrated,
                         "error": relative_errors(result.measured, result.predicted),
@@ -235,7 +283,7 @@ def run(n_requests: int, calibration: dict) -> dict:
 
 def groups(rows: list[dict]) -> list[dict]:
     """Per deployment, load and metric: the replicates' measured mean and spread
-    (max - min over the mean), the mean error of the prediction and of the warm-up model."""
+    (max - min over the mean), the mean error of the prediction and of the loop model."""
     out = []
     keys = sorted({(r["deployment"], r["load"]) for r in rows},
                   key=lambda k: (list(DEPLOYMENTS).index(k[0]), k[1]))
@@ -263,8 +311,8 @@ def groups(rows: list[dict]) -> list[dict]:
 
 
 def responsible(error: float, warmup_error: float, target: float) -> str:
-    """What a miss is owed to, measured: the warm-up model runs the same simulation on the
-    workers' measured step times, so its error is the serving model's (queueing, slots,
+    """What a miss is owed to, measured: the loop model runs the same simulation on the
+    serving loop's measured step times, so its error is the serving model's (queueing, slots,
     handover, the step time's variation under load) and the rest is the step-time prediction's."""
     if not math.isfinite(error) or abs(error) <= target:
         return ""
@@ -280,7 +328,8 @@ def responsible(error: float, warmup_error: float, target: float) -> str:
 
 
 def deployment_steps(rows: list[dict]) -> list[dict]:
-    """Per deployment: predicted vs warm-up step times, and the disaggregated KV handover."""
+    """Per deployment: predicted vs measured (closed loop) step times, the host costs, and
+    the disaggregated KV handover."""
     out = []
     for name in DEPLOYMENTS:
         reps = [r for r in rows if r["deployment"] == name]
@@ -291,6 +340,11 @@ def deployment_steps(rows: list[dict]) -> list[dict]:
         out.append({"deployment": name,
                     "prefill_predicted_s": st["prefill_s"]["predicted"],
                     "prefill_warmup_s": st["prefill_s"]["warmup"],
+                    "prefill_engine_s": st["prefill_s"].get("engine"),
+                    "prefill_loop_s": st["prefill_s"].get("loop"),
+                    "decode_step_engine_s": st["decode_step_s"].get("engine"),
+                    "decode_step_loop_s": st["decode_step_s"].get("loop"),
+                    "host_costs": st.get("host_costs", {}),
                     "decode_step_predicted_s": st["decode_step_s"]["predicted"],
                     "decode_step_warmup_s": st["decode_step_s"]["warmup"],
                     "kv_transfer_predicted_s": st["kv_transfer_s"]["predicted"],
@@ -323,7 +377,7 @@ def render(r: dict) -> str:
              f"Command: `{r['command']}`. Model {r['model']}, prompts {r['input_len']} and answers "
              f"{r['output_len']} tokens, {r['rows'][0]['requests'] if r['rows'] else 0} requests per "
              f"stream, loads {', '.join(f'{x:.0%}' for x in r['loads'])} of each deployment's "
-             f"capacity (from its warm-up step times), {len(r['seeds'])} replicates (seeds "
+             f"capacity (from the serving loop's step times measured before the streams), {len(r['seeds'])} replicates (seeds "
              f"{', '.join(map(str, r['seeds']))}) each. Emulated meshes on this host (`host` "
              f"timings): {c['cpus']} CPUs, load average {cal['load_average_before']} before the "
              f"calibration, {c['load_average_before']} before serving and {c['load_average']} "
@@ -355,17 +409,19 @@ def render(r: dict) -> str:
     lines += ["", f"**Profile used: `{cal['used']}`** ({cal['why']}).", "",
               "#### Results", "",
               "Predicted: the serving model (`simulate`) with the cost model's step times and that "
-              "profile. Warm-up model (diagnostic): the same simulation on the workers' warm-up step "
-              "times. Error = predicted / measured - 1, the mean over the replicates; spread = "
+              "profile, plus the serving host costs measured on the deployment's workers before its "
+              "streams (sweeper/serving/overheads.py). Loop model (diagnostic): the same simulation "
+              "on the serving loop's step, prefill and handover times measured in that closed loop. "
+              "Error = predicted / measured - 1, the mean over the replicates; spread = "
               "(max - min) / mean of the replicates' measured values. Responsible (for a miss, "
-              "measured): `step-time prediction` when the warm-up model is within target (the "
-              "queueing model on measured steps is right), `serving model` when the warm-up model "
+              "measured): `step-time prediction` when the loop model is within target (the "
+              "queueing model on measured steps is right), `serving model` when the loop model "
               "misses as much or more (queueing, slots, handover, step-time variation under load).",
               ""]
     for stat, s in r["summary"].items():
         lines.append(f"- **{stat}** (target within {s['target']:.0%}): prediction within target "
                      f"in {s['within_target']}/{s['cases']} cases, median |error| "
-                     f"{common.pct(s['median_abs_error'], 0)}; warm-up model within target in "
+                     f"{common.pct(s['median_abs_error'], 0)}; loop model within target in "
                      f"{s['warmup_within_target']}/{s['cases']}, median |error| "
                      f"{common.pct(s['warmup_median_abs_error'], 0)}; median replicate spread "
                      f"{common.pct(s['median_replicate_spread'], 0)}.")
@@ -377,23 +433,37 @@ def render(r: dict) -> str:
              g.get("responsible", "")]
             for g in r["groups"]]
     lines += common.table(["deployment", "load", "metric", "measured", "spread", "predicted",
-                           "error", "within target", "warm-up model error", "responsible"], rows)
-    lines += ["", "#### Step times: predicted (fitted profile) vs the workers' warm-up medians", "",
+                           "error", "within target", "loop model error", "responsible"], rows)
+    lines += ["", "#### Step times and host costs: predicted vs measured before the streams", "",
               "Prefill: one call of the prefill batch at the prompt length; decode: one step of the "
-              "full slot batch; handover (disaggregated): the predicted KV transfer vs the measured "
-              "mean from the first token to the KV in a decode slot (export, Ray's object store, "
-              "insert, any wait for a slot).", ""]
-    rows = [[s["deployment"], common.ms(s["prefill_predicted_s"]), common.ms(s["prefill_warmup_s"]),
-             common.pct(s["prefill_predicted_s"] / s["prefill_warmup_s"] - 1, 0),
-             common.ms(s["decode_step_predicted_s"]), common.ms(s["decode_step_warmup_s"]),
-             common.pct(s["decode_step_predicted_s"] / s["decode_step_warmup_s"] - 1, 0),
-             common.ms(s["kv_transfer_predicted_s"]) if s["handover_measured_s"] is not None else "-",
-             (f"{common.ms(s['handover_measured_s'])} (spread {common.pct(s['handover_spread'], 0)})"
-              if s["handover_measured_s"] is not None else "-")]
-            for s in r["steps"]]
-    lines += common.table(["deployment", "prefill predicted", "prefill warm-up", "error",
-                           "decode step predicted", "decode step warm-up", "error",
-                           "handover predicted", "handover measured"], rows)
+              "full slot batch. Predicted: the cost model (fitted profile, the worker's core share) "
+              "plus the measured host cost. Engine: the engine's timed call (as a calibration trial "
+              "times it); loop: the serving loop's (closed loop, slots full); host cost = loop - "
+              "engine. Handover (disaggregated): predicted (KV bytes over the link + the measured "
+              "fixed part) vs the streams' measured mean from the first token to the KV in a decode "
+              "slot (export, Ray, insert, and any wait for the decode loop or a free slot).", ""]
+    rows = []
+    for s in r["steps"]:
+        hc = s.get("host_costs", {})
+        rows.append([
+            s["deployment"], common.ms(s["prefill_predicted_s"]), common.ms(s.get("prefill_engine_s")),
+            common.ms(s.get("prefill_loop_s")),
+            common.pct(s["prefill_predicted_s"] / s["prefill_loop_s"] - 1, 0)
+            if s.get("prefill_loop_s") else "-",
+            common.ms(s["decode_step_predicted_s"]), common.ms(s.get("decode_step_engine_s")),
+            common.ms(s.get("decode_step_loop_s")),
+            common.pct(s["decode_step_predicted_s"] / s["decode_step_loop_s"] - 1, 0)
+            if s.get("decode_step_loop_s") else "-",
+            f"{common.ms(hc.get('serving_step_overhead_s'))} / "
+            f"{common.ms(hc.get('serving_prefill_overhead_s'))} / "
+            f"{common.ms(hc.get('handover_overhead_s'))}" if hc else "-",
+            common.ms(s["kv_transfer_predicted_s"]) if s["handover_measured_s"] is not None else "-",
+            (f"{common.ms(s['handover_measured_s'])} (spread {common.pct(s['handover_spread'], 0)})"
+             if s["handover_measured_s"] is not None else "-")])
+    lines += common.table(["deployment", "prefill predicted", "engine", "loop", "error",
+                           "decode step predicted", "engine", "loop", "error",
+                           "host costs step / prefill / handover", "handover predicted",
+                           "handover measured"], rows)
     return "\n".join(lines) + "\n"
 
 
@@ -404,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per stream")
     parser.add_argument("--out", default=str(common.RESULTS), help="results folder")
+    parser.add_argument("--profile", metavar="PROFILE.yaml",
+                        help="skip the calibration: use this fitted profile (a quick check; the "
+                             "results say so)")
     parser.add_argument("--render", metavar="RESULTS.json",
                         help="only re-render the Markdown of a recorded results file")
     args = parser.parse_args(argv)
@@ -411,7 +484,15 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(Path(args.render).read_text())
         common.write("serving_validation", result, render(result), Path(args.out))
         return 0
-    calibration = calibrate()
+    if args.profile:
+        path = Path(args.profile).resolve()
+        calibration = {"used": str(path.relative_to(common.ROOT)) if path.is_relative_to(common.ROOT)
+                       else str(path), "why": "given with --profile: no calibration this run",
+                       "space": CALIBRATION_SPACE, "sweep_wall_s": 0.0,
+                       "load_average_before": common.load_average(),
+                       "load_average_after_sweep": common.load_average()}
+    else:
+        calibration = calibrate()
     print(f"calibration: {calibration['used']} ({calibration['why']}); held-out MAPE "
           f"{calibration.get('heldout_mape')}, terms {calibration.get('terms')}", flush=True)
     result = run(args.requests, calibration)

@@ -187,6 +187,8 @@ class ServingSession:
         from sweeper.serving.server import ServingWorker, actor_options, worker_cores
 
         self.deployment, self.seed, self.emulated = deployment, seed, emulated
+        # the diagnostic ("calibrated") prediction's step times; None: the warm-up medians
+        self.diagnostic_step_times = None
         specs = slot_specs(deployment, context_len, seed)
         self.ray = ray
         self.started_ray = _ray_started()
@@ -233,7 +235,8 @@ class ServingSession:
         for i, r in enumerate(requests):
             per_request[i]["arrival_s"] = r.arrival_s
         measured, predicted, calibrated = compare(self.deployment, requests, per_request,
-                                                  self.warmup, self.share)
+                                                  self.warmup, self.share,
+                                                  self.diagnostic_step_times)
         return ServeResult(self.deployment, requests, measured, predicted, calibrated,
                            per_request, self.warmup, self.workers, wall)
 
@@ -269,8 +272,9 @@ def prediction_deployment(deployment: Deployment, share: float) -> Deployment:
 
 
 def compare(deployment: Deployment, requests: list[Request], per_request: list[dict],
-            warmup: dict[str, dict], share: float) -> tuple[dict, dict, dict]:
-    """(measured, predicted, calibrated) summaries of the same requests."""
+            warmup: dict[str, dict], share: float, diagnostic=None) -> tuple[dict, dict, dict]:
+    """(measured, predicted, calibrated) summaries of the same requests; `diagnostic`: the
+    StepTimes of the calibrated column (default: the warm-up medians)."""
     from sweeper.serving.simulate import SimResult, simulate
 
     arrival = np.array([r.arrival_s for r in requests])
@@ -281,12 +285,14 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
     measured = SimResult(deployment, arrival[done], first[done], finish[done], output[done]).summary()
     measured["completed"] = int(done.sum())
     predicted = simulate(prediction_deployment(deployment, share), requests).summary()
-    calibrated = simulate(deployment, requests, warmup_step_times(deployment, warmup)).summary()
+    calibrated = simulate(deployment, requests,
+                          diagnostic or warmup_step_times(deployment, warmup)).summary()
     return measured, predicted, calibrated
 
 
 def warmup_step_times(deployment: Deployment, warmup: dict[str, dict]):
-    """StepTimes from the workers' warm-up calls (one call per shape: a diagnostic only)."""
+    """StepTimes from the workers' warm-up calls (one call per shape: a diagnostic only), with
+    the profile's KV handover host cost (the warm-up has no handover)."""
     from sweeper.serving.simulate import StepTimes
 
     pre = warmup.get("aggregated") or warmup["prefill"]
@@ -297,7 +303,8 @@ def warmup_step_times(deployment: Deployment, warmup: dict[str, dict]):
             v for k, v in pre.items() if k.startswith("prefill_s@"))))
 
     return StepTimes(prefill_s, lambda batch, context: float(dec["decode_step_s"]),
-                     lambda input_len: 0.0, source="warm-up")
+                     lambda input_len: 0.0, source="warm-up",
+                     handover_overhead_s=deployment.hardware.handover_overhead_s)
 
 
 # --------------------------------------------------------------------------- printing

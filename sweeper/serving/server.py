@@ -213,15 +213,17 @@ class ServingWorker:
     # ---- serving host costs (sweeper/serving/overheads.py), outside any served stream
 
     def measure_host_costs(self, input_len: int, output_len: int, rounds: int = 3) -> dict:
-        """This worker's serving loop against the engine's timed calls of the same shape.
+        """This worker's serving loop against the engine's timed calls of the same shapes.
 
-        Decode: a closed loop of the serving loop's own step (`srv.step()`, the clock read and
-        `_advance`) with every slot full and no arrivals, `output_len - 1` steps per round,
-        beside the engine's decode call of the same slot batch (decode program and argmax,
-        arguments placed before the timer, synchronised once: as a trial times a step).
-        Prefill: the loop's prefill (prompts, `srv.prefill`, and its rows into slots or their
-        KV exported) beside the engine's prefill program alone (as a trial times it). Medians
-        of each: {engine_step_s, loop_step_s, engine_prefill_s, loop_prefill_s}."""
+        Engine: the prefill program alone, and the decode call of the full slot batch (decode
+        program and argmax), arguments placed before the timer, synchronised: as a
+        calibration trial times them. Loop: the serving loop itself at saturation, with no
+        arrivals: aggregated, `serve_aggregated`'s loop on a burst of `rounds x slots`
+        requests (one prefill call inserted per decode step while prompts wait: prompts,
+        `srv.prefill`, its rows into slots; a step: `srv.step()`, the clock read, `_advance`);
+        a prefill slice, prefill calls and their KV exported back to back; a decode slice,
+        every slot full, stepping. Medians: {engine_step_s, loop_step_s, engine_prefill_s,
+        loop_prefill_s} (a phase the worker does not run is absent)."""
         import jax
         import jax.numpy as jnp
         import numpy as np
@@ -229,35 +231,41 @@ class ServingWorker:
         srv, spec = self.server, self.spec
         model = srv.model.unpadded
         out: dict[str, float] = {}
-        prompts = [prompt_for(model, i, input_len, 7) for i in range(spec.prefill_batch)]
-        if spec.prefill is not None:
+        repeats = max(rounds * 4, 8) + 1
+        if spec.prefill is not None:                 # the engine's prefill program
             program = srv._prefill_program(input_len)
-            batch = np.zeros((spec.prefill_batch, input_len), np.int32)
-            batch[:len(prompts)] = prompts
+            batch = np.stack([prompt_for(model, i, input_len, 7) for i in range(spec.prefill_batch)])
             placed = jax.device_put(batch, srv._replicated)
-            engine, loop = [], []
-            for _ in range(max(rounds * 4, 8) + 1):
+            engine = []
+            for _ in range(repeats):
                 start = time.perf_counter()
                 jax.block_until_ready(program(srv.params, placed))
                 engine.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                done = srv.prefill(prompts)
-                for row in range(len(prompts)):
-                    if spec.decode is not None:
-                        srv.insert(row % spec.slots, done, row, int(done.first_tokens[row]))
-                    else:
-                        self.export_for_handover(done, row)
-                if spec.decode is not None:
-                    jax.block_until_ready(srv.cache)
-                loop.append(time.perf_counter() - start)
             out["engine_prefill_s"] = float(np.median(engine[1:]))
-            out["loop_prefill_s"] = float(np.median(loop[1:]))
-            for slot in range(spec.slots if spec.decode is not None else 0):
-                srv.release(slot)
-        if spec.decode is not None:
+        if spec.decode is not None:                  # the engine's decode call
+            tokens = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
+            positions = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
+            engine = []
+            for _ in range(repeats * 2):
+                start = time.perf_counter()
+                logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens, positions)
+                jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
+                engine.append(time.perf_counter() - start)
+            out["engine_step_s"] = float(np.median(engine[1:]))
+        steps, prefills = [], []
+        if spec.prefill is not None and spec.decode is not None:
+            steps, prefills = self._saturated_aggregated(input_len, output_len, rounds * spec.slots)
+        elif spec.prefill is not None:
+            for n in range(repeats):
+                start = time.perf_counter()
+                take = range(spec.prefill_batch)
+                done = srv.prefill([prompt_for(model, n * 64 + i, input_len, 7) for i in take])
+                for row in take:
+                    srv.export_kv(done, row)
+                prefills.append(time.perf_counter() - start)
+        else:
             kv = np.zeros((srv.model.n_layers, input_len, 2, srv.model.n_kv_heads,
                            srv.model.d_head), jnp.bfloat16)
-            engine, loop = [], []
             slot_request = [-1] * spec.slots
             remaining = [0] * spec.slots
             record = [{"tokens": []} for _ in range(spec.slots)]
@@ -271,18 +279,50 @@ class ServingWorker:
                     start = time.perf_counter()
                     tokens = srv.step()
                     _advance(srv, tokens, time.time(), slot_request, remaining, record)
-                    loop.append(time.perf_counter() - start)
-                # the engine's call of the same shape, placed before the timer (a trial's step)
-                tokens = jax.device_put(srv.tokens, srv._replicated)
-                positions = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
-                for _ in range(max(output_len - 1, 1)):
-                    start = time.perf_counter()
-                    logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens, positions)
-                    jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
-                    engine.append(time.perf_counter() - start)
-            out["engine_step_s"] = float(np.median(engine[1:]))
-            out["loop_step_s"] = float(np.median(loop[1:]))
+                    steps.append(time.perf_counter() - start)
+        if prefills:
+            out["loop_prefill_s"] = float(np.median(prefills[1:]))
+        if steps:
+            out["loop_step_s"] = float(np.median(steps[1:]))
         return out
+
+    def _saturated_aggregated(self, input_len: int, output_len: int, n: int) -> tuple[list, list]:
+        """`serve_aggregated`'s loop on a burst of `n` requests at time 0: the seconds of each
+        decode step and of each prefill branch (synchronised after its inserts, so their
+        time is the prefill's, not the next step's)."""
+        import jax
+
+        srv, spec = self.server, self.spec
+        model = srv.model.unpadded
+        requests = [{"input_len": input_len, "output_len": output_len} for _ in range(n)]
+        waiting = deque(range(n))
+        out = [{"tokens": []} for _ in range(n)]
+        slot_request = [-1] * spec.slots
+        remaining = [0] * spec.slots
+        prefilled_since_step = False
+        steps, prefills = [], []
+        while waiting or any(r >= 0 for r in slot_request):
+            active = sum(r >= 0 for r in slot_request)
+            free = [s for s in range(spec.slots) if slot_request[s] < 0]
+            if waiting and free and not (prefilled_since_step and active):
+                start = time.perf_counter()
+                take = _take(waiting, requests, min(spec.prefill_batch, len(free)))
+                done = srv.prefill([prompt_for(model, i, input_len, 7) for i in take])
+                time.time()
+                for row, i in enumerate(take):
+                    slot = free.pop(0)
+                    srv.insert(slot, done, row, int(done.first_tokens[row]))
+                    slot_request[slot], remaining[slot] = i, output_len - 1
+                jax.block_until_ready(srv.cache)
+                prefills.append(time.perf_counter() - start)
+                prefilled_since_step = True
+                continue
+            start = time.perf_counter()
+            tokens = srv.step()
+            _advance(srv, tokens, time.time(), slot_request, remaining, out)
+            steps.append(time.perf_counter() - start)
+            prefilled_since_step = False
+        return steps, prefills
 
     def export_for_handover(self, done, row: int):
         """What serve_prefill does per request before sending: the KV as a host array."""
