@@ -97,6 +97,31 @@ def test_a_serving_sweeps_mlflow_child_runs_carry_the_serving_metrics(sweep):
             assert run[name] == pytest.approx(measured[name], rel=1e-12), name
 
 
+def test_a_failed_serving_trial_is_recorded_with_its_reason_and_the_sweep_goes_on(
+        session_sweeper_home, tmp_path, monkeypatch):
+    """The trace the space named is gone when the trials run: each trial is recorded, with
+    the reason, in Optuna and MLflow (PRUNED: its point no longer makes a trial), and the
+    sweep finishes its trials."""
+    monkeypatch.setenv("SWEEPER_HOME", str(session_sweeper_home))
+    trace = tmp_path / "requests.csv"
+    trace.write_text("arrival_s,input_len,output_len\n0,16,4\n0.05,16,4\n")
+    serving = {"trace": str(trace), "requests": 2}
+    space = load_space({**{k: v for k, v in BASE.items() if k != "batch"}, "name": "gone",
+                        "serving": serving, "params": {"batch": [2, 4]},
+                        "sampler": {"type": "grid"}, "trials": 2, "timeout_s": 120})
+    trace.unlink()
+    result = run_sweep(space, progress=False, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+                       tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert result.counts == {"complete": 0, "failed": 0, "pruned": 2}
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    runs = load_runs(result.tracking_uri, parent_run_id=result.parent_run_id)
+    assert len(runs) == 2
+    for trial in study.trials:
+        reason = trial.user_attrs["reason"]
+        assert "serving.trace" in reason and "requests.csv" in reason, reason
+        assert trial.user_attrs["mlflow_run_id"] in set(runs.mlflow_run_id)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -143,6 +168,16 @@ def test_a_serving_block_without_objectives_minimises_ttft_and_tpot_p99():
     fixed = load_space({**BASE, "serving": block}).fixed
     assert (fixed["input_len"], fixed["decode_steps"]) == (24, 5)
     assert space.serving == BASE["serving"]                  # the block as read, for `plan`
+
+
+def test_a_deployment_that_cannot_prefill_one_prompt_is_pruned_before_it_runs():
+    """Serving trials prefill one prompt per call: batch-sharded prefill attention over two
+    chips cannot split it, whatever the decode slots (the point is pruned with the reason)."""
+    space = load_space({**BASE, "chips": 2, "params": {"prefill_attn": ["head", "batch"]}})
+    assert space.trial_config({"prefill_attn": "head"}).serving is not None
+    with pytest.raises(ConfigError) as err:
+        space.trial_config({"prefill_attn": "batch"})
+    assert err.value.field == "batch" and err.value.value == 1
 
 
 def test_a_serving_trial_round_trips_through_its_dict_and_draws_a_seeded_stream():

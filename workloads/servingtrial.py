@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads.config import HardwareProfile
+from workloads.config import ConfigError, HardwareProfile
 from workloads.metrics import Measurement
 from workloads.servingprofile import AppProfile, Request, profile_from_dict, requests
 from workloads.trial import TrialConfig
@@ -70,8 +70,11 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
 
     if trial.hosts != 1:
         raise ValueError("a serving trial runs on one host (hosts: 1)")
-    profile = trial_profile(trial)
-    reqs = trial_requests(trial)
+    try:     # checked when the space was loaded; a trace may have gone since
+        profile = trial_profile(trial)
+        reqs = trial_requests(trial)
+    except ConfigError as err:
+        raise RuntimeError(f"the serving trial's request stream cannot be drawn: {err}") from None
     setup = time.perf_counter()
     server = SlotServer(SlotSpec(trial.model, tuple(trial.mesh_shape), trial.prefill, trial.decode,
                                  slots=trial.batch, prefill_batch=1, context_len=context_len(reqs),

@@ -22,7 +22,8 @@ from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, 
                               read_yaml)
 from workloads.costmodel import best_topology
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, PAD_VOCAB_CHOICES,
-                               WEIGHT_FORMATS, PhaseLayout, resolve_padding, validate_layouts)
+                               WEIGHT_FORMATS, PhaseLayout, resolve_padding, validate_layouts,
+                               validate_phase)
 from workloads.servingprofile import FIELDS as PROFILE_FIELDS
 from workloads.servingprofile import profile_from_dict
 from workloads.validate import integer, is_int, number, one_of
@@ -194,6 +195,8 @@ class TrialConfig:
         model = resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill,
                                 self.decode, source, pad_vocab=self.pad_vocab)
         validate_layouts(model, self.mesh_shape, self.prefill, self.decode, self.batch, source)
+        if self.serving is not None:    # a serving trial prefills one prompt per call
+            validate_phase(model, self.mesh_shape, self.prefill, 1, "prefill", source)
         return self
 
     def to_dict(self) -> dict:
