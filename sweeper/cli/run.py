@@ -36,7 +36,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # the controller imports Optuna, Ray and MLflow where it uses them
-    from sweeper.sweep.controller import run_sweep   # lazy: the controller imports pandas
+    from sweeper.sweep.controller import run_sweep   # lazy: Ray, Optuna, MLflow behind it
 
     # every input error (in the file or a --set override) exits 2 here, before any work
     space = load_space_with_overrides(paths.resolve_space(args.space), args.set)
@@ -47,7 +47,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts)
     result = run_sweep(space, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study, resume=args.resume, trials=args.trials,
-                       parallel=args.parallel, address=args.address, progress=True)
+                       parallel=args.parallel, address=args.address, progress=True,
+                       after_trials=None if args.no_analysis else import_analysis)
     summary = None
     if not args.no_analysis:
         summary = end_of_sweep_analysis(result)
@@ -113,6 +114,12 @@ def heldout_line(name: str, ho: dict) -> str:
 
 def _num(value) -> float:
     return math.nan if value is None else float(value)
+
+
+def import_analysis() -> None:
+    """The end-of-sweep analysis's imports, which the controller runs in a thread while the
+    sweep shuts down (docs/performance.md, "Start-up and shutdown")."""
+    import sweeper.analysis.report  # noqa: F401 - lazy: pandas, scipy, matplotlib (~2 s)
 
 
 def end_of_sweep_analysis(result) -> dict | None:

@@ -33,6 +33,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -95,7 +96,8 @@ class _InFlight:
 class Controller:
     def __init__(self, space: SearchSpace, *, storage: str, tracking_uri: str, study_name: str,
                  resume: bool, trials: int, parallel: int, address: str | None, progress: bool,
-                 on_trial: Callable[[dict], None] | None = None, generated_name: bool = False):
+                 on_trial: Callable[[dict], None] | None = None, generated_name: bool = False,
+                 after_trials: Callable[[], None] | None = None):
         self.space = space
         self.storage = storage
         self.tracking_uri = tracking_uri
@@ -108,6 +110,7 @@ class Controller:
         self.address = address
         self.show_progress = progress
         self.on_trial = on_trial
+        self.after_trials = after_trials         # run in a thread once the trials are done
         self.source = space.hardware.source
         self.in_flight: dict[int, _InFlight] = {}
         # asked of Optuna, shape checked, not yet on a worker: (optuna.Trial, TrialConfig)
@@ -224,6 +227,7 @@ class Controller:
             self._loop()
             self.stores.final()        # a store deleted or damaged: non-zero, one line
             self._mark("trials_done")
+            self._warm_closing_imports()
         except BaseException as err:
             status = "failed" if isinstance(err, Exception) else "killed"
             if self.stores is not None and isinstance(err, Exception) and \
@@ -286,6 +290,23 @@ class Controller:
                     if self.session is not None:
                         self.session.close()     # bounded: see sweeper/sweep/session.py
                         self._mark("ray_closed")
+
+    def _warm_closing_imports(self) -> None:
+        """Import what comes after the trials (pandas and the Pareto front for the result,
+        and whatever `after_trials` imports: the CLI's end-of-sweep analysis) in a thread,
+        while the workers, MLflow's parent run and Ray shut down, which mostly wait
+        (docs/performance.md, "Start-up and shutdown"). An import that fails here fails
+        again, with its message, where the module is used."""
+        def warm() -> None:
+            try:
+                # lazy: pandas (~1 s) only once the trials are done (sweeper/sweep/result.py)
+                import sweeper.analysis.pareto  # noqa: F401
+                if self.after_trials is not None:
+                    self.after_trials()
+            except Exception:  # noqa: BLE001 - see the docstring
+                pass
+
+        threading.Thread(target=warm, name="sweeper-closing-imports", daemon=True).start()
 
     def _study_counts(self) -> dict[str, int]:
         return study_counts(self.study)
@@ -543,13 +564,15 @@ class Controller:
 def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = None,
               tracking_uri: str | None = None, study_name: str | None = None, resume: bool = False,
               trials: int | None = None, parallel: int | None = None, address: str | None = None,
-              progress: bool = True, on_trial: Callable[[dict], None] | None = None) -> SweepResult:
+              progress: bool = True, on_trial: Callable[[dict], None] | None = None,
+              after_trials: Callable[[], None] | None = None) -> SweepResult:
     """Run (or resume) a sweep; returns counts, the Pareto trials and where everything is.
 
     Bad input (space file, arguments, store URLs, a Ray address nothing answers at, a study
     name clash, a study another live controller runs) raises ConfigError before Ray,
     Optuna's storage or MLflow are touched, apart from listing the studies that exist;
-    nothing is created on disk before that.
+    nothing is created on disk before that. `after_trials` runs in a thread once every
+    trial is done, while the sweep shuts down (the CLI imports its analysis there).
     """
     space = load_space(space if not isinstance(space, os.PathLike) else str(space))
     storage, tracking_uri, target = check_run_arguments(
@@ -566,7 +589,8 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
                                 resume=exists, trials=target,
                                 parallel=parallel if parallel is not None else space.parallel,
                                 address=address, progress=progress, on_trial=on_trial,
-                                generated_name=study_name is None and not exists)
+                                generated_name=study_name is None and not exists,
+                                after_trials=after_trials)
         return controller.run()
     finally:
         lease.unlock(lock)

@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
-
-from sweeper.analysis.pareto import pareto_front
 from sweeper.sweep.space import SearchSpace
 from sweeper.tracking.study import mlflow_run_ids
 from workloads.trial import TrialConfig
@@ -61,6 +58,12 @@ def pareto_rows(study, space: SearchSpace) -> list[dict[str, Any]]:
     metrics = space.metric_names
     numbers: list[int]
     if len(metrics) == 2:
+        # lazy: pandas (~1 s) only once the trials are done, not while the controller
+        # starts Ray and the workers (docs/performance.md, "Start-up and shutdown")
+        import pandas as pd
+
+        from sweeper.analysis.pareto import pareto_front
+
         df = pd.DataFrame([{"number": t.number, **(t.user_attrs.get("flat_params") or {}),
                             metrics[0]: t.values[0], metrics[1]: t.values[1]} for t in trials])
         maximize = [o.metric for o in space.objectives if o.direction == "maximize"]

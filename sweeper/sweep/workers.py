@@ -4,8 +4,11 @@ each owning one mesh for its whole life. It implements `sweeper.sweep.pool.Worke
 Emulated mesh (`hardware: host`): the pool splits this process's cores into `parallel`
 disjoint slots (`meshworker.split_cores`) and never runs two trials in one slot at once, so
 concurrent trials do not share cores or pollute each other's timings (2 cores, parallel 2:
-one core each). An actor gets its device count through Ray `runtime_env` env_vars
-(`XLA_FLAGS`). An actor whose chip count a trial does not match is not reused; the slot
+one core each). An actor gets its device count (`XLA_FLAGS`) and the sweep's environment
+through its constructor (`PooledMeshWorker`), which sets them before anything imports JAX,
+not through a Ray `runtime_env`: an actor with no runtime_env of its own can take one of
+the worker processes Ray starts idle with the cluster, already past their `import ray`,
+instead of booting a new one (docs/performance.md, "Start-up and shutdown"). An actor whose chip count a trial does not match is not reused; the slot
 starts (or reuses) one for that count, keeping `max_workers_per_slot` alive (the controller
 passes the number of device counts the space has, so a grid that interleaves chip counts
 starts one process per slot and count, not one per change of count: issue 22). Each
@@ -40,6 +43,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +75,21 @@ def lost_reason(err: BaseException, placement: dict | None) -> str:
                        r"potential root causes)\b|$)", text)
     said = detail.group(1) if detail else text
     return f"{where}died ({type(err).__name__}: {said[:300]})"
+
+
+class PooledMeshWorker(MeshWorker):
+    """A `MeshWorker` whose environment (device count, $SWEEPER_HOME, the compilation
+    cache) is set by its constructor, so that it can run in a worker process Ray started
+    idle (see the module docstring). JAX reads `XLA_FLAGS` once, when it starts: a process
+    that has imported JAX already cannot take another device count, and says so."""
+
+    def __init__(self, env: dict[str, str], slot: int, chips: int | None,
+                 cores: list[int] | None, rank: int = 0, hosts: int = 1):
+        if "jax" in sys.modules and os.environ.get("XLA_FLAGS") != env.get("XLA_FLAGS"):
+            raise RuntimeError(f"worker process {os.getpid()} imported JAX before its "
+                               f"XLA_FLAGS were set ({env.get('XLA_FLAGS')!r})")
+        os.environ.update(env)
+        super().__init__(slot, chips, cores, rank, hosts)
 
 
 @dataclass
@@ -111,7 +130,7 @@ class RayPool:
         self.total_cores = len(os.sched_getaffinity(0))
         self.shares_cores = self.emulated and parallel > self.total_cores
         self._workers: list[OrderedDict] = [OrderedDict() for _ in range(parallel)]
-        self._remote = ray.remote(MeshWorker)
+        self._remote = ray.remote(PooledMeshWorker)
         self._pids: set[int] = set()           # this host's worker processes seen
 
     # (chips, hosts) -> worker, per slot (emulated: one process per device count; devices:
@@ -119,7 +138,8 @@ class RayPool:
     def _worker_key(self, chips: int, hosts: int = 1):
         return (chips, hosts) if self.emulated else ("devices", hosts)
 
-    def _options(self, local_chips: int) -> dict[str, Any]:
+    def _options(self, local_chips: int) -> tuple[dict[str, Any], dict[str, str]]:
+        """(Ray's actor options, the environment the actor's constructor sets)."""
         env = dict(self.env)
         if self.emulated:
             # This process's own XLA flags pass on, minus any device count of its own.
@@ -137,10 +157,9 @@ class RayPool:
         for name in (TEST_DELAY_ENV, TEST_FAIL_HOST_ENV):
             if os.environ.get(name):
                 env[name] = os.environ[name]
-        opts["runtime_env"] = {"env_vars": env}
         opts["max_restarts"] = 0
         opts["max_concurrency"] = 1
-        return opts
+        return opts, env
 
     def worker(self, slot: int, chips: int, hosts: int = 1) -> _Worker:
         workers = self._workers[slot]
@@ -157,7 +176,8 @@ class RayPool:
 
     def _start(self, slot: int, chips: int) -> _Worker:
         cores = self.slot_cores[slot] if self.emulated else None
-        actor = self._remote.options(**self._options(chips)).remote(slot, chips, cores)
+        opts, env = self._options(chips)
+        actor = self._remote.options(**opts).remote(env, slot, chips, cores)
         where = actor.where.remote()          # where() runs first (one thread), then warm()
         return _Worker([actor], [where], warmed=[actor.warm.remote()])
 
@@ -180,12 +200,13 @@ class RayPool:
         cores = split_cores(hosts, self.slot_cores[slot]) if self.emulated else [None] * hosts
         actors = []
         for rank in range(hosts):
-            opts = self._options(plan.chips_per_host)
+            opts, env = self._options(plan.chips_per_host)
             if self.emulated:
                 opts["num_cpus"] = plan.bundles[rank]["CPU"]      # fits its bundle exactly
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=rank)
-            actors.append(self._remote.options(**opts).remote(slot, chips, cores[rank], rank, hosts))
+            actors.append(self._remote.options(**opts).remote(env, slot, chips, cores[rank], rank,
+                                                              hosts))
         wheres = [a.where.remote() for a in actors]
         return _Worker(actors, wheres, group, coordinator=actors[0].coordinator.remote())
 
