@@ -118,3 +118,83 @@ def test_an_interleaved_grid_starts_one_worker_per_slot_and_chip_count(
     assert all(w["reused"] == (w["cache_hit"] or m["programs_compiled"] == 0)
                for w, m in zip(workers, measured))
     assert (compile_cache.cache_dir(Path(session_sweeper_home), prune=False)).is_dir()
+
+
+# ------------------------------------------------------------------ start-up and shutdown
+# (issue 22 item 3, docs/performance.md "Start-up and shutdown")
+
+def test_the_controller_imports_no_pandas_before_its_trials():
+    """pandas (~1 s) is imported when the result is built, not with the controller."""
+    code = ("import sys, sweeper.sweep.controller, sweeper.sweep.workers; "
+            "print(sorted(m for m in ('pandas', 'scipy', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_after_trials_runs_off_the_main_thread_once_every_trial_is_recorded(
+        tmp_path, sweeper_home):
+    """The hook `sweeper run` imports its analysis with runs while the sweep shuts down:
+    in another thread, after the last trial was recorded; the result is still complete."""
+    import threading
+
+    from sweeper.sweep.controller import run_sweep
+
+    recorded, seen, called = [], [], threading.Event()
+
+    def after_trials():
+        seen.append((threading.current_thread() is threading.main_thread(), len(recorded)))
+        called.set()
+
+    space = load_space({
+        "name": "hook", "model": "tiny", "hardware": "analytical:tpu-v4", "input_len": 8,
+        "decode_steps": 2, "params": {"batch": [1, 2, 4, 8], "chips": [1, 2]},
+        "objectives": [{"metric": "decode_step_s", "direction": "minimize"},
+                       {"metric": "decode_cost_chip_s_per_token", "direction": "minimize"}],
+        "sampler": {"type": "grid", "seed": 0}, "trials": 6, "parallel": 2})
+    result = run_sweep(space, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+                       tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", progress=False,
+                       on_trial=recorded.append, after_trials=after_trials)
+    assert called.wait(60)
+    assert seen == [(False, 6)]
+    assert sum(result.counts.values()) == 6 and result.pareto      # pandas imported for it
+
+
+def test_a_worker_refuses_a_device_count_once_jax_has_started():
+    """JAX reads XLA_FLAGS once: a process that imported it cannot take another count."""
+    import jax  # noqa: F401 - lazy: this test needs JAX started in this process
+
+    from sweeper.sweep.workers import PooledMeshWorker
+
+    before = dict(os.environ)
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=3"
+    with pytest.raises(RuntimeError, match="imported JAX before its XLA_FLAGS were set"):
+        PooledMeshWorker({"XLA_FLAGS": flags.strip()}, 0, 3, None)
+    assert dict(os.environ) == before
+
+
+def test_workers_take_the_processes_ray_started_idle(tmp_path):
+    """An actor with no runtime_env of its own runs in a worker process Ray started idle
+    with the cluster (past its `import ray`), and gets its device count all the same."""
+    import time
+
+    from sweeper.sweep.session import RaySession
+    from sweeper.sweep.workers import RayPool
+
+    session = RaySession(None)
+    session.start()
+    try:
+        idle: set[int] = set()
+        deadline = time.monotonic() + 60
+        while not idle and time.monotonic() < deadline:
+            idle = {p.pid for p in session.processes() if p.name() == "ray::IDLE"}
+            time.sleep(0.2)
+        require(bool(idle), "Ray started no idle worker process on this host")
+        pool = RayPool("host", 1, env={"SWEEPER_HOME": str(tmp_path)})
+        pool.prestart(0, 2)
+        info = pool.workers()
+        assert len(info) == 1 and info[0]["pid"] in idle, (info, idle)
+        assert info[0]["devices"] == 2        # what JAX saw in that process
+        pool.close()
+    finally:
+        session.close()
