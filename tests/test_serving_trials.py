@@ -145,6 +145,9 @@ BAD = [
      ["input_len", "32", "serving block's input_len"]),
     ("serving-analytical", {**BASE, "hardware": "analytical:tpu-v4"},
      ["hardware", "host or devices"]),
+    ("serving-two-hosts", {**BASE, "chips": 2, "hosts": 2}, ["hosts", "one host"]),
+    ("serving-verify", {**BASE, "verify": True}, ["verify", "no reference comparison"]),
+    ("serving-pad-vocab-none", {**BASE, "pad_vocab": "none"}, ["pad_vocab", "auto"]),
 ]
 
 
@@ -191,6 +194,16 @@ def test_a_serving_trial_round_trips_through_its_dict_and_draws_a_seeded_stream(
     with pytest.raises(ConfigError) as err:
         TrialConfig.from_dict({**trial.to_dict(), "serving": {"rate": 1, "requests": 2.5}})
     assert err.value.field == "serving.requests"
+
+
+def test_a_trial_file_with_a_serving_block_exits_2_with_one_line(tmp_path):
+    """`sweeper trial` times one batch: a serving block there would be ignored, so it is refused."""
+    path = tmp_path / "trial.yaml"
+    path.write_text(yaml.safe_dump({"model": "tiny", "chips": 1, "batch": 2,
+                                    "serving": BASE["serving"]}))
+    home, imports = tmp_path / "home", tmp_path / "imports.json"
+    check_rejected(run_cli(["trial", "--config", str(path)], home, imports), home, imports,
+                   ["serving", "no serving block in a trial file"], path.name)
 
 
 # ----------------------------------------------------------------------------- one definition

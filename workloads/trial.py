@@ -228,7 +228,13 @@ class TrialConfig:
 
     @classmethod
     def from_yaml(cls, path: str) -> "TrialConfig":
-        return cls.from_dict(read_yaml(path), source=str(path))
+        """A trial file (`sweeper trial --config`): one timed batch, so no serving stream."""
+        data = read_yaml(path)
+        if isinstance(data, Mapping) and data.get("serving") is not None:
+            raise ConfigError("serving", "{...}", "no serving block in a trial file (it times one "
+                              "batch; serve a stream with a space's serving: block in `sweeper "
+                              "run`, or `sweeper serve --plan`)", str(path))
+        return cls.from_dict(data, source=str(path))
 
 
 def _plain(value: Any) -> Any:

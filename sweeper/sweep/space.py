@@ -461,6 +461,9 @@ def _serving_trials(fixed: dict[str, Any], searched: set[str], hardware: Hardwar
     if data.get("verify"):
         raise ConfigError("verify", data.get("verify"), "false (a serving trial serves a "
                           "stream; it runs no reference comparison)", source)
+    if "pad_vocab" in searched or fixed.get("pad_vocab", "auto") != "auto":
+        raise ConfigError("pad_vocab", fixed.get("pad_vocab", "searched"), "auto (the serving "
+                          "engine pads the vocabulary to a multiple of the chips)", source)
     block = {k: v for k, v in fixed["serving"].items() if k != "requests"}
     lengths = length_stats(profile_from_dict(block, source))
     fixed["input_len"] = int(lengths["input_max"])
