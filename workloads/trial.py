@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
@@ -75,7 +76,10 @@ def parse_serving(value: Any, where: str = "serving", source: str | None = None,
     block = {k: v for k, v in value.items() if k != "requests"}
     profile = profile_from_dict(block, source, prefix=f"{where}.")
     requests = integer(f"{where}.requests", value.get("requests", SERVING_REQUESTS), source, 1)
-    return {**profile.to_dict(), "requests": requests}
+    out = {**profile.to_dict(), "requests": requests}
+    if out["trace"] is not None:     # read where the trial runs (a worker's own directory)
+        out["trace"] = str(Path(out["trace"]).resolve())
+    return out
 
 
 def _parse_topology(value: Any, where: str, source: str | None, context: Mapping) -> Any:
