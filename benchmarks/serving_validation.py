@@ -19,8 +19,8 @@ measured on each deployment's own workers BEFORE its streams, outside them (a cl
 with every slot full and no arrivals, the engine's timed calls of the same shapes, KV
 handovers of two sizes), and written into the deployment's profile (`with_overheads`). The
 loads are fractions of the capacity those closed-loop measurements give (`capacity_rps` on
-the loop's measured step, prefill and handover times): the experiment's design, measured
-outside the streams, never a served request.
+the loop's mean step, prefill and handover times: interruptions by other processes
+included): the experiment's design, measured outside the streams, never a served request.
 
 Calibration first, as the tool promises its users (docs/calibration.md): before serving,
 a small `sweeper run` sweep on THIS host (`CALIBRATION_SPACE`: the deployments' model, chip
@@ -44,9 +44,10 @@ step, prefill and handover times measured in the closed loop before the streams;
 the serving model's own (queueing, slots, handover, step-time variation under load) with the
 step-time model taken out.
 
-Cores: the workers are pinned to disjoint cores (sweeper/serving/server.py `worker_cores`:
-aggregated one worker on both cores, disaggregated one core each), and the predictions scale
-the fitted profile to each worker's share; the host costs are measured on those same cores.
+Cores: every worker is pinned to one core of its own (`CORES_PER_WORKER`; disaggregated:
+prefill and decode never share one), the share the calibration sweep's trials ran on, and the
+predictions scale the fitted profile to that share; the host costs are measured on the same
+cores.
 Targets: p50 within 15%, p99 within 30% (issue 19). The host's load average is
 recorded before and after: other processes share its cores, and on a loaded host the
 measured latencies include their interference.
@@ -73,6 +74,10 @@ MODEL = "calib"               # workloads/config.py: steps of ms, not tens of mi
 INPUT_LEN, OUTPUT_LEN = 32, 16
 LOADS = (0.35, 0.85)          # fractions of the capacity the closed-loop measurements give
 SEEDS = (1, 2)
+# Every worker on one core, as the calibration sweep's trials (`parallel: 2` on this 2-core
+# host: one core each): the fitted profile scaled to a worker's share then describes the
+# cores it really has (a one-chip program does not run twice as fast on two cores).
+CORES_PER_WORKER = 1
 METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 TARGET = {"p50": 0.15, "p99": 0.30}
 FALLBACK_PROFILE = common.RESULTS / "host-fitted.yaml"   # fitted on the calibration sweep's shapes
@@ -208,15 +213,19 @@ def step_times(d, session, costs: dict) -> dict:
                                                  "serving_prefill_overhead_s", "handover_overhead_s")}}
 
 
-def loop_step_times(d, costs: dict):
+def loop_step_times(d, costs: dict, statistic: str = "median"):
     """StepTimes of the serving loop as measured before the streams (closed loop: its step,
-    its prefill, the handover's fixed part): the loads' capacity (module docstring)."""
+    its prefill, the handover's fixed part). Medians: the loop-model diagnostic; means
+    (interruptions by other processes included, what a saturated stream gets): the loads'
+    capacity (module docstring)."""
     from sweeper.serving.simulate import StepTimes
 
     detail = costs["detail"]
     pre = detail.get("aggregated") or detail["prefill"]
     dec = detail.get("aggregated") or detail["decode"]
-    return StepTimes(lambda b, n: pre["loop_prefill_s"], lambda b, c: dec["loop_step_s"],
+    suffix = "_mean_s" if statistic == "mean" else "_s"
+    prefill, step = pre["loop_prefill" + suffix], dec["loop_step" + suffix]
+    return StepTimes(lambda b, n: prefill, lambda b, c: step,
                      handover_overhead_s=costs["handover_overhead_s"], source="serving loop")
 
 
@@ -240,13 +249,14 @@ def run(n_requests: int, calibration: dict) -> dict:
     for name in DEPLOYMENTS:
         d = deployment(name, profile)
         t0 = time.time()
-        with ServingSession(d, context, sorted({INPUT_LEN // 2, INPUT_LEN}), seed=0) as session:
+        with ServingSession(d, context, sorted({INPUT_LEN // 2, INPUT_LEN}), seed=0,
+                            cores_per_worker=CORES_PER_WORKER) as session:
             setup_s = time.time() - t0
             costs = measure_session(session, INPUT_LEN, OUTPUT_LEN)   # before any stream
             d = with_deployment_overheads(d, costs)
             session.deployment = d                 # the predictions use the measured costs
             session.diagnostic_step_times = loop_step_times(d, costs)
-            capacity = capacity_rps(d, loop_step_times(d, costs), INPUT_LEN, OUTPUT_LEN)["rps"]
+            capacity = capacity_rps(d, loop_step_times(d, costs, "mean"), INPUT_LEN, OUTPUT_LEN)["rps"]
             steps = step_times(d, session, costs)
             print(f"{name}: host costs " + ", ".join(
                 f"{k} {costs[k] * 1e3:.2f} ms" for k in ("serving_step_overhead_s",

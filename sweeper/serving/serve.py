@@ -180,7 +180,10 @@ class ServingSession:
     (the validation benchmark serves several loads and seeds on one set of workers)."""
 
     def __init__(self, deployment: Deployment, context_len: int, prompt_lens: list[int],
-                 seed: int = 0, emulated: bool = True):
+                 seed: int = 0, emulated: bool = True, cores_per_worker: int | None = None):
+        """`cores_per_worker`: pin each worker to that many of this process's cores (disjoint
+        while they last) instead of sharing all of them out, so that every worker runs on
+        the share a calibration sweep's trials ran on (docs/serving.md, validation)."""
         import ray   # lazy: Ray (~1 s)
 
         from sweeper import paths
@@ -193,7 +196,13 @@ class ServingSession:
         self.ray = ray
         self.started_ray = _ray_started()
         self.names = list(specs)
-        self.cores = worker_cores(len(self.names)) if emulated else [None] * len(self.names)
+        if not emulated:
+            self.cores = [None] * len(self.names)
+        elif cores_per_worker:
+            groups = max(len(os.sched_getaffinity(0)) // cores_per_worker, len(self.names))
+            self.cores = worker_cores(groups)[:len(self.names)]
+        else:
+            self.cores = worker_cores(len(self.names))
         total = len(os.sched_getaffinity(0))
         self.share = float(np.mean([worker_share(len(c), total) for c in self.cores])) if emulated else 1.0
         remote = ray.remote(ServingWorker)

@@ -223,7 +223,8 @@ class ServingWorker:
         `srv.prefill`, its rows into slots; a step: `srv.step()`, the clock read, `_advance`);
         a prefill slice, prefill calls and their KV exported back to back; a decode slice,
         every slot full, stepping. Medians: {engine_step_s, loop_step_s, engine_prefill_s,
-        loop_prefill_s} (a phase the worker does not run is absent)."""
+        loop_prefill_s} (a phase the worker does not run is absent), and the loop's means
+        {loop_step_mean_s, loop_prefill_mean_s}."""
         import jax
         import jax.numpy as jnp
         import numpy as np
@@ -232,26 +233,32 @@ class ServingWorker:
         model = srv.model.unpadded
         out: dict[str, float] = {}
         repeats = max(rounds * 4, 8) + 1
-        if spec.prefill is not None:                 # the engine's prefill program
-            program = srv._prefill_program(input_len)
-            batch = np.stack([prompt_for(model, i, input_len, 7) for i in range(spec.prefill_batch)])
-            placed = jax.device_put(batch, srv._replicated)
-            engine = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                jax.block_until_ready(program(srv.params, placed))
-                engine.append(time.perf_counter() - start)
-            out["engine_prefill_s"] = float(np.median(engine[1:]))
-        if spec.decode is not None:                  # the engine's decode call
-            tokens = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
-            positions = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
-            engine = []
-            for _ in range(repeats * 2):
-                start = time.perf_counter()
-                logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens, positions)
-                jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
-                engine.append(time.perf_counter() - start)
-            out["engine_step_s"] = float(np.median(engine[1:]))
+        engine_prefill: list[float] = []
+        engine_step: list[float] = []
+
+        def engine_calls() -> None:
+            """The engine's calls, timed as a trial times them (the first of each dropped)."""
+            if spec.prefill is not None:                 # the prefill program alone
+                program = srv._prefill_program(input_len)
+                batch = np.stack([prompt_for(model, i, input_len, 7)
+                                  for i in range(spec.prefill_batch)])
+                placed = jax.device_put(batch, srv._replicated)
+                for k in range(repeats):
+                    start = time.perf_counter()
+                    jax.block_until_ready(program(srv.params, placed))
+                    if k:
+                        engine_prefill.append(time.perf_counter() - start)
+            if spec.decode is not None:                  # decode and argmax of the slot batch
+                tokens = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
+                positions = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
+                for k in range(repeats * 2):
+                    start = time.perf_counter()
+                    logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens, positions)
+                    jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
+                    if k:
+                        engine_step.append(time.perf_counter() - start)
+
+        engine_calls()          # before and after the loop: a drift in the host's load
         steps, prefills = [], []
         if spec.prefill is not None and spec.decode is not None:
             steps, prefills = self._saturated_aggregated(input_len, output_len, rounds * spec.slots)
@@ -280,10 +287,19 @@ class ServingWorker:
                     tokens = srv.step()
                     _advance(srv, tokens, time.time(), slot_request, remaining, record)
                     steps.append(time.perf_counter() - start)
+        engine_calls()          # (other processes' work) shows in both, not in their difference
+        if engine_prefill:
+            out["engine_prefill_s"] = float(np.median(engine_prefill))
+        if engine_step:
+            out["engine_step_s"] = float(np.median(engine_step))
+        # medians (the host costs: robust to another process taking the core for a while);
+        # means (what a saturated stream gets, such interruptions included)
         if prefills:
             out["loop_prefill_s"] = float(np.median(prefills[1:]))
+            out["loop_prefill_mean_s"] = float(np.mean(prefills[1:]))
         if steps:
             out["loop_step_s"] = float(np.median(steps[1:]))
+            out["loop_step_mean_s"] = float(np.mean(steps[1:]))
         return out
 
     def _saturated_aggregated(self, input_len: int, output_len: int, n: int) -> tuple[list, list]:
