@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -83,12 +83,15 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     for length in sorted({r.input_len for r in reqs}):
         warmup[length] = server.warm_up(length)
     model = server.model.unpadded
-    prompts = [prompt_tokens(model, 1, r.input_len, trial.seed * 1_000_003 + i)[0]
-               for i, r in enumerate(reqs)]
     compile_s = time.perf_counter() - setup
+
+    def prompt(i: int):
+        """Request i's prompt, made when it is prefilled (as `sweeper serve` makes it)."""
+        return prompt_tokens(model, 1, reqs[i].input_len, trial.seed * 1_000_003 + i)[0]
+
     host = HostSampler().start()
     start_at = time.time() + START_MARGIN_S
-    served = serve_stream(server, reqs, prompts, start_at)
+    served = serve_stream(server, reqs, prompt, start_at)
     state = host.stop()
     wall_s = time.time() - start_at
 
@@ -112,10 +115,11 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     return m
 
 
-def serve_stream(server, reqs: list[Request], prompts: list, start_at: float) -> list[dict]:
+def serve_stream(server, reqs: list[Request], prompt: Callable[[int], Any],
+                 start_at: float) -> list[dict]:
     """Serve `reqs` (wall-clock arrivals after `start_at`, `time.time()`) on an aggregated
-    slot server; per request its first-token and finish times (seconds after `start_at`) and
-    its tokens."""
+    slot server, `prompt(i)` the tokens of request i; per request its first-token and finish
+    times (seconds after `start_at`) and its tokens."""
     slots = server.spec.slots
     n = len(reqs)
     out: list[dict[str, Any]] = [{"tokens": []} for _ in range(n)]
@@ -137,7 +141,7 @@ def serve_stream(server, reqs: list[Request], prompts: list, start_at: float) ->
         # one prefill call between two decode steps while requests decode (docs/serving.md)
         if waiting and free and not (prefilled_since_step and active):
             i = waiting.popleft()
-            done = server.prefill(np.asarray(prompts[i])[None])
+            done = server.prefill(np.asarray(prompt(i))[None])
             t = time.time() - start_at
             first = int(done.first_tokens[0])
             out[i].update(first_token_s=t, tokens=[first])
