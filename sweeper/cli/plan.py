@@ -69,7 +69,10 @@ def question_from_args(args: argparse.Namespace):
         hardware_spec = hardware_spec or data.get("hardware")
         if "serving" not in data:
             raise ConfigError("serving", None, "a serving: block (docs/serving.md)", args.space)
-        base = workload.profile_from_dict(data["serving"], args.space)
+        block = data["serving"]
+        if isinstance(block, dict):   # `requests` sizes a serving trial's stream (space files)
+            block = {k: v for k, v in block.items() if k != "requests"}
+        base = workload.profile_from_dict(block, args.space)
         overrides = {f: getattr(args, f"serving_{f}") for f in workload.FIELDS
                      if getattr(args, f"serving_{f}") is not None}
         if overrides:     # flags win over the file, validated as flags
