@@ -387,3 +387,69 @@ def test_a_profile_with_group_measurements_changes_predict_phase_and_scales_with
     assert half.collective_bandwidth_by_group == {k: {2: 5e8} for k in kinds}
     assert half.collective_latency_s_by_group == profiled.collective_latency_s_by_group
     assert topology == pred.topology
+
+
+# --------------------------------------------------------------------------- matmul efficiency
+# HardwareProfile.matmul_half_rows (issue 20): a chip's matmul of r rows runs at
+# peak x r / (r + half_rows); 0 (every preset but a fitted one) = the paper's model.
+
+MQ8 = ModelConfig("mq8", d_model=512, d_ff=2048, n_layers=2, n_heads=8, n_kv_heads=1,
+                  d_head=64, vocab=512)
+
+
+def test_matmul_rows_of_each_layout():
+    """Weight matmuls: every token (weight-stationary) or the chip's batch share (gathered);
+    attention: the queries sharing one K/V head on the chip (paper §3.3)."""
+    topo = (2, 2, 2)
+    ws2d_batch, ws2d_head = PhaseLayout("ws2d", "batch"), PhaseLayout("ws2d", "head")
+    assert cm.matmul_rows(MQ8, topo, ws2d_batch, 16, 1) == (16, 8)        # all 8 heads share K/V
+    assert cm.matmul_rows(MQ8, topo, ws2d_head, 16, 1) == (16, 1)         # 1 query head per chip
+    assert cm.matmul_rows(MQ8, topo, PhaseLayout("wg_xyz", "batch"), 16, 4) == (2 * 4, 8 * 4)
+    multihead = dataclasses.replace(MQ8, n_kv_heads=8)
+    assert cm.matmul_rows(multihead, topo, ws2d_batch, 16, 1)[1] == 1    # a matrix-vector product
+
+
+def test_rows_equal_to_half_rows_halve_the_matmul_rate():
+    """Batch 8 on multiquery batch-sharded decode: weight matmuls and attention both have 8
+    rows, so half_rows = 8 doubles compute_s exactly and changes nothing else."""
+    layout, topo = PhaseLayout("ws2d", "batch"), (2, 2, 2)
+    assert cm.matmul_rows(MQ8, topo, layout, 8, 1) == (8, 8)
+    args = (MQ8, 8, 8, "decode", 64, 64, layout, "bf16", topo)
+    paper = cm.predict_phase(MQ8, TPU_V4, *args[1:])
+    half = cm.predict_phase(MQ8, dataclasses.replace(TPU_V4, matmul_half_rows=8.0), *args[1:])
+    assert half.compute_s == pytest.approx(2 * paper.compute_s, rel=1e-12)
+    assert (half.memory_s, half.comm_s, half.flops) == (paper.memory_s, paper.comm_s, paper.flops)
+    assert half.latency_s - paper.latency_s == pytest.approx(paper.compute_s, rel=1e-12)   # additive
+    # and in closed form for unequal rows: weight FLOPs / 8 rows x (1 + h/8), attention / 1 row
+    head = PhaseLayout("ws2d", "head")
+    h = 24.0
+    got = cm.predict_phase(MQ8, dataclasses.replace(TPU_V4, matmul_half_rows=h), 8, 8, "decode",
+                           64, 64, head, "bf16", topo).compute_s
+    weight_flops = 8 * 2.0 * cm.matmul_params(MQ8)
+    attention_flops = 8 * 4.0 * MQ8.n_layers * MQ8.n_heads * MQ8.d_head * 64
+    expected = (weight_flops * (1 + h / 8) + attention_flops * (1 + h / 1)) / (8 * TPU_V4.peak_flops)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_matmul_half_rows_reads_from_yaml_and_refuses_a_negative():
+    from workloads.config import HardwareProfile
+
+    data = {"peak_flops": 1e12, "hbm_bandwidth": 1e11, "hbm_bytes": 1e9, "ici_bandwidth": 1e10}
+    assert HardwareProfile.from_dict({**data, "matmul_half_rows": 96}).matmul_half_rows == 96
+    with pytest.raises(ConfigError, match="matmul_half_rows"):
+        HardwareProfile.from_dict({**data, "matmul_half_rows": -1})
+
+
+def test_a_weight_tile_as_wide_as_half_dim_halves_the_weight_matmul_rate():
+    """matmul_half_dim: PaLM 540B's ws2d tile on 4x4x4 is E/X x F/YZ = 4608 x 4608, wg_xyz's
+    the whole E x F (18432 narrower side); half_dim = 4608 doubles ws2d's weight-matmul time."""
+    palm = load_model("palm-540b")
+    assert cm.weight_tile_dim(palm, (4, 4, 4), "ws2d") == 4608
+    assert cm.weight_tile_dim(palm, (4, 4, 4), "wg_xyz") == 18432
+    layout = PhaseLayout("ws2d", "batch")
+    args = (palm, 64, 64, "decode", 2048, 2048, layout, "bf16", (4, 4, 4))
+    paper = cm.predict_phase(args[0], TPU_V4, *args[1:], validate=False)
+    half = cm.predict_phase(args[0], dataclasses.replace(TPU_V4, matmul_half_dim=4608.0), *args[1:],
+                            validate=False)
+    weight_s = 64 * 2.0 * cm.matmul_params(palm) / (64 * TPU_V4.peak_flops)
+    assert half.compute_s - paper.compute_s == pytest.approx(weight_s, rel=1e-12)

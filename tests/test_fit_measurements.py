@@ -4,8 +4,10 @@ rows one line and exit 2, and the shipped `tpu-v4-fitted` preset."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,52 @@ def test_the_fitted_preset_is_physically_possible_and_keeps_int8s_decode_advanta
     step = {w: costmodel.predict_phase(model, fitted, 64, 64, "decode", 2048, 2080, layout, w,
                                        (4, 4, 4)).latency_s for w in ("int8", "bf16")}
     assert step["bf16"] / step["int8"] > 1.2
+
+
+# The matmul efficiency terms (issue 20; costmodel.matmul_rows, weight_tile_dim): fitted
+# through the one pipeline, their bounds kept, a known value recovered.
+MATMUL_TERMS = ("matmul_half_rows", "matmul_half_dim")
+
+
+def test_the_paper_fit_with_the_matmul_terms_keeps_every_constant_within_bounds():
+    from sweeper.analysis import external
+
+    base = load_hardware("tpu-v4")
+    points = external.observations_of(PAPER, base)
+    terms = ("launch_overhead_s", *MATMUL_TERMS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the fast path agrees with predict_phase
+        fitted = calfit.fit_profile(points, base, calfit.default_space(points, terms), "soft_l1",
+                                    weighted=False).profile
+    for name in ("peak_flops", "hbm_bandwidth", "ici_bandwidth"):
+        assert 0 < getattr(fitted, name) <= getattr(base, name), name
+    for term in terms:
+        low, high = calfit.EXTRA_BOUNDS[term]
+        assert 0 <= getattr(fitted, term) <= high * (1 + 1e-9), term
+    assert fitted.overlap <= 1 and fitted.op_overhead_s >= 0
+
+
+def test_a_known_matmul_half_rows_is_recovered_from_its_own_predictions():
+    """Points predicted with half_rows = 256 on shapes from 1 to 4096 rows per chip: the fit
+    with the term finds 256 (the fast path's row column is predict_phase's)."""
+    from sweeper.analysis.observations import Call, Observation
+    from workloads import costmodel
+    from workloads.config import load_model
+    from workloads.layouts import PhaseLayout
+
+    base = load_hardware("tpu-v4")
+    truth = dataclasses.replace(base, peak_flops=2e14, matmul_half_rows=256.0)
+    model = load_model("palm-540b")
+    points = []
+    for i, (batch, phase, seq) in enumerate([(1, "decode", 1), (8, "decode", 1), (64, "decode", 1),
+                                             (256, "decode", 1), (1, "prefill", 256),
+                                             (4, "prefill", 512), (16, "prefill", 256),
+                                             (2, "prefill", 2048)]):
+        call = costmodel.PhaseCall(model, 64, batch, phase, seq, float(seq), PhaseLayout("ws2d", "batch"),
+                                   "bf16", (4, 4, 4), False)
+        points.append(Observation(call.predict(truth).latency_s, "latency_s", phase,
+                                  (Call(1.0, 0, call),), group=i, trial=i))
+    fitted = calfit.fit_profile(points, base, calfit.default_space(points, ("matmul_half_rows",)),
+                                weighted=False).profile
+    assert fitted.matmul_half_rows == pytest.approx(256.0, rel=0.05)
+    assert fitted.peak_flops == pytest.approx(2e14, rel=0.05)

@@ -6,6 +6,10 @@ as data, shared with the engine), so the model and the engine cannot drift apart
 
 Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
   compute_s = model FLOPs / (n * peak_flops)                                  (§2, docs/architecture.md)
+              x (1 + hw.matmul_half_rows / rows) per matmul: a chip's matmul of `rows` rows
+              runs at peak x rows / (rows + half_rows) (`matmul_rows`; 0 = always at peak)
+              + weight-matmul FLOPs x hw.matmul_half_dim / (the weight tile's narrower side,
+              `weight_tile_dim`) / (n * peak_flops)   (0 = the paper's model)
   memory_s  = (weights read + KV cache read) per chip / hbm_bandwidth          (§2.1)
   comm_s    = sum over collectives of bytes * factor / ici_bandwidth           (§3.1)
               factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
@@ -548,6 +552,53 @@ def working_set_bytes(model: ModelConfig, topology: tuple[int, int, int], layout
     return elements * BF16
 
 
+def matmul_rows(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
+                batch: int, seq_len: int) -> tuple[float, float]:
+    """Rows (the M dimension) of one chip's matmuls in a pass: (weight matmuls, attention).
+
+    Weight matmuls multiply the chip's tokens: every token in weight-stationary layouts
+    (paper §3.2.1-3.2.2: the weights are split, the activations are not), the chip's
+    batch share in weight-gathered ones (§3.2.3: B/N sequences). Attention multiplies the
+    queries that share one K/V head on the chip (§3.3): the query heads a KV head serves,
+    all of them when attention is batch-sharded, the chip's share when head-sharded; times
+    the tokens of each sequence (seq_len). Multihead decode is a matrix-vector product
+    (1 row), multiquery batch-sharded decode has n_heads rows."""
+    _, _, n_gather, m_rest = split_axes(layout.ffn, topology)
+    tokens = batch * seq_len
+    weight_rows = tokens if layout.ffn in ("ws1d", "ws2d") else math.ceil(batch / n_gather) * seq_len
+    group = max(model.n_heads // model.n_kv_heads, 1)       # query heads per KV head
+    shards = m_rest if layout.attn == "head" else 1
+    queries = min(group, max(model.n_heads // shards, 1))
+    return float(weight_rows), float(seq_len * queries)
+
+
+def weight_tile_dim(model: ModelConfig, topology: tuple[int, int, int], ffn: str) -> float:
+    """The narrower side of a chip's weight matrix as it multiplies (E x F per layer, §3.2):
+    E/X x F/YZ in ws2d, E x F/n in ws1d, the gathered E x F/M in the weight-gathered
+    layouts (§3.2.3). For PaLM 540B on 4x4x4: 4608 in ws2d, 18432 in wg_xyz."""
+    x, y, z = topology
+    n = x * y * z
+    e, f = model.d_model, model.d_ff
+    if ffn == "ws2d":
+        return float(min(e / x, f / (y * z)))
+    if ffn == "ws1d":
+        return float(min(e, f / n))
+    _, _, _, m_rest = split_axes(ffn, topology)
+    return float(min(e, f / m_rest))
+
+
+def _row_weighted_flops(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
+                        batch: int, seq_len: int, context: float) -> float:
+    """Executed FLOPs divided by their matmul's rows: compute_s grows by
+    matmul_half_rows x this / (chips x peak), so a matmul of `rows` rows runs at
+    peak x rows / (rows + matmul_half_rows) (HardwareProfile.matmul_half_rows)."""
+    weight_rows, attention_rows = matmul_rows(model, topology, layout, batch, seq_len)
+    tokens = batch * seq_len
+    weight_flops = tokens * 2.0 * matmul_params(model)
+    attention_flops = tokens * 4.0 * model.n_layers * model.n_heads * model.d_head * context
+    return weight_flops / weight_rows + attention_flops / attention_rows
+
+
 def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
                   input_len: int = 1, context: int | None = None,
                   layout: PhaseLayout = PhaseLayout(), weights: str = "bf16",
@@ -579,6 +630,12 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     flops = tokens * model_flops_per_token(model.unpadded, context)
     executed_flops = tokens * model_flops_per_token(model, context)
     compute_s = executed_flops / (chips * hw.peak_flops)
+    if hw.matmul_half_rows:   # small per-chip matmuls run below peak (matmul_rows)
+        compute_s += hw.matmul_half_rows * _row_weighted_flops(
+            model, topology, layout, batch, seq_len, context) / (chips * hw.peak_flops)
+    if hw.matmul_half_dim:    # and so do narrow weight tiles (weight_tile_dim)
+        compute_s += hw.matmul_half_dim * tokens * 2.0 * matmul_params(model) \
+            / weight_tile_dim(model, topology, layout.ffn) / (chips * hw.peak_flops)
 
     stored = weight_bytes_per_chip(model, chips, weights, topology, one_d)
     _, _, _, m_rest = split_axes(layout.ffn, topology)

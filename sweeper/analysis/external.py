@@ -43,8 +43,11 @@ def observations_of(path: str | Path, base: HardwareProfile):
 
 
 def calibrate_measurements(path: str | Path, base: HardwareProfile, holdouts=("loo",),
-                           loss: str = "linear", terms: tuple[str, ...] = ()) -> Calibration:
-    """Fit `base`'s constants to every row of the CSV and evaluate each hold-out scheme."""
+                           loss: str = "linear", terms: tuple[str, ...] | str = (),
+                           candidates: tuple[str, ...] | None = None) -> Calibration:
+    """Fit `base`'s constants to every row of the CSV and evaluate each hold-out scheme.
+    `terms`: the extra terms freed (fit.EXTRA_TERMS), or holdout.SELECT to choose them among
+    `candidates` by nested cross-validation."""
     holdouts = tuple(holdouts)
     for scheme in holdouts:
         if scheme not in EXTERNAL_HOLDOUTS:
@@ -55,7 +58,7 @@ def calibrate_measurements(path: str | Path, base: HardwareProfile, holdouts=("l
         raise CalibrationError("measurements", str(path), f"at least {MIN_CONFIGURATIONS} distinct "
                                f"configurations to fit and hold out (it has {configs})")
     return calibrate(observations, base, holdouts, Path(path).name, loss, min_trials=0,
-                     weighted=False, terms=terms)
+                     weighted=False, terms=terms, candidates=candidates)
 
 
 def unfitted_frame(result: Calibration) -> pd.DataFrame:

@@ -288,14 +288,19 @@ INNER_FOLDS = 3
 
 
 def select_terms(points: list[Point], base: HardwareProfile, loss: str = "linear",
-                 weighted: bool = True) -> tuple[str, ...]:
-    """The subset of fit.EXTRA_TERMS with the lowest inner k-fold MAPE on `points` (ties: fewer
-    terms); the paper's constants alone when there are too few points to split."""
+                 weighted: bool = True, candidates: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The subset of `candidates` (default fit.SELECT_CANDIDATES; each in fit.EXTRA_TERMS) with
+    the lowest inner k-fold MAPE on `points` (ties: fewer terms); the paper's constants alone
+    when there are too few points to split."""
     from itertools import combinations
 
-    from sweeper.analysis.fit import EXTRA_TERMS
+    from sweeper.analysis.fit import EXTRA_TERMS, SELECT_CANDIDATES
 
-    candidates = [c for n in range(len(EXTRA_TERMS) + 1) for c in combinations(EXTRA_TERMS, n)]
+    pool = tuple(SELECT_CANDIDATES if candidates is None else candidates)
+    for term in pool:
+        if term not in EXTRA_TERMS:
+            raise ConfigError("terms", term, f"one of {list(EXTRA_TERMS)}")
+    candidates = [c for n in range(len(pool) + 1) for c in combinations(pool, n)]
     try:
         parts = splits(points, "kfold", k=INNER_FOLDS, seed=1)
     except ConfigError:
@@ -317,8 +322,10 @@ def select_terms(points: list[Point], base: HardwareProfile, loss: str = "linear
 def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
             space: ParamSpace | None = None, loss: str = "linear", seed: int = 0,
             tie_reference: np.ndarray | None = None, weighted: bool = True,
-            terms: tuple[str, ...] = DEFAULT_TERMS) -> Holdout:
+            terms: tuple[str, ...] = DEFAULT_TERMS,
+            candidates: tuple[str, ...] | None = None) -> Holdout:
     """Predict every point from a fit on the other folds; score only those predictions.
+    `terms=SELECT`: each fold's terms chosen among `candidates` on its training points only.
 
     `tie_reference`: one model's predictions of all points (the fit on everything), used only
     to tell which layouts the formulas make equal; without it, the held-out predictions."""
@@ -335,7 +342,8 @@ def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
         train = [points[j] for j in train_idx]
         # Latencies only for the kinds the training points contain; a held-out layout's
         # unseen kind is charged the fitted `collective_latency_s` (median of the others).
-        fold_terms = select_terms(train, base, loss, weighted) if terms == SELECT else terms
+        fold_terms = (select_terms(train, base, loss, weighted, candidates) if terms == SELECT
+                      else terms)
         fitted = fit_profile(train, base, default_space(train, fold_terms) if space is None else space,
                              loss, weighted=weighted).profile
         profiles.append(fitted)
@@ -406,9 +414,11 @@ def blowup_reason(result: "Calibration") -> str | None:
         ratios = {}
         for name in ("peak_flops", "hbm_bandwidth", "ici_bandwidth", "op_overhead_s",
                      "collective_latency_s", "launch_overhead_s", "collective_latency_s_per_device",
-                     "device_overhead_s"):
+                     "device_overhead_s", "matmul_half_rows", "matmul_half_dim"):
             a, c = getattr(fold_fit, name), getattr(result.fitted, name)
-            if a > 0 and c > 0 and max(a, c) > 1e-9:   # overheads at their 0 bound say nothing
+            # a term at its 0 bound says nothing: overheads under 1 ns, matmul terms under a row
+            zero = 1.0 if name.startswith("matmul_half") else 1e-9
+            if a > 0 and c > 0 and max(a, c) > zero:
                 ratios[name] = a / c
         ratios["overlap"] = (fold_fit.overlap + 1e-3) / (result.fitted.overlap + 1e-3)
         name = max(ratios, key=lambda k: abs(math.log(ratios[k])))
@@ -529,7 +539,8 @@ class Calibration:
                 "collective_latency_s_by_kind": dict(getattr(p, "collective_latency_s_by_kind", {})),
                 "op_overhead_s": p.op_overhead_s, "overlap": p.overlap,
                 "collective_latency_s_per_device": p.collective_latency_s_per_device,
-                "launch_overhead_s": p.launch_overhead_s, "device_overhead_s": p.device_overhead_s}
+                "launch_overhead_s": p.launch_overhead_s, "device_overhead_s": p.device_overhead_s,
+                "matmul_half_rows": p.matmul_half_rows, "matmul_half_dim": p.matmul_half_dim}
 
     def summary(self) -> dict[str, Any]:
         """What `sweeper fit --json` prints."""
@@ -560,7 +571,8 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str] = ("kfold",),
               study: str = "", loss: str = "linear", min_trials: int = MIN_TRIALS,
-              weighted: bool = True, terms: tuple[str, ...] = DEFAULT_TERMS) -> Calibration:
+              weighted: bool = True, terms: tuple[str, ...] = DEFAULT_TERMS,
+              candidates: tuple[str, ...] | None = None) -> Calibration:
     """Fit on all points (the profile to use) and evaluate each hold-out scheme."""
     holdouts = tuple(holdouts)
     for scheme in holdouts:
@@ -571,13 +583,13 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
         raise CalibrationError("study", study or "points", f"a study with at least {min_trials} "
                                f"complete measured trials to fit and hold out (it has {trials}, "
                                f"{len(points)} points); run more trials (--resume)")
-    chosen = select_terms(points, base, loss, weighted) if terms == SELECT else terms
+    chosen = select_terms(points, base, loss, weighted, candidates) if terms == SELECT else terms
     space = default_space(points, chosen)
     fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted", weighted=weighted)
     insample = point_frame(points, np.array([predict_latency(p, fit.profile) for p in points]))
     reference = insample["predicted_s"].to_numpy()
     results = {scheme: heldout(points, base, scheme, None, loss, tie_reference=reference,
-                               weighted=weighted, terms=terms)
+                               weighted=weighted, terms=terms, candidates=candidates)
                for scheme in holdouts}
     main = results[holdouts[0]]
     fitted = fit.profile
