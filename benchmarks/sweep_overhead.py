@@ -20,7 +20,9 @@ Each sweep section reports, from the study itself: worker processes (distinct pi
 share of the slots' time outside trials over the whole command and within the trials'
 span, trials that compiled nothing (programs from the worker's memory or the persistent
 cache), replicate pairs that ran in one process, and where the time before the first trial
-and after the last went (`sweeper.sweep.controller.TIMELINE`). Every sweep starts with an
+and after the last went (`sweeper.sweep.controller.TIMELINE`), and the CPU time of every
+process of the sweep (`cpu_s`, `CpuSampler`: trial workers, Ray's own processes, the
+controller) against its wall time. Every sweep starts with an
 empty compilation cache (the first run of new code). Counts do not depend on the host's
 load; times do (the load average is recorded with each section).
 
@@ -203,6 +205,65 @@ def _clear_compile_cache() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+class CpuSampler:
+    """CPU seconds (user + system) of this process and of every process it started (Ray's
+    own and the trial workers), read every `interval_s` in a thread while a sweep runs: a
+    process's last reading before it exits is its total (within `interval_s`). Where the
+    quickstart's time on 2 cores goes, as work (docs/performance.md)."""
+
+    def __init__(self, interval_s: float = 0.5):
+        import threading
+
+        import psutil
+
+        self.interval_s = interval_s
+        self.me = psutil.Process()
+        self.last: dict[int, tuple[str, float]] = {}      # pid -> (kind, cpu seconds)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    @staticmethod
+    def kind(title: str) -> str:
+        if "MeshWorker" in title:
+            return "workers"
+        return "ray_idle" if title.startswith("ray::IDLE") else "ray"
+
+    def _read(self) -> None:
+        for proc in [self.me, *self.me.children(recursive=True)]:
+            try:
+                cpu = proc.cpu_times()
+                # (the cmdline: Ray sets the title there; the name is cut at 15 characters)
+                kind = ("controller" if proc.pid == self.me.pid
+                        else self.kind(" ".join(proc.cmdline())))
+            except Exception:  # noqa: BLE001 - it exited between the listing and the read
+                continue
+            self.last[proc.pid] = (kind, cpu.user + cpu.system)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            self._read()
+
+    def __enter__(self) -> "CpuSampler":
+        self._read()
+        self.start = {pid: cpu for pid, (_, cpu) in self.last.items()}
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self._read()
+
+    def totals(self) -> dict:
+        out: dict = {"controller_s": 0.0, "workers_s": 0.0, "ray_s": 0.0, "ray_idle_s": 0.0,
+                     "worker_processes_seen": 0}
+        for pid, (kind, cpu) in self.last.items():
+            out[f"{kind}_s"] += cpu - self.start.get(pid, 0.0)
+            out["worker_processes_seen"] += kind == "workers"
+        out["total_s"] = out["controller_s"] + out["workers_s"] + out["ray_s"] + out["ray_idle_s"]
+        return out
+
+
 def sweep_section(space, storage: str, tracking_uri: str, parallel: int,
                   analysis: bool = False) -> dict:
     """One sweep, timed end to end, and what its study says about where the time went.
@@ -218,8 +279,9 @@ def sweep_section(space, storage: str, tracking_uri: str, parallel: int,
     context = common.machine_context()
     start_wall = time.time()
     start = time.perf_counter()
-    result = run_sweep(space, storage=storage, tracking_uri=tracking_uri, progress=False,
-                       after_trials=after_trials)
+    with CpuSampler() as cpu:
+        result = run_sweep(space, storage=storage, tracking_uri=tracking_uri, progress=False,
+                           after_trials=after_trials)
     wall = time.perf_counter() - start
     analysis_s = None
     if analysis:
@@ -236,6 +298,7 @@ def sweep_section(space, storage: str, tracking_uri: str, parallel: int,
            "context": context, "context_end": common.machine_context()}
     if analysis_s is not None:
         out["analysis_s"] = analysis_s
+    out["cpu_s"] = cpu.totals()
     runs = common.trial_run_times(result.study)
     if runs:
         first, last = min(s for s, *_ in runs), max(f for _, f, _ in runs)
@@ -510,6 +573,18 @@ def markdown_issue22(r: dict) -> str:
         lines.append(f"- {key} (one run): " + "; ".join(parts))
     for key in ("quickstart", "grid", "calibration"):
         b = r.get(key)
+        cpu = (b or {}).get("cpu_s")
+        if cpu:
+            cores = (b.get("context") or {}).get("cpus")
+            lines.append(
+                f"- {key}: CPU time during the sweep, {cpu['total_s']:.1f} s in all: trial "
+                f"workers {cpu['workers_s']:.1f} s ({cpu['worker_processes_seen']} processes: "
+                f"their start, JAX imports and trials; the trials' own run time is "
+                f"{b['trial_run_s_sum']:.1f} s of wall), Ray's own processes "
+                f"{cpu['ray_s'] + cpu['ray_idle_s']:.1f} s, the controller "
+                f"{cpu['controller_s']:.1f} s"
+                + (f"; / {cores} cores = {cpu['total_s'] / cores:.1f} s against a wall of "
+                   f"{b['wall_s']:.1f} s" if cores else ""))
         if b and b.get("timeline_s"):
             tl = ", ".join(f"{k} {v:.1f}" for k, v in b["timeline_s"].items())
             lines.append(f"- {key}: controller phases, seconds since the call began: {tl}")
