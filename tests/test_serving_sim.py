@@ -4,6 +4,8 @@ Closed forms (docs/serving.md "The serving model"):
 - one replica, deterministic arrivals slower than service: TTFT = one prefill call, TPOT =
   one decode step (aggregated), + the KV transfer spread over the answer (disaggregated);
 - saturating load: throughput = the decode capacity, slots / ((K - 1) x step) per replica;
+- serving host costs (per step, per prefill call, per handover in the decode loop): each
+  adds to the idle TTFT/TPOT and to the saturated capacity as `capacity_rps` says;
 - prefill-only M/D/1 queue (Poisson arrivals, one server, constant service D): mean wait
   rho D / (2 (1 - rho)) (Pollaczek-Khinchine).
 """

@@ -225,8 +225,8 @@ class ServingWorker:
         every slot full, stepping. Medians: {engine_step_s, loop_step_s, engine_prefill_s,
         loop_prefill_s} (a phase the worker does not run is absent), and the loop's means
         {loop_step_mean_s, loop_prefill_mean_s}."""
-        import jax
-        import jax.numpy as jnp
+        import jax   # lazy: only inside a Ray worker (its mesh is set up there)
+        import jax.numpy as jnp   # lazy: as jax
         import numpy as np
 
         srv, spec = self.server, self.spec
@@ -306,7 +306,7 @@ class ServingWorker:
         """`serve_aggregated`'s loop on a burst of `n` requests at time 0: the seconds of each
         decode step and of each prefill branch (synchronised after its inserts, so their
         time is the prefill's, not the next step's)."""
-        import jax
+        import jax   # lazy: only inside a Ray worker
 
         srv, spec = self.server, self.spec
         model = srv.model.unpadded
@@ -364,7 +364,7 @@ class ServingWorker:
 
     def handover_receive(self, handover: list[dict]) -> float:
         """The decode side of one handover: the KV into slot 0, synchronised; the wall clock then."""
-        import jax
+        import jax   # lazy: only inside a Ray worker
 
         for item in handover:
             self.server.insert(0, item["kv"], 0, item["first_token"])
