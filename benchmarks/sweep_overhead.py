@@ -219,6 +219,7 @@ class CpuSampler:
         self.interval_s = interval_s
         self.me = psutil.Process()
         self.last: dict[int, tuple[str, float]] = {}      # pid -> (kind, cpu seconds)
+        self.series: list[tuple[float, float]] = []       # (s since entered, cpu seconds)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
@@ -238,6 +239,22 @@ class CpuSampler:
             except Exception:  # noqa: BLE001 - it exited between the listing and the read
                 continue
             self.last[proc.pid] = (kind, cpu.user + cpu.system)
+        if hasattr(self, "began"):
+            self.series.append((time.monotonic() - self.began, sum(
+                cpu - self.start.get(pid, 0.0) for pid, (_, cpu) in self.last.items())))
+
+    def cores_in_use(self, since: float, until: float) -> float | None:
+        """Cores this sweep's processes kept busy on average between two times (seconds
+        since entered), from the readings around them."""
+        def at(t: float) -> float:
+            before = [(x, c) for x, c in self.series if x <= t] or self.series[:1]
+            after = [(x, c) for x, c in self.series if x >= t] or self.series[-1:]
+            (x0, c0), (x1, c1) = before[-1], after[0]
+            return c0 if x1 == x0 else c0 + (c1 - c0) * (t - x0) / (x1 - x0)
+
+        if until - since < 2 * self.interval_s or len(self.series) < 2:
+            return None
+        return (at(until) - at(since)) / (until - since)
 
     def _run(self) -> None:
         while not self.stop.wait(self.interval_s):
@@ -246,6 +263,8 @@ class CpuSampler:
     def __enter__(self) -> "CpuSampler":
         self._read()
         self.start = {pid: cpu for pid, (_, cpu) in self.last.items()}
+        self.began = time.monotonic()          # run_sweep is called right after: TIMELINE's 0
+        self._read()
         self.thread.start()
         return self
 
@@ -299,6 +318,14 @@ def sweep_section(space, storage: str, tracking_uri: str, parallel: int,
     if analysis_s is not None:
         out["analysis_s"] = analysis_s
     out["cpu_s"] = cpu.totals()
+    # cores in use between the controller's phases (TIMELINE: seconds since the call)
+    marks = out["timeline_s"]
+    phases = (("checks", 0.0, "checked"), ("ray_starting", "checked", "ray"),
+              ("workers_starting", "ray", "workers"), ("trials", "workers", "trials_done"),
+              ("shutting_down", "trials_done", "closed"))
+    out["cores_in_use"] = {
+        name: cpu.cores_in_use(marks.get(a, 0.0) if isinstance(a, str) else a, marks[b])
+        for name, a, b in phases if b in marks and (not isinstance(a, str) or a in marks)}
     runs = common.trial_run_times(result.study)
     if runs:
         first, last = min(s for s, *_ in runs), max(f for _, f, _ in runs)
@@ -585,6 +612,11 @@ def markdown_issue22(r: dict) -> str:
                 f"{cpu['controller_s']:.1f} s"
                 + (f"; / {cores} cores = {cpu['total_s'] / cores:.1f} s against a wall of "
                    f"{b['wall_s']:.1f} s" if cores else ""))
+            use = {k: v for k, v in (b.get("cores_in_use") or {}).items() if v is not None}
+            if use:
+                lines.append(f"- {key}: cores kept busy by the sweep's processes (of {cores}), "
+                             "between the controller's phases: " + ", ".join(
+                                 f"{k.replace('_', ' ')} {v:.2f}" for k, v in use.items()))
         if b and b.get("timeline_s"):
             tl = ", ".join(f"{k} {v:.1f}" for k, v in b["timeline_s"].items())
             lines.append(f"- {key}: controller phases, seconds since the call began: {tl}")

@@ -67,9 +67,9 @@ PRESTART_WAIT_S = 120.0    # at most this long for the workers started with Ray 
 # Samplers whose next point does not depend on the results so far: the controller may ask
 # a few points ahead and run first the one a live worker can take (see `_pick`).
 ORDER_FREE_SAMPLERS = ("grid", "random")
-# The last run's phases, seconds since it began (ray, study, tracking, profile, loop,
-# trials_done, pool_closed, closed): benchmarks/sweep_overhead.py reads where start-up and
-# shutdown go.
+# The last run's phases, seconds since `run_sweep` was called (checked: the arguments and
+# stores checked, ray, study, tracking, profile, workers, trials_done, pool_closed, closed,
+# result): benchmarks/sweep_overhead.py reads where start-up and shutdown go.
 TIMELINE: dict[str, float] = {}
 
 
@@ -97,7 +97,7 @@ class Controller:
     def __init__(self, space: SearchSpace, *, storage: str, tracking_uri: str, study_name: str,
                  resume: bool, trials: int, parallel: int, address: str | None, progress: bool,
                  on_trial: Callable[[dict], None] | None = None, generated_name: bool = False,
-                 after_trials: Callable[[], None] | None = None):
+                 after_trials: Callable[[], None] | None = None, began: float | None = None):
         self.space = space
         self.storage = storage
         self.tracking_uri = tracking_uri
@@ -117,7 +117,8 @@ class Controller:
         self.pending: list[tuple[Any, TrialConfig]] = []
         self.window = 2 * parallel if space.sampler.type in ORDER_FREE_SAMPLERS else 1
         self.asked = 0
-        self._started = time.monotonic()         # reset when run() begins (TIMELINE)
+        self._began = began                      # monotonic, when run_sweep was called
+        self._started = time.monotonic()         # TIMELINE's origin (set when run() begins)
         self.ran = 0
         self.retry_params: list[tuple[int, dict]] = []   # interrupted trials to run again
         self.session: RaySession | None = None
@@ -187,8 +188,10 @@ class Controller:
         TIMELINE[phase] = time.monotonic() - self._started
 
     def run(self) -> SweepResult:
-        start = self._started = time.monotonic()
+        start = time.monotonic()
+        self._started = self._began if self._began is not None else start
         TIMELINE.clear()
+        self._mark("checked")
         self.progress = ProgressLine(self.target, self.show_progress)
         status = "finished"
         try:
@@ -574,6 +577,7 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
     nothing is created on disk before that. `after_trials` runs in a thread once every
     trial is done, while the sweep shuts down (the CLI imports its analysis there).
     """
+    began = time.monotonic()
     space = load_space(space if not isinstance(space, os.PathLike) else str(space))
     storage, tracking_uri, target = check_run_arguments(
         space, storage=storage, tracking_uri=tracking_uri, study_name=study_name, trials=trials,
@@ -590,7 +594,7 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
                                 parallel=parallel if parallel is not None else space.parallel,
                                 address=address, progress=progress, on_trial=on_trial,
                                 generated_name=study_name is None and not exists,
-                                after_trials=after_trials)
+                                after_trials=after_trials, began=began)
         return controller.run()
     finally:
         lease.unlock(lock)
