@@ -178,7 +178,7 @@ def deployment(name: str, profile: Path):
 
 
 def stream(rate: float, n: int, seed: int):
-    from sweeper.serving.workload import AppProfile, Length, requests
+    from workloads.servingprofile import AppProfile, Length, requests
 
     return requests(AppProfile(rate=rate, input_len=Length("fixed", INPUT_LEN, INPUT_LEN, INPUT_LEN),
                                output_len=Length("fixed", OUTPUT_LEN, OUTPUT_LEN, OUTPUT_LEN)),

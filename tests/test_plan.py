@@ -16,7 +16,7 @@ from sweeper.cli import main
 from sweeper.serving.deployment import load_plan
 from sweeper.serving.plan import PlanQuestion, plan
 from sweeper.serving.simulate import simulate
-from sweeper.serving.workload import AppProfile, parse_length, requests
+from workloads.servingprofile import AppProfile, parse_length, requests
 from workloads.config import load_hardware, load_model
 
 PLAN_KEYS = {"mode", "chips_total", "ttft_p99_s", "tpot_p99_s", "ttft_p50_s", "tpot_p50_s",

@@ -167,7 +167,7 @@ def _served(tmp_path, capsys, mode: str) -> dict:
 
 def _check(out: dict, artifact: dict) -> None:
     from sweeper.serving.serve import KEYS
-    from sweeper.serving.workload import AppProfile, Length, requests
+    from workloads.servingprofile import AppProfile, Length, requests
     from workloads.serving import reference_generation
     from sweeper.serving.server import prompt_for
 

@@ -22,7 +22,7 @@ from sweeper.serving import bands
 from sweeper.serving.deployment import Deployment, PhaseSlice, load_plan
 from sweeper.serving.simulate import (StepTimes, capacity_rps, cost_model_step_times,
                                       kv_link_bandwidth, phase_prediction, simulate)
-from sweeper.serving.workload import (AppProfile, Request, parse_length, profile_from_dict,
+from workloads.servingprofile import (AppProfile, Request, parse_length, profile_from_dict,
                                       read_trace, requests)
 from workloads import costmodel
 from workloads.config import ConfigError, load_hardware, load_model

@@ -4,10 +4,8 @@ run (docs/space-files.md, "Serving trials").
 A real sweep of the shipped `search_spaces/serving.yaml` (real Ray actors serving a Poisson
 stream with wall-clock arrivals on the emulated mesh, a real SQLite Optuna study and MLflow
 store): its trials carry the serving metrics, in Optuna and in their MLflow child runs. Bad
-serving input exits 2 with one line through the real CLI. The profile module the sweep reads
-(workloads/servingprofile.py) parses and draws exactly as `sweeper serve`'s
-(sweeper/serving/workload.py), and a trial's summary is `SimResult.summary`'s on the same
-requests. Timings are never asserted.
+serving input exits 2 with one line through the real CLI. A trial's summary is
+`SimResult.summary`'s on the same requests. Timings are never asserted.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import pytest
 import yaml
 
 from test_bad_input import check_rejected, run_cli
-from sweeper.serving import workload as serve_workload
 from sweeper.serving.deployment import Deployment, PhaseSlice
 from sweeper.serving.simulate import SimResult
 from sweeper.sweep.controller import run_sweep
@@ -209,39 +206,6 @@ def test_a_trial_file_with_a_serving_block_exits_2_with_one_line(tmp_path):
 # ----------------------------------------------------------------------------- one definition
 
 
-BLOCKS = [
-    {"rate": 2},
-    {"rate": 0.5, "input_len": "uniform:16:64", "output_len": "lognormal:32:0.5", "ttft": 1,
-     "tpot": 0.02, "slo_stat": "p90", "attainment": 0.9},
-    {"rate": 3, "input_len": {"dist": "lognormal", "mean": 100, "sigma": 0.3, "high": 300},
-     "output_len": {"dist": "fixed", "value": 9}, "ttft_stat": "mean", "tpot_stat": "p50"},
-    {"rate": 0}, {"rate": True}, {"input_len": 8}, {"rate": 1, "trace": "missing.csv"},
-    {"rate": 1, "input_len": "uniform:9:3"}, {"rate": 1, "slo_stat": "p100"},
-    {"rate": 1, "attainment": 1.5}, {"rate": 1, "output_len": {"dist": "normal"}},
-    {"rate": 1, "unknown": 1}, "fast",
-]
-
-
-@pytest.mark.parametrize("block", BLOCKS, ids=[str(i) for i in range(len(BLOCKS))])
-def test_the_sweeps_profile_parses_and_draws_as_sweeper_serves(block):
-    """workloads/servingprofile.py is sweeper/serving/workload.py a layer down: until the
-    latter re-exports it, both must accept, reject and sample every block alike."""
-    def parse(module):
-        try:
-            return module.profile_from_dict(block, "s.yaml")
-        except ConfigError as err:
-            return str(err)
-
-    ours, theirs = parse(servingprofile), parse(serve_workload)
-    if isinstance(ours, str):
-        assert ours == theirs
-        return
-    assert ours.to_dict() == theirs.to_dict()
-    drawn = servingprofile.requests(ours, 50, seed=3)
-    assert [vars(r) for r in drawn] == [vars(r) for r in serve_workload.requests(theirs, 50, seed=3)]
-    assert servingprofile.length_stats(ours) == serve_workload.length_stats(theirs)
-
-
 def test_a_trials_summary_is_the_serving_models_on_the_same_requests():
     """The same statistics as `sweeper serve` (SimResult.summary) for the same requests,
     including ones that never finished and one-token answers."""
@@ -260,7 +224,7 @@ def test_a_trials_summary_is_the_serving_models_on_the_same_requests():
     deployment = Deployment(load_model("tiny"), hardware, "aggregated", slice_, slice_)
     theirs = SimResult(deployment, np.array([r.arrival_s for r in reqs])[done], first[done],
                        finish[done], np.array([r.output_len for r in reqs])[done],
-                       slo=serve_workload.profile_from_dict(profile.to_dict())).summary()
+                       slo=servingprofile.profile_from_dict(profile.to_dict())).summary()
     theirs["completed"] = int(done.sum())
     theirs["cost_per_million_tokens"] = (theirs["cost_per_million_tokens"] * 2.0
                                          / hardware.price_per_chip_hour)

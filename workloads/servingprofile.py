@@ -1,11 +1,9 @@
 """The application profile of a serving workload: request stream, lengths, latency SLOs.
 
-This is `sweeper/serving/workload.py` one layer down (docs/architecture.md, "Layers"): a
-space's `serving:` block is read by the sweep's space loader and a serving trial's requests
-are drawn on its mesh worker, both below `sweeper.serving`, so the definition lives in
-`workloads` (it imports nothing from `sweeper`). Until `sweeper/serving/workload.py`
-re-exports this module the two are the same code; tests/test_serving_trials.py checks that
-they parse every block and draw every stream alike.
+It lives in `workloads` (docs/architecture.md, "Layers") because a space's `serving:`
+block is read by the sweep's space loader and a serving trial's requests are drawn on its
+mesh worker, both below `sweeper.serving`; the planner, the serving model and `sweeper
+serve` import it from here too: one definition.
 
 `AppProfile` is declared once; its CLI flags (`add_arguments`, `from_args`), the `serving:`
 block of a space file (`profile_from_dict`) and the validation of both come from its fields'

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from sweeper.cli.output import print_json
-from sweeper.serving import workload
+from workloads import servingprofile as workload
 from sweeper.serving.deployment import MODES
 from workloads.config import ConfigError, read_yaml
 

@@ -50,7 +50,7 @@ def _positive(value: str, flag: str, integer: bool, minimum: float) -> float:
 def stream_of(args):
     """(deployment, requests, rate, seed) from the flags and the plan; ConfigError on bad input."""
     from sweeper.serving.deployment import load_plan, load_plan_profile
-    from sweeper.serving.workload import AppProfile, parse_length, requests
+    from workloads.servingprofile import AppProfile, parse_length, requests
 
     if args.rate is None:
         raise ConfigError("--rate", None, "requests per second (required unless --measure-overheads)")
@@ -76,7 +76,7 @@ def lengths_of(args) -> tuple[int, int]:
     """(input_len, output_len) for --measure-overheads: the flags, else the plan's profile
     (a distribution: its mean)."""
     from sweeper.serving.deployment import load_plan_profile
-    from sweeper.serving.workload import parse_length
+    from workloads.servingprofile import parse_length
 
     profile = load_plan_profile(args.plan)
     out = []

@@ -165,7 +165,7 @@ def load_plan(path: str | Path) -> Deployment:
 
 def load_plan_profile(path: str | Path):
     """The application profile a plan was made for (an AppProfile), or None if it has none."""
-    from sweeper.serving.workload import profile_from_dict
+    from workloads.servingprofile import profile_from_dict
 
     data = read_plan(path)
     return None if data.get("profile") is None else profile_from_dict(

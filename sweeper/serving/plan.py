@@ -38,7 +38,7 @@ from sweeper.serving import bands as bands_mod
 from sweeper.serving.deployment import MODES, Deployment, PhaseSlice
 from sweeper.serving.simulate import (SimResult, StepTimes, cost_model_step_times, kv_link_bandwidth,
                                       simulate)
-from sweeper.serving.workload import AppProfile, length_stats, mean_rate, requests
+from workloads.servingprofile import AppProfile, length_stats, mean_rate, requests
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, ModelConfig
 from workloads.hardware import per_chip   # a measured host profile is split over its chips

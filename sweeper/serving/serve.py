@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from sweeper.serving.deployment import Deployment, PhaseSlice
-from sweeper.serving.workload import Request
+from workloads.servingprofile import Request
 from workloads.config import ConfigError
 from workloads.hardware import worker_share
 

@@ -54,7 +54,7 @@ from typing import Callable
 import numpy as np
 
 from sweeper.serving.deployment import Deployment, PhaseSlice
-from sweeper.serving.workload import AppProfile, Request
+from workloads.servingprofile import AppProfile, Request
 from workloads import costmodel
 from workloads.hardware import per_chip
 from workloads.layouts import PhaseLayout, resolve_padding, stores_1d
