@@ -354,6 +354,69 @@ def unmarked_numbers(text: str, where: str) -> list[str]:
     return found
 
 
+def overhead_rows(ovh: dict) -> list[list]:
+    """Issue 22's targets: the quickstart's wall time, the slots' time outside trials (within
+    the trials' span and over the command) per sweep, compiled programs reused."""
+    t, rows = ovh.get("targets") or {}, []
+    q = ovh.get("quickstart")
+    if q and t.get("quickstart_wall_s_max"):
+        rows.append(["sweep overhead", f"the quickstart <= {t['quickstart_wall_s_max']:.0f} s end to end on 2 cores",
+                     f"{q['wall_s']:.1f} s (one run, load {q['context']['load_average'][0]:.1f})",
+                     common.met(q["wall_s"] <= t["quickstart_wall_s_max"])])
+    for name in ("quickstart", "grid", "calibration"):
+        r = ovh.get(name)
+        if not r or "span_share" not in r or "span_share_max" not in t:
+            continue
+        rows.append(["sweep overhead", f"{name}: slots' time outside trials <= "
+                     f"{common.pct(t['span_share_max'], 0)} within the span, <= "
+                     f"{common.pct(t['wall_share_max'], 0)} over the command",
+                     f"{common.pct(r['span_share'])} / {common.pct(r['orchestration_share'])} "
+                     f"({r['trials']} trials, {r['worker_processes']} worker processes, one run)",
+                     common.met(r["span_share"] <= t["span_share_max"]
+                                and r["orchestration_share"] <= t["wall_share_max"])])
+    c = ovh.get("calibration")
+    if c and "calibration_reuse_min" in t:
+        rows.append(["sweep overhead", f"calibration: compiled programs reused in >= "
+                     f"{common.pct(t['calibration_reuse_min'], 0)} of trials",
+                     f"{common.pct(c['reuse_rate'])} of {c['trials']} trials",
+                     common.met(c["reuse_rate"] >= t["calibration_reuse_min"])])
+    return rows
+
+
+def paper_and_serving_rows(results: Path) -> list[list]:
+    """Issue 20's paper target and issue 19's serving validation and planner speed."""
+    rows = []
+    paper = _load(results, "paper_fit")
+    if paper:
+        phys = all(v for v in (paper.get("physical") or {}).values() if isinstance(v, bool))
+        ratio = (paper.get("int8_advantage") or {}).get("ratio")
+        int8 = f"; int8 decode advantage {ratio:.2f}x (paper 1.29x)" if ratio else ""
+        rows.append(["paper fit", f"leave-one-out MAPE <= {common.pct(paper['target_mape'], 0)} on the "
+                     "paper's numbers, every constant physically possible",
+                     f"{common.pct(paper['mape_heldout'])} (median {common.pct(paper['median_ape_heldout'])}, "
+                     f"{len(paper['rows'])} rows); physical: {'yes' if phys else 'no'}{int8}",
+                     common.met(paper["mape_heldout"] <= paper["target_mape"] and phys)])
+    serving = _load(results, "serving_validation")
+    if serving:
+        for stat, v in serving["summary"].items():
+            rows.append(["serving", f"predicted {stat} TTFT/TPOT within {common.pct(v['target'], 0)} of "
+                         "real serving runs",
+                         f"{v['within_target']}/{v['cases']} cases, median absolute error "
+                         f"{common.pct(v['median_abs_error'])} (replicate spread "
+                         f"{common.pct(v['median_replicate_spread'])})",
+                         common.met(v["within_target"] == v["cases"])])
+    speed = _load(results, "plan_speed")
+    if speed:
+        for name, q in speed["questions"].items():
+            if q.get("best") is None:
+                continue
+            w = q["search_wall_s"]
+            rows.append(["serving", f"`sweeper plan` answers {name} in seconds",
+                         f"search {w['mean']:.2f} ± {w['sd']:.2f} s (n={w['n']}); CLI {q['cli_wall_s']:.1f} s",
+                         common.met(q["cli_wall_s"] < 60)])
+    return rows
+
+
 def summary(results: Path) -> str:
     """benchmarks/results/summary.md: every target with its measured value, from the results
     files; each benchmark's own .md says when and under which load it ran."""
@@ -377,13 +440,7 @@ def summary(results: Path) -> str:
                          f"{ovh['sweeper']['overhead_per_trial_s'] * 1e3:.0f} ms vs "
                          f"{ovh['tune']['overhead_per_trial_s'] * 1e3:.0f} ms (one run each)",
                          common.met(ovh["meets_tune_target"])])
-        if ovh.get("quickstart"):
-            q = ovh["quickstart"]
-            rows.append(["sweep overhead", f"overhead < {common.pct(ovh['targets']['quickstart_overhead_share_max'], 0)} "
-                         "of the quickstart's wall time",
-                         f"{common.pct(ovh['quickstart_overhead_share'])} of {q['wall_s']:.0f} s "
-                         f"(compile-cache hit rate {common.pct(q['compile_cache_hit_rate'])})",
-                         common.met(ovh["meets_quickstart_target"])])
+        rows += overhead_rows(ovh)
     if cal:
         t = cal["targets"]
         for name in t["schemes"]:
@@ -397,6 +454,17 @@ def summary(results: Path) -> str:
                          f"median {common.pct(h['median_ape_heldout'])}, noise floor "
                          f"{common.pct(h['noise_floor_mape'])} ({h['n_points']} points)",
                          common.met(h["verdict"]["mape"]["met"] and h["verdict"]["median"]["met"])])
+        for name in t["schemes"]:      # issue 20: against replicate means, every cell
+            i20 = (cal["holdouts"].get(name) or {}).get("issue20")
+            if not i20:
+                continue
+            worst = max(i20["cells"], key=lambda c: abs(c["signed_median"]))
+            rows.append(["calibration", f"{name}: held-out MAPE vs replicate means <= 7%, every "
+                         "(phase, chips) cell's signed median within +-5%",
+                         f"{common.pct(i20['mape_vs_mean'])} (noise floor {common.pct(i20['floor_vs_mean'])}, "
+                         f"{i20['configurations']} configurations); worst cell {worst['phase']} at "
+                         f"{worst['chips']} chips {_signed_pct(worst['signed_median'])}",
+                         common.met(i20["met"])])
         k = cal["holdouts"]["kfold"]
         rows.append(["calibration", f"top-1 layout agreement >= {common.pct(t['top1_min'], 0)} over "
                      f">= {t['min_groups']} groups",
@@ -415,6 +483,7 @@ def summary(results: Path) -> str:
                              f"over {len(g['runs'])} seeds", common.met(v["meets_share_target"])])
                 rows.append(["search", f"{name}: {variant}'s worst seed beats every plain median",
                              f"plain medians: {plain}", common.met(v["beats_every_plain"])])
+    rows += paper_and_serving_rows(results)
     host = []
     if eng and eng.get("host_profile"):
         hp, notes = eng["host_profile"], eng.get("host_profile_notes") or {}
