@@ -8,6 +8,7 @@ decode steps (iteration-level batching, as JetStream's slots and vLLM do; issue 
     server.insert(slot, kv, row, first[row])      # between decode steps
     tokens = server.step()                        # next token of every slot [slots]
     server.release(slot)
+    served = serve_aggregated(server, requests, prompt, start_at)   # the aggregated loop
 
 The programs are the engine's own (`workloads/engine.py` `_programs`): prefill as in a
 trial, decode with a vector of per-row positions (`partitioning.attend_rows`). A slot's
@@ -27,6 +28,8 @@ import dataclasses
 import functools
 import math
 import time
+from collections import deque
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from workloads.config import ConfigError, ModelConfig
 from workloads.layouts import WEIGHT_FORMATS, PhaseLayout, validate_phase
+from workloads.servingprofile import Request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +218,115 @@ class SlotServer:
             times["decode_step_s"] = float(np.median(steps[1:]))
             self.release(0)
         return times
+
+
+# ---- the aggregated serving loop (docs/serving.md, "Real serving runs"): `sweeper serve`'s
+# aggregated worker, its host-cost measurement (sweeper/serving/server.py) and a serving trial
+# of `sweeper run` (workloads/servingtrial.py) all run this one loop.
+
+def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callable[[int], Any],
+                     start_at: float | None = None, prefill_batch: int | None = None,
+                     timings: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
+    """Serve `reqs` on an aggregated slot server, in the loop the serving model simulates
+    (sweeper/serving/simulate.py `_aggregated_replica`): when prompts wait and slots are free,
+    one prefill call (up to `prefill_batch` waiting prompts of the first one's length, in
+    arrival order; default the server's `prefill_batch`) between two decode steps while
+    requests decode, its rows into free slots; then a decode step of every slot; a slot is
+    freed as soon as its answer is done (an answer of one token never takes a slot).
+
+    `start_at` (`time.time()`): request i joins the waiting queue at `start_at + arrival_s`,
+    the loop sleeping while nothing waits or decodes; None: a burst, every request waiting
+    from the loop's start (its `arrival_s` unread). `prompt(i)`: request i's prompt tokens,
+    made when it is prefilled.
+
+    `timings`: when given, the seconds of each decode step with its bookkeeping are appended
+    to `timings["step_s"]`, and those of each prefill branch (taking the prompts, the call,
+    the inserts, synchronised after the inserts so that their time is the prefill's, not the
+    next step's) to `timings["prefill_s"]`.
+
+    Per request: `first_token_s` (the first token on the host) and `finish_s` (the last),
+    seconds after the start, and its tokens."""
+    slots = server.spec.slots
+    most = server.spec.prefill_batch if prefill_batch is None else prefill_batch
+    n = len(reqs)
+    out: list[dict[str, Any]] = [{"tokens": []} for _ in range(n)]
+    input_lens = [r.input_len for r in reqs]
+    order = sorted(range(n), key=lambda i: reqs[i].arrival_s)
+    if start_at is None:
+        start_at, pending, waiting = time.time(), deque(), deque(order)
+    else:
+        pending, waiting = deque(order), deque()
+    slot_request = [-1] * slots
+    remaining = [0] * slots
+    prefilled_since_step = False
+    sleep_until(start_at)
+    while pending or waiting or any(r >= 0 for r in slot_request):
+        now = time.time() - start_at
+        while pending and reqs[pending[0]].arrival_s <= now:
+            waiting.append(pending.popleft())
+        active = sum(r >= 0 for r in slot_request)
+        if not waiting and not active:
+            sleep_until(start_at + reqs[pending[0]].arrival_s)
+            continue
+        free = [s for s in range(slots) if slot_request[s] < 0]
+        if waiting and free and not (prefilled_since_step and active):
+            began = time.perf_counter()
+            take = take_one_length(waiting, input_lens, min(most, len(free)))
+            done = server.prefill([prompt(i) for i in take])
+            t = time.time() - start_at
+            for row, i in enumerate(take):
+                first = int(done.first_tokens[row])
+                out[i].update(first_token_s=t, tokens=[first])
+                if reqs[i].output_len <= 1:
+                    out[i]["finish_s"] = t
+                    continue
+                slot = free.pop(0)
+                server.insert(slot, done, row, first)
+                slot_request[slot], remaining[slot] = i, reqs[i].output_len - 1
+            if timings is not None:
+                jax.block_until_ready(server.cache)
+                timings.setdefault("prefill_s", []).append(time.perf_counter() - began)
+            prefilled_since_step = True
+            continue
+        began = time.perf_counter()
+        tokens = server.step()
+        advance_slots(server, tokens, time.time() - start_at, slot_request, remaining, out)
+        if timings is not None:
+            timings.setdefault("step_s", []).append(time.perf_counter() - began)
+        prefilled_since_step = False
+    return out
+
+
+def sleep_until(when: float) -> None:
+    """Sleep until `time.time()` reaches `when` (no sleep when it has)."""
+    delay = when - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def take_one_length(waiting: deque, input_lens: Sequence[int], most: int) -> list[int]:
+    """Up to `most` waiting requests with the first one's prompt length (one prefill call
+    has one shape), in arrival order; removed from `waiting`."""
+    length = input_lens[waiting[0]]
+    take = [i for i in waiting if input_lens[i] == length][:most]
+    for i in take:
+        waiting.remove(i)
+    return take
+
+
+def advance_slots(server: SlotServer, tokens, t: float, slot_request: list[int],
+                  remaining: list[int], out) -> None:
+    """After a decode step: append each busy slot's token to its request's; free the slots
+    whose answers are done (their `finish_s`: `t`)."""
+    for slot, i in enumerate(slot_request):
+        if i < 0:
+            continue
+        out[i]["tokens"].append(int(tokens[slot]))
+        remaining[slot] -= 1
+        if remaining[slot] == 0:
+            out[i]["finish_s"] = t
+            slot_request[slot] = -1
+            server.release(slot)
 
 
 @functools.lru_cache(maxsize=32)

@@ -16,8 +16,8 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
   compile; `compile_s` is that set-up).
 - **Loop**: when prompts wait and slots are free, one prefill call (prompts of one length)
   is inserted between two decode steps; a decode step runs every slot; a slot is refilled
-  as soon as its request finishes (the loop `sweeper serve` runs and the serving model
-  simulates, docs/serving.md "The serving model").
+  as soon as its request finishes: `workloads.serving.serve_aggregated`, the one loop
+  `sweeper serve` runs and the serving model simulates (docs/serving.md "The serving model").
 - **Metrics** (workloads/metrics.py, the serving block): TTFT = first token on the host -
   arrival; TPOT = (last token - first token) / (output tokens - 1); p50/p99 over the
   requests; throughput and tokens per second per chip over the span from the first arrival
@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
-from typing import Any, Callable
 
 import numpy as np
 
@@ -66,7 +64,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     from workloads.hoststate import HostSampler
     from workloads.measure import hardware_label
     from workloads.model import prompt_tokens
-    from workloads.serving import SlotServer, SlotSpec
+    from workloads.serving import SlotServer, SlotSpec, serve_aggregated
 
     if trial.hosts != 1:
         raise ValueError("a serving trial runs on one host (hosts: 1)")
@@ -91,7 +89,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
 
     host = HostSampler().start()
     start_at = time.time() + START_MARGIN_S
-    served = serve_stream(server, reqs, prompt, start_at)
+    served = serve_aggregated(server, reqs, prompt, start_at)
     state = host.stop()
     wall_s = time.time() - start_at
 
@@ -113,65 +111,6 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
                          "output_len": r.output_len, **{k: v for k, v in s.items() if k != "tokens"}}
                         for r, s in zip(reqs, served)]}
     return m
-
-
-def serve_stream(server, reqs: list[Request], prompt: Callable[[int], Any],
-                 start_at: float) -> list[dict]:
-    """Serve `reqs` (wall-clock arrivals after `start_at`, `time.time()`) on an aggregated
-    slot server, `prompt(i)` the tokens of request i; per request its first-token and finish
-    times (seconds after `start_at`) and its tokens."""
-    slots = server.spec.slots
-    n = len(reqs)
-    out: list[dict[str, Any]] = [{"tokens": []} for _ in range(n)]
-    pending = deque(sorted(range(n), key=lambda i: reqs[i].arrival_s))
-    waiting: deque[int] = deque()
-    slot_request = [-1] * slots
-    remaining = [0] * slots
-    prefilled_since_step = False
-    _sleep_until(start_at)
-    while pending or waiting or any(r >= 0 for r in slot_request):
-        now = time.time() - start_at
-        while pending and reqs[pending[0]].arrival_s <= now:
-            waiting.append(pending.popleft())
-        active = sum(r >= 0 for r in slot_request)
-        if not waiting and not active:
-            _sleep_until(start_at + reqs[pending[0]].arrival_s)
-            continue
-        free = [s for s in range(slots) if slot_request[s] < 0]
-        # one prefill call between two decode steps while requests decode (docs/serving.md)
-        if waiting and free and not (prefilled_since_step and active):
-            i = waiting.popleft()
-            done = server.prefill(np.asarray(prompt(i))[None])
-            t = time.time() - start_at
-            first = int(done.first_tokens[0])
-            out[i].update(first_token_s=t, tokens=[first])
-            if reqs[i].output_len <= 1:
-                out[i]["finish_s"] = t
-            else:
-                slot = free.pop(0)
-                server.insert(slot, done, 0, first)
-                slot_request[slot], remaining[slot] = i, reqs[i].output_len - 1
-            prefilled_since_step = True
-            continue
-        tokens = server.step()
-        t = time.time() - start_at
-        for slot, i in enumerate(slot_request):
-            if i < 0:
-                continue
-            out[i]["tokens"].append(int(tokens[slot]))
-            remaining[slot] -= 1
-            if remaining[slot] == 0:
-                out[i]["finish_s"] = t
-                slot_request[slot] = -1
-                server.release(slot)
-        prefilled_since_step = False
-    return out
-
-
-def _sleep_until(when: float) -> None:
-    delay = when - time.time()
-    if delay > 0:
-        time.sleep(delay)
 
 
 def _offered_rps(reqs: list[Request]) -> float | None:

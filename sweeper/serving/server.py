@@ -1,8 +1,9 @@
 """The serving workers: Ray actors that each own one emulated mesh (or the real devices) and
 serve a request stream with the engine's slot server (workloads/serving.py).
 
-Aggregated: one `ServingWorker` runs prefill and decode on its mesh, in the loop the serving
-model simulates (sweeper/serving/simulate.py `_aggregated_replica`): when prompts wait and
+Aggregated: one `ServingWorker` runs prefill and decode on its mesh, in the engine's one
+aggregated loop (workloads/serving.py `serve_aggregated`, the loop the serving model
+simulates, sweeper/serving/simulate.py `_aggregated_replica`): when prompts wait and
 slots are free, one prefill call (at most `prefill.batch` prompts of one length) is inserted
 between two decode steps; the decode step runs every slot.
 
@@ -35,6 +36,8 @@ import re
 import time
 from collections import deque
 from typing import Any
+
+from workloads.servingprofile import Request
 
 try:    # the sweep's mesh-worker helpers (sweeper/sweep/meshworker.py since the workers split)
     from sweeper.sweep.meshworker import split_cores, where_am_i
@@ -94,64 +97,35 @@ class ServingWorker:
     # ---- aggregated
 
     def serve_aggregated(self, requests: list[dict], start_at: float, seed: int) -> list[dict]:
-        srv, spec = self.server, self.spec
-        model = srv.model.unpadded
-        n = len(requests)
-        out = [{"tokens": []} for _ in range(n)]
-        pending = deque(sorted(range(n), key=lambda i: requests[i]["arrival_s"]))
-        waiting: deque[int] = deque()
-        slot_request = [-1] * spec.slots
-        remaining = [0] * spec.slots
-        prefilled_since_step = False
-        _sleep_until(start_at)
-        while pending or waiting or any(r >= 0 for r in slot_request):
-            now = time.time() - start_at
-            while pending and requests[pending[0]]["arrival_s"] <= now:
-                waiting.append(pending.popleft())
-            active = sum(r >= 0 for r in slot_request)
-            if not waiting and not active:
-                _sleep_until(start_at + requests[pending[0]]["arrival_s"])
-                continue
-            free = [s for s in range(spec.slots) if slot_request[s] < 0]
-            if waiting and free and not (prefilled_since_step and active):
-                take = _take(waiting, requests, min(spec.prefill_batch, len(free)))
-                prompts = [prompt_for(model, i, requests[i]["input_len"], seed) for i in take]
-                done = srv.prefill(prompts)
-                t = time.time() - start_at
-                for row, i in enumerate(take):
-                    out[i].update(first_token_s=t, tokens=[int(done.first_tokens[row])])
-                    if requests[i]["output_len"] <= 1:
-                        out[i]["finish_s"] = t
-                        continue
-                    slot = free.pop(0)
-                    srv.insert(slot, done, row, int(done.first_tokens[row]))
-                    slot_request[slot], remaining[slot] = i, requests[i]["output_len"] - 1
-                prefilled_since_step = True
-                continue
-            tokens = srv.step()
-            t = time.time() - start_at
-            _advance(srv, tokens, t, slot_request, remaining, out)
-            prefilled_since_step = False
-        return out
+        """The stream in the engine's aggregated loop (workloads/serving.py
+        `serve_aggregated`), prompts from `seed`."""
+        from workloads.serving import serve_aggregated   # lazy: imports JAX (the worker's mesh)
+
+        model = self.server.model.unpadded
+        reqs = [Request(**r) for r in requests]
+        return serve_aggregated(self.server, reqs,
+                                lambda i: prompt_for(model, i, reqs[i].input_len, seed), start_at)
 
     # ---- disaggregated
 
     def serve_prefill(self, requests: list[dict], start_at: float, seed: int, decode) -> list[dict]:
         """Prefill calls back to back in arrival order; each KV cache to `decode` via Ray."""
         import ray   # lazy: only inside a Ray worker
+        from workloads.serving import sleep_until, take_one_length   # lazy: imports JAX
 
         srv, spec = self.server, self.spec
         model = srv.model.unpadded
         n = len(requests)
         out = [{"tokens": []} for _ in range(n)]
+        input_lens = [r["input_len"] for r in requests]
         queue_ = deque(sorted(range(n), key=lambda i: requests[i]["arrival_s"]))
-        _sleep_until(start_at)
+        sleep_until(start_at)
         sent = []
         while queue_:
-            _sleep_until(start_at + requests[queue_[0]]["arrival_s"])
+            sleep_until(start_at + requests[queue_[0]]["arrival_s"])
             now = time.time() - start_at
             arrived = deque(i for i in queue_ if requests[i]["arrival_s"] <= now)
-            take = _take(arrived, requests, spec.prefill_batch)
+            take = take_one_length(arrived, input_lens, spec.prefill_batch)
             for i in take:
                 queue_.remove(i)
             prompts = [prompt_for(model, i, requests[i]["input_len"], seed) for i in take]
@@ -179,13 +153,15 @@ class ServingWorker:
     def serve_decode(self, expected: int, start_at: float) -> dict[int, dict]:
         """Decode the `expected` requests the prefill worker hands over; per request, when
         its KV was in a slot, its last token's time and its decoded tokens."""
+        from workloads.serving import advance_slots, sleep_until   # lazy: imports JAX
+
         srv, spec = self.server, self.spec
         out: dict[int, dict] = {}
         waiting: deque[dict] = deque()
         slot_request = [-1] * spec.slots
         remaining = [0] * spec.slots
         received = 0
-        _sleep_until(start_at)
+        sleep_until(start_at)
         while received < expected or waiting or any(r >= 0 for r in slot_request):
             while True:
                 try:
@@ -205,8 +181,7 @@ class ServingWorker:
                 time.sleep(POLL_S)
                 continue
             tokens = srv.step()
-            t = time.time() - start_at
-            _advance(srv, tokens, t, slot_request, remaining, out)
+            advance_slots(srv, tokens, time.time() - start_at, slot_request, remaining, out)
         return out
 
 
@@ -220,7 +195,7 @@ class ServingWorker:
         calibration trial times them. Loop: the serving loop itself at saturation, with no
         arrivals: aggregated, `serve_aggregated`'s loop on a burst of `rounds x slots`
         requests (one prefill call inserted per decode step while prompts wait: prompts,
-        `srv.prefill`, its rows into slots; a step: `srv.step()`, the clock read, `_advance`);
+        `srv.prefill`, its rows into slots; a step: `srv.step()`, the clock read, `advance_slots`);
         a prefill slice, prefill calls and their KV exported back to back; a decode slice,
         every slot full, stepping. Medians: {engine_step_s, loop_step_s, engine_prefill_s,
         loop_prefill_s} (a phase the worker does not run is absent), and the loop's means
@@ -228,6 +203,7 @@ class ServingWorker:
         import jax   # lazy: only inside a Ray worker (its mesh is set up there)
         import jax.numpy as jnp   # lazy: as jax
         import numpy as np
+        from workloads.serving import advance_slots   # lazy: imports JAX, as above
 
         srv, spec = self.server, self.spec
         model = srv.model.unpadded
@@ -285,7 +261,7 @@ class ServingWorker:
                 while any(r >= 0 for r in slot_request):
                     start = time.perf_counter()
                     tokens = srv.step()
-                    _advance(srv, tokens, time.time(), slot_request, remaining, record)
+                    advance_slots(srv, tokens, time.time(), slot_request, remaining, record)
                     steps.append(time.perf_counter() - start)
         engine_calls()          # (other processes' work) shows in both, not in their difference
         if engine_prefill:
@@ -305,40 +281,14 @@ class ServingWorker:
     def _saturated_aggregated(self, input_len: int, output_len: int, n: int) -> tuple[list, list]:
         """`serve_aggregated`'s loop on a burst of `n` requests at time 0: the seconds of each
         decode step and of each prefill branch (synchronised after its inserts, so their
-        time is the prefill's, not the next step's)."""
-        import jax   # lazy: only inside a Ray worker
+        time is the prefill's, not the next step's; workloads/serving.py `serve_aggregated`)."""
+        from workloads.serving import serve_aggregated   # lazy: imports JAX (the worker's mesh)
 
-        srv, spec = self.server, self.spec
-        model = srv.model.unpadded
-        requests = [{"input_len": input_len, "output_len": output_len} for _ in range(n)]
-        waiting = deque(range(n))
-        out = [{"tokens": []} for _ in range(n)]
-        slot_request = [-1] * spec.slots
-        remaining = [0] * spec.slots
-        prefilled_since_step = False
-        steps, prefills = [], []
-        while waiting or any(r >= 0 for r in slot_request):
-            active = sum(r >= 0 for r in slot_request)
-            free = [s for s in range(spec.slots) if slot_request[s] < 0]
-            if waiting and free and not (prefilled_since_step and active):
-                start = time.perf_counter()
-                take = _take(waiting, requests, min(spec.prefill_batch, len(free)))
-                done = srv.prefill([prompt_for(model, i, input_len, 7) for i in take])
-                time.time()
-                for row, i in enumerate(take):
-                    slot = free.pop(0)
-                    srv.insert(slot, done, row, int(done.first_tokens[row]))
-                    slot_request[slot], remaining[slot] = i, output_len - 1
-                jax.block_until_ready(srv.cache)
-                prefills.append(time.perf_counter() - start)
-                prefilled_since_step = True
-                continue
-            start = time.perf_counter()
-            tokens = srv.step()
-            _advance(srv, tokens, time.time(), slot_request, remaining, out)
-            steps.append(time.perf_counter() - start)
-            prefilled_since_step = False
-        return steps, prefills
+        model = self.server.model.unpadded
+        timings: dict[str, list[float]] = {"step_s": [], "prefill_s": []}
+        serve_aggregated(self.server, [Request(0.0, input_len, output_len)] * n,
+                         lambda i: prompt_for(model, i, input_len, 7), timings=timings)
+        return timings["step_s"], timings["prefill_s"]
 
     def export_for_handover(self, done, row: int):
         """What serve_prefill does per request before sending: the KV as a host array."""
@@ -372,35 +322,6 @@ class ServingWorker:
         done = time.time()
         self.server.release(0)
         return done
-
-
-def _sleep_until(when: float) -> None:
-    delay = when - time.time()
-    if delay > 0:
-        time.sleep(delay)
-
-
-def _take(waiting: deque, requests: list[dict], most: int) -> list[int]:
-    """Up to `most` waiting requests with the first one's prompt length (one prefill call
-    has one shape), in arrival order; removed from `waiting`."""
-    length = requests[waiting[0]]["input_len"]
-    take = [i for i in waiting if requests[i]["input_len"] == length][:most]
-    for i in take:
-        waiting.remove(i)
-    return take
-
-
-def _advance(srv, tokens, t: float, slot_request: list[int], remaining: list[int], out) -> None:
-    """After a decode step: append each slot's token; free the slots whose answers are done."""
-    for slot, i in enumerate(slot_request):
-        if i < 0:
-            continue
-        out[i]["tokens"].append(int(tokens[slot]))
-        remaining[slot] -= 1
-        if remaining[slot] == 0:
-            out[i]["finish_s"] = t
-            slot_request[slot] = -1
-            srv.release(slot)
 
 
 def actor_options(chips: int | None, cores: list[int] | None, threads: int = 1,
