@@ -169,7 +169,7 @@ def fit(study: str, storage: str, artifacts: Path, fitted_yaml: Path = FITTED_PR
 
 
 def deployment(name: str, profile: Path):
-    from sweeper.serving.deployment import Deployment
+    from workloads.deployment import Deployment
 
     mode, prefill, decode = DEPLOYMENTS[name]
     hardware = yaml.safe_load(profile.read_text())
@@ -190,7 +190,7 @@ def step_times(d, session, costs: dict) -> dict:
     workers' core share) plus the measured host costs, beside the serving loop's measured
     medians (closed loop, before the streams) and the workers' warm-up medians."""
     from sweeper.serving.serve import prediction_deployment
-    from sweeper.serving.simulate import cost_model_step_times
+    from workloads.servingmodel import cost_model_step_times
 
     model = cost_model_step_times(prediction_deployment(d, session.share))
     pre = session.warmup.get("aggregated") or session.warmup["prefill"]
@@ -218,7 +218,7 @@ def loop_step_times(d, costs: dict, statistic: str = "median"):
     its prefill, the handover's fixed part). Medians: the loop-model diagnostic; means
     (interruptions by other processes included, what a saturated stream gets): the loads'
     capacity (module docstring)."""
-    from sweeper.serving.simulate import StepTimes
+    from workloads.servingmodel import StepTimes
 
     detail = costs["detail"]
     pre = detail.get("aggregated") or detail["prefill"]
@@ -240,7 +240,7 @@ def handover_s(per_request: list[dict]) -> float | None:
 def run(n_requests: int, calibration: dict) -> dict:
     from sweeper.serving.overheads import measure_session, with_deployment_overheads
     from sweeper.serving.serve import ServingSession, relative_errors
-    from sweeper.serving.simulate import capacity_rps
+    from workloads.servingmodel import capacity_rps
 
     rows, started = [], time.time()
     load_before = common.load_average()

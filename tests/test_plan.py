@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sweeper.cli import main
-from sweeper.serving.deployment import load_plan
+from workloads.deployment import load_plan
 from sweeper.serving.plan import PlanQuestion, plan
-from sweeper.serving.simulate import simulate
+from workloads.servingmodel import simulate
 from workloads.servingprofile import AppProfile, parse_length, requests
 from workloads.config import load_hardware, load_model
 
@@ -155,7 +155,7 @@ def test_error_band_marks_a_plan_at_risk():
 
 
 def _scaled(result, factor):
-    from sweeper.serving.simulate import StepTimes, cost_model_step_times
+    from workloads.servingmodel import StepTimes, cost_model_step_times
 
     base = cost_model_step_times(result.best.deployment)
     return StepTimes(lambda b, n: base.prefill_s(b, n) * factor,

@@ -1,4 +1,4 @@
-"""The serving model (sweeper/serving/simulate.py) against closed-form cases, and its inputs.
+"""The serving model (workloads/servingmodel.py) against closed-form cases, and its inputs.
 
 Closed forms (docs/serving.md "The serving model"):
 - one replica, deterministic arrivals slower than service: TTFT = one prefill call, TPOT =
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from sweeper.serving import bands
-from sweeper.serving.deployment import Deployment, PhaseSlice, load_plan
-from sweeper.serving.simulate import (StepTimes, capacity_rps, cost_model_step_times,
-                                      kv_link_bandwidth, phase_prediction, simulate)
+from workloads.deployment import Deployment, PhaseSlice, load_plan
+from workloads.servingmodel import (StepTimes, capacity_rps, cost_model_step_times,
+                                   kv_link_bandwidth, phase_prediction, simulate)
 from workloads.servingprofile import (AppProfile, Request, parse_length, profile_from_dict,
                                       read_trace, requests)
 from workloads import costmodel

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from test_bad_input import check_rejected, run_cli
-from sweeper.serving.deployment import Deployment, PhaseSlice
-from sweeper.serving.simulate import SimResult
+from workloads.deployment import Deployment, PhaseSlice
+from workloads.servingmodel import SimResult
 from sweeper.sweep.controller import run_sweep
 from sweeper.sweep.space import load_space
 from sweeper.tracking.results import load_runs, load_trials

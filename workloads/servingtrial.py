@@ -24,7 +24,7 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
   to the last finish; SLO attainment = share of requests within both the `ttft` and `tpot`
   targets; goodput = attainment x the offered rate (the profile's Poisson rate, else the
   stream's); cost per million output tokens when the hardware profile has a price.
-  The same definitions as `sweeper serve` (sweeper/serving/simulate.py `SimResult.summary`);
+  The same definitions as `sweeper serve` (workloads/servingmodel.py `SimResult.summary`);
   tests/test_serving_trials.py checks that the two agree on the same requests.
 """
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sweeper.cli.output import print_json
 from workloads import servingprofile as workload
-from sweeper.serving.deployment import MODES
+from workloads.deployment import MODES
 from workloads.config import ConfigError, read_yaml
 
 

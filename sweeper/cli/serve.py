@@ -49,7 +49,7 @@ def _positive(value: str, flag: str, integer: bool, minimum: float) -> float:
 
 def stream_of(args):
     """(deployment, requests, rate, seed) from the flags and the plan; ConfigError on bad input."""
-    from sweeper.serving.deployment import load_plan, load_plan_profile
+    from workloads.deployment import load_plan, load_plan_profile
     from workloads.servingprofile import AppProfile, parse_length, requests
 
     if args.rate is None:
@@ -75,7 +75,7 @@ def stream_of(args):
 def lengths_of(args) -> tuple[int, int]:
     """(input_len, output_len) for --measure-overheads: the flags, else the plan's profile
     (a distribution: its mean)."""
-    from sweeper.serving.deployment import load_plan_profile
+    from workloads.deployment import load_plan_profile
     from workloads.servingprofile import parse_length
 
     profile = load_plan_profile(args.plan)
@@ -97,7 +97,7 @@ def cmd_measure_overheads(args) -> int:
 
     import yaml
 
-    from sweeper.serving.deployment import load_plan
+    from workloads.deployment import load_plan
     from sweeper.serving.serve import slot_specs
 
     out = Path(args.measure_overheads)

@@ -4,7 +4,7 @@ measured on this host outside any served stream (docs/serving.md "Serving host c
     costs = measure(deployment, input_len=32, output_len=32)    # starts its own workers
     hardware = with_overheads(deployment.hardware, costs)        # the three profile fields
 
-The serving model (sweeper/serving/simulate.py) adds them to the cost model's step times:
+The serving model (workloads/servingmodel.py) adds them to the cost model's step times:
 - `serving_step_overhead_s`: per decode step, the median step of the serving loop itself
   (`SlotServer.step()`, the clock read, the slot bookkeeping; a closed loop with every slot
   full and no arrivals) minus the median of the engine's decode call of the same slot batch
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from sweeper.serving.deployment import Deployment
+from workloads.deployment import Deployment
 from workloads.config import HardwareProfile
 
 FIELDS = ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s")

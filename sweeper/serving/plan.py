@@ -11,12 +11,12 @@ The search, per mode (aggregated, disaggregated):
 2. Analytical bounds prune before any simulation: memory (the slice must hold the weights
    and the slots' KV cache), TTFT >= one prefill call, TPOT >= one decode step, and the
    replicas the rate needs (utilisation < 1 from the per-request busy time of each phase).
-3. Best-first over chips in total: deployments are simulated (simulate.py, a bounded number
-   of requests) cheapest first; one that misses its SLO comes back with one more replica of
-   the phase that missed; the first that meets the SLO sets the price, and the search goes
-   on to twice that many chips (or the budget) to draw the cost/latency frontier. Among
-   plans of the cheapest price the one with the most headroom (smallest max(stat/target))
-   wins. With --max-chips the objective is the most goodput within the budget.
+3. Best-first over chips in total: deployments are simulated (workloads/servingmodel.py, a
+   bounded number of requests) cheapest first; one that misses its SLO comes back with one
+   more replica of the phase that missed; the first that meets the SLO sets the price, and
+   the search goes on to twice that many chips (or the budget) to draw the cost/latency
+   frontier. Among plans of the cheapest price the one with the most headroom (smallest
+   max(stat/target)) wins. With --max-chips the objective is the most goodput within the budget.
 4. Error bands: the best plan and the frontier are simulated again at the ends of the
    profile's conformal band (bands.py); a plan whose SLO target lies inside its band is
    `at_risk`.
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from sweeper.serving import bands as bands_mod
-from sweeper.serving.deployment import MODES, Deployment, PhaseSlice
-from sweeper.serving.simulate import (SimResult, StepTimes, cost_model_step_times, kv_link_bandwidth,
-                                      simulate)
+from workloads.deployment import MODES, Deployment, PhaseSlice
+from workloads.servingmodel import (SimResult, StepTimes, cost_model_step_times,
+                                   kv_link_bandwidth, simulate)
 from workloads.servingprofile import AppProfile, length_stats, mean_rate, requests
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, ModelConfig

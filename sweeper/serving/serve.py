@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sweeper.serving.deployment import Deployment, PhaseSlice
+from workloads.deployment import Deployment, PhaseSlice
 from workloads.servingprofile import Request
 from workloads.config import ConfigError
 from workloads.hardware import worker_share
@@ -284,7 +284,7 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
             warmup: dict[str, dict], share: float, diagnostic=None) -> tuple[dict, dict, dict]:
     """(measured, predicted, calibrated) summaries of the same requests; `diagnostic`: the
     StepTimes of the calibrated column (default: the warm-up medians)."""
-    from sweeper.serving.simulate import SimResult, simulate
+    from workloads.servingmodel import SimResult, simulate
 
     arrival = np.array([r.arrival_s for r in requests])
     first = np.array([p.get("first_token_s", np.nan) for p in per_request], dtype=float)
@@ -302,7 +302,7 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
 def warmup_step_times(deployment: Deployment, warmup: dict[str, dict]):
     """StepTimes from the workers' warm-up calls (one call per shape: a diagnostic only), with
     the profile's KV handover host cost (the warm-up has no handover)."""
-    from sweeper.serving.simulate import StepTimes
+    from workloads.servingmodel import StepTimes
 
     pre = warmup.get("aggregated") or warmup["prefill"]
     dec = warmup.get("aggregated") or warmup["decode"]

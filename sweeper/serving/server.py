@@ -3,7 +3,7 @@ serve a request stream with the engine's slot server (workloads/serving.py).
 
 Aggregated: one `ServingWorker` runs prefill and decode on its mesh, in the engine's one
 aggregated loop (workloads/serving.py `serve_aggregated`, the loop the serving model
-simulates, sweeper/serving/simulate.py `_aggregated_replica`): when prompts wait and
+simulates, workloads/servingmodel.py `_aggregated_replica`): when prompts wait and
 slots are free, one prefill call (at most `prefill.batch` prompts of one length) is inserted
 between two decode steps; the decode step runs every slot.
 

@@ -1,7 +1,7 @@
 """A serving deployment: how many replicas of how many chips run each phase, and how.
 
 `Deployment` is what `sweeper plan` chooses, what `sweeper serve` runs and what the serving
-model (sweeper/serving/simulate.py) predicts. Aggregated: each of `replicas` replicas runs
+model (workloads/servingmodel.py) predicts. Aggregated: each of `replicas` replicas runs
 prefill and decode on the same chips (prefill.chips == decode.chips, same replicas, one
 stored copy of the weights: same weights and topology), `decode.batch` decode slots and
 `prefill.batch` prompts per prefill call. Disaggregated: `prefill.replicas` slices of

@@ -53,7 +53,7 @@ from typing import Callable
 
 import numpy as np
 
-from sweeper.serving.deployment import Deployment, PhaseSlice
+from workloads.deployment import Deployment, PhaseSlice
 from workloads.servingprofile import AppProfile, Request
 from workloads import costmodel
 from workloads.hardware import per_chip
