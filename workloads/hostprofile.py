@@ -70,9 +70,11 @@ def host_cores() -> int:
 
 
 def host_key() -> str:
-    import jax
+    # the installed version from its metadata: importing JAX here cost the controller ~1 s
+    # of CPU while its workers start (docs/performance.md, "Start-up and shutdown")
+    from importlib.metadata import version
 
-    return f"{socket.gethostname()}|cpus={host_cores()}|jax={jax.__version__}|v{PROFILE_VERSION}"
+    return f"{socket.gethostname()}|cpus={host_cores()}|jax={version('jax')}|v{PROFILE_VERSION}"
 
 
 def physical_memory_bytes() -> float:
