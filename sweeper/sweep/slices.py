@@ -12,7 +12,7 @@ run over all of them (SPMD: every host runs the same trial code). `RayPool`
    per node) when the cluster has at least H nodes, PACK otherwise (H processes on one
    machine: the emulated mesh, or a test);
 2. one `MeshWorker` actor per bundle (`PlacementGroupSchedulingStrategy(pg, bundle_index=rank)`),
-   its device count set in its runtime_env before JAX is imported;
+   its device count set by its constructor before JAX is imported (`PooledMeshWorker`);
 3. rank 0 picks the coordinator: its node IP and a port free there (`free_port`); the
    address goes to every host (as an ObjectRef argument, so nothing blocks the
    controller), and each calls `jax.distributed.initialize` with `distributed_args`
