@@ -3,9 +3,11 @@ run (docs/space-files.md, "Serving trials").
 
 A real sweep of the shipped `search_spaces/serving.yaml` (real Ray actors serving a Poisson
 stream with wall-clock arrivals on the emulated mesh, a real SQLite Optuna study and MLflow
-store): its trials carry the serving metrics, in Optuna and in their MLflow child runs. Bad
+store): its trials carry the serving metrics, in Optuna and in their MLflow child runs, and
+the serving model's prediction of the same stream beside them (`pred_ttft_p50_s` ...). Bad
 serving input exits 2 with one line through the real CLI. A trial's summary is
-`SimResult.summary`'s on the same requests. Timings are never asserted.
+`SimResult.summary`'s on the same requests; its prediction is `simulate` of its deployment on
+the same requests. Timings are never asserted.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from sweeper.sweep.space import load_space
 from sweeper.tracking.results import load_runs, load_trials
 from workloads import servingprofile
 from workloads.config import ConfigError, HARDWARE_PRESETS, load_model
-from workloads.metrics import SERVING_METRICS
-from workloads.servingtrial import summarize, trial_requests
+from workloads.metrics import METRIC_NAMES, SERVING_METRICS, SERVING_PREDICTIONS
+from workloads.servingmodel import simulate
+from workloads.servingtrial import predict_stream, summarize, trial_requests
 from workloads.trial import TrialConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +76,10 @@ def test_a_serving_sweep_records_each_trials_serving_metrics_in_optuna(sweep):
         assert 0 < measured["tpot_p50_s"] <= measured["tpot_p99_s"]
         assert 0 <= measured["slo_attainment"] <= 1 and measured["throughput_rps"] > 0
         assert "cost_per_million_tokens" not in measured      # host: no price, none invented
+        # the serving model's prediction of the same stream, from this host's profile
+        assert set(SERVING_PREDICTIONS) <= set(measured), sorted(measured)
+        assert 0 < measured["pred_ttft_p50_s"] <= measured["pred_ttft_p99_s"]
+        assert 0 < measured["pred_tpot_p50_s"] <= measured["pred_tpot_p99_s"]
         # the objectives Optuna was told are the measured serving latencies
         assert trial.values == [measured["ttft_p99_s"], measured["tpot_p99_s"]]
         assert trial.user_attrs["hardware"] == "host" and trial.user_attrs["source"] == "measured"
@@ -91,6 +98,9 @@ def test_a_serving_sweeps_mlflow_child_runs_carry_the_serving_metrics(sweep):
     for _, run in runs.iterrows():
         measured = by_number[run.number].user_attrs["measurement"]
         for name in REPORTED:
+            assert run[name] == pytest.approx(measured[name], rel=1e-12), name
+        # logged as `pred_<metric>`, read back as the prediction of that metric
+        for name in SERVING_PREDICTIONS:
             assert run[name] == pytest.approx(measured[name], rel=1e-12), name
 
 
@@ -232,3 +242,50 @@ def test_a_trials_summary_is_the_serving_models_on_the_same_requests():
         assert ours[name] == pytest.approx(theirs[name], rel=1e-9), name
     assert ours["completed"] == 38 and 0 < ours["slo_attainment"] < 1
     assert math.isnan(summarize(reqs, first, finish, 4, profile)["cost_per_million_tokens"])
+
+
+def test_a_trials_prediction_is_the_serving_model_on_its_deployment_and_requests():
+    """`predict_stream` = `simulate` of the trial's deployment (aggregated, one replica of its
+    chips, topology, per-phase layouts and weights, one prompt per prefill call, `batch`
+    slots) on the trial's own requests, with the profile the worker was given."""
+    space = load_space({**BASE, "chips": 2, "batch": 4, "weights": "int8", "topology": "1x1x2",
+                        "prefill": {"ffn": "ws1d", "attn": "head"},
+                        "decode": {"ffn": "ws2d", "attn": "batch"}})
+    trial = space.trial_config({})
+    reqs = trial_requests(trial)
+    hardware = HARDWARE_PRESETS["tpu-v4"]
+    predicted, note = predict_stream(trial, reqs, hardware)
+    prefill = PhaseSlice(chips=2, replicas=1, ffn="ws1d", attn="head", batch=1,
+                         weights="int8", topology=(1, 1, 2))
+    decode = PhaseSlice(chips=2, replicas=1, ffn="ws2d", attn="batch", batch=4,
+                        weights="int8", topology=(1, 1, 2))
+    expected = simulate(Deployment(load_model("tiny"), hardware, "aggregated", prefill, decode),
+                        reqs).summary()
+    for name in SERVING_PREDICTIONS:
+        assert predicted[name] == expected[name[len("pred_"):]], name
+        assert math.isfinite(predicted[name]) and predicted[name] > 0
+    assert note["source"] == "analytical" and note["hardware"] == "tpu-v4"
+    assert note["completed"] == len(reqs)
+    # another profile, another prediction: the worker's profile is the one priced
+    slower, _ = predict_stream(trial, reqs, hardware.scaled(0.25))
+    assert slower["pred_tpot_p50_s"] > predicted["pred_tpot_p50_s"]
+
+
+def test_a_trial_without_a_priceable_deployment_has_nan_predictions_and_says_why():
+    trial = load_space(BASE).trial_config({})
+    reqs = trial_requests(trial)
+    values, note = predict_stream(trial, reqs, None)
+    assert all(math.isnan(values[name]) for name in SERVING_PREDICTIONS)
+    assert note["source"] is None and "no hardware profile" in note["reason"]
+    # padding the serving model does not describe (it pads as pad_heads auto does)
+    padded = load_space({**BASE, "pad_heads": 16}).trial_config({})
+    values, note = predict_stream(padded, reqs, HARDWARE_PRESETS["tpu-v4"])
+    assert all(math.isnan(values[name]) for name in SERVING_PREDICTIONS)
+    assert "pad_heads=16" in note["reason"]
+
+
+def test_predictions_are_not_metrics_of_their_own():
+    """`pred_<metric>` is the prediction of `<metric>`: the results table already has that
+    column, so the prediction fields are no metric names (no `pred_pred_` column)."""
+    assert not set(SERVING_PREDICTIONS) & set(METRIC_NAMES)
+    assert {name[len("pred_"):] for name in SERVING_PREDICTIONS} <= set(METRIC_NAMES)

@@ -99,6 +99,14 @@ class Measurement:
     tokens_per_s_per_chip: float = math.nan
     completed: float = math.nan            # requests answered
     cost_per_million_tokens: float = math.nan   # output tokens; the profile's price per chip-hour
+    # The serving model's prediction of the same stream (workloads/servingmodel.py `simulate`:
+    # the trial's deployment, its requests, the hardware profile the worker was given),
+    # analytical; NaN when the profile cannot price the deployment. Named as predictions are
+    # (docs/architecture.md "Names"): `pred_<metric>` beside the measured `<metric>`.
+    pred_ttft_p50_s: float = math.nan
+    pred_ttft_p99_s: float = math.nan
+    pred_tpot_p50_s: float = math.nan
+    pred_tpot_p99_s: float = math.nan
     # Verification (engine with --verify).
     verify_max_abs_err: float = math.nan
     tokens_match: bool | None = None
@@ -129,8 +137,13 @@ class Measurement:
         return cls(**data)
 
 
+# A serving trial's predictions beside its measurements (the serving model's, analytical).
+SERVING_PREDICTIONS = ("pred_ttft_p50_s", "pred_ttft_p99_s", "pred_tpot_p50_s", "pred_tpot_p99_s")
+# The measured metrics: a `pred_` field is a prediction of the metric it names, which the
+# results table and MLflow already carry as `pred_<metric>` (sweeper/tracking/results.py),
+# so it is not a metric of its own (no `pred_pred_` column, no objective on it).
 METRIC_NAMES = tuple(f.name for f in dataclasses.fields(Measurement)
-                     if f.type in ("float", "bool | None"))
+                     if f.type in ("float", "bool | None") and f.name not in SERVING_PREDICTIONS)
 # What a serving trial reports (and only it): the metrics an objective or constraint of a
 # space with a `serving:` block names (sweeper/sweep/objectives.py).
 SERVING_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "slo_attainment",

@@ -26,6 +26,13 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
   stream's); cost per million output tokens when the hardware profile has a price.
   The same definitions as `sweeper serve` (workloads/servingmodel.py `SimResult.summary`);
   tests/test_serving_trials.py checks that the two agree on the same requests.
+- **Prediction** (`predict_stream`): the serving model (workloads/servingmodel.py
+  `simulate`, docs/serving.md "The serving model") serves the same requests with the same
+  deployment, step times from the cost model with the hardware profile the worker was given
+  (the space's: a `host` share, a preset or a fitted YAML): `pred_ttft_p50_s`,
+  `pred_ttft_p99_s`, `pred_tpot_p50_s`, `pred_tpot_p99_s`, analytical, beside the measured
+  ones; NaN (and the reason in `extra["serving"]["prediction"]`) when there is no profile or
+  it cannot price the deployment.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ import time
 import numpy as np
 
 from workloads.config import ConfigError, HardwareProfile
-from workloads.metrics import Measurement
+from workloads.deployment import Deployment, PhaseSlice
+from workloads.metrics import SERVING_PREDICTIONS, Measurement
+from workloads.servingmodel import run_model, simulate
 from workloads.servingprofile import AppProfile, Request, profile_from_dict, requests
 from workloads.trial import TrialConfig
 
@@ -57,6 +66,45 @@ def trial_requests(trial: TrialConfig) -> list[Request]:
 def context_len(reqs: list[Request]) -> int:
     """KV positions a slot needs for the longest request (prompt + answer)."""
     return max(r.input_len + r.output_len for r in reqs) + 1
+
+
+def trial_deployment(trial: TrialConfig, hardware: HardwareProfile) -> Deployment:
+    """The deployment a serving trial runs (module docstring): aggregated, one replica of the
+    trial's chips and topology, its per-phase layouts and weights, one prompt per prefill
+    call, `batch` decode slots."""
+    def phase(layout, batch: int) -> PhaseSlice:
+        return PhaseSlice(chips=trial.chips, replicas=1, ffn=layout.ffn, attn=layout.attn,
+                          batch=batch, weights=trial.weights, topology=tuple(trial.mesh_shape))
+
+    return Deployment(trial.model, hardware, "aggregated", phase(trial.prefill, 1),
+                      phase(trial.decode, trial.batch))
+
+
+def predict_stream(trial: TrialConfig, reqs: list[Request], hardware: HardwareProfile | None
+                   ) -> tuple[dict[str, float], dict]:
+    """The serving model's prediction of the trial's stream (module docstring): the
+    `pred_<metric>` values (NaN where it has none) and a note for `extra` (source, the
+    profile, why there is no prediction)."""
+    values = dict.fromkeys(SERVING_PREDICTIONS, math.nan)
+    if hardware is None:
+        return values, {"source": None, "reason": "no hardware profile to price the deployment"}
+    note = {"source": "analytical", "hardware": hardware.name}
+    deployment = trial_deployment(trial, hardware)
+    try:
+        # the serving model pads heads as `pad_heads: auto` does (workloads/servingmodel.py
+        # `run_model`): another padding is a model it does not describe
+        if run_model(deployment) != trial.run_model:
+            raise ValueError(f"pad_heads={trial.pad_heads!r}: the serving model pads heads "
+                             "as pad_heads auto does")
+        result = simulate(deployment, reqs)
+    except ValueError as err:     # ConfigError too: a layout the cost model cannot price
+        return values, {**note, "source": None, "reason": str(err)}
+    summary = result.summary()
+    for name in SERVING_PREDICTIONS:
+        values[name] = float(summary[name[len("pred_"):]])
+    note.update(step_times=result.step_source, completed=summary["completed"],
+                throughput_rps=summary["throughput_rps"])
+    return values, note
 
 
 def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = None) -> Measurement:
@@ -103,10 +151,13 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     price = hardware.price_per_chip_hour if hardware is not None else None
     for key, value in summarize(reqs, first, finish, trial.chips, profile, price).items():
         setattr(m, key, value)
+    predicted, note = predict_stream(trial, reqs, hardware)
+    for key, value in predicted.items():
+        setattr(m, key, value)
     m.extra["serving"] = {
         "requests": len(reqs), "offered_rps": _offered_rps(reqs), "wall_s": wall_s,
         "deployment": "aggregated", "slots": trial.batch, "prefill_batch": 1,
-        "warmup": {str(k): v for k, v in warmup.items()},
+        "warmup": {str(k): v for k, v in warmup.items()}, "prediction": note,
         "per_request": [{"arrival_s": r.arrival_s, "input_len": r.input_len,
                          "output_len": r.output_len, **{k: v for k, v in s.items() if k != "tokens"}}
                         for r, s in zip(reqs, served)]}
