@@ -88,6 +88,12 @@ def test_a_serving_sweep_records_each_trials_serving_metrics_in_optuna(sweep):
         # prompt and answer lengths are the block's (the memory check sized the slots for them)
         assert trial.user_attrs["flat_params"]["input_len"] == 16
         assert trial.user_attrs["flat_params"]["decode_steps"] == 7
+    # the results table read from Optuna puts each prediction beside its measured metric
+    table = load_trials(sweep.study_name, sweep.storage).set_index("number")
+    for trial in study.trials:
+        measured = trial.user_attrs["measurement"]
+        for name in SERVING_PREDICTIONS:
+            assert table.loc[trial.number, name] == measured[name], name
 
 
 def test_a_serving_sweeps_mlflow_child_runs_carry_the_serving_metrics(sweep):

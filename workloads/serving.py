@@ -228,7 +228,7 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
                      start_at: float | None = None, prefill_batch: int | None = None,
                      timings: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
     """Serve `reqs` on an aggregated slot server, in the loop the serving model simulates
-    (sweeper/serving/simulate.py `_aggregated_replica`): when prompts wait and slots are free,
+    (workloads/servingmodel.py `_aggregated_replica`): when prompts wait and slots are free,
     one prefill call (up to `prefill_batch` waiting prompts of the first one's length, in
     arrival order; default the server's `prefill_batch`) between two decode steps while
     requests decode, its rows into free slots; then a decode step of every slot; a slot is

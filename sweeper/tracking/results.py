@@ -56,8 +56,8 @@ def trial_row(*, number: int, state: str, reason: str | None, source: str | None
         row[name] = params.get(name)
     for name in METRIC_COLUMNS:
         row[name] = _number(metrics.get(name))
-    for name in METRIC_COLUMNS:
-        row[PRED_PREFIX + name] = _number(prediction.get(name))
+    for name in METRIC_COLUMNS:     # (a serving trial's measurement carries its own pred_*)
+        row[PRED_PREFIX + name] = _number(prediction.get(name, metrics.get(PRED_PREFIX + name)))
     row["mlflow_run_id"] = mlflow_run_id
     return row
 
