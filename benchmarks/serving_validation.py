@@ -56,6 +56,7 @@ measured latencies include their interference.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -113,43 +114,81 @@ DEPLOYMENTS = {
 }
 
 
-def calibrate() -> dict:
-    """The calibration sweep and fit (module docstring): which profile the plans use, and why."""
+def calibrate(keep: Path | None = None) -> dict:
+    """The calibration sweep and fit (module docstring): which profile the plans use, and why.
+    `keep`: the sweep's SWEEPER_HOME (study, MLflow runs, host profile) is this folder, kept
+    for inspection (`--keep-calibration`); default a temporary one."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        return _calibrate(keep)
+    with tempfile.TemporaryDirectory(prefix="sweeper-sv-") as home:
+        return _calibrate(Path(home))
+
+
+def _calibrate(home: Path) -> dict:
     started, load = time.time(), common.load_average()
     study = "serving-validation-calibration"
-    with tempfile.TemporaryDirectory(prefix="sweeper-sv-") as home:
-        space = Path(home) / "space.yaml"
-        space.write_text(yaml.safe_dump(CALIBRATION_SPACE, sort_keys=False))
-        sweeper = Path(sys.executable).parent / "sweeper"     # the CLI, as a user runs it
-        run = subprocess.run([str(sweeper), "run", str(space), "--study", study,
-                              "--no-analysis"], env={**os.environ, "SWEEPER_HOME": home},
-                             capture_output=True, text=True)
-        sweep_s = time.time() - started
-        out = {"space": CALIBRATION_SPACE, "sweep_wall_s": sweep_s, "load_average_before": load,
-               "load_average_after_sweep": common.load_average()}
-        if run.returncode != 0:
-            out.update(used=str(FALLBACK_PROFILE.relative_to(common.ROOT)),
-                       why=f"the calibration sweep failed (exit {run.returncode}): "
-                           f"{run.stderr.strip()[-300:]}")
-            return out
-        out.update(fit(study, f"sqlite:///{home}/optuna.db", Path(home) / "fit"))
+    space = home / "space.yaml"
+    space.write_text(yaml.safe_dump(CALIBRATION_SPACE, sort_keys=False))
+    sweeper = Path(sys.executable).parent / "sweeper"     # the CLI, as a user runs it
+    run = subprocess.run([str(sweeper), "run", str(space), "--study", study,
+                          "--no-analysis"], env={**os.environ, "SWEEPER_HOME": str(home)},
+                         capture_output=True, text=True)
+    sweep_s = time.time() - started
+    out = {"space": CALIBRATION_SPACE, "sweep_wall_s": sweep_s, "load_average_before": load,
+           "load_average_after_sweep": common.load_average()}
+    if run.returncode != 0:
+        out.update(used=str(FALLBACK_PROFILE.relative_to(common.ROOT)),
+                   why=f"the calibration sweep failed (exit {run.returncode}): "
+                       f"{run.stderr.strip()[-300:]}")
+        return out
+    out.update(fit(study, f"sqlite:///{home}/optuna.db", home / "fit", sweeper_home=home))
     out["fit_wall_s"] = time.time() - started - sweep_s
     return out
 
 
-def fit(study: str, storage: str, artifacts: Path, fitted_yaml: Path = FITTED_PROFILE) -> dict:
+@contextlib.contextmanager
+def _sweeper_home(home: Path | None):
+    """SWEEPER_HOME set to `home` for the block (None: unchanged)."""
+    if home is None:
+        yield
+        return
+    before = os.environ.get("SWEEPER_HOME")
+    os.environ["SWEEPER_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SWEEPER_HOME", None)
+        else:
+            os.environ["SWEEPER_HOME"] = before
+
+
+def fit(study: str, storage: str, artifacts: Path, fitted_yaml: Path = FITTED_PROFILE,
+        sweeper_home: Path | None = None) -> dict:
     """The `sweeper fit` pipeline on the calibration study, the extra terms chosen by nested
-    cross-validation; the fitted profile (with held-out residuals) written unless refused."""
+    cross-validation; the fitted profile (with held-out residuals) written unless refused.
+
+    `sweeper_home`: the sweep's SWEEPER_HOME, where `sweeper fit` runs as a user runs it after
+    `sweeper run`: the study's `host` label resolves to the host profile cached THERE (the one
+    the sweep measured and priced its trials with), not to this process's own cache. The fit's
+    rate ceilings and prior are that profile (sweeper/analysis/fit.py, "rates never above the
+    start profile's measured peak"): a stale cache measured under heavy load (./.sweeper's:
+    load 24, HBM 8.6 GB/s where the quiet host reads 32 GB/s) capped the bandwidth, and decode
+    was mispredicted by +25-60% (benchmarks/results/serving_validation.md)."""
     from sweeper.analysis import calibrate as cal
     from sweeper.analysis import holdout
 
     data = cal.load_study_data(study, storage)
-    swept = cal.study_base_profile(data.attrs)
+    with _sweeper_home(sweeper_home):
+        swept = cal.study_base_profile(data.attrs)
     points = cal.points_from_frame(data.frame, swept, data.configs)
     result = holdout.calibrate(points, swept, ("kfold",), study, terms=holdout.SELECT)
     cal.write_outputs(result, artifacts, None if result.refused else fitted_yaml)
     main = result.main
-    out = {"trials": len({p.trial for p in points}), "points": len(points),
+    out = {"base_profile": {k: getattr(swept, k) for k in ("name", "peak_flops", "hbm_bandwidth",
+                                                           "ici_bandwidth")},
+           "trials": len({p.trial for p in points}), "points": len(points),
            "terms": list(result.terms), "heldout_mape": main.mape,
            "heldout_median_ape": main.median_ape, "heldout_max_ape": main.max_ape,
            "heldout_mape_by_phase": {ph: float(np.mean(np.abs(v))) for ph, v in
@@ -408,7 +447,15 @@ def render(r: dict) -> str:
     if "heldout_mape" in cal:
         by_phase = ", ".join(f"{ph} {common.pct(v, 0)}" for ph, v in cal["heldout_mape_by_phase"].items())
         fitted = cal["fitted"]
-        lines += ["", f"- {cal['trials']} trials, {cal['points']} points; terms freed: "
+        base = cal.get("base_profile")
+        lines.append("")
+        if base:
+            lines += [f"- start profile of the fit (its rate ceilings and prior): `{base['name']}` as "
+                      f"the sweep measured and cached it in its SWEEPER_HOME: peak "
+                      f"{base['peak_flops'] / 1e9:.0f} GFLOP/s, HBM {base['hbm_bandwidth'] / 1e9:.1f} GB/s, "
+                      f"ICI {base['ici_bandwidth'] / 1e9:.1f} GB/s (whole host; a trial's chip gets "
+                      "its core share / chips)."]
+        lines += [f"- {cal['trials']} trials, {cal['points']} points; terms freed: "
                   f"{', '.join(cal['terms']) or 'none'}; held-out (k-fold) MAPE "
                   f"{common.pct(cal['heldout_mape'], 1)} ({by_phase}), median "
                   f"{common.pct(cal['heldout_median_ape'], 1)}, max {common.pct(cal['heldout_max_ape'], 0)}.",
@@ -487,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="PROFILE.yaml",
                         help="skip the calibration: use this fitted profile (a quick check; the "
                              "results say so)")
+    parser.add_argument("--keep-calibration", metavar="DIR",
+                        help="run the calibration sweep with SWEEPER_HOME=DIR and keep it (its "
+                             "study, MLflow runs and host profile), for inspecting the fit")
     parser.add_argument("--render", metavar="RESULTS.json",
                         help="only re-render the Markdown of a recorded results file")
     args = parser.parse_args(argv)
@@ -502,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                        "load_average_before": common.load_average(),
                        "load_average_after_sweep": common.load_average()}
     else:
-        calibration = calibrate()
+        calibration = calibrate(Path(args.keep_calibration).resolve() if args.keep_calibration else None)
     print(f"calibration: {calibration['used']} ({calibration['why']}); held-out MAPE "
           f"{calibration.get('heldout_mape')}, terms {calibration.get('terms')}", flush=True)
     result = run(args.requests, calibration)
