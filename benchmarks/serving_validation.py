@@ -25,7 +25,9 @@ included): the experiment's design, measured outside the streams, never a served
 Calibration first, as the tool promises its users (docs/calibration.md): before serving,
 a small `sweeper run` sweep on THIS host (`CALIBRATION_SPACE`: the deployments' model, chip
 counts, layouts, weights and prefill/decode batches at the served prompt length, about 2 min)
-into a temporary SWEEPER_HOME, then the `sweeper fit` pipeline on that study with the extra
+into a temporary SWEEPER_HOME (`--keep-calibration DIR`: that folder, kept), then the `sweeper
+fit` pipeline on that study IN that SWEEPER_HOME (its `host` is the profile the sweep measured;
+see `fit`) with the extra
 terms (launch_overhead_s, per-device collective latency, ...) chosen by nested
 cross-validation (`terms="select"`; the `sweeper fit` CLI has no flag for it). Its decode
 trials run ONE step per timed call (`decode_steps: 1`), synchronised as the server's step is
