@@ -74,3 +74,20 @@ def test_a_cache_from_an_older_measurement_is_measured_again(sweeper_home, monke
     assert hostprofile.host_profile() == fresh and len(calls) == 1       # cached under the new key
     cached = yaml.safe_load(path.read_text())
     assert set(cached) == {old_key, hostprofile.host_key()}              # the old entry is left alone
+
+
+def test_a_cache_measured_on_a_busy_host_is_flagged_once_and_a_quiet_one_is_not(tmp_path, capsys):
+    """A profile measured at a load far above the cores has low rates that every fit starting
+    from it inherits: reading it says so, in one line, once per process."""
+    profile = HardwareProfile("host", 1e11, 1e10, 2**30, 1e9, measured=True).to_dict()
+    busy, quiet = tmp_path / "busy.yaml", tmp_path / "quiet.yaml"
+    cores = hostprofile.host_cores()
+    for path, load in ((busy, 10.0 * cores), (quiet, 0.5 * cores)):
+        path.write_text(yaml.safe_dump({hostprofile.host_key(): {
+            "profile": profile, "notes": {"load_average_1min": load}}}))
+    hostprofile.host_profile(path=quiet)
+    assert capsys.readouterr().err == ""
+    for _ in range(2):
+        assert hostprofile.host_profile(path=busy).hbm_bandwidth == 1e10    # still used
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and str(busy) in err[0] and "--refresh" in err[0], err

@@ -88,6 +88,10 @@ def test_a_serving_sweep_records_each_trials_serving_metrics_in_optuna(sweep):
         # prompt and answer lengths are the block's (the memory check sized the slots for them)
         assert trial.user_attrs["flat_params"]["input_len"] == 16
         assert trial.user_attrs["flat_params"]["decode_steps"] == 7
+    # the profile the trials were predicted with is kept with the study (`sweeper fit`
+    # starts from it, never from a host cache measured later)
+    kept = study.user_attrs["hardware_profile"]
+    assert kept["name"] == "host" and kept["measured"] and kept["hbm_bandwidth"] > 0
     # the results table read from Optuna puts each prediction beside its measured metric
     table = load_trials(sweep.study_name, sweep.storage).set_index("number")
     for trial in study.trials:

@@ -227,12 +227,31 @@ def cached_entry(path: Path | None = None) -> dict | None:
     return entry if isinstance(entry, dict) and "profile" in entry else None
 
 
+_warned: set[str] = set()
+BUSY_LOAD_PER_CORE = 3.0    # a cache measured above this 1-minute load per core is flagged
+
+
+def _warn_if_measured_busy(entry: dict, path: Path) -> None:
+    """One line (once per process and cache) when the cached profile was measured while the
+    host was far busier than its cores (BUSY_LOAD_PER_CORE): its rates are then low, and
+    every prediction and fit that starts from it inherits them (a cache measured at load 24
+    on 2 cores capped a fit's bandwidth at a third of the quiet host's, docs/calibration.md)."""
+    load = (entry.get("notes") or {}).get("load_average_1min")
+    if isinstance(load, (int, float)) and load > BUSY_LOAD_PER_CORE * host_cores() \
+            and str(path) not in _warned:
+        _warned.add(str(path))
+        print(f"sweeper: warning: the host profile in {path} was measured at load {load:g} "
+              f"on {host_cores()} cores, so its rates may be low; `sweeper host-profile "
+              "--refresh` measures it again (on a quiet host)", file=sys.stderr)
+
+
 def host_profile(refresh: bool = False, path: Path | None = None) -> HardwareProfile:
     """This host's measured profile: from the cache, or measured now and cached."""
     path = path or cache_path()
     if not refresh:
         entry = cached_entry(path)
         if entry is not None:
+            _warn_if_measured_busy(entry, path)
             return HardwareProfile.from_dict(entry["profile"])
     profile, notes = measure()
     data = _read_cache(path)

@@ -220,6 +220,11 @@ class Controller:
             # After Ray and git have forked their processes: measuring `host` imports JAX
             # (multithreaded) into this process.
             self.profile = self.space.hardware.resolve(self.space.source)
+            if self.profile is not None and "hardware_profile" not in self.study.user_attrs:
+                # the profile the trials were predicted with, kept with the study: `sweeper
+                # fit` starts from it, never from whatever `host` cache it finds later (a
+                # cache re-measured under load capped the fit's bandwidth, issue 19)
+                self.study.set_user_attr("hardware_profile", self.profile.to_dict())
             self._mark("profile")
             self.pool.wait_started(PRESTART_WAIT_S)
             self._mark("workers")
