@@ -182,6 +182,18 @@ def statistic(values: np.ndarray, stat: str) -> float:
     return float(np.percentile(finite, float(stat[1:])))
 
 
+def tpot_of(first_token_s: np.ndarray, finish_s: np.ndarray, output_len: np.ndarray) -> np.ndarray:
+    """Per request: (finish - first token) / (output tokens - 1); NaN for a one-token answer."""
+    steps = output_len - 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(steps > 0, (finish_s - first_token_s) / np.maximum(steps, 1), np.nan)
+
+
+def meets_slo(ttft_s: np.ndarray, tpot_s: np.ndarray, profile: AppProfile) -> np.ndarray:
+    """Per request: TTFT and TPOT both within the SLO targets (a one-token answer has no TPOT)."""
+    return (ttft_s <= profile.ttft) & (np.isnan(tpot_s) | (tpot_s <= profile.tpot))
+
+
 @dataclass
 class SimResult:
     """Per-request times of one simulated run (arrays in request order)."""
@@ -203,58 +215,64 @@ class SimResult:
 
     @property
     def tpot_s(self) -> np.ndarray:
-        steps = self.output_len - 1
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(steps > 0, (self.finish_s - self.first_token_s) / np.maximum(steps, 1),
-                            np.nan)
+        return tpot_of(self.first_token_s, self.finish_s, self.output_len)
 
     def meets_slo(self, profile: AppProfile) -> np.ndarray:
-        """Per request: TTFT and TPOT both within the SLO targets (a one-token answer has no TPOT)."""
-        tpot = self.tpot_s
-        return (self.ttft_s <= profile.ttft) & (np.isnan(tpot) | (tpot <= profile.tpot))
+        return meets_slo(self.ttft_s, self.tpot_s, profile)
 
     def summary(self, profile: AppProfile | None = None) -> dict:
-        profile = profile or self.slo
-        n = len(self.arrival_s)
-        ttft, tpot = self.ttft_s, self.tpot_s
-        span = float(self.finish_s.max() - self.arrival_s.min()) if n else float("nan")
-        tokens = float(self.output_len.sum())
-        chips = self.deployment.chips_total
-        tokens_per_s = tokens / span if span > 0 else float("nan")
-        price = self.deployment.hardware.price_per_chip_hour
-        out = {
-            "ttft_p50_s": statistic(ttft, "p50"), "ttft_p90_s": statistic(ttft, "p90"),
-            "ttft_p99_s": statistic(ttft, "p99"), "ttft_mean_s": statistic(ttft, "mean"),
-            "tpot_p50_s": statistic(tpot, "p50"), "tpot_p90_s": statistic(tpot, "p90"),
-            "tpot_p99_s": statistic(tpot, "p99"), "tpot_mean_s": statistic(tpot, "mean"),
-            "completed": n,
-            "throughput_rps": n / span if span > 0 else float("nan"),   # drain included
-            "tokens_per_s_per_chip": tokens_per_s / chips,
-            "cost_per_million_tokens": (price * chips / 3600.0 / tokens_per_s * 1e6
-                                        if price is not None and tokens_per_s > 0 else None),
-            "chips_total": chips,
-            "span_s": span,
-            "step_times": self.step_source,
-        }
-        arrivals = float(self.arrival_s.max() - self.arrival_s.min()) if n else 0.0
-        # the stream's rate: (n - 1) / arrival span (a burst at one instant has none)
-        out["offered_rps"] = (n - 1) / arrivals if arrivals > 0 else None
-        if profile is not None:
-            ok = self.meets_slo(profile)
-            out["slo_attainment"] = float(ok.mean()) if n else float("nan")
-            # requests/s meeting both SLOs: attainment x the offered rate (the profile's
-            # Poisson rate, else the stream's), so a finite run's drain (the last answers
-            # finishing after the last arrival) and one sample's rate do not skew it; for a
-            # burst, those meeting over the span
-            offered = profile.rate if profile.rate is not None else out["offered_rps"]
-            out["goodput_rps"] = (out["slo_attainment"] * offered if offered
-                                  else float(ok.sum()) / span if span > 0 else float("nan"))
-            out["ttft_slo_stat_s"] = statistic(ttft, profile.ttft_statistic)
-            out["tpot_slo_stat_s"] = statistic(tpot, profile.tpot_statistic)
-        else:
-            out["slo_attainment"] = None
-            out["goodput_rps"] = out["throughput_rps"]
-        return out
+        return stream_summary(self.arrival_s, self.first_token_s, self.finish_s,
+                              self.output_len, self.deployment.chips_total,
+                              self.deployment.hardware.price_per_chip_hour,
+                              profile or self.slo, step_source=self.step_source)
+
+
+def stream_summary(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np.ndarray,
+                   output_len: np.ndarray, chips: int, price_per_chip_hour: float | None,
+                   profile: AppProfile | None, step_source: str = "analytical") -> dict:
+    """The serving metrics of a stream's finished requests (arrays in request order, seconds
+    on the arrivals' clock): a simulated run's (`SimResult.summary`) and a served one's
+    (workloads/servingtrial.py), one definition (docs/serving.md)."""
+    n = len(arrival_s)
+    ttft = first_token_s - arrival_s
+    tpot = tpot_of(first_token_s, finish_s, output_len)
+    span = float(finish_s.max() - arrival_s.min()) if n else float("nan")
+    tokens = float(output_len.sum())
+    tokens_per_s = tokens / span if span > 0 else float("nan")
+    out = {
+        "ttft_p50_s": statistic(ttft, "p50"), "ttft_p90_s": statistic(ttft, "p90"),
+        "ttft_p99_s": statistic(ttft, "p99"), "ttft_mean_s": statistic(ttft, "mean"),
+        "tpot_p50_s": statistic(tpot, "p50"), "tpot_p90_s": statistic(tpot, "p90"),
+        "tpot_p99_s": statistic(tpot, "p99"), "tpot_mean_s": statistic(tpot, "mean"),
+        "completed": n,
+        "throughput_rps": n / span if span > 0 else float("nan"),   # drain included
+        "tokens_per_s_per_chip": tokens_per_s / chips,
+        "cost_per_million_tokens": (price_per_chip_hour * chips / 3600.0 / tokens_per_s * 1e6
+                                    if price_per_chip_hour is not None and tokens_per_s > 0
+                                    else None),
+        "chips_total": chips,
+        "span_s": span,
+        "step_times": step_source,
+    }
+    arrivals = float(arrival_s.max() - arrival_s.min()) if n else 0.0
+    # the stream's rate: (n - 1) / arrival span (a burst at one instant has none)
+    out["offered_rps"] = (n - 1) / arrivals if arrivals > 0 else None
+    if profile is not None:
+        ok = meets_slo(ttft, tpot, profile)
+        out["slo_attainment"] = float(ok.mean()) if n else float("nan")
+        # requests/s meeting both SLOs: attainment x the offered rate (the profile's
+        # Poisson rate, else the stream's), so a finite run's drain (the last answers
+        # finishing after the last arrival) and one sample's rate do not skew it; for a
+        # burst, those meeting over the span
+        offered = profile.rate if profile.rate is not None else out["offered_rps"]
+        out["goodput_rps"] = (out["slo_attainment"] * offered if offered
+                              else float(ok.sum()) / span if span > 0 else float("nan"))
+        out["ttft_slo_stat_s"] = statistic(ttft, profile.ttft_statistic)
+        out["tpot_slo_stat_s"] = statistic(tpot, profile.tpot_statistic)
+    else:
+        out["slo_attainment"] = None
+        out["goodput_rps"] = out["throughput_rps"]
+    return out
 
 
 # --------------------------------------------------------------------------- the event loop

@@ -279,6 +279,14 @@ def _build(values: Mapping[str, Any], source: str | None, name_of: Callable[[str
     return AppProfile(**parsed)
 
 
+def block_profile(block: Mapping, source: str | None = None, prefix: str = "serving.") -> AppProfile:
+    """The profile of a space file's `serving:` block, which may also size a serving trial's
+    stream (`requests`, docs/space-files.md "Serving trials"): every other key is a profile
+    field, parsed by `profile_from_dict`."""
+    return profile_from_dict({k: v for k, v in block.items() if k != "requests"}, source,
+                             prefix=prefix)
+
+
 def profile_from_dict(data: Any, source: str | None = None, prefix: str = "serving.") -> AppProfile:
     """The `serving:` block of a space file (a mapping of AppProfile fields)."""
     if not isinstance(data, Mapping):
@@ -349,14 +357,26 @@ def requests(profile: AppProfile, n: int, seed: int = 0) -> list[Request]:
     return [Request(float(a), int(i), int(o)) for a, i, o in zip(arrivals, inputs, outputs)]
 
 
+def offered_rps(reqs: list[Request]) -> float | None:
+    """A stream's rate: (n - 1) / arrival span (None for a burst at one instant)."""
+    arrivals = [r.arrival_s for r in reqs]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else None
+
+
+def context_len(reqs: list[Request]) -> int:
+    """KV positions a slot needs for the longest request (prompt + answer)."""
+    return max(r.input_len + r.output_len for r in reqs) + 1
+
+
 def mean_rate(profile: AppProfile) -> float:
-    """Requests per second: the Poisson rate or the trace's ((count - 1) / arrival span, as
-    SimResult.summary's offered_rps)."""
+    """Requests per second: the Poisson rate or the trace's (`offered_rps`, as
+    SimResult.summary's)."""
     if profile.trace is None:
         return float(profile.rate)
     rows = read_trace(profile.trace)
-    span = rows[-1].arrival_s - rows[0].arrival_s
-    return (len(rows) - 1) / span if span > 0 else float(len(rows))
+    rate = offered_rps(rows)
+    return rate if rate is not None else float(len(rows))
 
 
 def length_stats(profile: AppProfile) -> dict:

@@ -45,8 +45,9 @@ import numpy as np
 from workloads.config import ConfigError, HardwareProfile
 from workloads.deployment import Deployment, PhaseSlice
 from workloads.metrics import SERVING_PREDICTIONS, Measurement
-from workloads.servingmodel import run_model, simulate
-from workloads.servingprofile import AppProfile, Request, profile_from_dict, requests
+from workloads.servingmodel import run_model, simulate, stream_summary
+from workloads.servingprofile import (AppProfile, Request, block_profile, context_len,
+                                      offered_rps, requests)
 from workloads.trial import TrialConfig
 
 START_MARGIN_S = 0.05     # the stream starts this long after the set-up ends
@@ -54,18 +55,12 @@ START_MARGIN_S = 0.05     # the stream starts this long after the set-up ends
 
 def trial_profile(trial: TrialConfig) -> AppProfile:
     """The application profile of a serving trial's stream (already validated)."""
-    block = {k: v for k, v in (trial.serving or {}).items() if k != "requests"}
-    return profile_from_dict(block, prefix="serving.")
+    return block_profile(trial.serving or {}, prefix="serving.")
 
 
 def trial_requests(trial: TrialConfig) -> list[Request]:
     """The trial's request stream: `requests` requests of its profile, seeded by its seed."""
     return requests(trial_profile(trial), int(trial.serving["requests"]), seed=trial.seed)
-
-
-def context_len(reqs: list[Request]) -> int:
-    """KV positions a slot needs for the longest request (prompt + answer)."""
-    return max(r.input_len + r.output_len for r in reqs) + 1
 
 
 def trial_deployment(trial: TrialConfig, hardware: HardwareProfile) -> Deployment:
@@ -155,7 +150,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     for key, value in predicted.items():
         setattr(m, key, value)
     m.extra["serving"] = {
-        "requests": len(reqs), "offered_rps": _offered_rps(reqs), "wall_s": wall_s,
+        "requests": len(reqs), "offered_rps": offered_rps(reqs), "wall_s": wall_s,
         "deployment": "aggregated", "slots": trial.batch, "prefill_batch": 1,
         "warmup": {str(k): v for k, v in warmup.items()}, "prediction": note,
         "per_request": [{"arrival_s": r.arrival_s, "input_len": r.input_len,
@@ -164,45 +159,19 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     return m
 
 
-def _offered_rps(reqs: list[Request]) -> float | None:
-    """The stream's rate: (n - 1) / arrival span (None for a burst at one instant)."""
-    arrivals = [r.arrival_s for r in reqs]
-    span = max(arrivals) - min(arrivals) if arrivals else 0.0
-    return (len(arrivals) - 1) / span if span > 0 else None
-
-
-def _percentile(values: np.ndarray, q: float) -> float:
-    finite = values[np.isfinite(values)]
-    return float(np.percentile(finite, q)) if finite.size else math.nan
-
-
 def summarize(reqs: list[Request], first_token_s: np.ndarray, finish_s: np.ndarray, chips: int,
               profile: AppProfile, price_per_chip_hour: float | None = None) -> dict[str, float]:
-    """The serving metrics of one served stream (module docstring), over the requests that
-    finished; `first_token_s`/`finish_s` in seconds on the arrivals' clock (NaN: not done)."""
-    arrival = np.array([r.arrival_s for r in reqs], dtype=float)
-    output = np.array([r.output_len for r in reqs], dtype=float)
+    """The serving metrics of one served stream (module docstring) over the requests that
+    finished: the serving model's own definitions (`stream_summary`), as Measurement fields;
+    `first_token_s`/`finish_s` in seconds on the arrivals' clock (NaN: not done)."""
     done = np.isfinite(finish_s) & np.isfinite(first_token_s)
-    arrival, first, finish, output = arrival[done], first_token_s[done], finish_s[done], output[done]
-    n = int(done.sum())
-    ttft = first - arrival
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(output > 1, (finish - first) / np.maximum(output - 1, 1), np.nan)
-    span = float(finish.max() - arrival.min()) if n else math.nan
-    tokens_per_s = float(output.sum()) / span if span > 0 else math.nan
-    meets = (ttft <= profile.ttft) & (np.isnan(tpot) | (tpot <= profile.tpot))
-    attainment = float(meets.mean()) if n else math.nan
-    offered = profile.rate if profile.rate is not None else _offered_rps(
-        [r for r, ok in zip(reqs, done) if ok])
-    if offered:
-        goodput = attainment * offered
-    else:
-        goodput = float(meets.sum()) / span if span > 0 else math.nan
-    cost = (price_per_chip_hour * chips / 3600.0 / tokens_per_s * 1e6
-            if price_per_chip_hour is not None and tokens_per_s > 0 else math.nan)
-    return {"ttft_p50_s": _percentile(ttft, 50), "ttft_p99_s": _percentile(ttft, 99),
-            "tpot_p50_s": _percentile(tpot, 50), "tpot_p99_s": _percentile(tpot, 99),
-            "slo_attainment": attainment, "goodput_rps": goodput,
-            "throughput_rps": n / span if span > 0 else math.nan,
-            "tokens_per_s_per_chip": tokens_per_s / chips, "completed": float(n),
-            "cost_per_million_tokens": cost}
+    arrival = np.array([r.arrival_s for r in reqs], dtype=float)[done]
+    output = np.array([r.output_len for r in reqs], dtype=float)[done]
+    out = stream_summary(arrival, first_token_s[done], finish_s[done], output, chips,
+                         price_per_chip_hour, profile)
+    cost = out["cost_per_million_tokens"]
+    return {**{k: out[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                                   "slo_attainment", "goodput_rps", "throughput_rps",
+                                   "tokens_per_s_per_chip")},
+            "completed": float(out["completed"]),
+            "cost_per_million_tokens": math.nan if cost is None else cost}

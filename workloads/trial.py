@@ -26,7 +26,7 @@ from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, PAD
                                WEIGHT_FORMATS, PhaseLayout, resolve_padding, validate_layouts,
                                validate_phase)
 from workloads.servingprofile import FIELDS as PROFILE_FIELDS
-from workloads.servingprofile import profile_from_dict
+from workloads.servingprofile import block_profile
 from workloads.validate import integer, is_int, number, one_of
 
 # The parts of a phase layout (PhaseLayout's fields) and the layouts each accepts (paper §3).
@@ -73,8 +73,7 @@ def parse_serving(value: Any, where: str = "serving", source: str | None = None,
         raise ConfigError(where, value, "a mapping of serving fields "
                           f"{sorted([*PROFILE_FIELDS, 'requests'])}", source)
     check_keys(value, [*PROFILE_FIELDS, "requests"], source, prefix=f"{where}.")
-    block = {k: v for k, v in value.items() if k != "requests"}
-    profile = profile_from_dict(block, source, prefix=f"{where}.")
+    profile = block_profile(value, source, prefix=f"{where}.")
     requests = integer(f"{where}.requests", value.get("requests", SERVING_REQUESTS), source, 1)
     out = {**profile.to_dict(), "requests": requests}
     if out["trace"] is not None:     # read where the trial runs (a worker's own directory)

@@ -70,9 +70,8 @@ def question_from_args(args: argparse.Namespace):
         if "serving" not in data:
             raise ConfigError("serving", None, "a serving: block (docs/serving.md)", args.space)
         block = data["serving"]
-        if isinstance(block, dict):   # `requests` sizes a serving trial's stream (space files)
-            block = {k: v for k, v in block.items() if k != "requests"}
-        base = workload.profile_from_dict(block, args.space)
+        base = (workload.block_profile(block, args.space) if isinstance(block, dict)
+                else workload.profile_from_dict(block, args.space))
         overrides = {f: getattr(args, f"serving_{f}") for f in workload.FIELDS
                      if getattr(args, f"serving_{f}") is not None}
         if overrides:     # flags win over the file, validated as flags

@@ -130,9 +130,10 @@ def cmd_serve(args) -> int:
     if args.measure_overheads:
         return cmd_measure_overheads(args)
     deployment, reqs, rate, seed = stream_of(args)
-    from sweeper.serving.serve import context_of, serve, slot_specs, table
+    from sweeper.serving.serve import serve, slot_specs, table
+    from workloads.servingprofile import context_len
 
-    slot_specs(deployment, context_of(reqs), seed)           # every layout check before Ray and JAX
+    slot_specs(deployment, context_len(reqs), seed)           # every layout check before Ray and JAX
     result = serve(deployment, reqs, seed=seed)
     run_id = None
     if not args.no_mlflow:

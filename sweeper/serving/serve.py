@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from workloads.deployment import Deployment, PhaseSlice
-from workloads.servingprofile import Request
+from workloads.servingprofile import Request, context_len
 from workloads.config import ConfigError
 from workloads.hardware import worker_share
 
@@ -86,11 +86,6 @@ def topology_of(deployment: Deployment, part: PhaseSlice) -> tuple[int, int, int
     from workloads.costmodel import best_topology
 
     return tuple(part.topology) if part.topology else best_topology(deployment.model.unpadded, part.chips)
-
-
-def context_of(requests: list[Request]) -> int:
-    """KV positions a slot needs for the longest request (prompt + answer)."""
-    return max(r.input_len + r.output_len for r in requests) + 1
 
 
 def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str, dict]:
@@ -268,7 +263,7 @@ def serve(deployment: Deployment, requests: list[Request], seed: int = 0,
           emulated: bool = True) -> ServeResult:
     """Serve `requests` (wall-clock arrivals) with `deployment` on Ray mesh workers; measure,
     and predict the same requests with the serving model (module docstring)."""
-    with ServingSession(deployment, context_of(requests), [r.input_len for r in requests],
+    with ServingSession(deployment, context_len(requests), [r.input_len for r in requests],
                         seed, emulated) as session:
         return session.run(requests, seed)
 

@@ -64,7 +64,7 @@ from workloads.config import (ConfigError, ModelConfig, load_model, parse_quanti
                               parse_yaml, read_text)
 from workloads.costmodel import best_topology, factorizations
 from workloads.layouts import PhaseLayout, stores_1d, validate_layouts
-from workloads.servingprofile import length_stats, profile_from_dict
+from workloads.servingprofile import block_profile, length_stats
 from workloads.trial import (FIELDS, FLAT_BY_NAME, PHASE_PARTS, REQUIRED, SEARCHABLE, TRIAL_FIELDS,
                              FlatParam, TrialConfig, flat_params_of, parse_field)
 from workloads.validate import boolean, check_keys as _check_keys, integer, number, one_of
@@ -464,8 +464,7 @@ def _serving_trials(fixed: dict[str, Any], searched: set[str], hardware: Hardwar
     if "pad_vocab" in searched or fixed.get("pad_vocab", "auto") != "auto":
         raise ConfigError("pad_vocab", fixed.get("pad_vocab", "searched"), "auto (the serving "
                           "engine pads the vocabulary to a multiple of the chips)", source)
-    block = {k: v for k, v in fixed["serving"].items() if k != "requests"}
-    lengths = length_stats(profile_from_dict(block, source))
+    lengths = length_stats(block_profile(fixed["serving"], source))
     fixed["input_len"] = int(lengths["input_max"])
     fixed["decode_steps"] = int(lengths["output_max"]) - 1
 
