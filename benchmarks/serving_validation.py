@@ -240,8 +240,9 @@ def step_times(d, session, costs: dict) -> dict:
     loop_pre = detail.get("aggregated") or detail["prefill"]
     loop_dec = detail.get("aggregated") or detail["decode"]
     context = INPUT_LEN + OUTPUT_LEN / 2
+    prompts = loop_pre.get("loop_prefill_prompts", d.prefill.batch)   # per closed-loop call
     return {"prefill_s": {"predicted": model.prefill_s(d.prefill.batch, INPUT_LEN)
-                          + model.prefill_overhead_s,
+                          + prompts * model.prefill_overhead_per_prompt_s,
                           "engine": loop_pre["engine_prefill_s"], "loop": loop_pre["loop_prefill_s"],
                           "warmup": pre[f"prefill_s@{INPUT_LEN}"]},
             "decode_step_s": {"predicted": model.decode_step_s(d.decode.batch, context)
@@ -254,19 +255,23 @@ def step_times(d, session, costs: dict) -> dict:
                                                  "serving_prefill_overhead_s", "handover_overhead_s")}}
 
 
-def loop_step_times(d, costs: dict, statistic: str = "median"):
-    """StepTimes of the serving loop as measured before the streams (closed loop: its step,
-    its prefill, the handover's fixed part). Medians: the loop-model diagnostic; means
-    (interruptions by other processes included, what a saturated stream gets): the loads'
-    capacity (module docstring)."""
+def loop_step_times(d, costs: dict, statistic: str = "mean"):
+    """StepTimes of the serving loop as measured before the streams (closed loop: its step;
+    its prefill, the engine's call and the loop's host work per prompt after it; the
+    handover's fixed part). Means (interruptions by other processes included: what a
+    stream's queue pays, docs/serving.md "Checking the model against the server"): the
+    loop-model diagnostic and the loads' capacity (module docstring); medians on request."""
     from workloads.servingmodel import StepTimes
 
     detail = costs["detail"]
     pre = detail.get("aggregated") or detail["prefill"]
     dec = detail.get("aggregated") or detail["decode"]
     suffix = "_mean_s" if statistic == "mean" else "_s"
-    prefill, step = pre["loop_prefill" + suffix], dec["loop_step" + suffix]
-    return StepTimes(lambda b, n: prefill, lambda b, c: step,
+    engine_prefill, step = pre["engine_prefill_s"], dec["loop_step" + suffix]
+    per_prompt = (max(pre["loop_prefill" + suffix] - engine_prefill, 0.0)
+                  / (pre.get("loop_prefill_prompts") or 1.0))
+    return StepTimes(lambda b, n: engine_prefill, lambda b, c: step,
+                     prefill_overhead_per_prompt_s=per_prompt,
                      handover_overhead_s=costs["handover_overhead_s"], source="serving loop")
 
 
@@ -280,8 +285,8 @@ def handover_s(per_request: list[dict]) -> float | None:
 
 def run(n_requests: int, calibration: dict) -> dict:
     from sweeper.serving.overheads import measure_session, with_deployment_overheads
-    from sweeper.serving.serve import ServingSession, relative_errors
-    from workloads.servingmodel import capacity_rps
+    from sweeper.serving.serve import ServingSession, relative_errors, replay_step_times
+    from workloads.servingmodel import capacity_rps, simulate
 
     rows, started = [], time.time()
     load_before = common.load_average()
@@ -307,7 +312,9 @@ def run(n_requests: int, calibration: dict) -> dict:
             for load in LOADS:
                 rate = load * capacity
                 for seed in SEEDS:
-                    result = session.run(stream(rate, n_requests, seed), seed)
+                    reqs = stream(rate, n_requests, seed)
+                    result = session.run(reqs, seed)
+                    replay = simulate(d, reqs, replay_step_times(d, result.calls)).summary()
                     rows.append({
                         "deployment": name, "mode": d.mode, "load": load, "rate_rps": rate,
                         "capacity_rps_loop": capacity, "host_costs": costs, "seed": seed, "requests": n_requests,
@@ -315,6 +322,7 @@ def run(n_requests: int, calibration: dict) -> dict:
                         "warmup_model": result.calibrated,
                         "error": relative_errors(result.measured, result.predicted),
                         "error_warmup_model": relative_errors(result.measured, result.calibrated),
+                        "replay": replay, "error_replay": relative_errors(result.measured, replay),
                         "warmup": result.warmup, "step_times": steps,
                         "handover_measured_s": handover_s(result.per_request),
                         "wall_s": result.wall_s, "setup_s": setup_s,
@@ -344,6 +352,7 @@ def groups(rows: list[dict]) -> list[dict]:
             measured = np.array([r["measured"][metric] for r in reps], dtype=float)
             error = np.array([r["error"][metric] for r in reps], dtype=float)
             warm = np.array([r["error_warmup_model"][metric] for r in reps], dtype=float)
+            replay = np.array([r.get("error_replay", {}).get(metric, np.nan) for r in reps], dtype=float)
             mean = float(np.mean(measured))
             target = TARGET["p50" if "p50" in metric else "p99"]
             err = float(np.mean(error))
@@ -356,6 +365,7 @@ def groups(rows: list[dict]) -> list[dict]:
                         "error_warmup_model": float(np.mean(warm)),
                         "warmup_within_target": bool(abs(float(np.mean(warm))) <= target)
                         if math.isfinite(float(np.mean(warm))) else None,
+                        "error_replay": float(np.mean(replay)),
                         "target": target,
                         "responsible": responsible(err, float(np.mean(warm)), target)})
     return out
@@ -411,12 +421,16 @@ def summarize(groups_: list[dict]) -> dict:
         part = [g for g in groups_ if stat in g["metric"]]
         errs = np.array([abs(g["error"]) for g in part])
         warm = np.array([abs(g["error_warmup_model"]) for g in part])
+        replay = np.array([abs(g.get("error_replay", np.nan)) for g in part])
+        replay = replay[np.isfinite(replay)]
         spread = np.array([g["replicate_spread"] for g in part if g["replicate_spread"] is not None])
         out[stat] = {"cases": len(part), "target": TARGET[stat],
                      "within_target": int(sum(bool(g["within_target"]) for g in part)),
                      "median_abs_error": float(np.median(errs)) if len(errs) else None,
                      "warmup_within_target": int(sum(bool(g["warmup_within_target"]) for g in part)),
                      "warmup_median_abs_error": float(np.median(warm)) if len(warm) else None,
+                     "replay_within_target": int(sum(replay <= TARGET[stat])) if len(replay) else None,
+                     "replay_median_abs_error": float(np.median(replay)) if len(replay) else None,
                      "median_replicate_spread": float(np.median(spread)) if len(spread) else None}
     return out
 
@@ -471,6 +485,9 @@ def render(r: dict) -> str:
               "profile, plus the serving host costs measured on the deployment's workers before its "
               "streams (sweeper/serving/overheads.py). Loop model (diagnostic): the same simulation "
               "on the serving loop's step, prefill and handover times measured in that closed loop. "
+              "Replay (diagnostic): the same simulation on each stream's own logged call durations, "
+              "in order (sweeper/serving/serve.py `replay_step_times`): its error is the serving "
+              "model's rules alone (docs/serving.md, \"Checking the model against the server\"). "
               "Error = predicted / measured - 1, the mean over the replicates; spread = "
               "(max - min) / mean of the replicates' measured values. Responsible (for a miss, "
               "measured): `step-time prediction` when the loop model is within target (the "
@@ -482,24 +499,29 @@ def render(r: dict) -> str:
                      f"in {s['within_target']}/{s['cases']} cases, median |error| "
                      f"{common.pct(s['median_abs_error'], 0)}; loop model within target in "
                      f"{s['warmup_within_target']}/{s['cases']}, median |error| "
-                     f"{common.pct(s['warmup_median_abs_error'], 0)}; median replicate spread "
+                     f"{common.pct(s['warmup_median_abs_error'], 0)}; "
+                     + (f"replay within target in {s['replay_within_target']}/{s['cases']}, median "
+                        f"|error| {common.pct(s['replay_median_abs_error'], 0)}; "
+                        if s.get("replay_within_target") is not None else "")
+                     + f"median replicate spread "
                      f"{common.pct(s['median_replicate_spread'], 0)}.")
     lines.append("")
     rows = [[g["deployment"], f"{g['load']:.0%} ({g['rate_rps']:.2f}/s)", g["metric"],
              common.ms(g["measured_mean_s"]), common.pct(g["replicate_spread"], 0),
              common.ms(g["predicted_mean_s"]), common.pct(g["error"], 0),
              "yes" if g["within_target"] else "no", common.pct(g["error_warmup_model"], 0),
-             g.get("responsible", "")]
+             common.pct(g.get("error_replay", float("nan")), 0), g.get("responsible", "")]
             for g in r["groups"]]
     lines += common.table(["deployment", "load", "metric", "measured", "spread", "predicted",
-                           "error", "within target", "loop model error", "responsible"], rows)
+                           "error", "within target", "loop model error", "replay error",
+                           "responsible"], rows)
     lines += ["", "#### Step times and host costs: predicted vs measured before the streams", "",
               "Prefill: one call of the prefill batch at the prompt length; decode: one step of the "
               "full slot batch. Predicted: the cost model (fitted profile, the worker's core share) "
               "plus the measured host cost. Engine: the engine's timed call (as a calibration trial "
               "times it); loop: the serving loop's (closed loop, slots full); host cost = loop - "
-              "engine. Handover (disaggregated): predicted (KV bytes over the link + the measured "
-              "fixed part) vs the streams' measured mean from the first token to the KV in a decode "
+              "engine. Handover (disaggregated): predicted (KV bytes over the link + the decode "
+              "loop's measured insert) vs the streams' measured mean from the first token to the KV in a decode "
               "slot (export, Ray, insert, and any wait for the decode loop or a free slot).", ""]
     rows = []
     for s in r["steps"]:

@@ -83,21 +83,37 @@ def test_cost_model_step_times_give_the_predicted_prefill_and_transfer():
 
 
 def _with_host_costs(times, step=0.0, prefill=0.0, handover=0.0):
-    return dataclasses.replace(times, step_overhead_s=step, prefill_overhead_s=prefill,
+    return dataclasses.replace(times, step_overhead_s=step, prefill_overhead_per_prompt_s=prefill,
                                handover_overhead_s=handover)
 
 
 @pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
 def test_idle_arrivals_pay_the_serving_host_costs(mode):
-    """Serving host costs (docs/serving.md): at idle, TTFT = prefill call + its host work;
-    TPOT = decode step + its host work (disaggregated: + the transfer and the handover's
-    host work, over K - 1 tokens)."""
+    """Serving host costs (docs/serving.md): at idle, TTFT = the prefill call alone (the
+    server has the first token on the host before it writes the row into a slot or exports
+    its KV); TPOT = decode step + its host work, plus, over K - 1 tokens, the prompt's host
+    work after its first token (disaggregated: + the transfer and the handover's host work)."""
     times = _with_host_costs(_constant(0.25, 0.02, transfer_s=0.1), step=0.005, prefill=0.03,
                              handover=0.04)
     result = simulate(_deployment(mode), _spaced(20, 10.0), times)
-    assert np.allclose(result.ttft_s, 0.25 + 0.03)
+    assert np.allclose(result.ttft_s, 0.25)
     extra = (0.1 + 0.04) / 9 if mode == "disaggregated" else 0.0
-    assert np.allclose(result.tpot_s, 0.02 + 0.005 + extra)
+    assert np.allclose(result.tpot_s, 0.02 + 0.005 + 0.03 / 9 + extra)
+
+
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_prefill_host_cost_is_paid_per_prompt_the_call_takes(mode):
+    """The prefill host cost is per prompt of the call (its rows' inserts or KV exports;
+    a replay of served streams showed a 1-prompt call of a 4-prompt deployment pays ~1/4 of
+    the 4-prompt call's host cost): one prompt, then a burst of four 1 s later; the burst's
+    call ends its host work 4 p after its first tokens, the lone prompt's p after."""
+    p, call = 0.01, 0.2
+    d = _deployment(mode, slots=4, prefill_batch=4)
+    times = _with_host_costs(_constant(call, 0.001), prefill=p)
+    reqs = [Request(0.0, 128, 2)] + [Request(1.0, 128, 2) for _ in range(4)]
+    result = simulate(d, reqs, times)
+    assert np.allclose(result.first_token_s, [call] + [1.0 + call] * 4)
+    assert np.isclose(result.prefill_busy_s, 2 * call + 5 * p)
 
 
 def test_handovers_are_serialised_through_the_decode_loop():
@@ -136,10 +152,11 @@ def test_cost_model_step_times_carry_the_profiles_host_costs():
     hw = dataclasses.replace(d.hardware, serving_step_overhead_s=0.001,
                              serving_prefill_overhead_s=0.002, handover_overhead_s=0.003)
     times = cost_model_step_times(dataclasses.replace(d, hardware=hw))
-    assert (times.step_overhead_s, times.prefill_overhead_s, times.handover_overhead_s) == (
-        0.001, 0.002, 0.003)
+    assert (times.step_overhead_s, times.prefill_overhead_per_prompt_s,
+            times.handover_overhead_s) == (0.001, 0.002, 0.003)
     plain = cost_model_step_times(d)
-    assert plain.step_overhead_s == plain.prefill_overhead_s == plain.handover_overhead_s == 0.0
+    assert (plain.step_overhead_s == plain.prefill_overhead_per_prompt_s
+            == plain.handover_overhead_s == 0.0)
 
 
 @pytest.mark.parametrize("mode,replicas", [("aggregated", 1), ("disaggregated", 2)])
@@ -320,3 +337,55 @@ def test_kv_transfer_crosses_domains_at_the_inter_domain_bandwidth():
     assert kv_link_bandwidth(small) == (2 * h100.ici_bandwidth, "fast interconnect (one domain)")
     small.decode.replicas = 2          # 2 + 8 chips: two nodes
     assert kv_link_bandwidth(small) == (2 * h100.inter_domain_bandwidth, "between domains")
+
+
+def test_host_costs_are_the_loops_means_per_prompt():
+    """sweeper/serving/overheads.py: the step cost is the loop's mean step minus the engine's
+    median (a queue pays the mean); the prefill cost is per prompt of the closed loop's
+    calls; a loop faster than the engine (timer noise) costs 0."""
+    from sweeper.serving.overheads import host_costs
+
+    worker = {"engine_step_s": 0.004, "loop_step_s": 0.0045, "loop_step_mean_s": 0.005,
+              "engine_prefill_s": 0.025, "loop_prefill_s": 0.030, "loop_prefill_mean_s": 0.033,
+              "loop_prefill_prompts": 4.0}
+    costs = host_costs(worker, worker)
+    assert costs["serving_step_overhead_s"] == pytest.approx(0.001)
+    assert costs["serving_prefill_overhead_s"] == pytest.approx(0.002)
+    fast = {**worker, "loop_step_mean_s": 0.003, "loop_prefill_mean_s": 0.02}
+    assert host_costs(fast, fast) == {"serving_step_overhead_s": 0.0,
+                                      "serving_prefill_overhead_s": 0.0}
+
+
+def test_replay_of_a_served_aggregated_log_gives_its_first_tokens_back():
+    """A trace test of the aggregated rules (docs/serving.md "Checking the model against the
+    server"): the call log the server writes for a burst of 3 requests on 2 slots (prefill,
+    step, prefill, step, prefill, step, step: one prefill between two decode steps while
+    requests decode), replayed with its own durations (sweeper/serving/serve.py
+    `replay_step_times`), gives each request's logged first token and its last step's end."""
+    from sweeper.serving.serve import replay_step_times
+
+    d = _deployment("aggregated", slots=2)
+    calls = {"aggregated": [
+        ("prefill", 0.0, 0.010, [0], 0.011), ("step", 0.011, 0.016, 1, 0.0165),
+        ("prefill", 0.0165, 0.0265, [1], 0.0275), ("step", 0.0275, 0.0325, 2, 0.033),
+        ("prefill", 0.033, 0.043, [2], 0.044), ("step", 0.044, 0.049, 2, 0.0495),
+        ("step", 0.0495, 0.0545, 1, 0.055)]}
+    result = simulate(d, [Request(0.0, 128, 3) for _ in range(3)], replay_step_times(d, calls))
+    assert np.allclose(result.first_token_s, [0.010, 0.0265, 0.043])
+    assert np.allclose(result.finish_s, [0.033, 0.0495, 0.055])
+
+
+def test_replay_of_a_served_disaggregated_log_charges_the_decode_loop_its_inserts():
+    """Disaggregated: the prefill slice's send (export and Ray submission) delays the KV's
+    arrival, the decode loop pays only its insert (the delivery between the processes
+    overlaps both loops): first token at the logged prefill end; the last token at send end
+    + insert + two steps."""
+    from sweeper.serving.serve import replay_step_times
+
+    d = _deployment("disaggregated", slots=2)
+    calls = {"prefill": [("prefill", 0.0, 0.010, [0]), ("send", 0.010, 0.012, [0])],
+             "decode": [("insert", 0.0125, 0.0135, 0), ("step", 0.0135, 0.018, 1, 0.0185),
+                        ("step", 0.0185, 0.023, 1, 0.0235)]}
+    result = simulate(d, [Request(0.0, 128, 3)], replay_step_times(d, calls))
+    assert np.allclose(result.first_token_s, [0.010])
+    assert np.allclose(result.finish_s, [0.012 + 0.001 + 2 * 0.005])

@@ -226,7 +226,8 @@ class SlotServer:
 
 def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callable[[int], Any],
                      start_at: float | None = None, prefill_batch: int | None = None,
-                     timings: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
+                     timings: dict[str, list[float]] | None = None,
+                     calls: list | None = None) -> list[dict[str, Any]]:
     """Serve `reqs` on an aggregated slot server, in the loop the serving model simulates
     (workloads/servingmodel.py `_aggregated_replica`): when prompts wait and slots are free,
     one prefill call (up to `prefill_batch` waiting prompts of the first one's length, in
@@ -243,6 +244,13 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
     to `timings["step_s"]`, and those of each prefill branch (taking the prompts, the call,
     the inserts, synchronised after the inserts so that their time is the prefill's, not the
     next step's) to `timings["prefill_s"]`.
+
+    `calls`: when given, the loop's call log is appended to it, seconds after the start on
+    the arrivals' clock: `("prefill", start, first tokens on the host, [requests], end of its
+    rows' inserts)` per prefill call and `("step", start, tokens on the host, busy slots, end
+    of the slots' bookkeeping)` per decode step (a trace the serving model is replayed
+    against, sweeper/serving/serve.py `replay_step_times`; docs/serving.md "Checking the
+    model against the server").
 
     Per request: `first_token_s` (the first token on the host) and `finish_s` (the last),
     seconds after the start, and its tokens."""
@@ -271,6 +279,7 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
         free = [s for s in range(slots) if slot_request[s] < 0]
         if waiting and free and not (prefilled_since_step and active):
             began = time.perf_counter()
+            call_start = time.time() - start_at
             take = take_one_length(waiting, input_lens, min(most, len(free)))
             done = server.prefill([prompt(i) for i in take])
             t = time.time() - start_at
@@ -286,11 +295,17 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
             if timings is not None:
                 jax.block_until_ready(server.cache)
                 timings.setdefault("prefill_s", []).append(time.perf_counter() - began)
+            if calls is not None:
+                calls.append(("prefill", call_start, t, list(take), time.time() - start_at))
             prefilled_since_step = True
             continue
         began = time.perf_counter()
+        call_start = time.time() - start_at
         tokens = server.step()
-        advance_slots(server, tokens, time.time() - start_at, slot_request, remaining, out)
+        t = time.time() - start_at
+        advance_slots(server, tokens, t, slot_request, remaining, out)
+        if calls is not None:
+            calls.append(("step", call_start, t, active, time.time() - start_at))
         if timings is not None:
             timings.setdefault("step_s", []).append(time.perf_counter() - began)
         prefilled_since_step = False

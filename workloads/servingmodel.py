@@ -21,10 +21,11 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
 - host work (docs/serving.md "Serving host costs"): every decode step costs the engine's
   step plus `serving_step_overhead_s` (the serving loop's per-step host work: the tokens'
   transfer, the argmax program, the sync, slot bookkeeping), every prefill call the engine's
-  call plus `serving_prefill_overhead_s` (prompts, argmax, sync, writing its rows into slots
-  or exporting their KV); a KV handover (disaggregated) costs `handover_overhead_s` beyond
-  its bytes over the link, paid in the decode slice's loop, one handover at a time before
-  its next step (server.py `serve_decode` receives and inserts there); all from the
+  call plus `serving_prefill_overhead_s` per prompt it takes (writing its rows into slots,
+  or exporting their KV and submitting the handover), paid after the call's first tokens
+  (the server has them on the host before that work); a KV handover (disaggregated) costs
+  the decode slice's loop `handover_overhead_s` (its insert into a slot), one handover at a
+  time before its next step (server.py `serve_decode` inserts there); all from the
   hardware profile, 0 by default;
 - requests go to replicas round-robin in arrival order (decode slices: in KV-ready order),
   so every replica is simulated on its own (fast, and a real router's choice is no worse);
@@ -77,10 +78,11 @@ class StepTimes:
     # Optional: slots -> (a, b) with decode_step_s(slots, c) = a + b * c, so runs of steps
     # are summed in closed form (the cost model's step time is affine in the context).
     decode_affine: Callable[[int], tuple[float, float]] | None = None
-    # Serving host costs (module docstring), seconds: added to every decode step, every
-    # prefill call, and every KV handover (paid by the decode slice's loop).
+    # Serving host costs (module docstring), seconds: added to every decode step, to a
+    # prefill call per prompt it takes (after its first tokens: the rows' inserts or KV
+    # exports), and to every KV handover (paid by the decode slice's loop).
     step_overhead_s: float = 0.0
-    prefill_overhead_s: float = 0.0
+    prefill_overhead_per_prompt_s: float = 0.0
     handover_overhead_s: float = 0.0
 
 
@@ -165,7 +167,7 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
     return StepTimes(prefill_s, decode_step_s, kv_transfer_s, source=costmodel.SOURCE,
                      decode_affine=decode_affine,
                      step_overhead_s=hw.serving_step_overhead_s,
-                     prefill_overhead_s=hw.serving_prefill_overhead_s,
+                     prefill_overhead_per_prompt_s=hw.serving_prefill_overhead_s,
                      handover_overhead_s=hw.handover_overhead_s)
 
 
@@ -371,14 +373,14 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
             continue
         if waiting and slots.free and not (prefilled_since_step and slots.active):
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
-            duration = (times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
-                        + times.prefill_overhead_s)
+            call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
+            duration = call + len(take) * times.prefill_overhead_per_prompt_s
+            first[take] = t + call       # the first tokens, before their rows go into slots
             t += duration
             prefill_busy += duration
             for i in take:
-                first[i] = t
                 if reqs[i].output_len <= 1:
-                    finish[i] = t
+                    finish[i] = first[i]
                 else:
                     slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
             prefilled_since_step = True
@@ -409,11 +411,11 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
         take = []
         while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
             take.append(queue.popleft())
-        duration = (times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
-                    + times.prefill_overhead_s)
+        call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
+        duration = call + len(take) * times.prefill_overhead_per_prompt_s
+        first[take] = t + call           # the first tokens, before their KV is exported
         t += duration
         busy += duration
-        first[take] = t
         for i in take:
             transfer[i] = times.kv_transfer_s(reqs[i].input_len)
             t += transfer[i]
@@ -498,7 +500,8 @@ def capacity_rps(deployment: Deployment, times: StepTimes, input_len: float, out
     d = deployment
     context = input_len + output_len / 2
     step = times.decode_step_s(d.decode.batch, context) + times.step_overhead_s
-    call = times.prefill_s(d.prefill.batch, int(math.ceil(input_len))) + times.prefill_overhead_s
+    call = (times.prefill_s(d.prefill.batch, int(math.ceil(input_len)))
+            + d.prefill.batch * times.prefill_overhead_per_prompt_s)
     decode_steps = max(output_len - 1, 0.0)
     per_request_decode = decode_steps * step / d.decode.batch       # replica-seconds
     per_request_prefill = call / d.prefill.batch

@@ -54,6 +54,7 @@ class ServeResult:
     warmup: dict[str, dict]                 # each worker's warm-up step times
     workers: dict[str, dict] = field(default_factory=dict)   # where each worker ran
     wall_s: float = 0.0
+    calls: dict[str, list] = field(default_factory=dict)     # each worker's call log (server.py)
 
     def to_json(self) -> dict:
         return {"measured": {k: self.measured[k] for k in KEYS},
@@ -236,13 +237,14 @@ class ServingSession:
                 per_request[i]["finish_s"] = part["finish_s"]
                 per_request[i]["kv_ready_s"] = part["kv_ready_s"]
         wall = time.time() - begin - START_MARGIN_S
+        calls = dict(zip(self.names, ray.get([self.actors[n].last_calls.remote() for n in self.names])))
         for i, r in enumerate(requests):
             per_request[i]["arrival_s"] = r.arrival_s
         measured, predicted, calibrated = compare(self.deployment, requests, per_request,
                                                   self.warmup, self.share,
                                                   self.diagnostic_step_times)
         return ServeResult(self.deployment, requests, measured, predicted, calibrated,
-                           per_request, self.warmup, self.workers, wall)
+                           per_request, self.warmup, self.workers, wall, calls)
 
     def close(self) -> None:
         for actor in self.actors.values():
@@ -309,6 +311,39 @@ def warmup_step_times(deployment: Deployment, warmup: dict[str, dict]):
     return StepTimes(prefill_s, lambda batch, context: float(dec["decode_step_s"]),
                      lambda input_len: 0.0, source="warm-up",
                      handover_overhead_s=deployment.hardware.handover_overhead_s)
+
+
+def replay_step_times(deployment: Deployment, calls: dict[str, list]):
+    """StepTimes that give a served stream's own calls back, in the order it made them
+    (`ServeResult.calls`, server.py `last_calls`): simulating the same requests with them
+    tests the serving model's RULES apart from its step times (docs/serving.md "Checking the
+    model against the server"). Each prefill call lasts as logged to its first tokens; the
+    work after them (aggregated: its rows' inserts; a prefill slice: the export and the Ray
+    submission) is the per-prompt host cost (aggregated: the stream's mean per prompt; a
+    prefill slice: each request's own, as its KV transfer); each decode step as logged with
+    its bookkeeping; each decode-slice handover its stream's mean insert. A simulation that
+    asks for more calls than the stream made gets the stream's mean."""
+    from workloads.servingmodel import StepTimes
+
+    def replay(values: list[float]):
+        mean = float(np.mean(values)) if values else 0.0
+        it = iter(values)
+        return lambda *_: next(it, mean)
+
+    if deployment.mode == "aggregated":
+        log = calls["aggregated"]
+        prefill = [c[2] - c[1] for c in log if c[0] == "prefill"]
+        after = [(c[4] - c[2]) / len(c[3]) for c in log if c[0] == "prefill"]
+        steps = [c[4] - c[1] for c in log if c[0] == "step"]
+        return StepTimes(replay(prefill), replay(steps), source="replay",
+                         prefill_overhead_per_prompt_s=float(np.mean(after)) if after else 0.0)
+    pre, dec = calls["prefill"], calls["decode"]
+    prefill = [c[2] - c[1] for c in pre if c[0] == "prefill"]
+    sends = [(c[2] - c[1]) / len(c[3]) for c in pre if c[0] == "send" for _ in c[3]]
+    steps = [c[4] - c[1] for c in dec if c[0] == "step"]
+    inserts = [c[2] - c[1] for c in dec if c[0] == "insert"]
+    return StepTimes(replay(prefill), replay(steps), replay(sends), source="replay",
+                     handover_overhead_s=float(np.mean(inserts)) if inserts else 0.0)
 
 
 # --------------------------------------------------------------------------- printing

@@ -66,6 +66,7 @@ class ServingWorker:
                 self.cores = sorted(wanted)
         self.server = None
         self.inbox: queue.Queue = queue.Queue()
+        self.calls: list = []            # the last stream's call log (`last_calls`)
 
     def where(self) -> dict[str, Any]:
         return {**where_am_i(), "cores": self.cores}
@@ -103,8 +104,19 @@ class ServingWorker:
 
         model = self.server.model.unpadded
         reqs = [Request(**r) for r in requests]
+        self.calls = []
         return serve_aggregated(self.server, reqs,
-                                lambda i: prompt_for(model, i, reqs[i].input_len, seed), start_at)
+                                lambda i: prompt_for(model, i, reqs[i].input_len, seed), start_at,
+                                calls=self.calls)
+
+    def last_calls(self) -> list:
+        """The last stream's call log, seconds after its start: aggregated as
+        `serve_aggregated` writes it; a prefill slice `("prefill", start, end, [requests])`
+        (end: the first tokens on the host) and `("send", start, end, [requests])` (their KV
+        exported and `deliver.remote` submitted); a decode slice `("insert", start, end,
+        request)` and `("step", start, tokens on the host, busy slots, end of the slots'
+        bookkeeping)`."""
+        return self.calls
 
     # ---- disaggregated
 
@@ -119,6 +131,7 @@ class ServingWorker:
         out = [{"tokens": []} for _ in range(n)]
         input_lens = [r["input_len"] for r in requests]
         queue_ = deque(sorted(range(n), key=lambda i: requests[i]["arrival_s"]))
+        self.calls = calls = []
         sleep_until(start_at)
         sent = []
         while queue_:
@@ -131,6 +144,7 @@ class ServingWorker:
             prompts = [prompt_for(model, i, requests[i]["input_len"], seed) for i in take]
             done = srv.prefill(prompts)
             t = time.time() - start_at
+            calls.append(("prefill", now, t, list(take)))
             handover = []
             for row, i in enumerate(take):
                 out[i].update(first_token_s=t, tokens=[int(done.first_tokens[row])])
@@ -142,6 +156,7 @@ class ServingWorker:
                                  "output_len": requests[i]["output_len"]})
             if handover:
                 sent.append(decode.deliver.remote(handover))
+                calls.append(("send", t, time.time() - start_at, [h["request"] for h in handover]))
         ray.get(sent)
         return out
 
@@ -161,6 +176,7 @@ class ServingWorker:
         slot_request = [-1] * spec.slots
         remaining = [0] * spec.slots
         received = 0
+        self.calls = calls = []
         sleep_until(start_at)
         while received < expected or waiting or any(r >= 0 for r in slot_request):
             while True:
@@ -173,15 +189,21 @@ class ServingWorker:
             while waiting and free:
                 item = waiting.popleft()
                 slot = free.pop(0)
+                began = time.time() - start_at
                 srv.insert(slot, item["kv"], 0, item["first_token"])
                 i = item["request"]
                 out[i] = {"kv_ready_s": time.time() - start_at, "tokens": []}
+                calls.append(("insert", began, out[i]["kv_ready_s"], i))
                 slot_request[slot], remaining[slot] = i, item["output_len"] - 1
             if not any(r >= 0 for r in slot_request):
                 time.sleep(POLL_S)
                 continue
+            began = time.time() - start_at
+            active = sum(r >= 0 for r in slot_request)
             tokens = srv.step()
-            advance_slots(srv, tokens, time.time() - start_at, slot_request, remaining, out)
+            t = time.time() - start_at
+            advance_slots(srv, tokens, t, slot_request, remaining, out)
+            calls.append(("step", began, t, active, time.time() - start_at))
         return out
 
 
@@ -235,9 +257,10 @@ class ServingWorker:
                         engine_step.append(time.perf_counter() - start)
 
         engine_calls()          # before and after the loop: a drift in the host's load
-        steps, prefills = [], []
+        steps, prefills, prompts = [], [], float(spec.prefill_batch)
         if spec.prefill is not None and spec.decode is not None:
-            steps, prefills = self._saturated_aggregated(input_len, output_len, rounds * spec.slots)
+            steps, prefills, prompts = self._saturated_aggregated(input_len, output_len,
+                                                                  rounds * spec.slots)
         elif spec.prefill is not None:
             for n in range(repeats):
                 start = time.perf_counter()
@@ -273,22 +296,27 @@ class ServingWorker:
         if prefills:
             out["loop_prefill_s"] = float(np.median(prefills[1:]))
             out["loop_prefill_mean_s"] = float(np.mean(prefills[1:]))
+            out["loop_prefill_prompts"] = prompts       # prompts per prefill call, mean
         if steps:
             out["loop_step_s"] = float(np.median(steps[1:]))
             out["loop_step_mean_s"] = float(np.mean(steps[1:]))
         return out
 
-    def _saturated_aggregated(self, input_len: int, output_len: int, n: int) -> tuple[list, list]:
+    def _saturated_aggregated(self, input_len: int, output_len: int, n: int) -> tuple[list, list, float]:
         """`serve_aggregated`'s loop on a burst of `n` requests at time 0: the seconds of each
         decode step and of each prefill branch (synchronised after its inserts, so their
-        time is the prefill's, not the next step's; workloads/serving.py `serve_aggregated`)."""
+        time is the prefill's, not the next step's; workloads/serving.py `serve_aggregated`),
+        and the mean prompts per prefill call after the first."""
+        import numpy as np   # lazy: as the JAX imports
         from workloads.serving import serve_aggregated   # lazy: imports JAX (the worker's mesh)
 
         model = self.server.model.unpadded
         timings: dict[str, list[float]] = {"step_s": [], "prefill_s": []}
+        calls: list = []
         serve_aggregated(self.server, [Request(0.0, input_len, output_len)] * n,
-                         lambda i: prompt_for(model, i, input_len, 7), timings=timings)
-        return timings["step_s"], timings["prefill_s"]
+                         lambda i: prompt_for(model, i, input_len, 7), timings=timings, calls=calls)
+        prompts = [len(c[3]) for c in calls if c[0] == "prefill"][1:] or [1]
+        return timings["step_s"], timings["prefill_s"], float(np.mean(prompts))
 
     def export_for_handover(self, done, row: int):
         """What serve_prefill does per request before sending: the KV as a host array."""
@@ -297,7 +325,9 @@ class ServingWorker:
     def handover_send(self, input_len: int, decode, repeats: int = 8) -> list[dict]:
         """KV handovers of `input_len` tokens to `decode`, as serve_prefill sends them (export,
         one `deliver`-like Ray call), one at a time: per handover the wall clock when the
-        prefill worker starts the export and when the decode worker has it in a slot."""
+        prefill worker starts the export, when the export is done, when the Ray call is
+        submitted (what the prefill loop pays), when the decode worker has the KV in a slot,
+        and the decode worker's insert alone (what its loop pays)."""
         import ray   # lazy: only inside a Ray worker
 
         srv = self.server
@@ -307,21 +337,29 @@ class ServingWorker:
         for _ in range(repeats + 1):
             start = time.time()
             kv = srv.export_kv(done, 0)
-            finished = ray.get(decode.handover_receive.remote(
-                [{"request": 0, "kv": kv, "first_token": int(done.first_tokens[0]), "output_len": 2}]))
-            out.append({"start": start, "in_slot": finished, "bytes": int(kv.nbytes)})
+            exported = time.time()
+            ref = decode.handover_receive.remote(
+                [{"request": 0, "kv": kv, "first_token": int(done.first_tokens[0]), "output_len": 2}])
+            submitted = time.time()
+            received = ray.get(ref)
+            out.append({"start": start, "exported": exported, "submitted": submitted,
+                        "in_slot": received["in_slot"], "insert_s": received["insert_s"],
+                        "bytes": int(kv.nbytes)})
         return out[1:]
 
-    def handover_receive(self, handover: list[dict]) -> float:
-        """The decode side of one handover: the KV into slot 0, synchronised; the wall clock then."""
+    def handover_receive(self, handover: list[dict]) -> dict[str, float]:
+        """The decode side of one handover: the KV into slot 0, synchronised; the wall clock
+        then, and the seconds of the insert itself (as `serve_decode`'s loop pays it)."""
         import jax   # lazy: only inside a Ray worker
 
+        began = time.perf_counter()
         for item in handover:
             self.server.insert(0, item["kv"], 0, item["first_token"])
         jax.block_until_ready(self.server.cache)
+        insert_s = time.perf_counter() - began
         done = time.time()
         self.server.release(0)
-        return done
+        return {"in_slot": done, "insert_s": insert_s}
 
 
 def actor_options(chips: int | None, cores: list[int] | None, threads: int = 1,
