@@ -191,6 +191,24 @@ def test_median_ci_is_the_order_statistic_interval():
     assert ci_rel([2.0] * MIN_CI_SAMPLES) == 0.0
 
 
+def test_median_ci_is_scipy_quantile_tests_interval():
+    """`median_ci` reads the binomial's CDF (scipy.special) instead of importing scipy.stats
+    in every worker: the same interval as `scipy.stats.quantile_test` for every sample count
+    a trial reaches and the confidences in use, ties included."""
+    import numpy as np
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    for n in [*range(1, 300), 511, 1000, 2047, 4000]:
+        samples = rng.lognormal(size=n).round(1)        # rounded: ties, like a timer's
+        for confidence in (0.9, 0.95, 0.99):
+            ci = stats.quantile_test(samples, q=float(np.median(samples)), p=0.5
+                                     ).confidence_interval(confidence)
+            ours = median_ci(samples, confidence) if n >= MIN_CI_SAMPLES else (math.nan,) * 2
+            expected = (ci.low, ci.high) if n >= MIN_CI_SAMPLES else (math.nan,) * 2
+            assert np.array_equal(ours, expected, equal_nan=True), (n, confidence, ours, expected)
+
+
 class FakeClock:
     """Seconds that advance only when a run happens (each run takes one second)."""
 

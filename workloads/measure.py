@@ -288,16 +288,34 @@ MIN_CI_SAMPLES = 6     # below 6 samples no pair of order statistics covers the 
 
 def median_ci(samples, confidence: float = 0.95) -> tuple[float, float]:
     """Distribution-free confidence interval of the median: the pair of order statistics
-    that covers it with probability >= `confidence` (binomial, `scipy.stats.quantile_test`).
-    (nan, nan) with fewer than MIN_CI_SAMPLES samples."""
+    that covers it with probability >= `confidence` (binomial), the interval of
+    `scipy.stats.quantile_test(samples, q=median, p=0.5).confidence_interval(confidence)`
+    (tests/test_measure.py checks they agree). (nan, nan) with fewer than MIN_CI_SAMPLES
+    samples."""
     import numpy as np
-    from scipy import stats
 
-    values = np.asarray(samples, dtype=float)
+    values = np.sort(np.asarray(samples, dtype=float))
     if len(values) < MIN_CI_SAMPLES:
         return math.nan, math.nan
-    ci = stats.quantile_test(values, q=float(np.median(values)), p=0.5).confidence_interval(confidence)
-    return float(ci.low), float(ci.high)
+    low, high = _median_ci_ranks(len(values), confidence)
+    if low < 0:
+        return math.nan, math.nan
+    return float(values[low]), float(values[high])
+
+
+def _median_ci_ranks(n: int, confidence: float) -> tuple[int, int]:
+    """(low, high) 0-based ranks of the median's two-sided interval among n sorted samples:
+    k = the smallest count with P(Binomial(n, 1/2) <= k) >= (1 - confidence) / 2 (the
+    binomial's `ppf`), low = k - 1 and, the binomial being symmetric, high = n - k (its
+    `isf`). `scipy.special.bdtr` is the binomial CDF `scipy.stats.binom` evaluates; not
+    scipy.stats itself, whose import (~1 s of CPU) every worker process paid inside its
+    first trial's timed runs (issue 22: the quickstart's workers are CPU-bound)."""
+    import numpy as np
+    from scipy.special import bdtr
+
+    cdf = bdtr(np.arange(n + 1), n, 0.5)
+    k = int(np.searchsorted(cdf, (1 - confidence) / 2, side="left"))
+    return k - 1, n - k
 
 
 def ci_rel(samples, confidence: float = 0.95) -> float:

@@ -195,6 +195,7 @@ class Controller:
         self.progress = ProgressLine(self.target, self.show_progress)
         status = "finished"
         try:
+            self._warm_tracking_imports()
             self.pool = self._start_pool()     # first: a bad --address creates no study or run
             self._mark("ray")
             self._prestart()
@@ -298,6 +299,23 @@ class Controller:
                     if self.session is not None:
                         self.session.close()     # bounded: see sweeper/sweep/session.py
                         self._mark("ray_closed")
+
+    def _warm_tracking_imports(self) -> None:
+        """Import MLflow (~1.7 s, needed by `TrackingLink` after the study opens) in a thread
+        while Ray starts, which mostly waits for its processes (issue 22 item 3; the
+        quickstart's checks no longer import it: sweeper/tracking/store_health.py keeps
+        MLflow's expected schema per version). An import that fails here fails again, with
+        its message, where MLflow is used."""
+        def warm() -> None:
+            try:
+                # lazy: MLflow, the same modules mlflow_log imports when the link starts
+                import mlflow.entities  # noqa: F401
+                import mlflow.tracking  # noqa: F401
+            except Exception:  # noqa: BLE001 - see the docstring
+                pass
+
+        if "mlflow.tracking" not in sys.modules:
+            threading.Thread(target=warm, name="sweeper-tracking-imports", daemon=True).start()
 
     def _warm_closing_imports(self) -> None:
         """Import what comes after the trials (pandas and the Pareto front for the result,

@@ -107,11 +107,54 @@ def _tables(path: Path) -> tuple[set[str], str | None]:
         connection.close()
 
 
+SCHEMA_CACHE = "mlflow-schema-{version}.json"    # under $SWEEPER_HOME/cache
+
+
+def _schema_cache_file() -> Path | None:
+    """Where this MLflow version's expected schema is kept: one file per installed MLflow
+    version, so an upgrade never reads another version's tables or head revision; None
+    when $SWEEPER_HOME does not exist yet (nothing is created before the checks pass)."""
+    from importlib import metadata
+
+    from sweeper.paths import sweeper_home
+
+    home = sweeper_home(create=False)
+    if not home.is_dir():
+        return None
+    try:
+        version = metadata.version("mlflow")
+    except metadata.PackageNotFoundError:
+        return None
+    return home / "cache" / SCHEMA_CACHE.format(version=version)
+
+
 def mlflow_expected_schema() -> tuple[set[str], str]:
-    """(tables MLflow's ORM needs, the head revision of its migrations) for this MLflow."""
+    """(tables MLflow's ORM needs, the head revision of its migrations) for this MLflow.
+
+    Importing MLflow to ask takes ~1.7 s, on the path of every `sweeper run` before Ray
+    starts (issue 22: the quickstart's checks took 2.9 s), so the answer is kept per MLflow
+    version under $SWEEPER_HOME/cache; an unreadable or missing file is asked again."""
+    import json
+
+    cache = _schema_cache_file()
+    if cache is not None and cache.is_file():
+        try:
+            kept = json.loads(cache.read_text())
+            return set(kept["tables"]), str(kept["head"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     from mlflow.store.db import utils as db_utils   # lazy: MLflow (~1 s) and Alembic
 
-    return set(db_utils.Base.metadata.tables), db_utils._get_latest_schema_revision()
+    tables, head = set(db_utils.Base.metadata.tables), db_utils._get_latest_schema_revision()
+    if cache is not None:
+        try:                       # a full disk or a read-only home: asked again next time
+            cache.parent.mkdir(exist_ok=True)
+            partial = cache.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps({"tables": sorted(tables), "head": head}))
+            os.replace(partial, cache)
+        except OSError:
+            partial.unlink(missing_ok=True) if "partial" in locals() else None
+    return tables, head
 
 
 def mlflow_schema_problem(path: Path) -> str | None:
