@@ -41,10 +41,14 @@ the results say so. None of the calibration measurements is a serving run.
 Predicted (the headline): `simulate()` of the same deployment and the same requests with the
 cost model's step times and that profile, scaled to each worker's core share. Nothing of the
 serving runs feeds it.
+The host costs are the closed loop's means (the prefill's per prompt), and every call is
+scaled by a factor drawn from the closed loop's spread of durations (`duration_spread`).
 Loop model (a diagnostic, separately labelled): the same simulation on the serving loop's
 step, prefill and handover times measured in the closed loop before the streams; its error is
 the serving model's own (queueing, slots, handover, step-time variation under load) with the
 step-time model taken out.
+Replay (a diagnostic): the same simulation on each stream's own logged call durations, in
+order (`replay_step_times`): its error is the serving model's rules alone.
 
 Cores: every worker is pinned to one core of its own (`CORES_PER_WORKER`; disaggregated:
 prefill and decode never share one), the share the calibration sweep's trials ran on, and the
@@ -59,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -284,7 +289,7 @@ def handover_s(per_request: list[dict]) -> float | None:
 
 
 def run(n_requests: int, calibration: dict) -> dict:
-    from sweeper.serving.overheads import measure_session, with_deployment_overheads
+    from sweeper.serving.overheads import duration_spread, measure_session, with_deployment_overheads
     from sweeper.serving.serve import ServingSession, relative_errors, replay_step_times
     from workloads.servingmodel import capacity_rps, simulate
 
@@ -301,7 +306,12 @@ def run(n_requests: int, calibration: dict) -> dict:
             costs = measure_session(session, INPUT_LEN, OUTPUT_LEN)   # before any stream
             d = with_deployment_overheads(d, costs)
             session.deployment = d                 # the predictions use the measured costs
-            session.diagnostic_step_times = loop_step_times(d, costs)
+            # the closed loop's spread of call durations: the prediction and the loop model
+            # draw each call's factor from it (docs/serving.md "The serving model")
+            session.duration_spread = duration_spread(costs)
+            session.diagnostic_step_times = dataclasses.replace(
+                loop_step_times(d, costs), prefill_spread=session.duration_spread[0],
+                step_spread=session.duration_spread[1])
             capacity = capacity_rps(d, loop_step_times(d, costs, "mean"), INPUT_LEN, OUTPUT_LEN)["rps"]
             steps = step_times(d, session, costs)
             print(f"{name}: host costs " + ", ".join(
@@ -367,25 +377,35 @@ def groups(rows: list[dict]) -> list[dict]:
                         if math.isfinite(float(np.mean(warm))) else None,
                         "error_replay": float(np.mean(replay)),
                         "target": target,
-                        "responsible": responsible(err, float(np.mean(warm)), target)})
+                        "responsible": responsible(err, float(np.mean(warm)), target,
+                                                   float(np.mean(replay)))})
     return out
 
 
-def responsible(error: float, warmup_error: float, target: float) -> str:
-    """What a miss is owed to, measured: the loop model runs the same simulation on the
-    serving loop's measured step times, so its error is the serving model's (queueing, slots,
-    handover, the step time's variation under load) and the rest is the step-time prediction's."""
+def responsible(error: float, warmup_error: float, target: float,
+                replay_error: float = float("nan")) -> str:
+    """What a miss is owed to, measured. The replay runs the simulation on the stream's own
+    logged call durations, so its error is the serving model's rules alone; the loop model
+    runs it on the serving loop's durations measured in the closed loop before the streams,
+    so where the replay is within target and the loop model is not, the stream's calls took
+    other durations than the closed loop's (other processes' load on this host changed, or
+    the calls interfere in a stream as they do not in a closed loop); the rest of a miss is
+    the step-time prediction's."""
     if not math.isfinite(error) or abs(error) <= target:
         return ""
+    if math.isfinite(replay_error) and abs(replay_error) > target:
+        return "serving model rules"
     if not math.isfinite(warmup_error):
         return "unknown"
     if abs(warmup_error) <= target:
         return "step-time prediction"
+    if not math.isfinite(replay_error):     # a results file from before the replay
+        if abs(warmup_error) < 0.5 * abs(error):
+            return "mostly step-time prediction"
+        return "serving model" if abs(warmup_error) >= abs(error) else "both"
     if abs(warmup_error) < 0.5 * abs(error):
         return "mostly step-time prediction"
-    if abs(error) < 0.5 * abs(warmup_error):
-        return "serving model (step prediction offsets it)"
-    return "serving model" if abs(warmup_error) >= abs(error) else "both"
+    return "stream's call durations" if abs(warmup_error) >= abs(error) else "both"
 
 
 def deployment_steps(rows: list[dict]) -> list[dict]:
@@ -483,16 +503,20 @@ def render(r: dict) -> str:
               "#### Results", "",
               "Predicted: the serving model (`simulate`) with the cost model's step times and that "
               "profile, plus the serving host costs measured on the deployment's workers before its "
-              "streams (sweeper/serving/overheads.py). Loop model (diagnostic): the same simulation "
-              "on the serving loop's step, prefill and handover times measured in that closed loop. "
+              "streams (sweeper/serving/overheads.py: the closed loop's means, the prefill's per "
+              "prompt), each call scaled by a factor drawn from the closed loop's spread of "
+              "durations. Loop model (diagnostic): the same simulation on the serving loop's "
+              "step, prefill and handover times measured in that closed loop, with the same spread. "
               "Replay (diagnostic): the same simulation on each stream's own logged call durations, "
               "in order (sweeper/serving/serve.py `replay_step_times`): its error is the serving "
               "model's rules alone (docs/serving.md, \"Checking the model against the server\"). "
               "Error = predicted / measured - 1, the mean over the replicates; spread = "
               "(max - min) / mean of the replicates' measured values. Responsible (for a miss, "
-              "measured): `step-time prediction` when the loop model is within target (the "
-              "queueing model on measured steps is right), `serving model` when the loop model "
-              "misses as much or more (queueing, slots, handover, step-time variation under load).",
+              "measured): `serving model rules` when the replay misses; `step-time prediction` "
+              "when the loop model is within target; `stream's call durations` when the replay is "
+              "within target and the loop model misses as much or more (the stream's calls took "
+              "other durations than the closed loop's before it: other processes' load changed, "
+              "or calls interfere in a stream as they do not in a closed loop).",
               ""]
     for stat, s in r["summary"].items():
         lines.append(f"- **{stat}** (target within {s['target']:.0%}): prediction within target "

@@ -389,3 +389,38 @@ def test_replay_of_a_served_disaggregated_log_charges_the_decode_loop_its_insert
     result = simulate(d, [Request(0.0, 128, 3)], replay_step_times(d, calls))
     assert np.allclose(result.first_token_s, [0.010])
     assert np.allclose(result.finish_s, [0.012 + 0.001 + 2 * 0.005])
+
+
+def test_prefill_spread_gives_the_mg1_mean_wait():
+    """Prefill durations with a spread (factors 0.2 or 1.8, mean 1): a prefill-only replica
+    is an M/G/1 queue, mean wait lambda E[S^2] / (2 (1 - rho)) (Pollaczek-Khinchine), above
+    the M/D/1 wait of the same mean service."""
+    service, rate = 0.1, 5.0
+    profile = AppProfile(rate=rate, input_len=parse_length(64, "x", None),
+                         output_len=parse_length(1, "x", None))
+    times = dataclasses.replace(_constant(service, 0.01), prefill_spread=(0.2, 1.8), spread_seed=4)
+    result = simulate(_deployment(), requests(profile, 20000, seed=3), times)
+    second_moment = service ** 2 * (0.2 ** 2 + 1.8 ** 2) / 2
+    rho = rate * service
+    expected = service + rate * second_moment / (2 * (1 - rho))
+    assert float(np.mean(result.ttft_s)) == pytest.approx(expected, rel=0.05)
+
+
+def test_step_spread_keeps_the_mean_tpot_and_spreads_it():
+    """Decode steps with a spread (mean-1 factors): at idle the mean TPOT is still one step,
+    and the p99 is above the p50."""
+    times = dataclasses.replace(_constant(0.25, 0.02), step_spread=(0.5, 1.0, 1.5), spread_seed=1)
+    result = simulate(_deployment(), _spaced(2000, 10.0, output_len=5), times)
+    assert float(np.mean(result.tpot_s)) == pytest.approx(0.02, rel=0.02)
+    assert np.percentile(result.tpot_s, 99) > np.percentile(result.tpot_s, 50) * 1.2
+
+
+def test_duration_spread_is_the_closed_loops_calls_over_their_mean():
+    from sweeper.serving.overheads import duration_spread
+
+    costs = {"detail": {"prefill": {"loop_prefill_samples_s": [0.01, 0.03]},
+                        "decode": {"loop_step_samples_s": [0.004, 0.004, 0.010]}}}
+    prefill, step = duration_spread(costs)
+    assert prefill == pytest.approx((0.5, 1.5))
+    assert step == pytest.approx((2 / 3, 2 / 3, 5 / 3))
+    assert duration_spread({"detail": {"aggregated": {}}}) == ((), ())

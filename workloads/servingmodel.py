@@ -24,9 +24,12 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   call plus `serving_prefill_overhead_s` per prompt it takes (writing its rows into slots,
   or exporting their KV and submitting the handover), paid after the call's first tokens
   (the server has them on the host before that work); a KV handover (disaggregated) costs
-  the decode slice's loop `handover_overhead_s` (its insert into a slot), one handover at a
-  time before its next step (server.py `serve_decode` inserts there); all from the
+  the decode slice's loop `handover_overhead_s` (the decode process's work per handover:
+  receiving the KV, its insert into a slot), one handover at a time before its next step
+  (server.py `serve_decode` inserts there); all from the
   hardware profile, 0 by default;
+- optionally (`StepTimes.prefill_spread`, `step_spread`), each call's duration scaled by a
+  factor of mean 1 drawn from a measured spread (seeded): the tails of interrupted calls;
 - requests go to replicas round-robin in arrival order (decode slices: in KV-ready order),
   so every replica is simulated on its own (fast, and a real router's choice is no worse);
 - TTFT = first token - arrival; TPOT = (finish - first token) / (output_len - 1), as the
@@ -84,6 +87,26 @@ class StepTimes:
     step_overhead_s: float = 0.0
     prefill_overhead_per_prompt_s: float = 0.0
     handover_overhead_s: float = 0.0
+    # Optional: the spread of the calls' durations, as factors of mean 1 (measured durations
+    # over their mean): each prefill call (with its host work) and each decode step (with
+    # its host work) is scaled by one factor drawn at random (seeded by `spread_seed`). A
+    # constant duration cannot give the p99s of a host whose calls other processes
+    # sometimes interrupt (docs/serving.md "Checking the model against the server").
+    prefill_spread: tuple[float, ...] = ()
+    step_spread: tuple[float, ...] = ()
+    spread_seed: int = 0
+
+    def spread_draws(self) -> tuple[Callable[[], float], Callable[[], float]]:
+        """(prefill factor, step factor) draws; 1.0 without a spread."""
+        rng = np.random.default_rng(self.spread_seed)
+
+        def draw(factors):
+            if not factors:
+                return lambda: 1.0
+            values = np.asarray(factors, dtype=float)
+            return lambda: float(values[rng.integers(len(values))])
+
+        return draw(self.prefill_spread), draw(self.step_spread)
 
 
 def run_model(deployment: Deployment):
@@ -321,16 +344,18 @@ class _Slots:
         return finished
 
 
-def _decode_run(slots: _Slots, times: StepTimes, batch: int, t: float, until: float) -> tuple:
+def _decode_run(slots: _Slots, times: StepTimes, batch: int, t: float, until: float,
+                step_factor: Callable[[], float] | None = None) -> tuple:
     """Decode steps from time t until a slot frees or a step ends at or after `until` (the
     next event that could change the batch): (end time, steps, busy seconds, finished).
-    With an affine step time (the cost model's) the run is summed in closed form. Each step
-    costs the engine's step plus the serving loop's host work (`step_overhead_s`)."""
+    With an affine step time (the cost model's) and no spread the run is summed in closed
+    form. Each step costs the engine's step plus the serving loop's host work
+    (`step_overhead_s`), times a drawn factor when the step times have a spread."""
     context = slots.mean_context()
     overhead = times.step_overhead_s
     most = slots.min_remaining()
     start = t
-    affine = times.decode_affine(batch) if times.decode_affine else None
+    affine = times.decode_affine(batch) if times.decode_affine and not times.step_spread else None
     if affine is not None:
         a, b = affine          # step k (0-based) takes a + b * (context + k)
         first = a + overhead + b * context
@@ -352,7 +377,8 @@ def _decode_run(slots: _Slots, times: StepTimes, batch: int, t: float, until: fl
     else:
         steps = 0
         for steps in range(1, most + 1):
-            t += times.decode_step_s(batch, context + steps - 1) + overhead
+            step = times.decode_step_s(batch, context + steps - 1) + overhead
+            t += step * step_factor() if step_factor is not None else step
             if t >= until:
                 break
     return t, steps, t - start, slots.advance(steps)
@@ -363,6 +389,7 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
     slots = _Slots(d.decode.batch)
     waiting: deque[int] = deque()
     pending = deque(ids)               # in arrival order
+    prefill_factor, step_factor = times.spread_draws()
     t, prefill_busy, decode_busy = 0.0, 0.0, 0.0
     prefilled_since_step = False
     while pending or waiting or slots.active:
@@ -373,8 +400,9 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
             continue
         if waiting and slots.free and not (prefilled_since_step and slots.active):
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
-            call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
-            duration = call + len(take) * times.prefill_overhead_per_prompt_s
+            factor = prefill_factor()
+            call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take)) * factor
+            duration = call + len(take) * times.prefill_overhead_per_prompt_s * factor
             first[take] = t + call       # the first tokens, before their rows go into slots
             t += duration
             prefill_busy += duration
@@ -392,7 +420,7 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
             until = reqs[pending[0]].arrival_s
         else:
             until = math.inf
-        t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until)
+        t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until, step_factor)
         decode_busy += duration
         finish[finished] = t
         prefilled_since_step = False
@@ -406,13 +434,15 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
     `serve_prefill`: the export and send are in the prefill loop)."""
     t, busy = 0.0, 0.0
     queue = deque(ids)
+    prefill_factor, _ = times.spread_draws()
     while queue:
         t = max(t, reqs[queue[0]].arrival_s)
         take = []
         while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
             take.append(queue.popleft())
-        call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take))
-        duration = call + len(take) * times.prefill_overhead_per_prompt_s
+        factor = prefill_factor()
+        call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take)) * factor
+        duration = call + len(take) * times.prefill_overhead_per_prompt_s * factor
         first[take] = t + call           # the first tokens, before their KV is exported
         t += duration
         busy += duration
@@ -432,6 +462,7 @@ def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: Ste
     slots = _Slots(d.decode.batch)
     pending = deque(sorted(ids, key=lambda i: ready[i]))
     waiting: deque[int] = deque()
+    _, step_factor = times.spread_draws()
     t, busy = 0.0, 0.0
     while pending or waiting or slots.active:
         while pending and ready[pending[0]] <= t:
@@ -445,7 +476,7 @@ def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: Ste
             t = max(t, ready[pending[0]])
             continue
         until = ready[pending[0]] if (pending and slots.free) else math.inf
-        t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until)
+        t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until, step_factor)
         busy += duration
         finish[finished] = t
     return busy

@@ -18,13 +18,15 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   most of it: a served call of one prompt in a 4-prompt deployment pays ~1/4 of the
   4-prompt call's host cost). Disaggregated: measured on the prefill worker;
 - `handover_overhead_s` (disaggregated): what one KV handover costs the decode slice's
-  loop: the mean of the decode worker's insert of a handed-over KV into a slot
-  (synchronised), over handovers at two KV sizes (the prompt and half of it). The prefill
-  slice's share, the Ray call's submission after the export, is added to
-  `serving_prefill_overhead_s` (per prompt); the delivery between the processes overlaps
-  both loops and is not charged (its fixed part, the intercept of a straight line through
-  the handovers' wall clock from export to slot, is in the detail, `fixed_s`); the bytes'
-  part is the link the cost model prices.
+  loop: the decode worker process's CPU seconds per handover (Ray receiving and unpickling
+  the KV, the call, the insert into a slot; at least the insert's wall clock), over
+  handovers at two KV sizes (the prompt and half of it): the worker is pinned to its core,
+  so its loop loses that time. The prefill slice's share, the Ray call's submission after
+  the export, is added to `serving_prefill_overhead_s` (per prompt); the rest of the
+  handover's wall clock (the prefill process's work, waiting between the processes) is not
+  charged to either loop (its fixed part, the intercept of a straight line through the
+  handovers' wall clock from export to slot, is in the detail, `fixed_s`); the bytes' part
+  is the link the cost model prices.
 
 Each worker runs where `sweeper serve` runs it (the same cores, `ServingSession`), so the
 costs include the core share a deployment gets. A difference below zero (timer noise) is 0.
@@ -53,15 +55,21 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = 3) -
         pre = dec = worker
         detail: dict[str, Any] = {"aggregated": worker}
     else:
-        pre, dec = ray.get([actors["prefill"].measure_host_costs.remote(input_len, output_len, rounds),
-                            actors["decode"].measure_host_costs.remote(input_len, output_len, rounds)])
+        # one worker after the other: run together, their closed loops (each saturating its
+        # own loop) contend more than a stream does, whose prefill slice mostly waits
+        pre = ray.get(actors["prefill"].measure_host_costs.remote(input_len, output_len, rounds))
+        dec = ray.get(actors["decode"].measure_host_costs.remote(input_len, output_len, rounds))
         detail = {"prefill": pre, "decode": dec}
     out: dict[str, Any] = {**host_costs(pre, dec), "handover_overhead_s": 0.0}
     if session.deployment.mode == "disaggregated":
         lengths = sorted({max(input_len // 2, 1), input_len})
         samples = []
+        cpu_before = ray.get(actors["decode"].cpu_seconds.remote())
         for length in lengths:
             samples += ray.get(actors["prefill"].handover_send.remote(length, actors["decode"]))
+        # the decode process's CPU per handover: Ray receiving and unpickling the KV, the
+        # call, the insert (the decode loop's core pays all of it, not the insert alone)
+        decode_cpu = (ray.get(actors["decode"].cpu_seconds.remote()) - cpu_before) / len(samples)
         size = np.array([s["bytes"] for s in samples], dtype=float)
         seconds = np.array([s["in_slot"] - s["start"] for s in samples])
         if len(set(size)) > 1:
@@ -70,18 +78,19 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = 3) -
             slope, intercept = 0.0, float(np.median(seconds))
         insert = float(np.mean([s["insert_s"] for s in samples]))
         submit = float(np.mean([s["submitted"] - s["exported"] for s in samples]))
-        # What each loop pays (a replay of served streams with their own calls' durations
-        # reproduces the measured TPOT this way, and overshoots it by 10-30% when the whole
-        # handover is charged to the decode loop; docs/serving.md "Checking the model against
-        # the server"): the decode loop the insert alone; the prefill loop the export (in
-        # its closed loop's prefill cost) and the Ray call's submission, per prompt. The
-        # delivery between the processes overlaps both loops.
-        out["handover_overhead_s"] = insert
+        # What each loop's core pays (docs/serving.md "Checking the model against the
+        # server"): the decode loop the decode process's CPU per handover (receiving, the
+        # call, the insert; at least the insert), not the handover's whole wall clock, part
+        # of which is the prefill process's and waiting between the two; the prefill loop
+        # the export (in its closed loop's prefill cost) and the Ray call's submission, per
+        # prompt.
+        out["handover_overhead_s"] = max(decode_cpu, insert)
         out["serving_prefill_overhead_s"] += submit
         detail["handover"] = {"bytes": sorted(set(size.tolist())),
                               "median_s": {int(b): float(np.median(seconds[size == b]))
                                            for b in sorted(set(size))},
                               "fixed_s": max(float(intercept), 0.0), "insert_mean_s": insert,
+                              "decode_cpu_s": decode_cpu,
                               "submit_mean_s": submit,
                               "seconds_per_byte": float(slope), "samples": len(samples)}
     out["detail"] = detail
@@ -99,6 +108,21 @@ def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
     return {"serving_step_overhead_s": max(decode["loop_step_mean_s"] - decode["engine_step_s"], 0.0),
             "serving_prefill_overhead_s": max(prefill["loop_prefill_mean_s"]
                                               - prefill["engine_prefill_s"], 0.0) / prompts}
+
+
+def duration_spread(costs: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(prefill, decode step) duration factors of mean 1 from a measurement's closed loops
+    (each call's seconds over their mean; server.py `measure_host_costs`): the spread the
+    serving model draws from (StepTimes `prefill_spread`, `step_spread`)."""
+    detail = costs["detail"]
+    pre = detail["aggregated"] if "aggregated" in detail else detail["prefill"]
+    dec = detail["aggregated"] if "aggregated" in detail else detail["decode"]
+
+    def factors(samples) -> tuple[float, ...]:
+        values = np.asarray(samples or [], dtype=float)
+        return tuple((values / values.mean()).tolist()) if values.size and values.mean() > 0 else ()
+
+    return factors(pre.get("loop_prefill_samples_s")), factors(dec.get("loop_step_samples_s"))
 
 
 def measure(deployment: Deployment, input_len: int, output_len: int, seed: int = 0,

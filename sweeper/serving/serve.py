@@ -188,6 +188,9 @@ class ServingSession:
         self.deployment, self.seed, self.emulated = deployment, seed, emulated
         # the diagnostic ("calibrated") prediction's step times; None: the warm-up medians
         self.diagnostic_step_times = None
+        # the spread of the calls' durations the prediction draws from (StepTimes
+        # prefill_spread, step_spread; overheads.py `duration_spread`); () : none
+        self.duration_spread: tuple[tuple, tuple] = ((), ())
         specs = slot_specs(deployment, context_len, seed)
         self.ray = ray
         self.started_ray = _ray_started()
@@ -242,7 +245,7 @@ class ServingSession:
             per_request[i]["arrival_s"] = r.arrival_s
         measured, predicted, calibrated = compare(self.deployment, requests, per_request,
                                                   self.warmup, self.share,
-                                                  self.diagnostic_step_times)
+                                                  self.diagnostic_step_times, self.duration_spread)
         return ServeResult(self.deployment, requests, measured, predicted, calibrated,
                            per_request, self.warmup, self.workers, wall, calls)
 
@@ -278,10 +281,12 @@ def prediction_deployment(deployment: Deployment, share: float) -> Deployment:
 
 
 def compare(deployment: Deployment, requests: list[Request], per_request: list[dict],
-            warmup: dict[str, dict], share: float, diagnostic=None) -> tuple[dict, dict, dict]:
+            warmup: dict[str, dict], share: float, diagnostic=None,
+            spread: tuple[tuple, tuple] = ((), ())) -> tuple[dict, dict, dict]:
     """(measured, predicted, calibrated) summaries of the same requests; `diagnostic`: the
-    StepTimes of the calibrated column (default: the warm-up medians)."""
-    from workloads.servingmodel import SimResult, simulate
+    StepTimes of the calibrated column (default: the warm-up medians); `spread`: (prefill,
+    step) duration factors the prediction draws from (none by default)."""
+    from workloads.servingmodel import SimResult, cost_model_step_times, simulate
 
     arrival = np.array([r.arrival_s for r in requests])
     first = np.array([p.get("first_token_s", np.nan) for p in per_request], dtype=float)
@@ -290,7 +295,12 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
     done = np.isfinite(finish)
     measured = SimResult(deployment, arrival[done], first[done], finish[done], output[done]).summary()
     measured["completed"] = int(done.sum())
-    predicted = simulate(prediction_deployment(deployment, share), requests).summary()
+    predicting = prediction_deployment(deployment, share)
+    times = None
+    if spread[0] or spread[1]:
+        times = dataclasses.replace(cost_model_step_times(predicting), prefill_spread=tuple(spread[0]),
+                                    step_spread=tuple(spread[1]))
+    predicted = simulate(predicting, requests, times).summary()
     calibrated = simulate(deployment, requests,
                           diagnostic or warmup_step_times(deployment, warmup)).summary()
     return measured, predicted, calibrated

@@ -220,8 +220,9 @@ class ServingWorker:
         `srv.prefill`, its rows into slots; a step: `srv.step()`, the clock read, `advance_slots`);
         a prefill slice, prefill calls and their KV exported back to back; a decode slice,
         every slot full, stepping. Medians: {engine_step_s, loop_step_s, engine_prefill_s,
-        loop_prefill_s} (a phase the worker does not run is absent), and the loop's means
-        {loop_step_mean_s, loop_prefill_mean_s}."""
+        loop_prefill_s} (a phase the worker does not run is absent), the loop's means
+        {loop_step_mean_s, loop_prefill_mean_s}, its prompts per prefill call and every
+        closed-loop call's seconds {loop_step_samples_s, loop_prefill_samples_s}."""
         import jax   # lazy: only inside a Ray worker (its mesh is set up there)
         import jax.numpy as jnp   # lazy: as jax
         import numpy as np
@@ -297,9 +298,11 @@ class ServingWorker:
             out["loop_prefill_s"] = float(np.median(prefills[1:]))
             out["loop_prefill_mean_s"] = float(np.mean(prefills[1:]))
             out["loop_prefill_prompts"] = prompts       # prompts per prefill call, mean
+            out["loop_prefill_samples_s"] = [float(x) for x in prefills[1:]]   # their spread
         if steps:
             out["loop_step_s"] = float(np.median(steps[1:]))
             out["loop_step_mean_s"] = float(np.mean(steps[1:]))
+            out["loop_step_samples_s"] = [float(x) for x in steps[1:]]
         return out
 
     def _saturated_aggregated(self, input_len: int, output_len: int, n: int) -> tuple[list, list, float]:
@@ -346,6 +349,11 @@ class ServingWorker:
                         "in_slot": received["in_slot"], "insert_s": received["insert_s"],
                         "bytes": int(kv.nbytes)})
         return out[1:]
+
+    def cpu_seconds(self) -> float:
+        """This worker process's CPU seconds so far, all its threads (Ray's receiving ones
+        included): on a worker pinned to one core, what its loop does not get."""
+        return time.process_time()
 
     def handover_receive(self, handover: list[dict]) -> dict[str, float]:
         """The decode side of one handover: the KV into slot 0, synchronised; the wall clock
