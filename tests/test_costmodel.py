@@ -453,3 +453,31 @@ def test_a_weight_tile_as_wide_as_half_dim_halves_the_weight_matmul_rate():
                             validate=False)
     weight_s = 64 * 2.0 * cm.matmul_params(palm) / (64 * TPU_V4.peak_flops)
     assert half.compute_s - paper.compute_s == pytest.approx(weight_s, rel=1e-12)
+
+
+def test_collective_rendezvous_is_charged_per_op_times_g_times_g_minus_1():
+    """collective_rendezvous_s (issue 20): + per collective op x g x (g - 1), g its group size,
+    outside the overlap and not scaled by a chip's share of the host; 0 changes nothing."""
+    from workloads.config import HardwareProfile
+
+    layout, topo = PhaseLayout("ws2d", "head"), (2, 2, 2)
+    args = (MQ8, 8, 8, "decode", 64, 64, layout, "bf16", topo)
+    hw = dataclasses.replace(TPU_V4, overlap=0.5)
+    paper = cm.predict_phase(MQ8, hw, *args[1:])
+    ops = forward_collectives(MQ8, topo, layout, 8, 1, "bf16")
+    sizes = {"x": 2, "y": 2, "z": 2}
+    pairs = sum(c.count * math.prod(sizes[a] for a in c.axes)
+                * (math.prod(sizes[a] for a in c.axes) - 1) for c in ops)
+    assert pairs > 0
+    term = cm.predict_phase(MQ8, dataclasses.replace(hw, collective_rendezvous_s=1e-6), *args[1:])
+    assert term.latency_s - paper.latency_s == pytest.approx(pairs * 1e-6, rel=1e-9)
+    assert term.comm_s - paper.comm_s == pytest.approx(pairs * 1e-6, rel=1e-9)
+    assert (term.compute_s, term.memory_s) == (paper.compute_s, paper.memory_s)
+    one_chip = cm.predict_phase(MQ8, dataclasses.replace(hw, collective_rendezvous_s=1e-6), 1, 8,
+                                "decode", 64, 64, layout, "bf16", (1, 1, 1))
+    assert one_chip.latency_s == cm.predict_phase(MQ8, hw, 1, 8, "decode", 64, 64, layout, "bf16",
+                                                  (1, 1, 1)).latency_s   # no collective, no cost
+    data = {"peak_flops": 1e12, "hbm_bandwidth": 1e11, "hbm_bytes": 1e9, "ici_bandwidth": 1e10}
+    assert HardwareProfile.from_dict({**data, "collective_rendezvous_s": 2e-6}).collective_rendezvous_s == 2e-6
+    with pytest.raises(ConfigError, match="collective_rendezvous_s"):
+        HardwareProfile.from_dict({**data, "collective_rendezvous_s": -1})

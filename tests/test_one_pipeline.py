@@ -85,3 +85,17 @@ def test_device_overhead_is_charged_per_layer_and_chip_and_round_trips():
     assert math.isclose(call.predict(share).latency_s - call.predict(TRUTH.scaled(0.25)).latency_s,
                         extra, rel_tol=1e-9)
     assert HardwareProfile.from_dict(with_term.to_dict()).device_overhead_s == 1e-4
+
+
+def test_collective_rendezvous_is_fitted_within_its_bound_and_recovered():
+    """Noise-free points from a truth with collective_rendezvous_s: the fit that frees it
+    recovers it within its bound (fit.EXTRA_BOUNDS), and the fast path matches predict_phase."""
+    from sweeper.analysis.fit import EXTRA_BOUNDS, default_space, predict_point
+
+    truth = dataclasses.replace(TRUTH, collective_rendezvous_s=2e-5)
+    points = ob.from_frame(synthetic_trials(grid(chips=(2, 4, 8)), truth, START, noise=0.0), START)
+    fitted = fit_profile(points, START, default_space(points, ("collective_rendezvous_s",))).profile
+    low, high = EXTRA_BOUNDS["collective_rendezvous_s"]
+    assert low <= fitted.collective_rendezvous_s <= high
+    assert math.isclose(fitted.collective_rendezvous_s, 2e-5, rel_tol=0.05)
+    assert max(abs(predict_point(p, fitted) / p.measured - 1) for p in points) < 0.01

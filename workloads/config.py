@@ -288,6 +288,9 @@ class HardwareProfile:
     collective_latency_s_per_device: float = 0.0   # + per collective op x (group size - 1)
     launch_overhead_s: float = 0.0                 # + once per program launch (a phase call)
     device_overhead_s: float = 0.0                 # + per layer x chips: per-device dispatch (issue 20)
+    # + per collective op x g x (g - 1): on an emulated mesh a collective's g device threads
+    # share cores, each waiting through the other g - 1 threads' turns (issue 20)
+    collective_rendezvous_s: float = 0.0
     # Rows (M dimension) of a chip's matmul at which it runs at half the peak rate: a matmul
     # of r rows runs at peak x r / (r + matmul_half_rows) (costmodel.matmul_rows; issue 20:
     # small per-chip shapes run far below peak, large ones near it). 0 = always at peak.
@@ -355,6 +358,7 @@ class HardwareProfile:
                 raise ConfigError(f"{prefix}{key}", data[key], "a positive number", source)
         for key in ("collective_latency_s", "op_overhead_s", "overlap",
                     "collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
+                    "collective_rendezvous_s",
                     "matmul_half_rows", "matmul_half_dim",
                     "serving_step_overhead_s", "serving_prefill_overhead_s",
                     "handover_overhead_s"):

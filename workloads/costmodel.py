@@ -16,7 +16,8 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
               like the paper we drop the ring's (K-1)/K; plus hw.collective_latency_s per op
   latency_s = (1 - overlap) * (compute + memory + comm bytes) + overlap * max(...)
               + collective start-up latencies (per op; + hw.collective_latency_s_per_device
-                * (group size - 1) per op): in comm_s, but outside the overlap
+                * (group size - 1) + hw.collective_rendezvous_s * g * (g - 1) per op of
+                group size g): in comm_s, but outside the overlap
               + hw.op_overhead_s * n_layers + hw.launch_overhead_s
   (overlap, the latencies and overheads default to 0: the paper's additive model;
   sweeper/analysis/calibrate.py fits them to measurements without changing this structure.)
@@ -341,11 +342,14 @@ def collective_group_size(c: Collective, topology: tuple[int, int, int]) -> int:
 def group_latency_s(collectives: list[Collective], topology: tuple[int, int, int],
                     hw: HardwareProfile) -> float:
     """Latency that grows with the group: a ring passes each op through g - 1 hops, and an
-    emulated mesh meets g device threads at a rendezvous (fitted, issue 10)."""
-    if not hw.collective_latency_s_per_device:
+    emulated mesh meets g device threads at a rendezvous (fitted, issue 10); where those g
+    threads share cores, each waits through the other g - 1 threads' turns, a cost that
+    grows as g x (g - 1) (`collective_rendezvous_s`, issue 20; 0 = the paper's model)."""
+    if not (hw.collective_latency_s_per_device or hw.collective_rendezvous_s):
         return 0.0
-    return sum(c.count * (collective_group_size(c, topology) - 1) for c in collectives) \
-        * hw.collective_latency_s_per_device
+    sizes = [(c.count, collective_group_size(c, topology)) for c in collectives]
+    return (sum(n * (g - 1) for n, g in sizes) * hw.collective_latency_s_per_device
+            + sum(n * g * (g - 1) for n, g in sizes) * hw.collective_rendezvous_s)
 
 
 def comm_bytes(collectives: list[Collective], what: tuple[str, ...] | None = None) -> int:

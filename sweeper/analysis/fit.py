@@ -9,6 +9,7 @@
   op_overhead_s   per layer-phase           + op_overhead_s * n_layers
   overlap         in [0, 1]                 (1 - o) * sum(terms) + o * max(terms)
   collective_latency_s_per_device           + per op x (group size - 1), in comm_s
+  collective_rendezvous_s                   + per op x g x (g - 1), in comm_s
   launch_overhead_s                         + once per phase call (EXTRA_TERMS: their reasons)
   matmul_half_rows, matmul_half_dim         compute_s x (1 + half / rows or / tile width) per
                                             matmul: small per-chip shapes below peak
@@ -112,6 +113,9 @@ def by_kind_supported() -> bool:
 #   launch_overhead_s                once per phase call: program dispatch and the host sync
 #   device_overhead_s                per layer x chips: each op dispatched once per device, a
 #                                     cost that does not shrink with the device's core share
+#   collective_rendezvous_s          per collective op x g x (g - 1): a collective's g device
+#                                     threads share cores on an emulated mesh, each waiting
+#                                     through the other g - 1 threads' turns
 #   matmul_half_rows                 a chip's matmul of r rows runs at peak x r / (r + half):
 #                                     a systolic array fills, drains and loads each weight
 #                                     tile once per pass, amortised over the rows (small
@@ -120,17 +124,19 @@ def by_kind_supported() -> bool:
 #                                     (costmodel.weight_tile_dim: 4608 for PaLM in ws2d on 64
 #                                     chips, 18432 in wg_xyz): each tile's pass has a fixed part
 EXTRA_TERMS = ("collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
-               "matmul_half_rows", "matmul_half_dim")
+               "collective_rendezvous_s", "matmul_half_rows", "matmul_half_dim")
 # The terms nested cross-validation chooses among by default (holdout.select_terms): the
 # study's terms of issues 10 and 20; a caller names others (`candidates`: the paper CSV's
 # benchmark adds matmul_half_rows), so a study's term search stays 2^3 fits per fold.
-SELECT_CANDIDATES = ("collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s")
+SELECT_CANDIDATES = ("collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
+                     "collective_rendezvous_s")
 # The terms a default fit frees: chosen per fit by nested cross-validation (select_terms)
 # when the caller asks for it (`terms="select"`); otherwise none (the paper's constants).
 DEFAULT_TERMS: tuple[str, ...] = ()
 EXTRA_BOUNDS = {"collective_latency_s_per_device": (1e-12, 1e-2),   # <= 10 ms per device-hop
                 "launch_overhead_s": (1e-12, 1.0),                  # <= 1 s per launch
                 "device_overhead_s": (1e-12, 1e-2),                 # <= 10 ms per layer-device
+                "collective_rendezvous_s": (1e-12, 1e-3),           # <= 1 ms per op and thread pair
                 # rows: 0 (always at peak) up to 16384 rows for half the peak (a 128 x 128
                 # systolic array at 1/128 of its rate; docs/cost-model.md "Matmul efficiency")
                 "matmul_half_rows": (1e-12, 16384.0),
@@ -234,7 +240,8 @@ def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...]) -> tuple:
             probe(op_overhead_s=1.0).latency_s - base.latency_s,
             probe(device_overhead_s=1.0).latency_s - base.latency_s,
             probe(matmul_half_rows=1.0).compute_s - base.compute_s,
-            probe(matmul_half_dim=1.0).compute_s - base.compute_s)
+            probe(matmul_half_dim=1.0).compute_s - base.compute_s,
+            probe(collective_rendezvous_s=1.0).comm_s - base.comm_s)
 
 
 @dataclass
@@ -250,6 +257,7 @@ class PhaseTerms:
     launches: np.ndarray     # launch_overhead_s multiplier     (outside the overlap)
     layers: np.ndarray       # op_overhead_s multiplier
     devices: np.ndarray      # device_overhead_s multiplier (layers x chips)
+    rendezvous: np.ndarray   # collective_rendezvous_s multiplier (ops x g x (g - 1), in comm)
     row_compute: np.ndarray  # compute_s at peak 1 per unit of matmul_half_rows (FLOPs / rows / n)
     dim_compute: np.ndarray  # compute_s at peak 1 per unit of matmul_half_dim (FLOPs / dim / n)
     scale: np.ndarray        # per call: its observation's share of the profile
@@ -265,7 +273,7 @@ class PhaseTerms:
         col = lambda i: np.array([r[i] for r in rows], dtype=float)  # noqa: E731
         return cls(col(0), col(1), col(2),
                    np.array([r[3] for r in rows], dtype=float).reshape(len(rows), len(kinds)),
-                   col(4), col(5), col(6), col(7), col(8), col(9), np.array([s for *_, s in calls], dtype=float),
+                   col(4), col(5), col(6), col(7), col(10), col(8), col(9), np.array([s for *_, s in calls], dtype=float),
                    np.array([i for i, *_ in calls]), np.array([c.variant for _, c, _ in calls]),
                    np.array([c.weight for _, c, _ in calls], dtype=float), len(observations))
 
@@ -277,7 +285,8 @@ class PhaseTerms:
                    + fields.get("matmul_half_dim", 0.0) * self.dim_compute) / (peak * self.scale)
         memory = self.memory / (hbm * self.scale)
         comm = self.comm / (ici * self.scale)
-        fixed = self.counts @ lat + self.group * fields.get("collective_latency_s_per_device", 0.0)
+        fixed = (self.counts @ lat + self.group * fields.get("collective_latency_s_per_device", 0.0)
+                 + self.rendezvous * fields.get("collective_rendezvous_s", 0.0))
         terms = np.stack([compute, memory, comm])
         return ((1 - overlap) * terms.sum(axis=0) + overlap * terms.max(axis=0) + fixed
                 + overhead * self.layers + fields.get("launch_overhead_s", 0.0) * self.launches

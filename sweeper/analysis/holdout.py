@@ -94,10 +94,18 @@ def folds(points: list[Point], scheme: str, k: int = K_FOLDS, seed: int = 0) -> 
         # Folds of trial shapes: every trial of one (batch, chips, ...) shape, both phases,
         # is held out together, so each ranking group is predicted by one model that saw
         # none of its layouts. A study of a single shape falls back to folds of trials.
+        # Stratified by chip count (shapes dealt in chip-count order, random within a
+        # count): a count's shapes land in different folds, so k-fold measures prediction
+        # between chip counts the fit saw; an unseen chip count is the `chips` and
+        # `extrapolation` schemes' question (issue 20: unstratified, seed 0 held out both
+        # 8-chip shapes of the calibration sweep in one fold).
         shapes = sorted({p.shape_key for p in points}, key=str)
         unit = (lambda p: p.shape_key) if len(shapes) >= 2 else (lambda p: p.group)
         units = sorted({unit(p) for p in points}, key=str)
-        order = [units[i] for i in np.random.default_rng(seed).permutation(len(units))]
+        chips_of = {unit(p): p.chips for p in points}
+        draw = np.random.default_rng(seed).random(len(units))
+        order = [u for _, _, u in sorted(zip([chips_of[u] for u in units], draw, units),
+                                         key=lambda t: (t[0], t[1]))]
         k = max(2, min(k, len(units)))
         fold_of = {u: i % k for i, u in enumerate(order)}
         keys = [fold_of[unit(p)] for p in points]
@@ -414,7 +422,8 @@ def blowup_reason(result: "Calibration") -> str | None:
         ratios = {}
         for name in ("peak_flops", "hbm_bandwidth", "ici_bandwidth", "op_overhead_s",
                      "collective_latency_s", "launch_overhead_s", "collective_latency_s_per_device",
-                     "device_overhead_s", "matmul_half_rows", "matmul_half_dim"):
+                     "device_overhead_s", "collective_rendezvous_s", "matmul_half_rows",
+                     "matmul_half_dim"):
             a, c = getattr(fold_fit, name), getattr(result.fitted, name)
             # a term at its 0 bound says nothing: overheads under 1 ns, matmul terms under a row
             zero = 1.0 if name.startswith("matmul_half") else 1e-9
@@ -540,6 +549,7 @@ class Calibration:
                 "op_overhead_s": p.op_overhead_s, "overlap": p.overlap,
                 "collective_latency_s_per_device": p.collective_latency_s_per_device,
                 "launch_overhead_s": p.launch_overhead_s, "device_overhead_s": p.device_overhead_s,
+                "collective_rendezvous_s": p.collective_rendezvous_s,
                 "matmul_half_rows": p.matmul_half_rows, "matmul_half_dim": p.matmul_half_dim}
 
     def summary(self) -> dict[str, Any]:
