@@ -33,7 +33,8 @@ SCHEMES = HOLDOUTS + ("loo",)
 HOLDOUT_TEXT = {
     "loo": "leave-one-out (each point held out with the points of its run: a table's latency "
            "and MFU of one configuration are one measurement)",
-    "kfold": "k-fold over trial shapes (all layouts of one batch/chips/... shape held out together)",
+    "kfold": "k-fold over trial shapes (all layouts of one batch/chips/... shape held out together; "
+             "the shapes of one chip count dealt to different folds)",
     "layout": "leave-one-layout-out (every point of one FFN/attention layout held out together)",
     "chips": "leave-one-chip-count-out (every point of one chip count held out together)",
     "extrapolation": "extrapolation (each chip count n >= 4 predicted by a fit on chip counts "
