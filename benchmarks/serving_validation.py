@@ -290,8 +290,8 @@ def handover_s(per_request: list[dict]) -> float | None:
 
 def run(n_requests: int, calibration: dict) -> dict:
     from sweeper.serving.overheads import duration_spread, measure_session, with_deployment_overheads
-    from sweeper.serving.serve import ServingSession, relative_errors, replay_step_times
-    from workloads.servingmodel import capacity_rps, simulate
+    from sweeper.serving.serve import ServingSession, relative_errors
+    from workloads.servingmodel import capacity_rps
 
     rows, started = [], time.time()
     load_before = common.load_average()
@@ -324,7 +324,7 @@ def run(n_requests: int, calibration: dict) -> dict:
                 for seed in SEEDS:
                     reqs = stream(rate, n_requests, seed)
                     result = session.run(reqs, seed)
-                    replay = simulate(d, reqs, replay_step_times(d, result.calls)).summary()
+                    replay = result.replayed      # the model on the stream's own call log
                     rows.append({
                         "deployment": name, "mode": d.mode, "load": load, "rate_rps": rate,
                         "capacity_rps_loop": capacity, "host_costs": costs, "seed": seed, "requests": n_requests,

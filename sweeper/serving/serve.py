@@ -55,11 +55,13 @@ class ServeResult:
     workers: dict[str, dict] = field(default_factory=dict)   # where each worker ran
     wall_s: float = 0.0
     calls: dict[str, list] = field(default_factory=dict)     # each worker's call log (server.py)
+    replayed: dict[str, Any] = field(default_factory=dict)   # diagnostic: the model on that log
 
     def to_json(self) -> dict:
         return {"measured": {k: self.measured[k] for k in KEYS},
                 "predicted": {k: self.predicted[k] for k in KEYS},
                 "calibrated": {k: self.calibrated[k] for k in KEYS},
+                "replayed": {k: self.replayed[k] for k in KEYS} if self.replayed else None,
                 "relative_error": relative_errors(self.measured, self.predicted),
                 "deployment": self.deployment.to_dict(),
                 "requests": len(self.requests), "warmup": self.warmup,
@@ -246,8 +248,12 @@ class ServingSession:
         measured, predicted, calibrated = compare(self.deployment, requests, per_request,
                                                   self.warmup, self.share,
                                                   self.diagnostic_step_times, self.duration_spread)
+        from workloads.servingmodel import simulate
+
+        replayed = simulate(self.deployment, requests,
+                            replay_step_times(self.deployment, calls)).summary()
         return ServeResult(self.deployment, requests, measured, predicted, calibrated,
-                           per_request, self.warmup, self.workers, wall, calls)
+                           per_request, self.warmup, self.workers, wall, calls, replayed)
 
     def close(self) -> None:
         for actor in self.actors.values():
@@ -364,10 +370,13 @@ def table(result: ServeResult) -> str:
     m, p, c = result.measured, result.predicted, result.calibrated
     err = relative_errors(m, p)
     err_c = relative_errors(m, c)
-    rows = [f"{'':14}{'measured':>12}{'predicted':>12}{'rel.err':>9}   {'warm-up model':>14}{'rel.err':>9}"]
+    rep = result.replayed or {k: float("nan") for k in KEYS}
+    err_r = relative_errors(m, rep)
+    rows = [f"{'':14}{'measured':>12}{'predicted':>12}{'rel.err':>9}   {'warm-up model':>14}{'rel.err':>9}"
+            f"   {'replay':>10}{'rel.err':>9}"]
     for key in KEYS[:4]:
         rows.append(f"{key:14}{_ms(m[key]):>12}{_ms(p[key]):>12}{_pct(err[key]):>9}   "
-                    f"{_ms(c[key]):>14}{_pct(err_c[key]):>9}")
+                    f"{_ms(c[key]):>14}{_pct(err_c[key]):>9}   {_ms(rep[key]):>10}{_pct(err_r[key]):>9}")
     rows.append(f"{'completed':14}{m['completed']:>12}{p['completed']:>12}")
     rows.append(f"{'throughput':14}{m['throughput_rps']:>10.2f}/s{p['throughput_rps']:>10.2f}/s")
     return "\n".join(rows)
