@@ -105,6 +105,43 @@ def test_decode_kv_from_another_mesh_matches_reference():
     assert tokens == [int(t) for t in ref]
 
 
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode):
+    """sweeper/serving/server.py `measure_host_costs` on a real slot server of the tiny model
+    (in this process, no Ray): the closed loop in blocks, the robust mean the median of the
+    blocks' means, every time positive, and host costs (overheads.host_costs) that are
+    finite and not negative (docs/serving.md "Serving host costs"). No timing asserted."""
+    import math
+
+    from sweeper.serving.overheads import host_costs
+    from sweeper.serving.serve import slot_specs
+    from sweeper.serving.server import ServingWorker
+    from workloads.deployment import load_plan
+
+    deployment = load_plan(plan_file(tmp_path, mode, chips=1))
+    specs = slot_specs(deployment, context_len=16, seed=1)
+    results = {}
+    for name, spec in specs.items():
+        worker = ServingWorker(None)
+        worker.setup(spec, [8])
+        results[name] = worker.measure_host_costs(8, 5, rounds=1, blocks=3)
+    for name, out in results.items():
+        assert out["blocks"] == 3 and out["measured_s"] > 0
+        phases = [p for p in ("step", "prefill") if f"loop_{p}_samples_s" in out]
+        assert phases, name
+        for phase in phases:
+            means = out[f"loop_{phase}_block_means_s"]
+            assert len(means) == 3 and min(means) > 0, (name, phase)
+            assert out[f"loop_{phase}_mean_s"] == pytest.approx(float(np.median(means)))
+            assert min(out[f"loop_{phase}_samples_s"]) > 0
+            engine = "engine_step_s" if phase == "step" else "engine_prefill_s"
+            assert out[engine] > 0
+    pre = results.get("aggregated", results.get("prefill"))
+    dec = results.get("aggregated", results.get("decode"))
+    costs = host_costs(pre, dec)
+    assert all(math.isfinite(v) and v >= 0 for v in costs.values()), costs
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -216,7 +253,9 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
     assert main(["serve", "--plan", str(plan), "--measure-overheads", str(out), "--json"]) == 0
     costs = json.loads(capsys.readouterr().out)
     for side in ("prefill", "decode"):
-        for key, value in costs["detail"][side].items():   # seconds, a count, samples
+        detail = dict(costs["detail"][side])
+        assert detail.pop("blocks") == 5 and detail.pop("measured_s") > 0
+        for key, value in detail.items():   # seconds, a count, samples, block means
             for one in value if isinstance(value, list) else [value]:
                 assert 0 < one < 5.0, (side, key, one)
     assert costs["serving_step_overhead_s"] >= 0 and costs["serving_prefill_overhead_s"] >= 0

@@ -7,7 +7,7 @@ measured on this host outside any served stream (docs/serving.md "Serving host c
 The serving model (workloads/servingmodel.py) adds them to the cost model's step times:
 - `serving_step_overhead_s`: per decode step, the mean step of the serving loop itself
   (`SlotServer.step()`, the clock read, the slot bookkeeping; a closed loop with every slot
-  full and no arrivals; the mean, so that the host's interruptions of the loop are in it:
+  full and no arrivals; a mean, so that the host's interruptions of the loop are in it:
   a queue pays them) minus the median of the engine's decode call of the same slot batch
   (decode program and argmax, arguments placed before the timer, synchronised once: how a
   calibration trial times a step, so what the fitted cost model predicts);
@@ -28,6 +28,13 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   handovers' wall clock from export to slot, is in the detail, `fixed_s`); the bytes' part
   is the link the cost model prices.
 
+The mean is a robust one (server.py `measure_host_costs`): the closed loop runs in `BLOCKS`
+blocks of `ROUNDS` rounds each (aggregated: a burst of `ROUNDS x slots` requests; ~0.3-1 s
+a block on this host's tiny models), the engine's calls timed before the first block and
+after each, and the mean is the MEDIAN of the blocks' means: still what a stream pays on
+average, but a burst of other processes' load over fewer than half the blocks does not move
+it (one pooled mean over a ~1 s loop once read 3.45 ms for a step whose median was 0.7 ms).
+
 Each worker runs where `sweeper serve` runs it (the same cores, `ServingSession`), so the
 costs include the core share a deployment gets. A difference below zero (timer noise) is 0.
 """
@@ -43,22 +50,28 @@ from workloads.deployment import Deployment
 from workloads.config import HardwareProfile
 
 FIELDS = ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s")
+ROUNDS = 2      # rounds of the closed loop per block (server.py `measure_host_costs`)
+BLOCKS = 5      # blocks; the host costs take the median of the blocks' means
 
 
-def measure_session(session, input_len: int, output_len: int, rounds: int = 3) -> dict[str, Any]:
+def measure_session(session, input_len: int, output_len: int, rounds: int = ROUNDS,
+                    blocks: int = BLOCKS) -> dict[str, Any]:
     """The three costs (module docstring) on a started `ServingSession`'s workers, before
-    (or between) its streams; with the medians they come from."""
+    (or between) its streams; with the medians and block means they come from."""
     ray = session.ray
     actors = session.actors
     if session.deployment.mode == "aggregated":
-        worker = ray.get(actors["aggregated"].measure_host_costs.remote(input_len, output_len, rounds))
+        worker = ray.get(actors["aggregated"].measure_host_costs.remote(input_len, output_len,
+                                                                         rounds, blocks))
         pre = dec = worker
         detail: dict[str, Any] = {"aggregated": worker}
     else:
         # one worker after the other: run together, their closed loops (each saturating its
         # own loop) contend more than a stream does, whose prefill slice mostly waits
-        pre = ray.get(actors["prefill"].measure_host_costs.remote(input_len, output_len, rounds))
-        dec = ray.get(actors["decode"].measure_host_costs.remote(input_len, output_len, rounds))
+        pre = ray.get(actors["prefill"].measure_host_costs.remote(input_len, output_len,
+                                                                  rounds, blocks))
+        dec = ray.get(actors["decode"].measure_host_costs.remote(input_len, output_len,
+                                                                 rounds, blocks))
         detail = {"prefill": pre, "decode": dec}
     out: dict[str, Any] = {**host_costs(pre, dec), "handover_overhead_s": 0.0}
     if session.deployment.mode == "disaggregated":
@@ -99,8 +112,9 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = 3) -
 
 def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
     """The step and prefill host costs from a worker's `measure_host_costs` (server.py):
-    the loop's MEANS against the engine's medians, the prefill's per prompt of the closed
-    loop's calls (module docstring). Means: a stream's queue is paid in mean service time;
+    the loop's MEANS (the median of its blocks' means: module docstring) against the
+    engine's medians, the prefill's per prompt of the closed loop's calls. Means: a stream's
+    queue is paid in mean service time;
     a replay of served streams through the serving model with their own calls' durations
     reproduces the measured TTFT with the means, and misses it by ~25% (p50, 85% load) with
     the medians (docs/serving.md "Checking the model against the server")."""
