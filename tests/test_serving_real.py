@@ -198,6 +198,8 @@ def _served(tmp_path, capsys, mode: str) -> dict:
     assert run.data.params["mode"] == mode
     assert run.data.metrics["completed"] == 5
     assert "pred_ttft_p50_s" in run.data.metrics
+    for key in ("ttft_p50_s", "tpot_p50_s", "completed"):    # the replay, beside the prediction
+        assert run.data.metrics[f"replay_{key}"] == pytest.approx(out["replayed"][key]), key
     local = client.download_artifacts(run.info.run_id, "serve.json", str(tmp_path))
     return out, json.loads(Path(local).read_text())
 

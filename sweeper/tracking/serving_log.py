@@ -3,7 +3,9 @@
 Experiment `sweeper/serve`, one run per `sweeper serve`:
   params   mode, model, hardware, each phase's chips/ffn/attn/batch/weights, rate, requests, seed
   metrics  measured ttft_p50_s ... throughput_rps by name; the serving model's prediction of
-           each as `pred_<name>`; the warm-up diagnostic as `warmup_<name>`; per-request
+           each as `pred_<name>`; the warm-up diagnostic as `warmup_<name>`; the serving
+           model replayed on the run's own call log (a rules check, docs/serving.md "Checking
+           the model against the server") as `replay_<name>`; per-request
            ttft_s / tpot_s as metric histories (step = request index)
   tags     sweeper.kind=serve, hardware_label (host | devices), source=measured
   artifact serve.json (the whole result, per-request times and tokens)
@@ -45,7 +47,8 @@ def log_serve(result, rate: float, seed: int, tracking_uri: str | None = None) -
                                   "hardware_label": "host" if result.emulated else "devices"})
     run_id = run.info.run_id
     metrics = {**_finite(result.measured), **_finite(result.predicted, "pred_"),
-               **_finite(result.calibrated, "warmup_")}
+               **_finite(result.calibrated, "warmup_"),
+               **_finite(result.replayed or {}, "replay_")}
     stamp = 0
     batch = [Metric(k, v, stamp, 0) for k, v in metrics.items()]
     ttft, tpot = [], []
