@@ -26,9 +26,9 @@ HARDWARE = {"name": "test-host", "peak_flops": 9e10, "hbm_bandwidth": 6e9, "hbm_
 
 
 def plan_file(tmp_path: Path, mode: str, prefill=("ws2d", "head", 1), decode=("ws2d", "batch", 2),
-              chips=2) -> Path:
+              chips=2, replicas=1) -> Path:
     def part(ffn, attn, batch):
-        return {"chips": chips, "replicas": 1, "ffn": ffn, "attn": attn, "batch": batch,
+        return {"chips": chips, "replicas": replicas, "ffn": ffn, "attn": attn, "batch": batch,
                 "weights": "bf16"}
 
     plan = {"deployment": {"model": MODEL, "hardware": HARDWARE, "mode": mode,
@@ -164,7 +164,7 @@ def test_bad_input_one_line_exit_2(tmp_path, capsys, args, needle):
     bad["deployment"]["decode"]["batch"] = 3         # batch-sharded attention over 2 chips
     bad_batch = tmp_path / "bad-batch.json"
     bad_batch.write_text(json.dumps(bad))
-    two = json.loads(plan.read_text())
+    two = json.loads(plan_file(tmp_path, "disaggregated").read_text())
     for phase in ("prefill", "decode"):
         two["deployment"][phase]["replicas"] = 2
     replicas = tmp_path / "replicas.json"
@@ -183,13 +183,13 @@ def test_bad_input_one_line_exit_2(tmp_path, capsys, args, needle):
 # --------------------------------------------------------------------------- real runs
 
 
-def _served(tmp_path, capsys, mode: str) -> dict:
+def _served(tmp_path, capsys, mode: str, **plan) -> dict:
     """`sweeper serve --json` on a real Ray worker pool; the JSON and the MLflow artifact."""
     import mlflow
 
     from sweeper.paths import default_tracking_uri
 
-    plan = plan_file(tmp_path, mode)
+    plan = plan_file(tmp_path, mode, **plan)
     assert main(["serve", "--plan", str(plan), "--rate", "4", "--requests", "5", "--seed", "1",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -235,6 +235,22 @@ def _check(out: dict, artifact: dict) -> None:
 @pytest.mark.ci_slow
 def test_serve_aggregated_real(tmp_path, capsys, sweeper_home):
     _check(*_served(tmp_path, capsys, "aggregated"))
+
+
+def test_serve_aggregated_replicas_real(tmp_path, capsys, sweeper_home):
+    """An aggregated plan of 2 replicas of 1 chip: two Ray mesh workers, requests routed
+    round-robin in arrival order as the serving model routes them (serve.py `route`), every
+    request's tokens the unsharded reference's (each replica makes its requests' prompts
+    from their index in the whole stream), one comparison of the whole stream."""
+    from sweeper.serving.serve import route
+    from workloads.servingprofile import Request
+
+    out, artifact = _served(tmp_path, capsys, "aggregated", chips=1, replicas=2)
+    assert set(out["warmup"]) == {"aggregated", "aggregated-1"}      # two workers served
+    assert out["deployment"]["decode"]["replicas"] == 2
+    _check(out, artifact)
+    arrivals = [Request(t, 8, 5) for t in (0.3, 0.1, 0.2, 0.0, 0.4)]
+    assert route(arrivals, 2) == [[3, 2, 4], [1, 0]]
 
 
 @pytest.mark.slow

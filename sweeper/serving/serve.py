@@ -18,8 +18,12 @@ feeds the headline prediction. A second, separately labelled prediction ("calibr
 uses the step times the workers measured while warming up, before the stream: a diagnostic
 of how much of the error is the step-time model and how much the serving model.
 
-This host runs one replica per phase (aggregated: one worker; disaggregated: a prefill and
-a decode worker): the deployment's replicas must be 1.
+Aggregated: one worker per replica (`replicas` workers, each on its share of this host's
+cores), requests routed as the serving model routes them, round-robin in arrival order
+(workloads/servingmodel.py `simulate`: replica r serves the r-th, (r+R)-th, ... arrival),
+known in advance, so the router is exact online too; one measured/predicted/replayed
+comparison of the whole stream. Disaggregated: one prefill and one decode worker (its
+replicas must be 1).
 """
 
 from __future__ import annotations
@@ -91,6 +95,19 @@ def topology_of(deployment: Deployment, part: PhaseSlice) -> tuple[int, int, int
     return tuple(part.topology) if part.topology else best_topology(deployment.model.unpadded, part.chips)
 
 
+def aggregated_names(replicas: int) -> list[str]:
+    """The workers of an aggregated deployment, replica 0 first: `aggregated` (the one a
+    host-cost measurement and the warm-up diagnostic read), then `aggregated-1`, ..."""
+    return ["aggregated"] + [f"aggregated-{r}" for r in range(1, replicas)]
+
+
+def route(requests: list[Request], replicas: int) -> list[list[int]]:
+    """Each replica's requests (indices into `requests`): round-robin in arrival order, the
+    serving model's rule (workloads/servingmodel.py `simulate`)."""
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    return [order[r::replicas] for r in range(replicas)]
+
+
 def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str, dict]:
     """The SlotSpec (as plain data) of each worker: {"aggregated": ...} or {"prefill", "decode"};
     validated here, before Ray or JAX start (ConfigError names the plan field)."""
@@ -98,9 +115,10 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str,
 
     d = deployment
     for phase in ("prefill", "decode"):
-        if getattr(d, phase).replicas != 1:
+        if d.mode == "disaggregated" and getattr(d, phase).replicas != 1:
             raise ConfigError(f"{phase}.replicas", getattr(d, phase).replicas,
-                              "1 (sweeper serve runs one replica per phase on this host)")
+                              "1 for a disaggregated plan (sweeper serve runs one prefill and "
+                              "one decode worker; aggregated plans may have replicas)")
     pre = PhaseLayout(d.prefill.ffn, d.prefill.attn)
     dec = PhaseLayout(d.decode.ffn, d.decode.attn)
     model = d.model.to_dict()
@@ -125,7 +143,8 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str,
     if d.mode == "aggregated":
         topology = topology_of(d, d.decode)
         check(topology, pre, dec)
-        return {"aggregated": spec(topology, pre, dec, d.decode.weights)}
+        one = spec(topology, pre, dec, d.decode.weights)
+        return {name: one for name in aggregated_names(d.decode.replicas)}
     tp, td = topology_of(d, d.prefill), topology_of(d, d.decode)
     run_p, run_d = check(tp, pre, None), check(td, None, dec)
     if run_p.n_kv_heads != run_d.n_kv_heads:
@@ -231,7 +250,14 @@ class ServingSession:
         begin = time.time()
         start_at = begin + START_MARGIN_S
         if self.deployment.mode == "aggregated":
-            per_request = ray.get(self.actors["aggregated"].serve_aggregated.remote(plain, start_at, seed))
+            routed = route(requests, len(self.names))
+            parts = ray.get([self.actors[n].serve_aggregated.remote([plain[i] for i in ids],
+                                                                    start_at, seed, ids)
+                             for n, ids in zip(self.names, routed)])
+            per_request = [{}] * len(requests)
+            for ids, part in zip(routed, parts):
+                for i, served in zip(ids, part):
+                    per_request[i] = served
         else:
             expected = sum(r.output_len > 1 for r in requests)
             decoded_ref = self.actors["decode"].serve_decode.remote(expected, start_at)
@@ -347,7 +373,10 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list]):
         return lambda *_: next(it, mean)
 
     if deployment.mode == "aggregated":
-        log = calls["aggregated"]
+        # replicas' logs one after the other, replica 0 first: the order `simulate` asks
+        # for them (one replica after the other); a replica simulated with more calls than
+        # it made takes the next replica's first durations (docs/serving.md)
+        log = [c for name in aggregated_names(deployment.decode.replicas) for c in calls[name]]
         prefill = [c[2] - c[1] for c in log if c[0] == "prefill"]
         after = [(c[4] - c[2]) / len(c[3]) for c in log if c[0] == "prefill"]
         steps = [c[4] - c[1] for c in log if c[0] == "step"]

@@ -97,17 +97,20 @@ class ServingWorker:
 
     # ---- aggregated
 
-    def serve_aggregated(self, requests: list[dict], start_at: float, seed: int) -> list[dict]:
+    def serve_aggregated(self, requests: list[dict], start_at: float, seed: int,
+                         indices: list[int] | None = None) -> list[dict]:
         """The stream in the engine's aggregated loop (workloads/serving.py
-        `serve_aggregated`), prompts from `seed`."""
+        `serve_aggregated`), prompts from `seed`; `indices`: each request's index in the
+        whole stream (one replica's share, serve.py `route`), which its prompt is made from."""
         from workloads.serving import serve_aggregated   # lazy: imports JAX (the worker's mesh)
 
         model = self.server.model.unpadded
         reqs = [Request(**r) for r in requests]
+        index = list(indices) if indices is not None else list(range(len(reqs)))
         self.calls = []
         return serve_aggregated(self.server, reqs,
-                                lambda i: prompt_for(model, i, reqs[i].input_len, seed), start_at,
-                                calls=self.calls)
+                                lambda i: prompt_for(model, index[i], reqs[i].input_len, seed),
+                                start_at, calls=self.calls)
 
     def last_calls(self) -> list:
         """The last stream's call log, seconds after its start: aggregated as
