@@ -29,9 +29,10 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   is the link the cost model prices.
 
 The mean is a robust one (server.py `measure_host_costs`): the closed loop runs in `BLOCKS`
-blocks of `ROUNDS` rounds each (aggregated: a burst of `ROUNDS x slots` requests; ~0.3-1 s
-a block on this host's tiny models), the engine's calls timed before the first block and
-after each, and the mean is the MEDIAN of the blocks' means: still what a stream pays on
+blocks, each `ROUNDS` rounds (aggregated: a burst of `ROUNDS x slots` requests) repeated
+until the block has run at least `MIN_BLOCK_S` seconds (so the loop runs at least 1.25 s,
+spread over more with the engine's calls timed before the first block and after each), and
+the mean is the MEDIAN of the blocks' means: still what a stream pays on
 average, but a burst of other processes' load over fewer than half the blocks does not move
 it (one pooled mean over a ~1 s loop once read 3.45 ms for a step whose median was 0.7 ms).
 
@@ -50,28 +51,27 @@ from workloads.deployment import Deployment
 from workloads.config import HardwareProfile
 
 FIELDS = ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s")
-ROUNDS = 2      # rounds of the closed loop per block (server.py `measure_host_costs`)
-BLOCKS = 5      # blocks; the host costs take the median of the blocks' means
+ROUNDS = 2      # rounds of the closed loop, repeated until a block has run MIN_BLOCK_S
+BLOCKS = 5      # blocks (server.py `measure_host_costs`); the median of the blocks' means
+MIN_BLOCK_S = 0.25
 
 
 def measure_session(session, input_len: int, output_len: int, rounds: int = ROUNDS,
-                    blocks: int = BLOCKS) -> dict[str, Any]:
+                    blocks: int = BLOCKS, min_block_s: float = MIN_BLOCK_S) -> dict[str, Any]:
     """The three costs (module docstring) on a started `ServingSession`'s workers, before
     (or between) its streams; with the medians and block means they come from."""
     ray = session.ray
     actors = session.actors
+    how = (input_len, output_len, rounds, blocks, min_block_s)
     if session.deployment.mode == "aggregated":
-        worker = ray.get(actors["aggregated"].measure_host_costs.remote(input_len, output_len,
-                                                                         rounds, blocks))
+        worker = ray.get(actors["aggregated"].measure_host_costs.remote(*how))   # replica 0
         pre = dec = worker
         detail: dict[str, Any] = {"aggregated": worker}
     else:
         # one worker after the other: run together, their closed loops (each saturating its
         # own loop) contend more than a stream does, whose prefill slice mostly waits
-        pre = ray.get(actors["prefill"].measure_host_costs.remote(input_len, output_len,
-                                                                  rounds, blocks))
-        dec = ray.get(actors["decode"].measure_host_costs.remote(input_len, output_len,
-                                                                 rounds, blocks))
+        pre = ray.get(actors["prefill"].measure_host_costs.remote(*how))
+        dec = ray.get(actors["decode"].measure_host_costs.remote(*how))
         detail = {"prefill": pre, "decode": dec}
     out: dict[str, Any] = {**host_costs(pre, dec), "handover_overhead_s": 0.0}
     if session.deployment.mode == "disaggregated":

@@ -213,7 +213,7 @@ class ServingWorker:
     # ---- serving host costs (sweeper/serving/overheads.py), outside any served stream
 
     def measure_host_costs(self, input_len: int, output_len: int, rounds: int = 2,
-                           blocks: int = 5) -> dict:
+                           blocks: int = 5, min_block_s: float = 0.25) -> dict:
         """This worker's serving loop against the engine's timed calls of the same shapes.
 
         Engine: the prefill program alone, and the decode call of the full slot batch (decode
@@ -227,8 +227,9 @@ class ServingWorker:
 
         The loop runs in `blocks` blocks, the engine's calls before the first and after each
         (so the blocks are spread over the measurement's seconds, docs/serving.md "Serving
-        host costs"). Robust means: {loop_step_mean_s, loop_prefill_mean_s} are the MEDIAN
-        of the blocks' means (each block's first call dropped): a mean, what a stream's queue
+        host costs"); a block repeats the loop above until it has run `min_block_s` (the
+        first call of each repetition dropped). Robust means: {loop_step_mean_s,
+        loop_prefill_mean_s} are the MEDIAN of the blocks' means: a mean, what a stream's queue
         pays, but one that a burst of other processes' load over fewer than half the blocks
         does not move; the blocks' means {loop_step_block_means_s, ...} and the mean over
         every call {loop_step_pooled_mean_s, ...} beside them. Medians: {engine_step_s,
@@ -309,12 +310,20 @@ class ServingWorker:
         prefill_blocks: list[list[float]] = []
         prompts: list[float] = []
         for _ in range(max(blocks, 1)):
-            steps, prefills, block_prompts = loop_block()
-            if steps[1:]:
-                step_blocks.append(steps[1:])
-            if prefills[1:]:
-                prefill_blocks.append(prefills[1:])
-                prompts.append(block_prompts)
+            block_began = time.perf_counter()
+            steps, prefills = [], []
+            while True:         # at least `min_block_s` of the loop per block
+                more_steps, more_prefills, block_prompts = loop_block()
+                steps += more_steps[1:]
+                prefills += more_prefills[1:]
+                if more_prefills[1:]:
+                    prompts.append(block_prompts)
+                if time.perf_counter() - block_began >= min_block_s:
+                    break
+            if steps:
+                step_blocks.append(steps)
+            if prefills:
+                prefill_blocks.append(prefills)
             engine_calls()      # (other processes' work) shows in both, not in their difference
         out["measured_s"] = time.perf_counter() - began
         out["blocks"] = max(blocks, 1)
