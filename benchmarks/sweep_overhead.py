@@ -371,7 +371,10 @@ def reuse_counts(study) -> dict:
         w = t.user_attrs["worker"]
         return bool(w.get("reused", w.get("cache_hit")))
 
-    return {"reused": sum(reused(t) for t in trials),
+    measured = [t.user_attrs.get("measurement") or {} for t in trials]
+    return {"compile_s_sum": sum(m.get("compile_s", 0.0) or 0.0 for m in measured),
+            "measure_s_sum": sum(m.get("measure_s", 0.0) or 0.0 for m in measured),
+            "reused": sum(reused(t) for t in trials),
             "reuse_rate": sum(reused(t) for t in trials) / len(trials) if trials else None,
             "engine_cache_hits": sum(bool(t.user_attrs["worker"].get("cache_hit"))
                                      for t in trials),
@@ -612,6 +615,14 @@ def markdown_issue22(r: dict) -> str:
                 f"{cpu['controller_s']:.1f} s"
                 + (f"; / {cores} cores = {cpu['total_s'] / cores:.1f} s against a wall of "
                    f"{b['wall_s']:.1f} s" if cores else ""))
+            if b.get("compile_s_sum") is not None:
+                rest = b["trial_run_s_sum"] - b["compile_s_sum"] - b["measure_s_sum"]
+                lines.append(
+                    f"- {key}: where the trials' own run time ({b['trial_run_s_sum']:.1f} s of "
+                    f"slot wall) went: compiling (lowering and XLA) {b['compile_s_sum']:.1f} s, "
+                    f"the timed runs {b['measure_s_sum']:.1f} s, the rest (engine set-up, "
+                    f"warm-up, memory and HLO analysis, the worker's start of the trial) "
+                    f"{rest:.1f} s")
             use = {k: v for k, v in (b.get("cores_in_use") or {}).items() if v is not None}
             if use:
                 lines.append(f"- {key}: cores kept busy by the sweep's processes (of {cores}), "
