@@ -307,13 +307,15 @@ class Controller:
                         self._mark("ray_closed")
 
     def _warm_tracking_imports(self) -> None:
-        """Import MLflow (~1.7 s, needed by `TrackingLink` after the study opens) in a thread
-        while Ray starts, which mostly waits for its processes (issue 22 item 3; the
-        quickstart's checks no longer import it: sweeper/tracking/store_health.py keeps
-        MLflow's expected schema per version). An import that fails here fails again, with
-        its message, where MLflow is used."""
+        """Import Optuna (~1 s, the study opens after Ray) and MLflow (~1.7 s, needed by
+        `TrackingLink`) in a thread while Ray starts, which mostly waits for its processes
+        (issue 22 item 3; the checks before Ray import neither for a new SQLite study:
+        sweeper/tracking/store_health.py keeps MLflow's expected schema per version,
+        `naming.sqlite_study_names` reads the names taken with SQL). An import that fails
+        here fails again, with its message, where the module is used."""
         def warm() -> None:
             try:
+                import optuna  # noqa: F401 - lazy: Optuna, imported by open_study next
                 # lazy: MLflow, the same modules mlflow_log imports when the link starts
                 import mlflow.entities  # noqa: F401
                 import mlflow.tracking  # noqa: F401

@@ -42,9 +42,36 @@ def study_names(storage: str) -> list[str]:
     return [s.study_name for s in study_summaries(storage)]
 
 
+def sqlite_study_names(storage: str) -> list[str] | None:
+    """The study names of a SQLite Optuna store read with SQL, read-only, without importing
+    Optuna (~1 s before Ray starts, issue 22); None when that cannot say (not SQLite, a file
+    without Optuna's tables, a read error): ask Optuna."""
+    import sqlite3
+
+    db = paths.sqlite_path(storage)
+    if db is None:
+        return None
+    if not db.exists():
+        return []
+    try:
+        connection = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            return [row[0] for row in connection.execute("SELECT study_name FROM studies")]
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return None
+
+
 def choose_study(space: SearchSpace, storage: str, study_name: str | None,
                  resume: bool) -> tuple[str, bool]:
-    """(study name, exists). New sweeps get `<space>-<timestamp>`; --resume finds the latest."""
+    """(study name, exists). New sweeps get `<space>-<timestamp>`; --resume finds the latest.
+    A new sweep with a generated name on a SQLite store only needs the names taken (read
+    with SQL; `open_study` moves on if another sweep takes the name meanwhile)."""
+    if study_name is None and not resume:
+        names = sqlite_study_names(storage)
+        if names is not None:
+            return free_name(f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}", set(names)), False
     summaries = study_summaries(storage)
     existing = {s.study_name: s for s in summaries}
     if study_name is not None:
