@@ -144,3 +144,39 @@ def test_the_end_of_sweep_line_says_when_a_figure_is_not_a_verdict(recorded):
     quiet = calho.NoiseFloor(0.01, 0.01, 10, 5)
     assert any("noise floor" in c for c in calho.caveats(0.25, noisy, 12))
     assert calho.caveats(0.25, quiet, 12) == []
+
+
+def test_gather_residuals_split_the_prefill_error_by_weights_gathered(recorded):
+    """benchmarks.calibration's cache check (issue 20): a device's gathered weights per layer
+    are one layer's weights / the chips they stay split over (the cost model's weight-gathered
+    read, less the unembedding, per layer); ws2d is the reference; a perfect prediction gives
+    equal errors at equal bytes, so the verdict cannot reject the cache guess on it."""
+    from benchmarks import calibration as bench
+    from workloads import costmodel
+    from workloads.layouts import split_axes
+
+    _, base, points = recorded
+    kfold = calho.heldout(points, base, "kfold").points
+    g = bench.gather_residuals(kfold, points)
+    model = next(p for p in points if p.phase == "prefill").calls[0].call.model
+    cells = {(r["chips"], r["ffn"]): r for r in g["rows"]}
+    assert set(cells) == {(c, f) for c in (2, 4, 8) for f in bench.GATHER_LAYOUTS}
+    for (chips, ffn), r in cells.items():
+        assert len(g["rows_md"]) == len(g["rows"])
+        if ffn == "ws2d":
+            assert r["gathered_per_device_layer_bytes"] == 0.0 and r["measured_above_ws2d_s"] == 0.0
+            continue
+        topology = tuple(int(a) for a in r["topology"].split("x"))
+        rest = split_axes(ffn, topology)[3]
+        unembedding = model.vocab * model.d_model * 2 / chips
+        per_layer = (costmodel._gathered_weight_read_bytes(model, chips, "bf16", rest) - unembedding) \
+            / model.n_layers
+        assert r["gathered_per_device_layer_bytes"] == pytest.approx(per_layer)
+        assert r["gathered_by_mesh_layer_bytes"] == pytest.approx(per_layer * chips)
+        assert r["group"] * r["groups"] == chips and r["n"] > 0
+    assert g["text"].startswith("Caches on this host")
+    perfect = kfold.assign(predicted_s=kfold["measured_s"])
+    ideal = bench.gather_residuals(perfect, points)
+    assert all(r["signed_median"] == pytest.approx(0.0) for r in ideal["rows"])
+    assert all(r["measured_above_ws2d_s"] == pytest.approx(r["predicted_above_ws2d_s"]) for r in ideal["rows"])
+    assert ideal["cache_could_explain"] and "worth testing" in ideal["text"]
