@@ -321,9 +321,10 @@ class HardwareProfile:
     heldout_residuals: dict = dataclasses.field(default_factory=dict, hash=False)
     # Serving host costs (issue 19, docs/serving.md): what a serving engine adds on the host to
     # the engine's own step time: per decode step (the token's transfer, argmax, slot
-    # bookkeeping), per prefill insertion, and per KV-cache handover between slices beyond its
-    # bytes over the link (export, object store, insert). Measured outside the serving runs
-    # they predict (sweeper/serving/overheads.py); 0 = none (an accelerator's own profile).
+    # bookkeeping), per prompt of a prefill call (its insert into a slot), and the decode
+    # process's CPU per KV-cache handover between slices (Ray receive + insert), beyond the
+    # bytes over the link. Means (the median of block means) measured outside the serving
+    # runs they predict (sweeper/serving/overheads.py); 0 = none (an accelerator's profile).
     serving_step_overhead_s: float = 0.0
     serving_prefill_overhead_s: float = 0.0
     handover_overhead_s: float = 0.0
