@@ -64,7 +64,6 @@ CLUSTER_CHECK_S = 3.0      # how often the controller asks Ray which nodes are a
 PLACE_GRACE_S = 10.0       # a worker not started by then may be waiting on idle workers
 MAX_WORKERS_PER_SLOT = 6   # live processes a slot keeps, one per device count (memory)
 PRESTART_WAIT_S = 120.0    # at most this long for the workers started with Ray to be up
-IMPORT_JOIN_S = 30.0       # a failed sweep waits this long at most for its MLflow import thread
 # Samplers whose next point does not depend on the results so far: the controller may ask
 # a few points ahead and run first the one a live worker can take (see `_pick`).
 ORDER_FREE_SAMPLERS = ("grid", "random")
@@ -134,7 +133,6 @@ class Controller:
         self._next_heartbeat = 0.0
         self._next_cluster_check = 0.0
         self.stores: StoreMonitor | None = None     # the stores are the files opened, intact
-        self._tracking_imports: threading.Thread | None = None   # MLflow imported while Ray starts
 
     # ------------------------------------------------------------------ setup
     def trial_hardware(self, chips: int, slot: int = 0) -> tuple[HardwareProfile | None,
@@ -197,7 +195,6 @@ class Controller:
         self.progress = ProgressLine(self.target, self.show_progress)
         status = "finished"
         try:
-            self._warm_tracking_imports()
             self.pool = self._start_pool()     # first: a bad --address creates no study or run
             self._mark("ray")
             self._prestart()
@@ -300,32 +297,7 @@ class Controller:
                 finally:
                     if self.session is not None:
                         self.session.close()     # bounded: see sweeper/sweep/session.py
-                    if self._tracking_imports is not None:
-                        # a sweep that failed while Ray started: the process may exit next,
-                        # never in the middle of an import (it can crash in finalisation)
-                        self._tracking_imports.join(IMPORT_JOIN_S)
                         self._mark("ray_closed")
-
-    def _warm_tracking_imports(self) -> None:
-        """Import Optuna (~1 s, the study opens after Ray) and MLflow (~1.7 s, needed by
-        `TrackingLink`) in a thread while Ray starts, which mostly waits for its processes
-        (issue 22 item 3; the checks before Ray import neither for a new SQLite study:
-        sweeper/tracking/store_health.py keeps MLflow's expected schema per version,
-        `naming.sqlite_study_names` reads the names taken with SQL). An import that fails
-        here fails again, with its message, where the module is used."""
-        def warm() -> None:
-            try:
-                import optuna  # noqa: F401 - lazy: Optuna, imported by open_study next
-                # lazy: MLflow, the same modules mlflow_log imports when the link starts
-                import mlflow.entities  # noqa: F401
-                import mlflow.tracking  # noqa: F401
-            except Exception:  # noqa: BLE001 - see the docstring
-                pass
-
-        if "mlflow.tracking" not in sys.modules:
-            self._tracking_imports = threading.Thread(target=warm, name="sweeper-tracking-imports",
-                                                      daemon=True)
-            self._tracking_imports.start()
 
     def _warm_closing_imports(self) -> None:
         """Import what comes after the trials (pandas and the Pareto front for the result,
