@@ -147,13 +147,13 @@ def mlflow_expected_schema() -> tuple[set[str], str]:
 
     tables, head = set(db_utils.Base.metadata.tables), db_utils._get_latest_schema_revision()
     if cache is not None:
+        partial = cache.with_suffix(f".{os.getpid()}.tmp")
         try:                       # a full disk or a read-only home: asked again next time
             cache.parent.mkdir(exist_ok=True)
-            partial = cache.with_suffix(f".{os.getpid()}.tmp")
             partial.write_text(json.dumps({"tables": sorted(tables), "head": head}))
             os.replace(partial, cache)
         except OSError:
-            partial.unlink(missing_ok=True) if "partial" in locals() else None
+            partial.unlink(missing_ok=True)
     return tables, head
 
 
