@@ -256,8 +256,8 @@ def step_times(d, session, costs: dict) -> dict:
                               "warmup": dec["decode_step_s"]},
             "kv_transfer_s": {"predicted": model.kv_transfer_s(INPUT_LEN) + model.handover_overhead_s
                               if d.mode == "disaggregated" else 0.0},
-            "host_costs": {k: costs[k] for k in ("serving_step_overhead_s",
-                                                 "serving_prefill_overhead_s", "handover_overhead_s")}}
+            "host_costs": {k: costs[k] for k in ("serving_step_overhead_s", "serving_prefill_overhead_s",
+                                                 "handover_overhead_s", "prefill_wake_s")}}
 
 
 def loop_step_times(d, costs: dict, statistic: str = "mean"):
@@ -277,7 +277,8 @@ def loop_step_times(d, costs: dict, statistic: str = "mean"):
                   / (pre.get("loop_prefill_prompts") or 1.0))
     return StepTimes(lambda b, n: engine_prefill, lambda b, c: step,
                      prefill_overhead_per_prompt_s=per_prompt,
-                     handover_overhead_s=costs["handover_overhead_s"], source="serving loop")
+                     handover_overhead_s=costs["handover_overhead_s"],
+                     prefill_wake_s=costs.get("prefill_wake_s", 0.0), source="serving loop")
 
 
 def handover_s(per_request: list[dict]) -> float | None:
@@ -309,6 +310,7 @@ def run(n_requests: int, calibration: dict) -> dict:
             # the closed loop's spread of call durations: the prediction and the loop model
             # draw each call's factor from it (docs/serving.md "The serving model")
             session.duration_spread = duration_spread(costs)
+            session.prefill_wake_s = costs["prefill_wake_s"]    # a prefill on an idle loop
             session.diagnostic_step_times = dataclasses.replace(
                 loop_step_times(d, costs), prefill_spread=session.duration_spread[0],
                 step_spread=session.duration_spread[1])
@@ -547,6 +549,13 @@ def render(r: dict) -> str:
               "engine. Handover (disaggregated): predicted (KV bytes over the link + the decode "
               "loop's measured insert) vs the streams' measured mean from the first token to the KV in a decode "
               "slot (export, Ray, insert, and any wait for the decode loop or a free slot).", ""]
+    # a prefill call on an idle loop (docs/serving.md "Serving host costs"): runs since its
+    # measurement have it
+    wake = any("prefill_wake_s" in s.get("host_costs", {}) for s in r["steps"])
+    if wake:
+        lines[-1:] = ["Idle prefill's wake: how much longer a prefill call on an idle loop takes "
+                      "to its first token than the engine's (one-token requests 0.1 s apart through "
+                      "the worker's own loop; the prediction charges it to such calls).", ""]
     rows = []
     for s in r["steps"]:
         hc = s.get("host_costs", {})
@@ -561,13 +570,15 @@ def render(r: dict) -> str:
             if s.get("decode_step_loop_s") else "-",
             f"{common.ms(hc.get('serving_step_overhead_s'))} / "
             f"{common.ms(hc.get('serving_prefill_overhead_s'))} / "
-            f"{common.ms(hc.get('handover_overhead_s'))}" if hc else "-",
+            f"{common.ms(hc.get('handover_overhead_s'))}"
+            + (f" / {common.ms(hc['prefill_wake_s'])}" if wake else "") if hc else "-",
             common.ms(s["kv_transfer_predicted_s"]) if s["handover_measured_s"] is not None else "-",
             (f"{common.ms(s['handover_measured_s'])} (spread {common.pct(s['handover_spread'], 0)})"
              if s["handover_measured_s"] is not None else "-")])
     lines += common.table(["deployment", "prefill predicted", "engine", "loop", "error",
                            "decode step predicted", "engine", "loop", "error",
-                           "host costs step / prefill / handover", "handover predicted",
+                           "host costs step / prefill / handover"
+                           + (" / idle prefill's wake" if wake else ""), "handover predicted",
                            "handover measured"], rows)
     return "\n".join(lines) + "\n"
 

@@ -125,7 +125,8 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode):
         worker = ServingWorker(None)
         worker.setup(spec, [8])
         results[name] = worker.measure_host_costs(8, 5, rounds=1, blocks=3,
-                                                     min_block_s=0.05)
+                                                     min_block_s=0.05, wake_requests=3,
+                                                     idle_gap_s=0.02)
     for name, out in results.items():
         assert out["blocks"] == 3 and out["measured_s"] >= 3 * 0.05
         phases = [p for p in ("step", "prefill") if f"loop_{p}_samples_s" in out]
@@ -137,6 +138,12 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode):
             assert min(out[f"loop_{phase}_samples_s"]) > 0
             engine = "engine_step_s" if phase == "step" else "engine_prefill_s"
             assert out[engine] > 0
+        # a prefill on an idle loop (the worker's own serving loop on spaced one-token
+        # requests): a positive TTFT, a wake not below zero; none without a prefill phase
+        if "engine_prefill_s" in out:
+            assert out["prefill_after_idle_s"] > 0 and out["prefill_wake_s"] >= 0, name
+        else:
+            assert "prefill_wake_s" not in out
     pre = results.get("aggregated", results.get("prefill"))
     dec = results.get("aggregated", results.get("decode"))
     costs = host_costs(pre, dec)

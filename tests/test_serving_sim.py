@@ -63,6 +63,25 @@ def test_prefill_slice_sends_each_kv_before_its_next_call():
     assert np.isclose(result.prefill_busy_s, 2 * (0.25 + 0.1))
 
 
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_a_prefill_on_an_idle_loop_pays_the_wake(mode):
+    """StepTimes `prefill_wake_s` (docs/serving.md "Serving host costs"): a prefill call that
+    starts on a loop that had nothing to do until its arrival takes the wake longer before
+    its first token; one that starts right after other work does not. Two requests arriving
+    together after idle: TTFT 0.25 + 0.05, then (aggregated) one decode step later the
+    second's call, or (disaggregated) after the first's transfer, with no wake: 0.3 + 0.02
+    + 0.25, 0.3 + 0.1 + 0.25. Spaced arrivals each find the loop idle: every TTFT 0.3."""
+    d = _deployment(mode)
+    times = dataclasses.replace(_constant(0.25, 0.02, transfer_s=0.1), prefill_wake_s=0.05)
+    together = simulate(d, [Request(0.0, 128, 10), Request(0.0, 128, 10)], times)
+    second = 0.3 + (0.02 if mode == "aggregated" else 0.1) + 0.25
+    assert np.allclose(np.sort(together.ttft_s), [0.3, second])
+    spaced = simulate(d, _spaced(5, 10.0), times)
+    assert np.allclose(spaced.ttft_s, 0.3)
+    # no wake measured: as before
+    assert np.allclose(simulate(d, _spaced(5, 10.0), _constant(0.25, 0.02, 0.1)).ttft_s, 0.25)
+
+
 def test_cost_model_step_times_give_the_predicted_prefill_and_transfer():
     """With the default (analytical) step times an idle deployment's TTFT is the cost
     model's prefill latency, and its disaggregated TPOT adds the KV bytes over the link."""

@@ -27,7 +27,8 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   the decode slice's loop `handover_overhead_s` (the decode process's work per handover:
   receiving the KV, its insert into a slot), one handover at a time before its next step
   (server.py `serve_decode` inserts there); all from the
-  hardware profile, 0 by default;
+  hardware profile, 0 by default; a prefill call on an idle loop (nothing to do until its
+  arrival) `StepTimes.prefill_wake_s` more before its first token (measured, 0 by default);
 - optionally (`StepTimes.prefill_spread`, `step_spread`), each call's duration scaled by a
   factor of mean 1 drawn from a measured spread (seeded): the tails of interrupted calls;
 - requests go to replicas round-robin in arrival order (decode slices: in KV-ready order),
@@ -95,6 +96,11 @@ class StepTimes:
     prefill_spread: tuple[float, ...] = ()
     step_spread: tuple[float, ...] = ()
     spread_seed: int = 0
+    # A prefill call that starts on an idle loop (it had nothing to do until the call's
+    # arrival) takes this much longer before its first tokens than one right after other
+    # work: measured on this host (sweeper/serving/server.py `measure_host_costs`, calls
+    # after an idle gap vs back to back; docs/serving.md "Serving host costs").
+    prefill_wake_s: float = 0.0
 
     def spread_draws(self) -> tuple[Callable[[], float], Callable[[], float]]:
         """(prefill factor, step factor) draws; 1.0 without a spread."""
@@ -392,16 +398,20 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
     prefill_factor, step_factor = times.spread_draws()
     t, prefill_busy, decode_busy = 0.0, 0.0, 0.0
     prefilled_since_step = False
+    idle = True                        # the loop had nothing to do until now
     while pending or waiting or slots.active:
         while pending and reqs[pending[0]].arrival_s <= t:
             waiting.append(pending.popleft())
         if not waiting and not slots.active:
             t = reqs[pending[0]].arrival_s
+            idle = True
             continue
         if waiting and slots.free and not (prefilled_since_step and slots.active):
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
             factor = prefill_factor()
             call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take)) * factor
+            call += times.prefill_wake_s if idle else 0.0
+            idle = False
             duration = call + len(take) * times.prefill_overhead_per_prompt_s * factor
             first[take] = t + call       # the first tokens, before their rows go into slots
             t += duration
@@ -435,13 +445,17 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
     t, busy = 0.0, 0.0
     queue = deque(ids)
     prefill_factor, _ = times.spread_draws()
+    idle = True                                  # the loop had nothing to do until now
     while queue:
+        idle = idle or reqs[queue[0]].arrival_s > t
         t = max(t, reqs[queue[0]].arrival_s)
         take = []
         while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
             take.append(queue.popleft())
         factor = prefill_factor()
         call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take)) * factor
+        call += times.prefill_wake_s if idle else 0.0
+        idle = False
         duration = call + len(take) * times.prefill_overhead_per_prompt_s * factor
         first[take] = t + call           # the first tokens, before their KV is exported
         t += duration

@@ -36,6 +36,12 @@ the mean is the MEDIAN of the blocks' means: still what a stream pays on
 average, but a burst of other processes' load over fewer than half the blocks does not move
 it (one pooled mean over a ~1 s loop once read 3.45 ms for a step whose median was 0.7 ms).
 
+Beside the three fields, `prefill_wake_s`: how much longer a prefill call on an IDLE loop
+takes to its first token than the engine's prefill (server.py `measure_host_costs` serves
+one-token requests 0.1 s apart through the worker's own loop; the closed loop never idles,
+a stream's prefill worker does between arrivals). Not a profile field: a caller passes it
+to the prediction (`ServingSession.prefill_wake_s`, StepTimes `prefill_wake_s`).
+
 Each worker runs where `sweeper serve` runs it (the same cores, `ServingSession`), so the
 costs include the core share a deployment gets. A difference below zero (timer noise) is 0.
 """
@@ -73,7 +79,10 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
         pre = ray.get(actors["prefill"].measure_host_costs.remote(*how))
         dec = ray.get(actors["decode"].measure_host_costs.remote(*how))
         detail = {"prefill": pre, "decode": dec}
-    out: dict[str, Any] = {**host_costs(pre, dec), "handover_overhead_s": 0.0}
+    out: dict[str, Any] = {**host_costs(pre, dec), "handover_overhead_s": 0.0,
+                           # a prefill call on an idle loop: its extra seconds (StepTimes
+                           # `prefill_wake_s`; server.py `measure_host_costs`)
+                           "prefill_wake_s": float(pre.get("prefill_wake_s", 0.0))}
     if session.deployment.mode == "disaggregated":
         lengths = sorted({max(input_len // 2, 1), input_len})
         samples = []

@@ -212,6 +212,9 @@ class ServingSession:
         # the spread of the calls' durations the prediction draws from (StepTimes
         # prefill_spread, step_spread; overheads.py `duration_spread`); () : none
         self.duration_spread: tuple[tuple, tuple] = ((), ())
+        # the extra seconds of a prefill call on an idle loop the prediction charges
+        # (StepTimes `prefill_wake_s`, overheads.py `measure_session`); 0: none
+        self.prefill_wake_s = 0.0
         specs = slot_specs(deployment, context_len, seed)
         self.ray = ray
         self.started_ray = _ray_started()
@@ -273,7 +276,8 @@ class ServingSession:
             per_request[i]["arrival_s"] = r.arrival_s
         measured, predicted, calibrated = compare(self.deployment, requests, per_request,
                                                   self.warmup, self.share,
-                                                  self.diagnostic_step_times, self.duration_spread)
+                                                  self.diagnostic_step_times, self.duration_spread,
+                                                  self.prefill_wake_s)
         from workloads.servingmodel import simulate
 
         replayed = simulate(self.deployment, requests,
@@ -314,10 +318,12 @@ def prediction_deployment(deployment: Deployment, share: float) -> Deployment:
 
 def compare(deployment: Deployment, requests: list[Request], per_request: list[dict],
             warmup: dict[str, dict], share: float, diagnostic=None,
-            spread: tuple[tuple, tuple] = ((), ())) -> tuple[dict, dict, dict]:
+            spread: tuple[tuple, tuple] = ((), ()),
+            prefill_wake_s: float = 0.0) -> tuple[dict, dict, dict]:
     """(measured, predicted, calibrated) summaries of the same requests; `diagnostic`: the
     StepTimes of the calibrated column (default: the warm-up medians); `spread`: (prefill,
-    step) duration factors the prediction draws from (none by default)."""
+    step) duration factors the prediction draws from (none by default); `prefill_wake_s`:
+    the extra seconds of a prefill call on an idle loop (measured; none by default)."""
     from workloads.servingmodel import SimResult, cost_model_step_times, simulate
 
     arrival = np.array([r.arrival_s for r in requests])
@@ -329,9 +335,9 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
     measured["completed"] = int(done.sum())
     predicting = prediction_deployment(deployment, share)
     times = None
-    if spread[0] or spread[1]:
+    if spread[0] or spread[1] or prefill_wake_s:
         times = dataclasses.replace(cost_model_step_times(predicting), prefill_spread=tuple(spread[0]),
-                                    step_spread=tuple(spread[1]))
+                                    step_spread=tuple(spread[1]), prefill_wake_s=prefill_wake_s)
     predicted = simulate(predicting, requests, times).summary()
     calibrated = simulate(deployment, requests,
                           diagnostic or warmup_step_times(deployment, warmup)).summary()

@@ -160,7 +160,8 @@ class ServingWorker:
             if handover:
                 sent.append(decode.deliver.remote(handover))
                 calls.append(("send", t, time.time() - start_at, [h["request"] for h in handover]))
-        ray.get(sent)
+        if sent:
+            ray.get(sent)
         return out
 
     def deliver(self, handover: list[dict]) -> None:
@@ -213,7 +214,8 @@ class ServingWorker:
     # ---- serving host costs (sweeper/serving/overheads.py), outside any served stream
 
     def measure_host_costs(self, input_len: int, output_len: int, rounds: int = 2,
-                           blocks: int = 5, min_block_s: float = 0.25) -> dict:
+                           blocks: int = 5, min_block_s: float = 0.25,
+                           wake_requests: int = 12, idle_gap_s: float = 0.1) -> dict:
         """This worker's serving loop against the engine's timed calls of the same shapes.
 
         Engine: the prefill program alone, and the decode call of the full slot batch (decode
@@ -235,7 +237,14 @@ class ServingWorker:
         every call {loop_step_pooled_mean_s, ...} beside them. Medians: {engine_step_s,
         loop_step_s, engine_prefill_s, loop_prefill_s} (a phase the worker does not run is
         absent), the measurement's wall clock `measured_s`, the loop's prompts per prefill
-        call and every closed-loop call's seconds {loop_step_samples_s, loop_prefill_samples_s}."""
+        call and every closed-loop call's seconds {loop_step_samples_s, loop_prefill_samples_s}.
+
+        Idle loop (a worker with a prefill phase): `wake_requests` one-token requests
+        `idle_gap_s` apart (the loop idle between them) served by this worker's own serving
+        loop (`serve_aggregated` or `serve_prefill`, sleeps and wake-ups included): the
+        median of their TTFTs `prefill_after_idle_s`, and `prefill_wake_s` = that minus the
+        engine's prefill (what a call on an idle loop adds before its first token: a
+        stream's prefill worker is idle between arrivals, the closed loop above never is)."""
         import jax   # lazy: only inside a Ray worker (its mesh is set up there)
         import jax.numpy as jnp   # lazy: as jax
         import numpy as np
@@ -345,6 +354,22 @@ class ServingWorker:
             out[f"loop_{name}_samples_s"] = [float(x) for x in every]   # their spread
         if prefill_blocks:
             out["loop_prefill_prompts"] = float(np.mean(prompts))   # prompts per prefill call
+        if spec.prefill is not None and wake_requests > 0:
+            from workloads.serving import serve_aggregated   # lazy: imports JAX, as above
+
+            reqs = [Request((k + 1) * idle_gap_s, input_len, 1) for k in range(wake_requests + 1)]
+            start_at = time.time() + idle_gap_s
+            if spec.decode is not None:
+                served = serve_aggregated(srv, reqs, lambda i: prompt_for(model, 9000 + i, input_len, 7),
+                                          start_at)
+            else:
+                served = self.serve_prefill([dict(arrival_s=r.arrival_s, input_len=r.input_len,
+                                                  output_len=1) for r in reqs], start_at, 7, None)
+                self.calls = []
+            ttft = [s["first_token_s"] - r.arrival_s for s, r in zip(served, reqs)][1:]
+            out["prefill_after_idle_s"] = float(np.median(ttft))
+            out["prefill_wake_s"] = max(out["prefill_after_idle_s"] - out["engine_prefill_s"], 0.0)
+            out["idle_gap_s"] = idle_gap_s
         return out
 
     def _saturated_aggregated(self, input_len: int, output_len: int, n: int) -> tuple[list, list, float]:
