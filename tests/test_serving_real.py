@@ -281,12 +281,15 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
     for side in ("prefill", "decode"):
         detail = dict(costs["detail"][side])
         assert detail.pop("blocks") == 5 and detail.pop("measured_s") > 0
+        if side == "prefill":     # a prefill on an idle loop: its wake may be 0 (noise)
+            assert 0 <= detail.pop("prefill_wake_s") < 5.0
         for key, value in detail.items():   # seconds, a count, samples, block means
             for one in value if isinstance(value, list) else [value]:
                 assert 0 < one < 5.0, (side, key, one)
     assert costs["serving_step_overhead_s"] >= 0 and costs["serving_prefill_overhead_s"] >= 0
     assert 0 < costs["handover_overhead_s"] < 5.0       # a Ray call and an insert: never free
     assert costs["detail"]["handover"]["samples"] >= 8
+    assert 0 <= costs["prefill_wake_s"] == costs["detail"]["prefill"]["prefill_wake_s"]
     hardware = load_hardware(str(out))
     for key in ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s"):
         assert getattr(hardware, key) == pytest.approx(costs[key])

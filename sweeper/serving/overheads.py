@@ -21,8 +21,10 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   loop: the decode worker process's CPU seconds per handover (Ray receiving and unpickling
   the KV, the call, the insert into a slot; at least the insert's wall clock), over
   handovers at two KV sizes (the prompt and half of it): the worker is pinned to its core,
-  so its loop loses that time. The prefill slice's share, the Ray call's submission after
-  the export, is added to `serving_prefill_overhead_s` (per prompt); the rest of the
+  so its loop loses that time. The prefill slice's share, the Ray call after the export
+  (its submission and the Ray work it leaves on the prefill core), is in
+  `serving_prefill_overhead_s`: the prefill slice's closed loop sends its KV to the decode
+  worker as a stream does (server.py `measure_host_costs(decode=...)`); the rest of the
   handover's wall clock (the prefill process's work, waiting between the processes) is not
   charged to either loop (its fixed part, the intercept of a straight line through the
   handovers' wall clock from export to slot, is in the detail, `fixed_s`); the bytes' part
@@ -76,7 +78,10 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     else:
         # one worker after the other: run together, their closed loops (each saturating its
         # own loop) contend more than a stream does, whose prefill slice mostly waits
-        pre = ray.get(actors["prefill"].measure_host_costs.remote(*how))
+        # the prefill slice's closed loop sends each call's KV to the decode worker (as a
+        # stream's does): the Ray submission and what it leaves on the prefill core are in
+        # its prefill cost
+        pre = ray.get(actors["prefill"].measure_host_costs.remote(*how, decode=actors["decode"]))
         dec = ray.get(actors["decode"].measure_host_costs.remote(*how))
         detail = {"prefill": pre, "decode": dec}
     out: dict[str, Any] = {**host_costs(pre, dec), "handover_overhead_s": 0.0,
@@ -104,10 +109,9 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
         # server"): the decode loop the decode process's CPU per handover (receiving, the
         # call, the insert; at least the insert), not the handover's whole wall clock, part
         # of which is the prefill process's and waiting between the two; the prefill loop
-        # the export (in its closed loop's prefill cost) and the Ray call's submission, per
-        # prompt.
+        # the export and the Ray call (both in its closed loop's prefill cost, per prompt;
+        # `submit_mean_s`, the submission alone, is a diagnostic).
         out["handover_overhead_s"] = max(decode_cpu, insert)
-        out["serving_prefill_overhead_s"] += submit
         detail["handover"] = {"bytes": sorted(set(size.tolist())),
                               "median_s": {int(b): float(np.median(seconds[size == b]))
                                            for b in sorted(set(size))},

@@ -215,7 +215,8 @@ class ServingWorker:
 
     def measure_host_costs(self, input_len: int, output_len: int, rounds: int = 2,
                            blocks: int = 5, min_block_s: float = 0.25,
-                           wake_requests: int = 12, idle_gap_s: float = 0.1) -> dict:
+                           wake_requests: int = 12, idle_gap_s: float = 0.1,
+                           decode=None) -> dict:
         """This worker's serving loop against the engine's timed calls of the same shapes.
 
         Engine: the prefill program alone, and the decode call of the full slot batch (decode
@@ -238,6 +239,11 @@ class ServingWorker:
         loop_step_s, engine_prefill_s, loop_prefill_s} (a phase the worker does not run is
         absent), the measurement's wall clock `measured_s`, the loop's prompts per prefill
         call and every closed-loop call's seconds {loop_step_samples_s, loop_prefill_samples_s}.
+
+        `decode` (a prefill slice's decode worker): the closed loop also hands each prefill
+        call's KV to it in one Ray call, as `serve_prefill` does (`sink` drops it), without
+        waiting for it: the submission and the Ray work it leaves on this worker's core
+        after `.remote()` returns are in the loop's prefill, as a stream's prefill pays them.
 
         Idle loop (a worker with a prefill phase): `wake_requests` one-token requests
         `idle_gap_s` apart (the loop idle between them) served by this worker's own serving
@@ -291,8 +297,11 @@ class ServingWorker:
                     start = time.perf_counter()
                     take = range(spec.prefill_batch)
                     done = srv.prefill([prompt_for(model, n * 64 + i, input_len, 7) for i in take])
-                    for row in take:
-                        srv.export_kv(done, row)
+                    handover = [{"request": row, "kv": srv.export_kv(done, row),
+                                 "first_token": int(done.first_tokens[row]),
+                                 "output_len": output_len} for row in take]
+                    if decode is not None:      # as serve_prefill sends (not waited for)
+                        sent.append(decode.sink.remote(handover))
                     prefills.append(time.perf_counter() - start)
                 return steps, prefills, float(spec.prefill_batch)
             kv = np.zeros((srv.model.n_layers, input_len, 2, srv.model.n_kv_heads,
@@ -318,6 +327,7 @@ class ServingWorker:
         step_blocks: list[list[float]] = []
         prefill_blocks: list[list[float]] = []
         prompts: list[float] = []
+        sent: list = []         # the closed loop's handovers to `decode`, if any
         for _ in range(max(blocks, 1)):
             block_began = time.perf_counter()
             steps, prefills = [], []
@@ -333,6 +343,10 @@ class ServingWorker:
                 step_blocks.append(steps)
             if prefills:
                 prefill_blocks.append(prefills)
+            if sent:
+                import ray   # lazy: only with a decode worker, inside a Ray worker
+                ray.get(sent)
+                sent.clear()
             engine_calls()      # (other processes' work) shows in both, not in their difference
         out["measured_s"] = time.perf_counter() - began
         out["blocks"] = max(blocks, 1)
@@ -416,6 +430,10 @@ class ServingWorker:
                         "in_slot": received["in_slot"], "insert_s": received["insert_s"],
                         "bytes": int(kv.nbytes)})
         return out[1:]
+
+    def sink(self, handover: list[dict]) -> int:
+        """Receive a closed loop's handover and drop it (`measure_host_costs` with `decode`)."""
+        return len(handover)
 
     def cpu_seconds(self) -> float:
         """This worker process's CPU seconds so far, all its threads (Ray's receiving ones
