@@ -293,4 +293,5 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
     hardware = load_hardware(str(out))
     for key in ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s"):
         assert getattr(hardware, key) == pytest.approx(costs[key])
+    assert hardware.serving_prefill_wake_s == pytest.approx(costs["prefill_wake_s"])
     assert hardware.peak_flops == HARDWARE["peak_flops"]

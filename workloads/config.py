@@ -328,6 +328,10 @@ class HardwareProfile:
     serving_step_overhead_s: float = 0.0
     serving_prefill_overhead_s: float = 0.0
     handover_overhead_s: float = 0.0
+    # A prefill call that starts on an idle loop takes this much longer to its first token
+    # than back-to-back calls (a host effect the closed loop above cannot see; measured by
+    # serving one-token requests 0.1 s apart, docs/serving.md); 0 = none.
+    serving_prefill_wake_s: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -362,7 +366,7 @@ class HardwareProfile:
                     "collective_rendezvous_s",
                     "matmul_half_rows", "matmul_half_dim",
                     "serving_step_overhead_s", "serving_prefill_overhead_s",
-                    "handover_overhead_s"):
+                    "handover_overhead_s", "serving_prefill_wake_s"):
             if key in data:
                 values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
                 if values[key] < 0 or (key == "overlap" and values[key] > 1):

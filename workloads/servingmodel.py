@@ -197,7 +197,8 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
                      decode_affine=decode_affine,
                      step_overhead_s=hw.serving_step_overhead_s,
                      prefill_overhead_per_prompt_s=hw.serving_prefill_overhead_s,
-                     handover_overhead_s=hw.handover_overhead_s)
+                     handover_overhead_s=hw.handover_overhead_s,
+                     prefill_wake_s=hw.serving_prefill_wake_s)
 
 
 # --------------------------------------------------------------------------- result

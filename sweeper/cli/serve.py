@@ -122,9 +122,7 @@ def cmd_measure_overheads(args) -> int:
     print(f"{deployment.describe()}; prompts {input_len}, answers {output_len} tokens")
     for key in FIELDS:
         print(f"{key:28}{costs[key] * 1e3:9.3f} ms")
-    # not a profile field (docs/serving.md "Serving host costs")
-    print(f"{'prefill_wake_s':28}{costs['prefill_wake_s'] * 1e3:9.3f} ms (a prefill on an idle loop; "
-          "not written to the profile)")
+    print(f"{'serving_prefill_wake_s':28}{costs['prefill_wake_s'] * 1e3:9.3f} ms (a prefill on an idle loop)")
     print(f"wrote {out} (the plan's hardware profile with them; `host` timings, measured "
           "outside any served stream: docs/serving.md \"Serving host costs\")")
     return 0

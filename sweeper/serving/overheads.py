@@ -2,7 +2,7 @@
 measured on this host outside any served stream (docs/serving.md "Serving host costs").
 
     costs = measure(deployment, input_len=32, output_len=32)    # starts its own workers
-    hardware = with_overheads(deployment.hardware, costs)        # the three profile fields
+    hardware = with_overheads(deployment.hardware, costs)        # the profile fields (+ the wake)
 
 The serving model (workloads/servingmodel.py) adds them to the cost model's step times:
 - `serving_step_overhead_s`: per decode step, the mean step of the serving loop itself
@@ -163,8 +163,9 @@ def measure(deployment: Deployment, input_len: int, output_len: int, seed: int =
 
 
 def with_overheads(hardware: HardwareProfile, costs: dict) -> HardwareProfile:
-    """`hardware` with the three measured fields (the rest as it is)."""
-    return dataclasses.replace(hardware, **{k: float(costs[k]) for k in FIELDS})
+    """`hardware` with the three measured fields and the idle-loop wake (the rest as it is)."""
+    return dataclasses.replace(hardware, **{k: float(costs[k]) for k in FIELDS},
+                               serving_prefill_wake_s=float(costs.get("prefill_wake_s", 0.0)))
 
 
 def with_deployment_overheads(deployment: Deployment, costs: dict) -> Deployment:

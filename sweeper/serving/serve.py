@@ -336,8 +336,9 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
     predicting = prediction_deployment(deployment, share)
     times = None
     if spread[0] or spread[1] or prefill_wake_s:
-        times = dataclasses.replace(cost_model_step_times(predicting), prefill_spread=tuple(spread[0]),
-                                    step_spread=tuple(spread[1]), prefill_wake_s=prefill_wake_s)
+        base = cost_model_step_times(predicting)     # the profile's wake unless one is given
+        times = dataclasses.replace(base, prefill_spread=tuple(spread[0]), step_spread=tuple(spread[1]),
+                                    prefill_wake_s=prefill_wake_s or base.prefill_wake_s)
     predicted = simulate(predicting, requests, times).summary()
     calibrated = simulate(deployment, requests,
                           diagnostic or warmup_step_times(deployment, warmup)).summary()
