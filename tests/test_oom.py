@@ -120,7 +120,9 @@ def test_ray_memory_monitor_kills_are_recognised():
 def test_a_ray_worker_killed_by_the_kernel_for_memory_is_named_and_not_retried(
         cgroup, shared_sweeper_home, tmp_path):
     """A real sweep: trial 0's worker waits (test delay), is moved into the 64 MiB cgroup
-    and runs out of memory when the trial imports JAX; the kernel kills it."""
+    and then allocates 512 MiB (SWEEPER_TEST_TRIAL_ALLOC_MB; a trial's own allocations once
+    sufficed, but no longer exceed 64 MiB since a worker stopped importing scipy.stats
+    in its first trial); the kernel kills it."""
     pytest.importorskip("ray")
     import json
     import sqlite3
@@ -138,7 +140,7 @@ def test_a_ray_worker_killed_by_the_kernel_for_memory_is_named_and_not_retried(
                        {"metric": "decode_cost_chip_s_per_token", "direction": "minimize"}]}))
     db = tmp_path / "optuna.db"
     storage = f"sqlite:///{db}"
-    env = dict(os.environ, SWEEPER_TEST_TRIAL_DELAY_S="6:0")
+    env = dict(os.environ, SWEEPER_TEST_TRIAL_DELAY_S="6:0", SWEEPER_TEST_TRIAL_ALLOC_MB="512")
     proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(space), "--study",
                              "oom", "--storage", storage, "--tracking-uri",
                              f"sqlite:///{tmp_path / 'mlflow.db'}", "--no-analysis"],

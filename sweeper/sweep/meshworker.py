@@ -19,8 +19,10 @@ A multi-host trial's hosts (README "Multi-host trials") join with `jax.distribut
 
 Test-only: `SWEEPER_TEST_TRIAL_DELAY_S` makes a worker sleep before a trial (`SECONDS`, or
 `SECONDS:N1,N2` for trials N1 and N2 only), so that the fault tests can kill a worker or let
-a trial time out in the middle of it. `SWEEPER_TEST_FAIL_HOST=RANK` makes host RANK of a
-multi-host trial raise before the trial. Both are forwarded from the controller's environment
+a trial time out in the middle of it; with it, `SWEEPER_TEST_TRIAL_ALLOC_MB=N` makes the
+worker then allocate and touch N MiB (the OOM test's memory: what a trial allocates by itself
+is too little and changes with the code). `SWEEPER_TEST_FAIL_HOST=RANK` makes host RANK of a
+multi-host trial raise before the trial. They are forwarded from the controller's environment
 to the workers and have no use outside tests.
 """
 
@@ -42,6 +44,8 @@ from workloads.trial import TrialConfig
 
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
 TEST_FAIL_HOST_ENV = "SWEEPER_TEST_FAIL_HOST"      # test-only, see the module docstring
+TEST_ALLOC_ENV = "SWEEPER_TEST_TRIAL_ALLOC_MB"     # test-only, see the module docstring
+TEST_ENVS = (TEST_DELAY_ENV, TEST_FAIL_HOST_ENV, TEST_ALLOC_ENV)
 ENGINE_CACHE_ENTRIES = 4    # shapes a worker keeps compiled in memory (the rest: from disk)
 
 
@@ -186,6 +190,11 @@ class MeshWorker:
         delay = trial_delay_s(number)
         if delay:
             time.sleep(delay)       # test-only: a window to kill this worker mid-trial
+            alloc_mb = int(os.environ.get(TEST_ALLOC_ENV) or 0)
+            if alloc_mb:            # test-only: memory the OOM test's cgroup cannot hold
+                hog = bytearray(alloc_mb * 2**20)
+                hog[::4096] = b"x" * len(hog[::4096])
+                del hog
         if self.hosts > 1:
             if os.environ.get(TEST_FAIL_HOST_ENV, "") == str(self.rank):
                 raise RuntimeError(f"injected failure on host {self.rank} ({TEST_FAIL_HOST_ENV})")

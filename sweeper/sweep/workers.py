@@ -51,7 +51,7 @@ from typing import Any
 import psutil
 
 from sweeper.formatting import one_line
-from sweeper.sweep.meshworker import TEST_DELAY_ENV, TEST_FAIL_HOST_ENV, MeshWorker, split_cores
+from sweeper.sweep.meshworker import TEST_ENVS, MeshWorker, split_cores
 from sweeper.sweep.pool import Handle, Outcome, TrialError, WorkerLost, replicate_key
 # re-exported from the module that held them before the split (the CLI, tests import them)
 from sweeper.sweep.pool import ClusterLost, LocalPool, WorkerPool  # noqa: F401
@@ -154,7 +154,7 @@ class RayPool:
             opts = {"num_cpus": res.pop("CPU", 0), "num_gpus": res.pop("GPU", 0)}
             if res:
                 opts["resources"] = res
-        for name in (TEST_DELAY_ENV, TEST_FAIL_HOST_ENV):
+        for name in TEST_ENVS:
             if os.environ.get(name):
                 env[name] = os.environ[name]
         opts["max_restarts"] = 0
