@@ -21,7 +21,8 @@ import ray  # noqa: E402 - a dependency: a broken install fails here, never skip
 
 from sweeper.sweep.controller import run_sweep  # noqa: E402
 from sweeper.sweep.slices import plan_slice  # noqa: E402
-from sweeper.sweep.workers import TEST_FAIL_HOST_ENV, RayPool, TrialError  # noqa: E402
+from sweeper.sweep.meshworker import TEST_FAIL_HOST_ENV  # noqa: E402
+from sweeper.sweep.workers import RayPool, TrialError  # noqa: E402
 from workloads.config import ConfigError  # noqa: E402
 from workloads.trial import TrialConfig  # noqa: E402
 
