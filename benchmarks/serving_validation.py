@@ -3,6 +3,8 @@ serving runs on this host's emulated meshes.
 
     python -m benchmarks.serving_validation            # ~8 min on 2 cores (2-3 of calibration)
     python -m benchmarks.serving_validation --requests 10 --out /tmp/sv
+    python -m benchmarks.serving_validation --profile benchmarks/results/serving_validation.fitted.yaml \
+        --deployments dis-1+1chip-4slots --loads 0.85 --out /tmp/sv    # one deployment, one load
 
 Six deployments of the `calib` model (three aggregated, three disaggregated; on 1-2 emulated
 chips per worker, since this host has 2 cores), each served at two loads (35% and 85% of its
@@ -289,7 +291,10 @@ def handover_s(per_request: list[dict]) -> float | None:
     return float(np.mean(gaps)) if gaps else None
 
 
-def run(n_requests: int, calibration: dict) -> dict:
+def run(n_requests: int, calibration: dict, names: list[str] | None = None,
+        loads: list[float] | None = None) -> dict:
+    """Serve every deployment at every load (default) or the given subset (a quick check of
+    one deployment: `--deployments`, `--loads`)."""
     from sweeper.serving.overheads import duration_spread, measure_session, with_deployment_overheads
     from sweeper.serving.serve import ServingSession, relative_errors
     from workloads.servingmodel import capacity_rps
@@ -298,7 +303,9 @@ def run(n_requests: int, calibration: dict) -> dict:
     load_before = common.load_average()
     context = INPUT_LEN + OUTPUT_LEN + 1
     profile = common.ROOT / calibration["used"]
-    for name in DEPLOYMENTS:
+    names = list(names or DEPLOYMENTS)
+    loads = list(loads or LOADS)
+    for name in names:
         d = deployment(name, profile)
         t0 = time.time()
         with ServingSession(d, context, sorted({INPUT_LEN // 2, INPUT_LEN}), seed=0,
@@ -321,7 +328,7 @@ def run(n_requests: int, calibration: dict) -> dict:
                                                         "serving_prefill_overhead_s",
                                                         "handover_overhead_s"))
                   + f"; capacity {capacity:.1f} req/s", flush=True)
-            for load in LOADS:
+            for load in loads:
                 rate = load * capacity
                 for seed in SEEDS:
                     reqs = stream(rate, n_requests, seed)
@@ -346,10 +353,12 @@ def run(n_requests: int, calibration: dict) -> dict:
             "steps": deployment_steps(rows),
             "context": {**common.machine_context(), "load_average_before": load_before},
             "wall_s": time.time() - started, "model": MODEL, "input_len": INPUT_LEN,
-            "output_len": OUTPUT_LEN, "loads": list(LOADS), "seeds": list(SEEDS),
+            "output_len": OUTPUT_LEN, "loads": loads, "seeds": list(SEEDS),
             "profile": calibration["used"], "calibration": calibration, "target": TARGET,
             "command": "python -m benchmarks.serving_validation"
-                       + (f" --requests {n_requests}" if n_requests != DEFAULT_REQUESTS else "")}
+                       + (f" --requests {n_requests}" if n_requests != DEFAULT_REQUESTS else "")
+                       + (f" --deployments {','.join(names)}" if names != list(DEPLOYMENTS) else "")
+                       + (f" --loads {','.join(str(x) for x in loads)}" if loads != list(LOADS) else "")}
 
 
 def groups(rows: list[dict]) -> list[dict]:
@@ -589,16 +598,44 @@ DEFAULT_REQUESTS = 40
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per stream")
-    parser.add_argument("--out", default=str(common.RESULTS), help="results folder")
+    parser.add_argument("--out", help=f"results folder (default {common.RESULTS}; required with "
+                        "--deployments or --loads: the committed results are the full set)")
     parser.add_argument("--profile", metavar="PROFILE.yaml",
                         help="skip the calibration: use this fitted profile (a quick check; the "
                              "results say so)")
     parser.add_argument("--keep-calibration", metavar="DIR",
                         help="run the calibration sweep with SWEEPER_HOME=DIR and keep it (its "
                              "study, MLflow runs and host profile), for inspecting the fit")
+    parser.add_argument("--deployments", metavar="NAME,...",
+                        help="only these deployments (default all: " + ",".join(DEPLOYMENTS) + ")")
+    parser.add_argument("--loads", metavar="FRACTION,...",
+                        help="only these loads, fractions of capacity (default "
+                             + ",".join(str(x) for x in LOADS) + ")")
     parser.add_argument("--render", metavar="RESULTS.json",
                         help="only re-render the Markdown of a recorded results file")
     args = parser.parse_args(argv)
+    names = loads = None
+    if args.deployments:
+        names = [n.strip() for n in args.deployments.split(",") if n.strip()]
+        unknown = [n for n in names if n not in DEPLOYMENTS]
+        if unknown or not names:
+            print(f"serving_validation: --deployments: {','.join(unknown) or repr(args.deployments)} "
+                  f"unknown; accepted: {','.join(DEPLOYMENTS)}", file=sys.stderr)
+            return 2
+    if args.loads:
+        try:
+            loads = [float(x) for x in args.loads.split(",") if x.strip()]
+        except ValueError:
+            loads = []
+        if not loads or not all(0 < x <= 1.5 for x in loads):
+            print(f"serving_validation: --loads: {args.loads!r} is not a list of fractions of "
+                  "capacity in (0, 1.5], e.g. 0.35,0.85", file=sys.stderr)
+            return 2
+    if (names or loads) and not args.out:
+        print("serving_validation: --out: required with --deployments or --loads (a subset must "
+              f"not replace the full set in {common.RESULTS})", file=sys.stderr)
+        return 2
+    args.out = args.out or str(common.RESULTS)
     if args.render:
         result = json.loads(Path(args.render).read_text())
         common.write("serving_validation", result, render(result), Path(args.out))
@@ -614,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         calibration = calibrate(Path(args.keep_calibration).resolve() if args.keep_calibration else None)
     print(f"calibration: {calibration['used']} ({calibration['why']}); held-out MAPE "
           f"{calibration.get('heldout_mape')}, terms {calibration.get('terms')}", flush=True)
-    result = run(args.requests, calibration)
+    result = run(args.requests, calibration, names, loads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)    # the numbers first: nothing measured is lost
     (out / "serving_validation.json").write_text(json.dumps(common.clean(result), indent=2))
