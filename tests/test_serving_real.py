@@ -283,6 +283,11 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
         assert detail.pop("blocks") == 5 and detail.pop("measured_s") > 0
         if side == "prefill":     # a prefill on an idle loop: its wake may be 0 (noise)
             assert 0 <= detail.pop("prefill_wake_s") < 5.0
+        else:                     # paired with the engine's calls: noise may make one < 0
+            extras = detail.pop("loop_step_paired_block_extra_s")
+            assert len(extras) == 5 and all(abs(x) < 5.0 for x in extras)
+            assert detail.pop("loop_step_paired_extra_s") == pytest.approx(float(np.median(extras)))
+            assert costs["serving_step_overhead_s"] == pytest.approx(max(float(np.median(extras)), 0.0))
         for key, value in detail.items():   # seconds, a count, samples, block means
             for one in value if isinstance(value, list) else [value]:
                 assert 0 < one < 5.0, (side, key, one)

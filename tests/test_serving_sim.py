@@ -382,6 +382,24 @@ def test_host_costs_are_the_loops_means_per_prompt():
                                       "serving_prefill_overhead_s": 0.0}
 
 
+def test_decode_slice_step_cost_is_the_paired_difference():
+    """A decode slice's closed loop pairs each step with the engine's call just before it
+    (server.py `measure_host_costs`): its step cost is that paired difference, not the loop's
+    mean minus the engine's median, which charges every step of a stream the other
+    processes' load during the measurement (dis-1+1chip-4slots once read 1.82 ms for a
+    0.85 ms median difference; docs/serving.md "Serving host costs")."""
+    from sweeper.serving.overheads import host_costs
+
+    prefill = {"engine_prefill_s": 0.008, "loop_prefill_mean_s": 0.010, "loop_prefill_prompts": 1.0}
+    decode = {"engine_step_s": 0.0048, "loop_step_s": 0.0057, "loop_step_mean_s": 0.0066,
+              "loop_step_paired_extra_s": 0.0007}
+    assert host_costs(prefill, decode)["serving_step_overhead_s"] == pytest.approx(0.0007)
+    noisy = {**decode, "loop_step_paired_extra_s": -0.0002}     # timer noise: costs 0
+    assert host_costs(prefill, noisy)["serving_step_overhead_s"] == 0.0
+    unpaired = {k: v for k, v in decode.items() if k != "loop_step_paired_extra_s"}
+    assert host_costs(prefill, unpaired)["serving_step_overhead_s"] == pytest.approx(0.0018)
+
+
 def test_replay_of_a_served_aggregated_log_gives_its_first_tokens_back():
     """A trace test of the aggregated rules (docs/serving.md "Checking the model against the
     server"): the call log the server writes for a burst of 3 requests on 2 slots (prefill,

@@ -226,7 +226,10 @@ class ServingWorker:
         requests (one prefill call inserted per decode step while prompts wait: prompts,
         `srv.prefill`, its rows into slots; a step: `srv.step()`, the clock read, `advance_slots`);
         a prefill slice, `4 x rounds` prefill calls and their KV exported back to back; a
-        decode slice, every slot full, stepping `rounds x output_len` steps.
+        decode slice, every slot full, stepping `rounds x output_len` steps, each step right
+        after an engine call of the same slot batch (paired: `loop_step_paired_extra_s`,
+        the median over blocks of the block's mean step minus its paired engine calls' mean,
+        and each block's `loop_step_paired_block_extra_s`; overheads.py charges it).
 
         The loop runs in `blocks` blocks, the engine's calls before the first and after each
         (so the blocks are spread over the measurement's seconds, docs/serving.md "Serving
@@ -309,6 +312,11 @@ class ServingWorker:
             slot_request = [-1] * spec.slots
             remaining = [0] * spec.slots
             record = [{"tokens": []} for _ in range(spec.slots)]
+            # the engine's call of the same slot batch right before each step (paired: the
+            # other processes' load of that moment is in both, docs/serving.md "Serving host
+            # costs"); it writes position `input_len` of every slot, which no timing reads
+            tokens_e = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
+            positions_e = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
             for _ in range(rounds):
                 for slot in range(spec.slots):            # every slot full, no arrivals
                     srv.insert(slot, kv, 0, 0)
@@ -317,11 +325,17 @@ class ServingWorker:
                 jax.block_until_ready(srv.cache)
                 while any(r >= 0 for r in slot_request):
                     start = time.perf_counter()
+                    logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens_e, positions_e)
+                    jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
+                    paired_engine.append(time.perf_counter() - start)
+                    start = time.perf_counter()
                     tokens = srv.step()
                     advance_slots(srv, tokens, time.time(), slot_request, remaining, record)
                     steps.append(time.perf_counter() - start)
             return steps, prefills, 0.0
 
+        paired_engine: list[float] = []     # a decode slice: the engine's call before each step
+        paired_blocks: list[float] = []     # per block: mean step - mean paired engine call
         began = time.perf_counter()
         engine_calls()          # between the blocks: a drift in the host's load
         step_blocks: list[list[float]] = []
@@ -331,9 +345,12 @@ class ServingWorker:
         for _ in range(max(blocks, 1)):
             block_began = time.perf_counter()
             steps, prefills = [], []
+            engine_before: list[float] = []
             while True:         # at least `min_block_s` of the loop per block
+                paired_engine.clear()
                 more_steps, more_prefills, block_prompts = loop_block()
                 steps += more_steps[1:]
+                engine_before += paired_engine[1:]
                 prefills += more_prefills[1:]
                 if more_prefills[1:]:
                     prompts.append(block_prompts)
@@ -341,6 +358,8 @@ class ServingWorker:
                     break
             if steps:
                 step_blocks.append(steps)
+            if steps and engine_before:
+                paired_blocks.append(float(np.mean(steps) - np.mean(engine_before)))
             if prefills:
                 prefill_blocks.append(prefills)
             if sent:
@@ -366,6 +385,11 @@ class ServingWorker:
             out[f"loop_{name}_block_means_s"] = means
             out[f"loop_{name}_pooled_mean_s"] = float(np.mean(every))
             out[f"loop_{name}_samples_s"] = [float(x) for x in every]   # their spread
+        if paired_blocks:
+            # the decode slice's host work per step, paired: the median over blocks of (the
+            # block's mean step - the mean of the engine's calls just before each step)
+            out["loop_step_paired_extra_s"] = float(np.median(paired_blocks))
+            out["loop_step_paired_block_extra_s"] = paired_blocks
         if prefill_blocks:
             out["loop_prefill_prompts"] = float(np.mean(prompts))   # prompts per prefill call
         if spec.prefill is not None and wake_requests > 0:
