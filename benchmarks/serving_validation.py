@@ -259,7 +259,8 @@ def step_times(d, session, costs: dict) -> dict:
             "kv_transfer_s": {"predicted": model.kv_transfer_s(INPUT_LEN) + model.handover_overhead_s
                               if d.mode == "disaggregated" else 0.0},
             "host_costs": {k: costs[k] for k in ("serving_step_overhead_s", "serving_prefill_overhead_s",
-                                                 "handover_overhead_s", "prefill_wake_s")}}
+                                                 "handover_overhead_s", "prefill_wake_s",
+                                                 "prefill_first_overhead_s") if k in costs}}
 
 
 def loop_step_times(d, costs: dict, statistic: str = "mean"):
@@ -280,7 +281,9 @@ def loop_step_times(d, costs: dict, statistic: str = "mean"):
     return StepTimes(lambda b, n: engine_prefill, lambda b, c: step,
                      prefill_overhead_per_prompt_s=per_prompt,
                      handover_overhead_s=costs["handover_overhead_s"],
-                     prefill_wake_s=costs.get("prefill_wake_s", 0.0), source="serving loop")
+                     prefill_wake_s=costs.get("prefill_wake_s", 0.0),
+                     prefill_first_overhead_s=costs.get("prefill_first_overhead_s", 0.0),
+                     source="serving loop")
 
 
 def handover_s(per_request: list[dict]) -> float | None:
@@ -318,6 +321,8 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
             # draw each call's factor from it (docs/serving.md "The serving model")
             session.duration_spread = duration_spread(costs)
             session.prefill_wake_s = costs["prefill_wake_s"]    # a prefill on an idle loop
+            # of a prefill's host work, the part before its first tokens
+            session.prefill_first_overhead_s = costs.get("prefill_first_overhead_s", 0.0)
             session.diagnostic_step_times = dataclasses.replace(
                 loop_step_times(d, costs), prefill_spread=session.duration_spread[0],
                 step_spread=session.duration_spread[1])

@@ -283,6 +283,10 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
         assert detail.pop("blocks") == 5 and detail.pop("measured_s") > 0
         if side == "prefill":     # a prefill on an idle loop: its wake may be 0 (noise)
             assert 0 <= detail.pop("prefill_wake_s") < 5.0
+            # before the first tokens, paired with the engine's calls: noise may make one < 0
+            extras = detail.pop("loop_prefill_first_paired_block_extra_s")
+            assert len(extras) == 5 and all(abs(x) < 5.0 for x in extras)
+            assert detail.pop("loop_prefill_first_paired_extra_s") == pytest.approx(float(np.median(extras)))
         else:                     # paired with the engine's calls: noise may make one < 0
             extras = detail.pop("loop_step_paired_block_extra_s")
             assert len(extras) == 5 and all(abs(x) < 5.0 for x in extras)
@@ -295,6 +299,10 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
     assert 0 < costs["handover_overhead_s"] < 5.0       # a Ray call and an insert: never free
     assert costs["detail"]["handover"]["samples"] >= 8
     assert 0 <= costs["prefill_wake_s"] == costs["detail"]["prefill"]["prefill_wake_s"]
+    # of a prefill call's host work, the part before its first tokens: at most all of it
+    pre = costs["detail"]["prefill"]
+    assert 0 <= costs["prefill_first_overhead_s"] <= pre["loop_prefill_mean_s"] - pre["engine_prefill_s"] + 1e-12
+    assert pre["loop_prefill_first_s"] <= pre["loop_prefill_s"]
     hardware = load_hardware(str(out))
     for key in ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s"):
         assert getattr(hardware, key) == pytest.approx(costs[key])

@@ -82,6 +82,30 @@ def test_a_prefill_on_an_idle_loop_pays_the_wake(mode):
     assert np.allclose(simulate(d, _spaced(5, 10.0), _constant(0.25, 0.02, 0.1)).ttft_s, 0.25)
 
 
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_a_prefills_host_work_before_its_first_tokens_delays_them(mode):
+    """StepTimes `prefill_first_overhead_s` (docs/serving.md "Serving host costs"): of a
+    prefill call's host work (0.03 per prompt), the part before its first tokens (0.01)
+    delays them on every call, the rest (0.02) comes after; the call's total is the same.
+    Two requests together after idle, wake 0.005 (less than 0.01: the call pays 0.01):
+    TTFT 0.25 + 0.01; the second's call starts after the first's 0.25 + 0.03 and
+    (aggregated) one decode step 0.02, or (disaggregated) the transfer 0.1, and pays 0.01
+    before its first token. With a wake of 0.05 an idle call pays the wake instead."""
+    d = _deployment(mode)
+    times = dataclasses.replace(_constant(0.25, 0.02, transfer_s=0.1), prefill_wake_s=0.005,
+                                prefill_overhead_per_prompt_s=0.03, prefill_first_overhead_s=0.01)
+    together = simulate(d, [Request(0.0, 128, 10), Request(0.0, 128, 10)], times)
+    second = 0.28 + (0.02 if mode == "aggregated" else 0.1) + 0.25 + 0.01
+    assert np.allclose(np.sort(together.ttft_s), [0.26, second])
+    assert np.isclose(together.prefill_busy_s, 2 * (0.28 + (0.0 if mode == "aggregated" else 0.1)))
+    # all of the host work after the first tokens (0 before them): TTFT the engine's call
+    after = dataclasses.replace(times, prefill_first_overhead_s=0.0, prefill_wake_s=0.0)
+    assert np.allclose(np.sort(simulate(d, [Request(0.0, 128, 10)] * 2, after).ttft_s),
+                       [0.25, second - 0.01])
+    woken = dataclasses.replace(times, prefill_wake_s=0.05)
+    assert np.allclose(simulate(d, _spaced(5, 10.0), woken).ttft_s, 0.3)
+
+
 def test_cost_model_step_times_give_the_predicted_prefill_and_transfer():
     """With the default (analytical) step times an idle deployment's TTFT is the cost
     model's prefill latency, and its disaggregated TPOT adds the KV bytes over the link."""
@@ -380,6 +404,20 @@ def test_host_costs_are_the_loops_means_per_prompt():
     fast = {**worker, "loop_step_mean_s": 0.003, "loop_prefill_mean_s": 0.02}
     assert host_costs(fast, fast) == {"serving_step_overhead_s": 0.0,
                                       "serving_prefill_overhead_s": 0.0}
+
+
+def test_first_token_overhead_is_the_paired_part_of_the_prefills_host_work():
+    """sweeper/serving/overheads.py `first_token_overhead`: the closed loop's paired time
+    before a prefill's first tokens, never below 0 nor above the call's whole host work;
+    0 for a measurement without it (all of the host work after the first tokens)."""
+    from sweeper.serving.overheads import first_token_overhead
+
+    pre = {"engine_prefill_s": 0.010, "loop_prefill_mean_s": 0.013,
+           "loop_prefill_first_paired_extra_s": 0.001}
+    assert first_token_overhead(pre) == pytest.approx(0.001)
+    assert first_token_overhead({**pre, "loop_prefill_first_paired_extra_s": -0.0005}) == 0.0
+    assert first_token_overhead({**pre, "loop_prefill_first_paired_extra_s": 0.005}) == pytest.approx(0.003)
+    assert first_token_overhead({"engine_prefill_s": 0.01, "loop_prefill_mean_s": 0.013}) == 0.0
 
 
 def test_decode_slice_step_cost_is_the_paired_difference():

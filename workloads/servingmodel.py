@@ -27,8 +27,12 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   the decode slice's loop `handover_overhead_s` (the decode process's work per handover:
   receiving the KV, its insert into a slot), one handover at a time before its next step
   (server.py `serve_decode` inserts there); all from the
-  hardware profile, 0 by default; a prefill call on an idle loop (nothing to do until its
-  arrival) `StepTimes.prefill_wake_s` more before its first token (measured, 0 by default);
+  hardware profile, 0 by default; of a prefill call's host work, the part before its
+  first tokens (`StepTimes.prefill_first_overhead_s`, per call: the prompts made and placed,
+  the argmax, the first tokens to the host) delays them, the rest of the per-prompt cost
+  comes after; a prefill call on an idle loop (nothing to do until its arrival) takes
+  `StepTimes.prefill_wake_s` more than the engine's call before its first token instead
+  (the larger of the two; measured, 0 by default);
 - optionally (`StepTimes.prefill_spread`, `step_spread`), each call's duration scaled by a
   factor of mean 1 drawn from a measured spread (seeded): the tails of interrupted calls;
 - requests go to replicas round-robin in arrival order (decode slices: in KV-ready order),
@@ -101,6 +105,21 @@ class StepTimes:
     # work: measured on this host (sweeper/serving/server.py `measure_host_costs`, calls
     # after an idle gap vs back to back; docs/serving.md "Serving host costs").
     prefill_wake_s: float = 0.0
+    # Of a prefill call's host work (`prefill_overhead_per_prompt_s` x its prompts), the part
+    # before its first tokens, per call (the serving loop's closed-loop calls to their first
+    # tokens minus the engine's program, sweeper/serving/overheads.py): the first tokens come
+    # that much after the engine's call, the call's total stays (docs/serving.md "Serving
+    # host costs"). 0: all of it after the first tokens.
+    prefill_first_overhead_s: float = 0.0
+
+    def prefill_host_s(self, prompts: int, idle: bool, factor: float = 1.0) -> tuple[float, float]:
+        """A prefill call's host work: (before its first tokens, after them), seconds. Before:
+        `prefill_first_overhead_s`, or on an idle loop the wake if larger; after: the rest of
+        the per-prompt cost, scaled by the call's duration factor."""
+        first = self.prefill_first_overhead_s
+        before = max(self.prefill_wake_s, first) if idle else first
+        after = max(prompts * self.prefill_overhead_per_prompt_s - first, 0.0) * factor
+        return before, after
 
     def spread_draws(self) -> tuple[Callable[[], float], Callable[[], float]]:
         """(prefill factor, step factor) draws; 1.0 without a spread."""
@@ -198,7 +217,9 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
                      step_overhead_s=hw.serving_step_overhead_s,
                      prefill_overhead_per_prompt_s=hw.serving_prefill_overhead_s,
                      handover_overhead_s=hw.handover_overhead_s,
-                     prefill_wake_s=hw.serving_prefill_wake_s)
+                     prefill_wake_s=hw.serving_prefill_wake_s,
+                     # a profile field once workloads/config.py has it (0 without)
+                     prefill_first_overhead_s=getattr(hw, "serving_prefill_first_overhead_s", 0.0))
 
 
 # --------------------------------------------------------------------------- result
@@ -411,9 +432,10 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
             factor = prefill_factor()
             call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take)) * factor
-            call += times.prefill_wake_s if idle else 0.0
+            before, after = times.prefill_host_s(len(take), idle, factor)
+            call += before
             idle = False
-            duration = call + len(take) * times.prefill_overhead_per_prompt_s * factor
+            duration = call + after
             first[take] = t + call       # the first tokens, before their rows go into slots
             t += duration
             prefill_busy += duration
@@ -455,9 +477,10 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
             take.append(queue.popleft())
         factor = prefill_factor()
         call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take)) * factor
-        call += times.prefill_wake_s if idle else 0.0
+        before, after = times.prefill_host_s(len(take), idle, factor)
+        call += before
         idle = False
-        duration = call + len(take) * times.prefill_overhead_per_prompt_s * factor
+        duration = call + after
         first[take] = t + call           # the first tokens, before their KV is exported
         t += duration
         busy += duration
@@ -547,7 +570,7 @@ def capacity_rps(deployment: Deployment, times: StepTimes, input_len: float, out
     context = input_len + output_len / 2
     step = times.decode_step_s(d.decode.batch, context) + times.step_overhead_s
     call = (times.prefill_s(d.prefill.batch, int(math.ceil(input_len)))
-            + d.prefill.batch * times.prefill_overhead_per_prompt_s)
+            + sum(times.prefill_host_s(d.prefill.batch, False)))
     decode_steps = max(output_len - 1, 0.0)
     per_request_decode = decode_steps * step / d.decode.batch       # replica-seconds
     per_request_prefill = call / d.prefill.batch

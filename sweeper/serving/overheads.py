@@ -50,6 +50,13 @@ one-token requests 0.1 s apart through the worker's own loop; the closed loop ne
 a stream's prefill worker does between arrivals). Not a profile field: a caller passes it
 to the prediction (`ServingSession.prefill_wake_s`, StepTimes `prefill_wake_s`).
 
+And `prefill_first_overhead_s`: of a prefill call's host work, the part before its first
+tokens, per call (the closed loop's calls to their first tokens minus the engine's
+prefill; `first_token_overhead`): the serving model delays the first tokens by it and
+charges the rest of the per-prompt cost after them (StepTimes `prefill_first_overhead_s`).
+Not a profile field yet (workloads/config.py has none): `with_overheads` writes it only to a
+profile that has the field; a caller passes it (`ServingSession.prefill_first_overhead_s`).
+
 Each worker runs where `sweeper serve` runs it (the same cores, `ServingSession`), so the
 costs include the core share a deployment gets. A difference below zero (timer noise) is 0.
 """
@@ -93,7 +100,9 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     out: dict[str, Any] = {**host_costs(pre, dec), "handover_overhead_s": 0.0,
                            # a prefill call on an idle loop: its extra seconds (StepTimes
                            # `prefill_wake_s`; server.py `measure_host_costs`)
-                           "prefill_wake_s": float(pre.get("prefill_wake_s", 0.0))}
+                           "prefill_wake_s": float(pre.get("prefill_wake_s", 0.0)),
+                           # of a prefill call's host work, the part before its first tokens
+                           "prefill_first_overhead_s": first_token_overhead(pre)}
     if session.deployment.mode == "disaggregated":
         lengths = sorted({max(input_len // 2, 1), input_len})
         samples = []
@@ -150,6 +159,18 @@ def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
                                               - prefill["engine_prefill_s"], 0.0) / prompts}
 
 
+def first_token_overhead(prefill: dict) -> float:
+    """Of a prefill call's host work, the seconds before its first tokens (per call): the
+    closed loop's calls to their first tokens minus the engine's prefill program, paired
+    (server.py `measure_host_costs`: per block, against the engine's calls just before and
+    after it; the median over blocks), at most the call's whole host work; 0 for a
+    measurement without it."""
+    if "loop_prefill_first_paired_extra_s" not in prefill:
+        return 0.0
+    whole = max(prefill["loop_prefill_mean_s"] - prefill["engine_prefill_s"], 0.0)
+    return min(max(prefill["loop_prefill_first_paired_extra_s"], 0.0), whole)
+
+
 def duration_spread(costs: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(prefill, decode step) duration factors of mean 1 from a measurement's closed loops
     (each call's seconds over their mean; server.py `measure_host_costs`): the spread the
@@ -176,9 +197,15 @@ def measure(deployment: Deployment, input_len: int, output_len: int, seed: int =
 
 
 def with_overheads(hardware: HardwareProfile, costs: dict) -> HardwareProfile:
-    """`hardware` with the three measured fields and the idle-loop wake (the rest as it is)."""
+    """`hardware` with the three measured fields and the idle-loop wake (the rest as it is);
+    the part of a prefill's host work before its first tokens too where the profile has a
+    field for it (`serving_prefill_first_overhead_s`: not yet in workloads/config.py, so a
+    caller passes it to the prediction, `ServingSession.prefill_first_overhead_s`)."""
+    extra = {}
+    if "serving_prefill_first_overhead_s" in {f.name for f in dataclasses.fields(hardware)}:
+        extra["serving_prefill_first_overhead_s"] = float(costs.get("prefill_first_overhead_s", 0.0))
     return dataclasses.replace(hardware, **{k: float(costs[k]) for k in FIELDS},
-                               serving_prefill_wake_s=float(costs.get("prefill_wake_s", 0.0)))
+                               serving_prefill_wake_s=float(costs.get("prefill_wake_s", 0.0)), **extra)
 
 
 def with_deployment_overheads(deployment: Deployment, costs: dict) -> Deployment:

@@ -273,11 +273,14 @@ class ServingWorker:
                 batch = np.stack([prompt_for(model, i, input_len, 7)
                                   for i in range(spec.prefill_batch)])
                 placed = jax.device_put(batch, srv._replicated)
+                calls = []
                 for k in range(repeats):
                     start = time.perf_counter()
                     jax.block_until_ready(program(srv.params, placed))
                     if k:
-                        engine_prefill.append(time.perf_counter() - start)
+                        calls.append(time.perf_counter() - start)
+                engine_prefill.extend(calls)
+                engine_prefill_blocks.append(float(np.mean(calls)))
             if spec.decode is not None:                  # decode and argmax of the slot batch
                 tokens = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
                 positions = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
@@ -294,12 +297,15 @@ class ServingWorker:
             steps: list[float] = []
             prefills: list[float] = []
             if spec.prefill is not None and spec.decode is not None:
-                return self._saturated_aggregated(input_len, output_len, rounds * spec.slots)
+                return self._saturated_aggregated(input_len, output_len, rounds * spec.slots,
+                                                  first_token)
             if spec.prefill is not None:
                 for n in range(rounds * 4 + 1):
                     start = time.perf_counter()
                     take = range(spec.prefill_batch)
                     done = srv.prefill([prompt_for(model, n * 64 + i, input_len, 7) for i in take])
+                    int(done.first_tokens[0])      # the first tokens on the host, as served
+                    first_token.append(time.perf_counter() - start)
                     handover = [{"request": row, "kv": srv.export_kv(done, row),
                                  "first_token": int(done.first_tokens[row]),
                                  "output_len": output_len} for row in take]
@@ -335,6 +341,10 @@ class ServingWorker:
             return steps, prefills, 0.0
 
         paired_engine: list[float] = []     # a decode slice: the engine's call before each step
+        first_token: list[float] = []       # each closed-loop prefill call to its first tokens
+        first_blocks: list[list[float]] = []
+        engine_prefill_blocks: list[float] = []   # each engine block's mean prefill
+        first_extra: list[float] = []       # per block: to first tokens - engine blocks beside
         paired_blocks: list[float] = []     # per block: mean step - mean paired engine call
         began = time.perf_counter()
         engine_calls()          # between the blocks: a drift in the host's load
@@ -346,11 +356,14 @@ class ServingWorker:
             block_began = time.perf_counter()
             steps, prefills = [], []
             engine_before: list[float] = []
+            firsts: list[float] = []
             while True:         # at least `min_block_s` of the loop per block
                 paired_engine.clear()
+                first_token.clear()
                 more_steps, more_prefills, block_prompts = loop_block()
                 steps += more_steps[1:]
                 engine_before += paired_engine[1:]
+                firsts += first_token[1:]
                 prefills += more_prefills[1:]
                 if more_prefills[1:]:
                     prompts.append(block_prompts)
@@ -358,6 +371,9 @@ class ServingWorker:
                     break
             if steps:
                 step_blocks.append(steps)
+            if firsts:
+                first_blocks.append(firsts)
+                first_extra.append(float(np.mean(firsts)))   # the engine block after: below
             if steps and engine_before:
                 paired_blocks.append(float(np.mean(steps) - np.mean(engine_before)))
             if prefills:
@@ -367,13 +383,16 @@ class ServingWorker:
                 ray.get(sent)
                 sent.clear()
             engine_calls()      # (other processes' work) shows in both, not in their difference
+            if firsts:          # paired with the engine's blocks before and after this one
+                first_extra[-1] -= float(np.mean(engine_prefill_blocks[-2:]))
         out["measured_s"] = time.perf_counter() - began
         out["blocks"] = max(blocks, 1)
         if engine_prefill:
             out["engine_prefill_s"] = float(np.median(engine_prefill))
         if engine_step:
             out["engine_step_s"] = float(np.median(engine_step))
-        for name, per_block in (("prefill", prefill_blocks), ("step", step_blocks)):
+        for name, per_block in (("prefill", prefill_blocks), ("step", step_blocks),
+                                ("prefill_first", first_blocks)):
             if not per_block:
                 continue
             every = [x for block in per_block for x in block]
@@ -385,6 +404,12 @@ class ServingWorker:
             out[f"loop_{name}_block_means_s"] = means
             out[f"loop_{name}_pooled_mean_s"] = float(np.mean(every))
             out[f"loop_{name}_samples_s"] = [float(x) for x in every]   # their spread
+        if first_extra:
+            # a prefill call's host work before its first tokens, paired: the median over
+            # blocks of (the block's mean call to its first tokens - the mean of the engine's
+            # prefill calls just before and after the block)
+            out["loop_prefill_first_paired_extra_s"] = float(np.median(first_extra))
+            out["loop_prefill_first_paired_block_extra_s"] = first_extra
         if paired_blocks:
             # the decode slice's host work per step, paired: the median over blocks of (the
             # block's mean step - the mean of the engine's calls just before each step)
@@ -410,7 +435,8 @@ class ServingWorker:
             out["idle_gap_s"] = idle_gap_s
         return out
 
-    def _saturated_aggregated(self, input_len: int, output_len: int, n: int) -> tuple[list, list, float]:
+    def _saturated_aggregated(self, input_len: int, output_len: int, n: int,
+                              first_token: list | None = None) -> tuple[list, list, float]:
         """`serve_aggregated`'s loop on a burst of `n` requests at time 0: the seconds of each
         decode step and of each prefill branch (synchronised after its inserts, so their
         time is the prefill's, not the next step's; workloads/serving.py `serve_aggregated`),
@@ -424,6 +450,8 @@ class ServingWorker:
         serve_aggregated(self.server, [Request(0.0, input_len, output_len)] * n,
                          lambda i: prompt_for(model, i, input_len, 7), timings=timings, calls=calls)
         prompts = [len(c[3]) for c in calls if c[0] == "prefill"][1:] or [1]
+        if first_token is not None:    # each prefill call to its first tokens on the host
+            first_token += [c[2] - c[1] for c in calls if c[0] == "prefill"]
         return timings["step_s"], timings["prefill_s"], float(np.mean(prompts))
 
     def export_for_handover(self, done, row: int):
