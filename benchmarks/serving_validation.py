@@ -570,6 +570,12 @@ def render(r: dict) -> str:
         lines[-1:] = ["Idle prefill's wake: how much longer a prefill call on an idle loop takes "
                       "to its first token than the engine's (one-token requests 0.1 s apart through "
                       "the worker's own loop; the prediction charges it to such calls).", ""]
+    # a prefill's host work before its first tokens (docs/serving.md "Serving host costs")
+    first = any("prefill_first_overhead_s" in s.get("host_costs", {}) for s in r["steps"])
+    if first:
+        lines[-1:] = ["Before the first tokens: of a prefill call's host work, the part before its "
+                      "first tokens (closed loop, paired with the engine's calls; the prediction "
+                      "delays every call's first tokens by it, the rest after them).", ""]
     rows = []
     for s in r["steps"]:
         hc = s.get("host_costs", {})
@@ -585,14 +591,16 @@ def render(r: dict) -> str:
             f"{common.ms(hc.get('serving_step_overhead_s'))} / "
             f"{common.ms(hc.get('serving_prefill_overhead_s'))} / "
             f"{common.ms(hc.get('handover_overhead_s'))}"
-            + (f" / {common.ms(hc['prefill_wake_s'])}" if wake else "") if hc else "-",
+            + (f" / {common.ms(hc['prefill_wake_s'])}" if wake else "")
+            + (f" / {common.ms(hc.get('prefill_first_overhead_s'))}" if first else "") if hc else "-",
             common.ms(s["kv_transfer_predicted_s"]) if s["handover_measured_s"] is not None else "-",
             (f"{common.ms(s['handover_measured_s'])} (spread {common.pct(s['handover_spread'], 0)})"
              if s["handover_measured_s"] is not None else "-")])
     lines += common.table(["deployment", "prefill predicted", "engine", "loop", "error",
                            "decode step predicted", "engine", "loop", "error",
                            "host costs step / prefill / handover"
-                           + (" / idle prefill's wake" if wake else ""), "handover predicted",
+                           + (" / idle prefill's wake" if wake else "")
+                           + (" / before the first tokens" if first else ""), "handover predicted",
                            "handover measured"], rows)
     return "\n".join(lines) + "\n"
 
