@@ -142,9 +142,10 @@ def compile_trial(trial: TrialConfig, engine_cache: dict | None = None) -> tuple
     engine = Engine(trial, mesh=mesh)
     start = time.perf_counter()
     lowered = engine.lowered()
-    compiled = {name: lowered[name].compile() for name in PROGRAMS if name in lowered}
-    if getattr(engine, "_handoff_is_identity", False):
-        compiled.pop("handoff", None)      # never runs: the engine passes the cache through
+    # An identity handoff never runs (the engine passes the cache through): not compiled.
+    skip = {"handoff"} if getattr(engine, "handoff_is_identity", False) else set()
+    compiled = {name: lowered[name].compile() for name in PROGRAMS
+                if name in lowered and name not in skip}
     entry = CompiledTrial(engine, mesh, compiled, time.perf_counter() - start, trial.seed)
     if engine_cache is not None:
         engine_cache[key] = entry
