@@ -289,6 +289,23 @@ def test_extra_terms_are_recovered_when_the_data_has_them():
     assert with_term.mape < without.mape
 
 
+@pytest.mark.skipif(costmodel.ATTENTION_HALF_ROWS not in calfit.EXTRA_TERMS,
+                    reason="HardwareProfile has no attention_half_rows field (workloads/config.py)")
+def test_attention_half_rows_is_recovered_and_a_selection_candidate():
+    """A truth whose attention runs below peak at small shapes (attention_half_rows, issue 20):
+    the fit that frees it finds its value and predicts held-out chip counts better than the
+    paper's constants; nested cross-validation may choose it."""
+    assert costmodel.ATTENTION_HALF_ROWS in calfit.SELECT_CANDIDATES
+    truth = dataclasses.replace(TRUTH, **{costmodel.ATTENTION_HALF_ROWS: 400.0})
+    frame = synthetic_trials(grid(chips=(2, 4, 8), batches=(4, 8, 16)), truth, START, noise=0.01, seed=2)
+    points = calfit.points_from_frame(frame, START)
+    terms = (costmodel.ATTENTION_HALF_ROWS,)
+    fit = calfit.fit_profile(points, START, calfit.default_space(points, terms))
+    assert getattr(fit.profile, costmodel.ATTENTION_HALF_ROWS) == pytest.approx(400.0, rel=0.3)
+    assert calho.heldout(points, START, "chips", terms=terms).mape \
+        < calho.heldout(points, START, "chips", terms=()).mape
+
+
 def test_a_start_profile_with_group_measurements_keeps_the_fast_path(synthetic):
     """`sweeper profile`'s by-group fields override the fitted constants for the collectives
     they price, so the fit starts from the profile without them: the fast path (PhaseTerms)

@@ -440,6 +440,37 @@ def test_matmul_half_rows_reads_from_yaml_and_refuses_a_negative():
         HardwareProfile.from_dict({**data, "matmul_half_rows": -1})
 
 
+# costmodel.ATTENTION_HALF_ROWS (issue 20): attention's own small-shape efficiency, charged
+# where HardwareProfile has the field (workloads/config.py), 0 = the paper's model.
+needs_attention_half_rows = pytest.mark.skipif(
+    cm.ATTENTION_HALF_ROWS not in {f.name for f in dataclasses.fields(TPU_V4)},
+    reason="HardwareProfile has no attention_half_rows field (workloads/config.py)")
+
+
+@needs_attention_half_rows
+def test_attention_half_rows_slows_attention_alone():
+    """Head-sharded multiquery decode on 2x2x2: attention has 1 row per KV head on a chip
+    (weight matmuls 8), so attention_half_rows = h adds attention FLOPs x h / 1 row; the
+    weight matmuls, memory and communication are unchanged, and h = 0 is the paper's model."""
+    topo, head = (2, 2, 2), PhaseLayout("ws2d", "head")
+    args = (MQ8, 8, 8, "decode", 64, 64, head, "bf16", topo)
+    paper = cm.predict_phase(MQ8, TPU_V4, *args[1:])
+    zero = cm.predict_phase(MQ8, dataclasses.replace(TPU_V4, **{cm.ATTENTION_HALF_ROWS: 0.0}), *args[1:])
+    assert zero == paper
+    h = 24.0
+    got = cm.predict_phase(MQ8, dataclasses.replace(TPU_V4, **{cm.ATTENTION_HALF_ROWS: h}), *args[1:])
+    attention_flops = 8 * 4.0 * MQ8.n_layers * MQ8.n_heads * MQ8.d_head * 64
+    assert got.compute_s - paper.compute_s == pytest.approx(
+        attention_flops * h / 1 / (8 * TPU_V4.peak_flops), rel=1e-12)
+    assert (got.memory_s, got.comm_s, got.flops) == (paper.memory_s, paper.comm_s, paper.flops)
+    # on top of matmul_half_rows, which slows weight matmuls and attention alike
+    both = cm.predict_phase(MQ8, dataclasses.replace(TPU_V4, matmul_half_rows=8.0,
+                                                     **{cm.ATTENTION_HALF_ROWS: h}), *args[1:])
+    rows_only = cm.predict_phase(MQ8, dataclasses.replace(TPU_V4, matmul_half_rows=8.0), *args[1:])
+    assert both.compute_s - rows_only.compute_s == pytest.approx(got.compute_s - paper.compute_s,
+                                                                 rel=1e-12)
+
+
 def test_a_weight_tile_as_wide_as_half_dim_halves_the_weight_matmul_rate():
     """matmul_half_dim: PaLM 540B's ws2d tile on 4x4x4 is E/X x F/YZ = 4608 x 4608, wg_xyz's
     the whole E x F (18432 narrower side); half_dim = 4608 doubles ws2d's weight-matmul time."""

@@ -10,6 +10,8 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
               runs at peak x rows / (rows + half_rows) (`matmul_rows`; 0 = always at peak)
               + weight-matmul FLOPs x hw.matmul_half_dim / (the weight tile's narrower side,
               `weight_tile_dim`) / (n * peak_flops)   (0 = the paper's model)
+              + attention FLOPs x hw.attention_half_rows / (its rows: the queries that share a
+              KV head) / (n * peak_flops)   (ATTENTION_HALF_ROWS; 0 = the paper's model)
   memory_s  = (weights read + KV cache read) per chip / hbm_bandwidth          (§2.1)
   comm_s    = sum over collectives of bytes * factor / ici_bandwidth           (§3.1)
               factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
@@ -592,15 +594,30 @@ def weight_tile_dim(model: ModelConfig, topology: tuple[int, int, int], ffn: str
 
 
 def _row_weighted_flops(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
-                        batch: int, seq_len: int, context: float) -> float:
-    """Executed FLOPs divided by their matmul's rows: compute_s grows by
-    matmul_half_rows x this / (chips x peak), so a matmul of `rows` rows runs at
-    peak x rows / (rows + matmul_half_rows) (HardwareProfile.matmul_half_rows)."""
+                        batch: int, seq_len: int, context: float) -> tuple[float, float]:
+    """Executed FLOPs divided by their matmul's rows, (weight matmuls, attention): compute_s
+    grows by matmul_half_rows x their sum / (chips x peak), so a matmul of `rows` rows runs
+    at peak x rows / (rows + matmul_half_rows) (HardwareProfile.matmul_half_rows), and by
+    attention_half_rows x the attention part alone (ATTENTION_HALF_ROWS)."""
     weight_rows, attention_rows = matmul_rows(model, topology, layout, batch, seq_len)
     tokens = batch * seq_len
     weight_flops = tokens * 2.0 * matmul_params(model)
     attention_flops = tokens * 4.0 * model.n_layers * model.n_heads * model.d_head * context
-    return weight_flops / weight_rows + attention_flops / attention_rows
+    return weight_flops / weight_rows, attention_flops / attention_rows
+
+
+# Attention's own small-shape efficiency (issue 20), 0 = the paper's model: each (sequence,
+# KV head) pair's attention is its own matmul of the few queries that share the KV head
+# (paper §3.3; `matmul_rows`) against that pair's K/V cache, so its pass fills and drains
+# once per pair, while a weight matmul's pass is shared by the chip's whole batch. A chip's
+# attention of r rows runs at peak x r / (r + attention_half_rows) on top of
+# matmul_half_rows. The HardwareProfile field of that name is read when the profile has it.
+ATTENTION_HALF_ROWS = "attention_half_rows"
+
+
+def attention_half_rows(hw: HardwareProfile) -> float:
+    """The profile's `attention_half_rows` (0 where the profile has no such field)."""
+    return float(getattr(hw, ATTENTION_HALF_ROWS, 0.0) or 0.0)
 
 
 def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
@@ -634,9 +651,11 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     flops = tokens * model_flops_per_token(model.unpadded, context)
     executed_flops = tokens * model_flops_per_token(model, context)
     compute_s = executed_flops / (chips * hw.peak_flops)
-    if hw.matmul_half_rows:   # small per-chip matmuls run below peak (matmul_rows)
-        compute_s += hw.matmul_half_rows * _row_weighted_flops(
-            model, topology, layout, batch, seq_len, context) / (chips * hw.peak_flops)
+    if hw.matmul_half_rows or attention_half_rows(hw):   # small per-chip matmuls run below peak
+        weight_per_row, attention_per_row = _row_weighted_flops(   # (matmul_rows)
+            model, topology, layout, batch, seq_len, context)
+        compute_s += (hw.matmul_half_rows * (weight_per_row + attention_per_row)
+                      + attention_half_rows(hw) * attention_per_row) / (chips * hw.peak_flops)
     if hw.matmul_half_dim:    # and so do narrow weight tiles (weight_tile_dim)
         compute_s += hw.matmul_half_dim * tokens * 2.0 * matmul_params(model) \
             / weight_tile_dim(model, topology, layout.ffn) / (chips * hw.peak_flops)

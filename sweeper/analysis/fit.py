@@ -11,8 +11,8 @@
   collective_latency_s_per_device           + per op x (group size - 1), in comm_s
   collective_rendezvous_s                   + per op x g x (g - 1), in comm_s
   launch_overhead_s                         + once per phase call (EXTRA_TERMS: their reasons)
-  matmul_half_rows, matmul_half_dim         compute_s x (1 + half / rows or / tile width) per
-                                            matmul: small per-chip shapes below peak
+  matmul_half_rows, matmul_half_dim,        compute_s x (1 + half / rows or / tile width) per
+  attention_half_rows                       matmul (attention's alone): small shapes below peak
 
 The points are `observations.Observation`s, from a study or from a CSV of published numbers
 (one pipeline: this fit and holdout.py serve both). The objective is each observation's
@@ -123,13 +123,24 @@ def by_kind_supported() -> bool:
 #   matmul_half_dim                  the same for the weight tile's narrower side per chip
 #                                     (costmodel.weight_tile_dim: 4608 for PaLM in ws2d on 64
 #                                     chips, 18432 in wg_xyz): each tile's pass has a fixed part
-EXTRA_TERMS = ("collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
-               "collective_rendezvous_s", "matmul_half_rows", "matmul_half_dim")
+#   attention_half_rows              the same for attention alone: each (sequence, KV head)
+#                                     pair's attention is its own matmul of the queries sharing
+#                                     the KV head (paper §3.3), filled and drained once per pair,
+#                                     where a weight matmul's pass serves the chip's whole batch
+#                                     (costmodel.ATTENTION_HALF_ROWS; a fit frees it only where
+#                                     HardwareProfile has the field)
+_PROFILE_FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)}
+EXTRA_TERMS = tuple(t for t in ("collective_latency_s_per_device", "launch_overhead_s",
+                                "device_overhead_s", "collective_rendezvous_s", "matmul_half_rows",
+                                "matmul_half_dim", costmodel.ATTENTION_HALF_ROWS)
+                    if t in _PROFILE_FIELDS)
 # The terms nested cross-validation chooses among by default (holdout.select_terms): the
 # study's terms of issues 10 and 20; a caller names others (`candidates`: the paper CSV's
 # benchmark adds matmul_half_rows), so a study's term search stays 2^3 fits per fold.
-SELECT_CANDIDATES = ("collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
-                     "collective_rendezvous_s")
+SELECT_CANDIDATES = tuple(t for t in ("collective_latency_s_per_device", "launch_overhead_s",
+                                       "device_overhead_s", "collective_rendezvous_s",
+                                       costmodel.ATTENTION_HALF_ROWS)
+                          if t in EXTRA_TERMS)
 # The terms a default fit frees: chosen per fit by nested cross-validation (select_terms)
 # when the caller asks for it (`terms="select"`); otherwise none (the paper's constants).
 DEFAULT_TERMS: tuple[str, ...] = ()
@@ -140,10 +151,12 @@ EXTRA_BOUNDS = {"collective_latency_s_per_device": (1e-12, 1e-2),   # <= 10 ms p
                 # rows: 0 (always at peak) up to 16384 rows for half the peak (a 128 x 128
                 # systolic array at 1/128 of its rate; docs/cost-model.md "Matmul efficiency")
                 "matmul_half_rows": (1e-12, 16384.0),
-                "matmul_half_dim": (1e-12, 16384.0)}
+                "matmul_half_dim": (1e-12, 16384.0),
+                costmodel.ATTENTION_HALF_ROWS: (1e-12, 16384.0)}   # as matmul_half_rows
 # Where a term's search starts: a rows term starts mid-range in rows (from ~0 its gradient
 # in log space vanishes); the time terms start at the fit's latency start.
-EXTRA_START = {"matmul_half_rows": 128.0, "matmul_half_dim": 1024.0}
+EXTRA_START = {"matmul_half_rows": 128.0, "matmul_half_dim": 1024.0,
+               costmodel.ATTENTION_HALF_ROWS: 128.0}
 
 
 @dataclass(frozen=True)
@@ -241,7 +254,9 @@ def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...]) -> tuple:
             probe(device_overhead_s=1.0).latency_s - base.latency_s,
             probe(matmul_half_rows=1.0).compute_s - base.compute_s,
             probe(matmul_half_dim=1.0).compute_s - base.compute_s,
-            probe(collective_rendezvous_s=1.0).comm_s - base.comm_s)
+            probe(collective_rendezvous_s=1.0).comm_s - base.comm_s,
+            (probe(**{costmodel.ATTENTION_HALF_ROWS: 1.0}).compute_s - base.compute_s
+             if costmodel.ATTENTION_HALF_ROWS in _PROFILE_FIELDS else 0.0))
 
 
 @dataclass
@@ -260,6 +275,7 @@ class PhaseTerms:
     rendezvous: np.ndarray   # collective_rendezvous_s multiplier (ops x g x (g - 1), in comm)
     row_compute: np.ndarray  # compute_s at peak 1 per unit of matmul_half_rows (FLOPs / rows / n)
     dim_compute: np.ndarray  # compute_s at peak 1 per unit of matmul_half_dim (FLOPs / dim / n)
+    attention_compute: np.ndarray  # compute_s at peak 1 per unit of attention_half_rows
     scale: np.ndarray        # per call: its observation's share of the profile
     obs: np.ndarray          # per call: its observation
     variant: np.ndarray      # per call: its variant
@@ -273,7 +289,8 @@ class PhaseTerms:
         col = lambda i: np.array([r[i] for r in rows], dtype=float)  # noqa: E731
         return cls(col(0), col(1), col(2),
                    np.array([r[3] for r in rows], dtype=float).reshape(len(rows), len(kinds)),
-                   col(4), col(5), col(6), col(7), col(10), col(8), col(9), np.array([s for *_, s in calls], dtype=float),
+                   col(4), col(5), col(6), col(7), col(10), col(8), col(9), col(11),
+                   np.array([s for *_, s in calls], dtype=float),
                    np.array([i for i, *_ in calls]), np.array([c.variant for _, c, _ in calls]),
                    np.array([c.weight for _, c, _ in calls], dtype=float), len(observations))
 
@@ -282,7 +299,9 @@ class PhaseTerms:
         (peak, hbm, ici), lat, extra, overhead, overlap = space.split(theta)
         fields = dict(zip(space.terms, extra))
         compute = (self.compute + fields.get("matmul_half_rows", 0.0) * self.row_compute
-                   + fields.get("matmul_half_dim", 0.0) * self.dim_compute) / (peak * self.scale)
+                   + fields.get("matmul_half_dim", 0.0) * self.dim_compute
+                   + fields.get(costmodel.ATTENTION_HALF_ROWS, 0.0) * self.attention_compute) \
+            / (peak * self.scale)
         memory = self.memory / (hbm * self.scale)
         comm = self.comm / (ici * self.scale)
         fixed = (self.counts @ lat + self.group * fields.get("collective_latency_s_per_device", 0.0)
