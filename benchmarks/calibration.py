@@ -123,7 +123,41 @@ def quickstart_closing(csv: Path = QUICKSTART, base_yaml: Path = QUICKSTART_BASE
     states = frame["state"].astype(str).str.upper()
     return {"recorded": meta, "trials_complete": int((states == "COMPLETE").sum()),
             "replicated_configurations": (runs["median, paper constants"]["noise_floor"] or {}).get("groups"),
-            "runs": runs}
+            "runs": runs, "batch_slopes": batch_slopes(frame, base)}
+
+
+def batch_slopes(frame: pd.DataFrame, base) -> list[dict]:
+    """The residual structure the fits look for, measured: per chip count and trial statistic,
+    the slope of a line in batch through the decode steps (seconds per sequence) and through
+    the prefills (seconds per prompt token), and their ratio, beside the paper model's ratio
+    for the same trials (the `base` profile; constants cancel: the FLOPs per token and the
+    KV read). A measured ratio well above the model's is a cost a decode step pays per
+    sequence that a prefill amortises over its tokens: attention's own small shapes
+    (`attention_half_rows`, docs/calibration.md)."""
+    from sweeper.analysis import fit as calfit
+
+    out = []
+    for statistic in STATISTICS:
+        points = calfit.points_from_frame(frame, base, statistic=statistic)
+        rows = pd.DataFrame([{"phase": p.phase, "chips": p.chips, "batch": p.config.batch,
+                              "tokens": p.config.batch * (p.config.input_len if p.phase == "prefill"
+                                                          else 1),
+                              "measured": p.measured_s, "model": calfit.predict_point(p, base)}
+                             for p in points])
+        for chips, cell in rows.groupby("chips"):
+            if cell["batch"].nunique() < 2:
+                continue
+            slope = {}
+            for phase in ("decode", "prefill"):
+                part = cell[cell["phase"] == phase]
+                slope[phase] = {k: float(np.polyfit(part["tokens"], part[k], 1)[0])
+                                for k in ("measured", "model")}
+            out.append({"statistic": statistic, "chips": int(chips), "trials": int(len(cell) // 2),
+                        "decode_s_per_sequence": slope["decode"]["measured"],
+                        "prefill_s_per_token": slope["prefill"]["measured"],
+                        "ratio": slope["decode"]["measured"] / slope["prefill"]["measured"],
+                        "model_ratio": slope["decode"]["model"] / slope["prefill"]["model"]})
+    return out
 
 
 
@@ -736,6 +770,16 @@ def _quickstart_lines(q: dict | None) -> list[str]:
                           f"{pct(h['worst_cell']['mape'])} (n={h['worst_cell']['n']})"
                           for n, h in run["schemes"].items())
         lines.append(f"- {label}: {worst}")
+    slopes = q.get("batch_slopes") or []
+    if slopes:
+        lines += ["", "The residual structure, measured (a line in batch per chip count: a decode step's "
+                  "cost per sequence against a prefill's per prompt token; the paper's model gives the "
+                  "ratio in the last column, from the same FLOPs per token):", "",
+                  "| statistic | chips | trials | decode per sequence | prefill per token | ratio | model's ratio |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['statistic']} | {r['chips']} | {r['trials']} | {r['decode_s_per_sequence'] * 1e6:.1f} us "
+                  f"| {r['prefill_s_per_token'] * 1e6:.2f} us | {r['ratio']:.2f} | {r['model_ratio']:.2f} |"
+                  for r in slopes]
     lines.append("")
     return lines
 

@@ -180,3 +180,24 @@ def test_gather_residuals_split_the_prefill_error_by_weights_gathered(recorded):
     assert all(r["signed_median"] == pytest.approx(0.0) for r in ideal["rows"])
     assert all(r["measured_above_ws2d_s"] == pytest.approx(r["predicted_above_ws2d_s"]) for r in ideal["rows"])
     assert ideal["cache_could_explain"] and "worth testing" in ideal["text"]
+
+
+def test_quickstart_batch_slopes_show_the_per_sequence_cost_of_decode():
+    """benchmarks.calibration's residual structure of the recorded quickstart (issue 20): each
+    row's slopes are lines in batch through its chip count's trials; on one chip, with each
+    trial's fastest run, a decode step costs about twice a prefill token per sequence while
+    the paper's model (the same FLOPs per token) gives about 1: the cost attention_half_rows
+    models (docs/calibration.md)."""
+    from benchmarks import calibration as bench
+
+    frame = pd.read_csv(bench.QUICKSTART)
+    base = load_hardware(str(bench.QUICKSTART_BASE), field="hardware")
+    rows = {(r["statistic"], r["chips"]): r for r in bench.batch_slopes(frame, base)}
+    one = rows[("min", 1)]
+    cell = frame[frame["chips"] == 1]
+    decode = np.polyfit(cell["batch"], cell["decode_step_s_min"], 1)[0]
+    prefill = np.polyfit(cell["batch"] * cell["input_len"], cell["prefill_s_min"], 1)[0]
+    assert one["trials"] == len(cell)
+    assert one["decode_s_per_sequence"] == pytest.approx(decode)
+    assert one["ratio"] == pytest.approx(decode / prefill)
+    assert one["model_ratio"] < 1.2 and one["ratio"] > 1.5 * one["model_ratio"]

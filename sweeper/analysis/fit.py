@@ -135,8 +135,9 @@ EXTRA_TERMS = tuple(t for t in ("collective_latency_s_per_device", "launch_overh
                                 "matmul_half_dim", costmodel.ATTENTION_HALF_ROWS)
                     if t in _PROFILE_FIELDS)
 # The terms nested cross-validation chooses among by default (holdout.select_terms): the
-# study's terms of issues 10 and 20; a caller names others (`candidates`: the paper CSV's
-# benchmark adds matmul_half_rows), so a study's term search stays 2^3 fits per fold.
+# study's terms of issues 10 and 20 (2^5 subsets x 3 inner folds per held-out fold with
+# attention_half_rows, 2^4 without); a caller names others (`candidates`: the paper CSV's
+# benchmark names its own).
 SELECT_CANDIDATES = tuple(t for t in ("collective_latency_s_per_device", "launch_overhead_s",
                                        "device_overhead_s", "collective_rendezvous_s",
                                        costmodel.ATTENTION_HALF_ROWS)
