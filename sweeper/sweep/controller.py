@@ -196,6 +196,9 @@ class Controller:
         status = "finished"
         try:
             if self.space.hardware.kind != "analytical":
+                # lazy: Ray (~1 s of CPU), imported here first so that the store thread
+                # below does not hold the GIL against it and delay Ray's processes
+                import ray  # noqa: F401
                 self._warm_store_imports()     # while Ray starts, which mostly waits
             self.pool = self._start_pool()     # first: a bad --address creates no study or run
             self._mark("ray")
