@@ -307,4 +307,5 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
     for key in ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s"):
         assert getattr(hardware, key) == pytest.approx(costs[key])
     assert hardware.serving_prefill_wake_s == pytest.approx(costs["prefill_wake_s"])
+    assert hardware.serving_prefill_first_overhead_s == pytest.approx(costs["prefill_first_overhead_s"])
     assert hardware.peak_flops == HARDWARE["peak_flops"]

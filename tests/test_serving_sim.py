@@ -194,19 +194,22 @@ def test_cost_model_step_times_carry_the_profiles_host_costs():
     d = _deployment("disaggregated", slots=64)
     hw = dataclasses.replace(d.hardware, serving_step_overhead_s=0.001,
                              serving_prefill_overhead_s=0.002, handover_overhead_s=0.003,
-                             serving_prefill_wake_s=0.004)
+                             serving_prefill_wake_s=0.004, serving_prefill_first_overhead_s=0.005)
     times = cost_model_step_times(dataclasses.replace(d, hardware=hw))
-    assert (times.step_overhead_s, times.prefill_overhead_per_prompt_s,
-            times.handover_overhead_s, times.prefill_wake_s) == (0.001, 0.002, 0.003, 0.004)
+    assert (times.step_overhead_s, times.prefill_overhead_per_prompt_s, times.handover_overhead_s,
+            times.prefill_wake_s, times.prefill_first_overhead_s) == (0.001, 0.002, 0.003, 0.004, 0.005)
     plain = cost_model_step_times(d)
-    assert (plain.step_overhead_s == plain.prefill_overhead_per_prompt_s
-            == plain.handover_overhead_s == plain.prefill_wake_s == 0.0)
-    # a profile file carries the wake like the three costs; a negative one is refused
+    assert (plain.step_overhead_s == plain.prefill_overhead_per_prompt_s == plain.handover_overhead_s
+            == plain.prefill_wake_s == plain.prefill_first_overhead_s == 0.0)
+    # a profile file carries the wake and the prefill's first part like the three costs;
+    # a negative one is refused
     from workloads.config import ConfigError, HardwareProfile
 
-    assert HardwareProfile.from_dict(hw.to_dict()).serving_prefill_wake_s == 0.004
-    with pytest.raises(ConfigError, match="serving_prefill_wake_s"):
-        HardwareProfile.from_dict({**hw.to_dict(), "serving_prefill_wake_s": -1})
+    loaded = HardwareProfile.from_dict(hw.to_dict())
+    assert (loaded.serving_prefill_wake_s, loaded.serving_prefill_first_overhead_s) == (0.004, 0.005)
+    for key in ("serving_prefill_wake_s", "serving_prefill_first_overhead_s"):
+        with pytest.raises(ConfigError, match=key):
+            HardwareProfile.from_dict({**hw.to_dict(), key: -1})
 
 
 @pytest.mark.parametrize("mode,replicas", [("aggregated", 1), ("disaggregated", 2)])

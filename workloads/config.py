@@ -332,6 +332,10 @@ class HardwareProfile:
     # than back-to-back calls (a host effect the closed loop above cannot see; measured by
     # serving one-token requests 0.1 s apart, docs/serving.md); 0 = none.
     serving_prefill_wake_s: float = 0.0
+    # Of a prefill call's host work, the part before its first tokens (the prompts made and
+    # placed: they delay the first tokens; the rest of serving_prefill_overhead_s comes after
+    # them), per call; measured paired with the engine's calls (docs/serving.md); 0 = none.
+    serving_prefill_first_overhead_s: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -366,7 +370,8 @@ class HardwareProfile:
                     "collective_rendezvous_s",
                     "matmul_half_rows", "matmul_half_dim",
                     "serving_step_overhead_s", "serving_prefill_overhead_s",
-                    "handover_overhead_s", "serving_prefill_wake_s"):
+                    "handover_overhead_s", "serving_prefill_wake_s",
+                    "serving_prefill_first_overhead_s"):
             if key in data:
                 values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
                 if values[key] < 0 or (key == "overlap" and values[key] > 1):

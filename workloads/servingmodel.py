@@ -218,8 +218,7 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
                      prefill_overhead_per_prompt_s=hw.serving_prefill_overhead_s,
                      handover_overhead_s=hw.handover_overhead_s,
                      prefill_wake_s=hw.serving_prefill_wake_s,
-                     # a profile field once workloads/config.py has it (0 without)
-                     prefill_first_overhead_s=getattr(hw, "serving_prefill_first_overhead_s", 0.0))
+                     prefill_first_overhead_s=hw.serving_prefill_first_overhead_s)
 
 
 # --------------------------------------------------------------------------- result

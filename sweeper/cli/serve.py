@@ -124,8 +124,8 @@ def cmd_measure_overheads(args) -> int:
     for key in FIELDS:
         print(f"{key:28}{costs[key] * 1e3:9.3f} ms")
     print(f"{'serving_prefill_wake_s':28}{costs['prefill_wake_s'] * 1e3:9.3f} ms (a prefill on an idle loop)")
-    print(f"{'prefill_first_overhead_s':28}{costs['prefill_first_overhead_s'] * 1e3:9.3f} ms (of a prefill's "
-          "host work, before its first tokens; not a profile field yet: the profile charges it after them)")
+    print(f"{'serving_prefill_first_overhead_s':28}{costs['prefill_first_overhead_s'] * 1e3:9.3f} ms (of a prefill's "
+          "host work, before its first tokens)")
     print(f"wrote {out} (the plan's hardware profile with them; `host` timings, measured "
           "outside any served stream: docs/serving.md \"Serving host costs\")")
     return 0

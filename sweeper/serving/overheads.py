@@ -47,15 +47,15 @@ it (one pooled mean over a ~1 s loop once read 3.45 ms for a step whose median w
 Beside the three fields, `prefill_wake_s`: how much longer a prefill call on an IDLE loop
 takes to its first token than the engine's prefill (server.py `measure_host_costs` serves
 one-token requests 0.1 s apart through the worker's own loop; the closed loop never idles,
-a stream's prefill worker does between arrivals). Not a profile field: a caller passes it
-to the prediction (`ServingSession.prefill_wake_s`, StepTimes `prefill_wake_s`).
+a stream's prefill worker does between arrivals): the profile's `serving_prefill_wake_s`
+(StepTimes `prefill_wake_s`; a caller may pass its own, `ServingSession.prefill_wake_s`).
 
 And `prefill_first_overhead_s`: of a prefill call's host work, the part before its first
 tokens, per call (the closed loop's calls to their first tokens minus the engine's
 prefill; `first_token_overhead`): the serving model delays the first tokens by it and
 charges the rest of the per-prompt cost after them (StepTimes `prefill_first_overhead_s`).
-Not a profile field yet (workloads/config.py has none): `with_overheads` writes it only to a
-profile that has the field; a caller passes it (`ServingSession.prefill_first_overhead_s`).
+The profile's `serving_prefill_first_overhead_s` (`with_overheads` writes it with the others;
+a caller may pass its own, `ServingSession.prefill_first_overhead_s`).
 
 Each worker runs where `sweeper serve` runs it (the same cores, `ServingSession`), so the
 costs include the core share a deployment gets. A difference below zero (timer noise) is 0.
@@ -197,15 +197,12 @@ def measure(deployment: Deployment, input_len: int, output_len: int, seed: int =
 
 
 def with_overheads(hardware: HardwareProfile, costs: dict) -> HardwareProfile:
-    """`hardware` with the three measured fields and the idle-loop wake (the rest as it is);
-    the part of a prefill's host work before its first tokens too where the profile has a
-    field for it (`serving_prefill_first_overhead_s`: not yet in workloads/config.py, so a
-    caller passes it to the prediction, `ServingSession.prefill_first_overhead_s`)."""
-    extra = {}
-    if "serving_prefill_first_overhead_s" in {f.name for f in dataclasses.fields(hardware)}:
-        extra["serving_prefill_first_overhead_s"] = float(costs.get("prefill_first_overhead_s", 0.0))
-    return dataclasses.replace(hardware, **{k: float(costs[k]) for k in FIELDS},
-                               serving_prefill_wake_s=float(costs.get("prefill_wake_s", 0.0)), **extra)
+    """`hardware` with the three measured fields, the idle-loop wake and the part of a
+    prefill's host work before its first tokens (the rest as it is)."""
+    return dataclasses.replace(
+        hardware, **{k: float(costs[k]) for k in FIELDS},
+        serving_prefill_wake_s=float(costs.get("prefill_wake_s", 0.0)),
+        serving_prefill_first_overhead_s=float(costs.get("prefill_first_overhead_s", 0.0)))
 
 
 def with_deployment_overheads(deployment: Deployment, costs: dict) -> Deployment:
