@@ -12,8 +12,7 @@ int8's decode advantage kept; a small CSV (Table 2's 8 numbers) never blows up. 
 target is missed, the results name what is responsible, computed here from the rows and the
 sheet (`responsible`), and the same fit on parts of the CSV and with the named fixed step
 cost (`VARIANTS`). Pure cost model: no JAX, no timing (6.5 min at load 8 on 2 shared cores: the nested
-term selection fits 2^3 x 3 inner folds per held-out row; 2^4 with attention_half_rows, 13 min at
-load 5).
+term selection fits 2^4 x 3 inner folds per held-out row; 13 min at load 5).
 Writes benchmarks/results/paper_fit.{json,md}; docs/cost-model.md quotes the md (its
 `generated:paper_fit` block, filled by benchmarks.readme_numbers).
 """
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.common import clean, pct, table, write
 from sweeper.analysis import external
-from sweeper.analysis.fit import EXTRA_BOUNDS, EXTRA_TERMS
+from sweeper.analysis.fit import EXTRA_BOUNDS
 from sweeper.analysis.holdout import SELECT
 from workloads.config import load_hardware
 
@@ -36,10 +35,9 @@ TARGET_MAPE = 0.15
 # terms a TPU's published numbers can need, chosen per fit by nested cross-validation
 # (sweeper/analysis/fit.py EXTRA_TERMS: their reasons and bounds).
 LOSS = "soft_l1"
-# attention_half_rows where HardwareProfile has that field (fit.EXTRA_TERMS): Figure 8's
+# attention_half_rows: Figure 8's
 # head-sharded and multihead steps grow with the context faster than their K/V reads.
-PAPER_TERMS = tuple(t for t in ("launch_overhead_s", "matmul_half_rows", "matmul_half_dim",
-                                "attention_half_rows") if t in EXTRA_TERMS)
+PAPER_TERMS = ("launch_overhead_s", "matmul_half_rows", "matmul_half_dim", "attention_half_rows")
 DATA = Path(__file__).resolve().parent / "data" / "paper-tpu-v4.csv"
 
 

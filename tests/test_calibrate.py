@@ -289,8 +289,6 @@ def test_extra_terms_are_recovered_when_the_data_has_them():
     assert with_term.mape < without.mape
 
 
-@pytest.mark.skipif(costmodel.ATTENTION_HALF_ROWS not in calfit.EXTRA_TERMS,
-                    reason="HardwareProfile has no attention_half_rows field (workloads/config.py)")
 def test_attention_half_rows_is_recovered_and_a_selection_candidate():
     """A truth whose attention runs below peak at small shapes (attention_half_rows, issue 20):
     the fit that frees it finds its value and predicts held-out chip counts better than the

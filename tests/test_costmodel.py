@@ -440,14 +440,8 @@ def test_matmul_half_rows_reads_from_yaml_and_refuses_a_negative():
         HardwareProfile.from_dict({**data, "matmul_half_rows": -1})
 
 
-# costmodel.ATTENTION_HALF_ROWS (issue 20): attention's own small-shape efficiency, charged
-# where HardwareProfile has the field (workloads/config.py), 0 = the paper's model.
-needs_attention_half_rows = pytest.mark.skipif(
-    cm.ATTENTION_HALF_ROWS not in {f.name for f in dataclasses.fields(TPU_V4)},
-    reason="HardwareProfile has no attention_half_rows field (workloads/config.py)")
-
-
-@needs_attention_half_rows
+# costmodel.ATTENTION_HALF_ROWS (issue 20): attention's own small-shape efficiency,
+# 0 = the paper's model.
 def test_attention_half_rows_slows_attention_alone():
     """Head-sharded multiquery decode on 2x2x2: attention has 1 row per KV head on a chip
     (weight matmuls 8), so attention_half_rows = h adds attention FLOPs x h / 1 row; the

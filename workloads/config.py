@@ -298,6 +298,10 @@ class HardwareProfile:
     # The same for the narrower side of a chip's weight tile (costmodel.weight_tile_dim): a
     # weight matmul's time grows by FLOPs x matmul_half_dim / dim / peak; 0 = the paper's model.
     matmul_half_dim: float = 0.0
+    # The same for attention alone, by its rows (the queries sharing a KV head, paper §3.3):
+    # each (sequence, KV head) pair's attention is its own small matmul pass
+    # (costmodel.ATTENTION_HALF_ROWS; issue 20). 0 = the paper's model.
+    attention_half_rows: float = 0.0
     # Measured per kind and group size by `sweeper profile` (workloads/opprofile.py): one
     # collective over g chips takes latency + bytes_per_chip / bandwidth, bytes per chip as
     # the HLO counts them (all-gather: output; reduce-scatter: input; others: the tensor).
@@ -368,7 +372,7 @@ class HardwareProfile:
         for key in ("collective_latency_s", "op_overhead_s", "overlap",
                     "collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
                     "collective_rendezvous_s",
-                    "matmul_half_rows", "matmul_half_dim",
+                    "matmul_half_rows", "matmul_half_dim", "attention_half_rows",
                     "serving_step_overhead_s", "serving_prefill_overhead_s",
                     "handover_overhead_s", "serving_prefill_wake_s",
                     "serving_prefill_first_overhead_s"):

@@ -611,13 +611,13 @@ def _row_weighted_flops(model: ModelConfig, topology: tuple[int, int, int], layo
 # (paper §3.3; `matmul_rows`) against that pair's K/V cache, so its pass fills and drains
 # once per pair, while a weight matmul's pass is shared by the chip's whole batch. A chip's
 # attention of r rows runs at peak x r / (r + attention_half_rows) on top of
-# matmul_half_rows. The HardwareProfile field of that name is read when the profile has it.
+# matmul_half_rows (HardwareProfile.attention_half_rows).
 ATTENTION_HALF_ROWS = "attention_half_rows"
 
 
 def attention_half_rows(hw: HardwareProfile) -> float:
-    """The profile's `attention_half_rows` (0 where the profile has no such field)."""
-    return float(getattr(hw, ATTENTION_HALF_ROWS, 0.0) or 0.0)
+    """The profile's `attention_half_rows` (0: the paper's model)."""
+    return float(hw.attention_half_rows)
 
 
 def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,

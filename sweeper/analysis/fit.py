@@ -127,21 +127,15 @@ def by_kind_supported() -> bool:
 #                                     pair's attention is its own matmul of the queries sharing
 #                                     the KV head (paper §3.3), filled and drained once per pair,
 #                                     where a weight matmul's pass serves the chip's whole batch
-#                                     (costmodel.ATTENTION_HALF_ROWS; a fit frees it only where
-#                                     HardwareProfile has the field)
-_PROFILE_FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)}
-EXTRA_TERMS = tuple(t for t in ("collective_latency_s_per_device", "launch_overhead_s",
-                                "device_overhead_s", "collective_rendezvous_s", "matmul_half_rows",
-                                "matmul_half_dim", costmodel.ATTENTION_HALF_ROWS)
-                    if t in _PROFILE_FIELDS)
+#                                     (costmodel.ATTENTION_HALF_ROWS)
+EXTRA_TERMS = ("collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
+               "collective_rendezvous_s", "matmul_half_rows", "matmul_half_dim",
+               costmodel.ATTENTION_HALF_ROWS)
 # The terms nested cross-validation chooses among by default (holdout.select_terms): the
-# study's terms of issues 10 and 20 (2^5 subsets x 3 inner folds per held-out fold with
-# attention_half_rows, 2^4 without); a caller names others (`candidates`: the paper CSV's
-# benchmark names its own).
-SELECT_CANDIDATES = tuple(t for t in ("collective_latency_s_per_device", "launch_overhead_s",
-                                       "device_overhead_s", "collective_rendezvous_s",
-                                       costmodel.ATTENTION_HALF_ROWS)
-                          if t in EXTRA_TERMS)
+# study's terms of issues 10 and 20 (2^5 subsets x 3 inner folds per held-out fold); a
+# caller names others (`candidates`: the paper CSV's benchmark names its own).
+SELECT_CANDIDATES = ("collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
+                     "collective_rendezvous_s", costmodel.ATTENTION_HALF_ROWS)
 # The terms a default fit frees: chosen per fit by nested cross-validation (select_terms)
 # when the caller asks for it (`terms="select"`); otherwise none (the paper's constants).
 DEFAULT_TERMS: tuple[str, ...] = ()
@@ -256,8 +250,7 @@ def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...]) -> tuple:
             probe(matmul_half_rows=1.0).compute_s - base.compute_s,
             probe(matmul_half_dim=1.0).compute_s - base.compute_s,
             probe(collective_rendezvous_s=1.0).comm_s - base.comm_s,
-            (probe(**{costmodel.ATTENTION_HALF_ROWS: 1.0}).compute_s - base.compute_s
-             if costmodel.ATTENTION_HALF_ROWS in _PROFILE_FIELDS else 0.0))
+            probe(**{costmodel.ATTENTION_HALF_ROWS: 1.0}).compute_s - base.compute_s)
 
 
 @dataclass
