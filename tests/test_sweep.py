@@ -228,3 +228,37 @@ def test_devices_backend_asks_ray_for_the_space_resources(stores, tmp_path):
     assert len({w["pid"] for w in workers}) == 1 and workers[1]["cache_hit"] is True
     assert all(t.user_attrs["hardware"] == "devices" for t in study.trials)
     assert all(t.user_attrs["prediction"] == {} for t in study.trials)   # no profile named
+
+
+def _store_thread(address, tracking_uri: str) -> None:
+    """Run the controller's start-up thread for these arguments and wait for it."""
+    import threading
+    from types import SimpleNamespace
+
+    from sweeper.sweep.controller import Controller
+
+    Controller._warm_store_imports(SimpleNamespace(address=address, tracking_uri=tracking_uri))
+    for thread in threading.enumerate():
+        if thread.name == "sweeper-store-imports":
+            thread.join(timeout=120)
+
+
+def test_the_store_thread_builds_a_local_sweeps_mlflow_store_and_nothing_with_an_address(
+        tmp_path, monkeypatch):
+    """While Ray starts, a local sweep's MLflow store is created (docs/performance.md,
+    "Start-up, the controller's part"); with --address nothing is, so a bad address
+    leaves no store behind."""
+    import sqlite3
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)   # no --address and none inherited: local
+    joined = tmp_path / "joined" / "mlflow.db"
+    joined.parent.mkdir()
+    _store_thread("127.0.0.1:9", f"sqlite:///{joined}")
+    assert not joined.exists()
+
+    local = tmp_path / "local" / "mlflow.db"
+    local.parent.mkdir()
+    _store_thread(None, f"sqlite:///{local}")
+    with sqlite3.connect(local) as db:
+        tables = {row[0] for row in db.execute("select name from sqlite_master where type='table'")}
+    assert {"experiments", "runs", "alembic_version"} <= tables
