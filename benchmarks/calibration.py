@@ -85,8 +85,9 @@ def record_quickstart(study: str, storage: str | None, wall_s: float | None, not
 def quickstart_closing(csv: Path = QUICKSTART, base_yaml: Path = QUICKSTART_BASE) -> dict | None:
     """The quickstart's closing analysis re-run on its recorded trials: every hold-out scheme's
     MAPE against its noise floor (target: within QUICKSTART_FLOOR_RATIO x), for each trial
-    statistic, with the paper's constants (what `sweeper run` fits) and with the extra terms
-    chosen by nested cross-validation; and where the error is (per phase x chips)."""
+    statistic, with the paper's constants, with the default terms (fit.STUDY_TERMS: what
+    `sweeper run` fits) and with the extra terms chosen by nested cross-validation; and where
+    the error is (per phase x chips)."""
     from sweeper.analysis import fit as calfit
     from sweeper.analysis import holdout as calho
     from workloads.hardware import load_hardware
@@ -98,7 +99,8 @@ def quickstart_closing(csv: Path = QUICKSTART, base_yaml: Path = QUICKSTART_BASE
     runs = {}
     for statistic in STATISTICS:
         points = calfit.points_from_frame(frame, base, statistic=statistic)
-        for label, terms in (("paper constants", ()), ("nested selection", calho.SELECT)):
+        for label, terms in (("paper constants", ()), ("default terms", calfit.STUDY_TERMS),
+                             ("nested selection", calho.SELECT)):
             result = calho.calibrate(points, base, calho.HOLDOUTS, csv.stem, terms=terms)
             schemes = {}
             for name, ho in result.holdouts.items():
@@ -747,8 +749,8 @@ def _quickstart_lines(q: dict | None) -> list[str]:
              f"{q['trials_complete']} trials, {q['replicated_configurations']} configurations measured twice), "
              f"recorded in `quickstart-trials.csv`: {rec.get('note') or 'measured on this host'}; median 1-min "
              f"load during its timed runs {rec.get('host_load_avg_1m_median')}, max "
-             f"{rec.get('host_load_avg_1m_max')}. Its own closing analysis is the first row (the trial's "
-             "median, the paper's constants); each cell is held-out MAPE / noise floor (one measurement's error).", "",
+             f"{rec.get('host_load_avg_1m_max')}. Its own closing analysis is the row `median, default terms` (the "
+             "trial's median, fit.STUDY_TERMS); each cell is held-out MAPE / noise floor (one measurement's error).", "",
              "| statistic, terms | selected | " + " | ".join(calho_holdouts()) + " | all within 2x |",
              "|---|---|" + "---|" * (len(calho_holdouts()) + 1)]
     for label, run in q["runs"].items():

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.common import clean, pct, table, write
 from sweeper.analysis import external
-from sweeper.analysis.fit import EXTRA_BOUNDS
+from sweeper.analysis.fit import EXTRA_BOUNDS, MEASUREMENT_CANDIDATES
 from sweeper.analysis.holdout import SELECT
 from workloads.config import load_hardware
 
@@ -33,11 +33,11 @@ TARGET_MAPE = 0.15
 # The headline fit: a robust loss (soft_l1: a row far off counts linearly, not squared, so
 # one doubtful reading cannot drag every constant; `sweeper fit --loss soft_l1`) and the named
 # terms a TPU's published numbers can need, chosen per fit by nested cross-validation
-# (sweeper/analysis/fit.py EXTRA_TERMS: their reasons and bounds).
-LOSS = "soft_l1"
-# attention_half_rows: Figure 8's
+# (sweeper/analysis/fit.py EXTRA_TERMS: their reasons and bounds), as `sweeper fit
+# --measurements --terms select` does; attention_half_rows among them: Figure 8's
 # head-sharded and multihead steps grow with the context faster than their K/V reads.
-PAPER_TERMS = ("launch_overhead_s", "matmul_half_rows", "matmul_half_dim", "attention_half_rows")
+LOSS = "soft_l1"
+PAPER_TERMS = MEASUREMENT_CANDIDATES
 DATA = Path(__file__).resolve().parent / "data" / "paper-tpu-v4.csv"
 
 

@@ -248,6 +248,8 @@ def test_fit_cli_writes_yaml_prints_json_and_logs_to_the_parent_run(measured_stu
         assert key in summary
     assert summary["mape_heldout"] < 0.05 and summary["holdout"] == "kfold"
     assert set(summary["holdouts"]) == set(calho.HOLDOUTS)
+    # the extra terms freed by default: fit.STUDY_TERMS
+    assert summary["terms"] == list(calfit.STUDY_TERMS)
     fitted = load_hardware(str(out))
     assert fitted.peak_flops == pytest.approx(summary["fitted"]["peak_flops"])
     run = MlflowClient(tracking_uri=tracking).get_run(parent)
@@ -273,6 +275,29 @@ def test_fit_cli_too_few_trials_and_analytical_studies_exit_2(tmp_path, capsys):
     assert main(["fit", "--study", "an", "--storage", storage, "--no-mlflow"]) == 2
     assert "measured trials" in capsys.readouterr().err
     assert main(["fit", "--study", "nope", "--storage", storage]) == 2
+
+
+@pytest.mark.parametrize("terms,needle", [("lots", "none, select or a comma list"),
+                                          ("launch_overhead_s,warp_s", "--terms: got")])
+def test_fit_cli_bad_terms_exit_2_before_reading_the_study(tmp_path, capsys, terms, needle):
+    from sweeper.cli import main
+
+    assert main(["fit", "--study", "nope", "--storage", f"sqlite:///{tmp_path}/none.db",
+                 "--terms", terms]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_fit_cli_terms_named_are_the_terms_freed(measured_study, capsys, monkeypatch):
+    from sweeper.cli import main
+
+    root, storage, _, _ = measured_study
+    monkeypatch.setenv("SWEEPER_HOME", str(root / "home"))
+    for terms, freed in (("none", []), ("launch_overhead_s,device_overhead_s",
+                                        ["launch_overhead_s", "device_overhead_s"])):
+        assert main(["fit", "--study", "synthetic", "--storage", storage, "--json", "--no-mlflow",
+                     "--terms", terms]) == 0
+        assert json.loads(capsys.readouterr().out)["terms"] == freed
 
 
 def test_extra_terms_are_recovered_when_the_data_has_them():

@@ -77,15 +77,18 @@ def load_study_data(study_name: str, storage: str | None = None) -> StudyData:
 
 
 def calibrate_study(data: StudyData, holdouts: Iterable[str] = ("kfold",),
-                    start: HardwareProfile | None = None, loss: str = "linear") -> Calibration:
+                    start: HardwareProfile | None = None, loss: str = "linear",
+                    terms: tuple[str, ...] | str = ()) -> Calibration:
     """Calibrate a study's measured trials. Each trial's share of the hardware is taken
-    relative to the profile the sweep used; `start` only changes where the fit begins."""
+    relative to the profile the sweep used; `start` only changes where the fit begins.
+    `terms`: the extra terms freed (fit.EXTRA_TERMS), or holdout.SELECT to choose them by
+    nested cross-validation (each held-out fold's on its own training points)."""
     if data.source != "measured":
         raise CalibrationError("study", data.name, "a study of measured trials (this one is "
                                f"{data.source}: the cost model fitted to itself says nothing)")
     swept = study_base_profile(data.attrs)
     points = points_from_frame(data.frame, swept, data.configs)
-    result = calibrate(points, start or swept, holdouts, data.name, loss)
+    result = calibrate(points, start or swept, holdouts, data.name, loss, terms=terms)
     result.parent_run_id, result.tracking_uri = data.parent_run_id, data.tracking_uri
     return result
 

@@ -136,6 +136,17 @@ EXTRA_TERMS = ("collective_latency_s_per_device", "launch_overhead_s", "device_o
 # caller names others (`candidates`: the paper CSV's benchmark names its own).
 SELECT_CANDIDATES = ("collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
                      "collective_rendezvous_s", costmodel.ATTENTION_HALF_ROWS)
+# The terms `sweeper fit --study` and the end-of-sweep analysis free by default: those the
+# recorded calibration sweep's nested selection freed (benchmarks/results/calibration.md),
+# fixed so a fit takes seconds; choosing them per fit by nested cross-validation
+# (`--terms select`) took 205 s on the quickstart's 20 trials (2^5 subsets x 3 inner folds
+# per held-out fold, 4 schemes) against 2.2 s with these.
+STUDY_TERMS = SELECT_CANDIDATES
+# The terms nested cross-validation chooses among on published accelerator numbers
+# (`sweeper fit --measurements --terms select`, benchmarks/paper_fit.py): a chip's fixed
+# cost per call and small-shape matmul efficiency; not the emulated mesh's thread terms.
+MEASUREMENT_CANDIDATES = ("launch_overhead_s", "matmul_half_rows", "matmul_half_dim",
+                          costmodel.ATTENTION_HALF_ROWS)
 # The terms a default fit frees: chosen per fit by nested cross-validation (select_terms)
 # when the caller asks for it (`terms="select"`); otherwise none (the paper's constants).
 DEFAULT_TERMS: tuple[str, ...] = ()

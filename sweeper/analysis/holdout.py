@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
 
-from sweeper.analysis.fit import (DEFAULT_TERMS, CalibrationError, Fit, ParamSpace, Point,
-                                  default_space, fit_profile)
+from sweeper.analysis.fit import (DEFAULT_TERMS, EXTRA_TERMS, CalibrationError, Fit, ParamSpace,
+                                  Point, default_space, fit_profile)
 from sweeper.analysis.observations import metric_of, predict_latency
 from workloads.config import ConfigError, HardwareProfile
 from workloads.layouts import PHASES
@@ -296,6 +296,18 @@ SELECT = "select"
 INNER_FOLDS = 3
 
 
+def parse_terms(text: str, field: str = "--terms") -> tuple[str, ...] | str:
+    """`none` (the paper's constants), `select` (nested cross-validation) or a comma list
+    of extra terms (fit.EXTRA_TERMS); anything else is a one-line ConfigError."""
+    if text in ("none", SELECT):
+        return () if text == "none" else SELECT
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in names if t not in EXTRA_TERMS]
+    if bad or not names:
+        raise ConfigError(field, text, f"none, select or a comma list of {list(EXTRA_TERMS)}")
+    return names
+
+
 def select_terms(points: list[Point], base: HardwareProfile, loss: str = "linear",
                  weighted: bool = True, candidates: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The subset of `candidates` (default fit.SELECT_CANDIDATES; each in fit.EXTRA_TERMS) with
@@ -548,10 +560,7 @@ class Calibration:
                 "ici_bandwidth": p.ici_bandwidth, "collective_latency_s": p.collective_latency_s,
                 "collective_latency_s_by_kind": dict(getattr(p, "collective_latency_s_by_kind", {})),
                 "op_overhead_s": p.op_overhead_s, "overlap": p.overlap,
-                "collective_latency_s_per_device": p.collective_latency_s_per_device,
-                "launch_overhead_s": p.launch_overhead_s, "device_overhead_s": p.device_overhead_s,
-                "collective_rendezvous_s": p.collective_rendezvous_s,
-                "matmul_half_rows": p.matmul_half_rows, "matmul_half_dim": p.matmul_half_dim}
+                **{term: getattr(p, term) for term in EXTRA_TERMS}}
 
     def summary(self) -> dict[str, Any]:
         """What `sweeper fit --json` prints."""

@@ -30,7 +30,7 @@ from sweeper.analysis import calibrate as cal
 from sweeper.analysis import holdout
 from sweeper.analysis import pareto
 from sweeper.analysis import optuna_views, plots
-from sweeper.analysis.fit import CalibrationError
+from sweeper.analysis.fit import STUDY_TERMS, CalibrationError
 from sweeper.formatting import jsonable, percent_dash, short_number
 from sweeper.paths import study_dir
 from workloads.config import ConfigError
@@ -296,9 +296,10 @@ def write_report(data: cal.StudyData, out_dir: str | Path, calibration: holdout.
 
 
 def try_calibrate(data: cal.StudyData) -> tuple[holdout.Calibration | None, str | None]:
-    """All three hold-out schemes; a study that cannot be fitted gives the reason instead."""
+    """Every hold-out scheme, with `sweeper fit --study`'s default extra terms
+    (fit.STUDY_TERMS); a study that cannot be fitted gives the reason instead."""
     try:
-        return cal.calibrate_study(data, holdout.HOLDOUTS), None
+        return cal.calibrate_study(data, holdout.HOLDOUTS, terms=STUDY_TERMS), None
     except CalibrationError as err:
         return None, str(err)
 

@@ -140,6 +140,12 @@ def _add_analysis_commands(sub) -> None:
     p.add_argument("--loss", choices=["linear", "soft_l1", "huber"], default="linear",
                    help="least-squares loss on relative errors (default linear)")
     p.add_argument("--artifacts-dir", help="folder for the error table and plot")
+    p.add_argument("--terms", metavar="select|none|T1,T2", default=None,
+                   help="extra terms beyond the paper's constants (docs/calibration.md): a comma "
+                   "list of term names (default with --study: the five the calibration sweep's "
+                   "nested selection freed), none (the paper's constants; the default with "
+                   "--measurements) or select (chosen per fit by nested cross-validation, each "
+                   "held-out fold on its own training points: minutes)")
     p.set_defaults(handler=fit)
 
     p = sub.add_parser("pareto", help="latency/cost Pareto frontier of a study and its hypervolume")

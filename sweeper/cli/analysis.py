@@ -37,6 +37,10 @@ def format_calibration(result: holdout.Calibration) -> str:
         lines.append(f"  collective_latency_s   {result.fitted.collective_latency_s * 1e6:.3g} us")
     lines.append(f"  op_overhead_s          {result.fitted.op_overhead_s * 1e6:.3g} us per layer")
     lines.append(f"  overlap                {result.fitted.overlap:.3f}")
+    for term in result.terms:       # the extra terms freed (docs/calibration.md)
+        lines.append(f"  {term:<22} {getattr(result.fitted, term):.4g}")
+    if not result.terms:
+        lines.append("  extra terms            none (the paper's constants)")
     lines.append(f"in-sample MAPE {percent_dash(float(result.insample['ape'].mean()))} (not a claim; "
                  "held-out below)")
     noise = result.noise
@@ -84,9 +88,12 @@ def run_fit(args) -> int:
         raise ConfigError("--holdout", "loo", "kfold, layout, chips, extrapolation or all with --study "
                           "(loo is for --measurements)")
     schemes = holdout.HOLDOUTS if args.holdout == "all" else (args.holdout or "kfold",)
+    from sweeper.analysis.fit import STUDY_TERMS
+
+    terms = holdout.parse_terms(args.terms) if args.terms else STUDY_TERMS
     data = cal.load_study_data(args.study, args.storage)
     base = load_hardware(args.hardware, field="--hardware") if args.hardware else None
-    result = cal.calibrate_study(data, schemes, base, args.loss)
+    result = cal.calibrate_study(data, schemes, base, args.loss, terms=terms)
     out_dir = Path(args.artifacts_dir) if args.artifacts_dir else study_dir("fits", args.study)
     files = cal.write_outputs(result, out_dir, args.out)
     refused = result.refused
@@ -131,8 +138,12 @@ def run_fit_measurements(args) -> int:
         raise ConfigError("--holdout", args.holdout, "loo, kfold or all with --measurements")
     holdouts = (external.EXTERNAL_HOLDOUTS if args.holdout == "all"
                 else (args.holdout or "loo",))
+    terms = holdout.parse_terms(args.terms or "none")
     base = load_hardware(args.hardware, field="--hardware")
-    result = external.calibrate_measurements(args.measurements, base, holdouts, args.loss)
+    from sweeper.analysis.fit import MEASUREMENT_CANDIDATES
+
+    result = external.calibrate_measurements(args.measurements, base, holdouts, args.loss, terms,
+                                             candidates=MEASUREMENT_CANDIDATES)
     out = Path(args.out) if args.out else (sweeper_home(create=True) / "fits"
                                            / Path(args.measurements).stem / f"{result.fitted.name}.yaml")
     refused = result.refused
