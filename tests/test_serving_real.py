@@ -138,6 +138,10 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode):
             assert min(out[f"loop_{phase}_samples_s"]) > 0
             engine = "engine_step_s" if phase == "step" else "engine_prefill_s"
             assert out[engine] > 0
+        if "loop_step_samples_s" in out:   # every loop that steps is paired, one per block
+            assert len(out["loop_step_paired_block_extra_s"]) == 3, name
+            assert out["loop_step_paired_extra_s"] == pytest.approx(
+                float(np.median(out["loop_step_paired_block_extra_s"])))
         # a prefill on an idle loop (the worker's own serving loop on spaced one-token
         # requests): a positive TTFT, a wake not below zero; none without a prefill phase
         if "engine_prefill_s" in out:
@@ -148,6 +152,7 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode):
     dec = results.get("aggregated", results.get("decode"))
     costs = host_costs(pre, dec)
     assert all(math.isfinite(v) and v >= 0 for v in costs.values()), costs
+    assert costs["serving_step_overhead_s"] == pytest.approx(max(dec["loop_step_paired_extra_s"], 0.0))
 
 
 # --------------------------------------------------------------------------- bad input

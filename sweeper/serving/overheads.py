@@ -10,10 +10,11 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   full and no arrivals; a mean, so that the host's interruptions of the loop are in it:
   a queue pays them) minus the median of the engine's decode call of the same slot batch
   (decode program and argmax, arguments placed before the timer, synchronised once: how a
-  calibration trial times a step, so what the fitted cost model predicts). A decode
-  slice PAIRS them: its closed loop times the engine's call right before each step, and
-  the cost is the median over blocks of (the block's mean step - the mean of those engine
-  calls), so the other processes' load of the measurement's seconds, in both, cancels
+  calibration trial times a step, so what the fitted cost model predicts). Both are
+  PAIRED: a decode slice's closed loop times the engine's call right before each step (an
+  aggregated loop, the engine's calls in the blocks just before and after each of its
+  blocks), and the cost is the median over blocks of (the block's mean step - the mean of
+  those engine calls), so the other processes' load of the measurement's seconds, in both, cancels
   instead of being charged to every step of every stream (unpaired, one dis-1+1chip-4slots
   measurement read 1.82 ms for a 0.85 ms median difference, and over-predicted its
   streams' TPOT by 20-68%; another, with the engine's calls caught in a burst, read 0);
@@ -147,10 +148,11 @@ def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
     reproduces the measured TTFT with the means, and misses it by ~25% (p50, 85% load) with
     the medians (docs/serving.md "Checking the model against the server")."""
     prompts = float(prefill.get("loop_prefill_prompts") or 1.0)
-    # a decode slice pairs each closed-loop step with the engine's call just before it: its
-    # host work per step is the median over blocks of their means' difference, so that the
-    # other processes' load during the measurement (in both) is not charged to every step
-    # of a stream that may not see it (module docstring)
+    # the step is paired with the engine's calls (a decode slice: the call just before each
+    # step; aggregated: the engine's blocks just before and after each block of the loop):
+    # its host work per step is the median over blocks of their means' difference, so that
+    # the other processes' load during the measurement (in both) is not charged to every
+    # step of a stream that may not see it (module docstring)
     step = decode.get("loop_step_paired_extra_s")
     if step is None:
         step = decode["loop_step_mean_s"] - decode["engine_step_s"]

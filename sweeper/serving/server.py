@@ -229,7 +229,10 @@ class ServingWorker:
         decode slice, every slot full, stepping `rounds x output_len` steps, each step right
         after an engine call of the same slot batch (paired: `loop_step_paired_extra_s`,
         the median over blocks of the block's mean step minus its paired engine calls' mean,
-        and each block's `loop_step_paired_block_extra_s`; overheads.py charges it).
+        and each block's `loop_step_paired_block_extra_s`; overheads.py charges it); the
+        aggregated loop's steps are paired by block instead, against the engine's decode
+        calls just before and after the block (its steps cannot be interleaved with engine
+        calls without changing the loop).
 
         The loop runs in `blocks` blocks, the engine's calls before the first and after each
         (so the blocks are spread over the measurement's seconds, docs/serving.md "Serving
@@ -284,12 +287,15 @@ class ServingWorker:
             if spec.decode is not None:                  # decode and argmax of the slot batch
                 tokens = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
                 positions = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
+                calls = []
                 for k in range(repeats * 2):
                     start = time.perf_counter()
                     logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens, positions)
                     jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
                     if k:
-                        engine_step.append(time.perf_counter() - start)
+                        calls.append(time.perf_counter() - start)
+                engine_step.extend(calls)
+                engine_step_blocks.append(float(np.mean(calls)))
 
         def loop_block() -> tuple[list[float], list[float], float]:
             """One block of the closed loop: its steps' and prefill calls' seconds, and its
@@ -344,8 +350,9 @@ class ServingWorker:
         first_token: list[float] = []       # each closed-loop prefill call to its first tokens
         first_blocks: list[list[float]] = []
         engine_prefill_blocks: list[float] = []   # each engine block's mean prefill
+        engine_step_blocks: list[float] = []      # each engine block's mean decode call
         first_extra: list[float] = []       # per block: to first tokens - engine blocks beside
-        paired_blocks: list[float] = []     # per block: mean step - mean paired engine call
+        paired_blocks: list[float] = []     # per block: mean step - mean paired engine calls
         began = time.perf_counter()
         engine_calls()          # between the blocks: a drift in the host's load
         step_blocks: list[list[float]] = []
@@ -385,6 +392,8 @@ class ServingWorker:
             engine_calls()      # (other processes' work) shows in both, not in their difference
             if firsts:          # paired with the engine's blocks before and after this one
                 first_extra[-1] -= float(np.mean(engine_prefill_blocks[-2:]))
+            if steps and not engine_before:   # aggregated: paired with the engine's blocks
+                paired_blocks.append(float(np.mean(steps) - np.mean(engine_step_blocks[-2:])))
         out["measured_s"] = time.perf_counter() - began
         out["blocks"] = max(blocks, 1)
         if engine_prefill:
@@ -411,8 +420,9 @@ class ServingWorker:
             out["loop_prefill_first_paired_extra_s"] = float(np.median(first_extra))
             out["loop_prefill_first_paired_block_extra_s"] = first_extra
         if paired_blocks:
-            # the decode slice's host work per step, paired: the median over blocks of (the
-            # block's mean step - the mean of the engine's calls just before each step)
+            # the host work per step, paired: the median over blocks of (the block's mean
+            # step - the mean of the engine's calls just before each step (a decode slice) or
+            # in the engine's blocks just before and after the block (aggregated))
             out["loop_step_paired_extra_s"] = float(np.median(paired_blocks))
             out["loop_step_paired_block_extra_s"] = paired_blocks
         if prefill_blocks:
