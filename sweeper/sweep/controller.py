@@ -49,7 +49,7 @@ from sweeper.sweep.preflight import (check_memory_fits,  # noqa: F401 (re-export
 from sweeper.sweep.progress import ProgressLine
 from sweeper.sweep.recording import INTERRUPTED, Recorder, TrialOutcome, resume_trials
 from sweeper.sweep.result import SweepResult, pareto_rows
-from sweeper.sweep.session import RaySession
+from sweeper.sweep.session import RaySession, quiet_ray_auth_notice
 from sweeper.sweep.space import SearchSpace, load_space
 from sweeper.sweep.workers import RayPool
 from sweeper.tracking.link import TrackingLink
@@ -91,6 +91,12 @@ class _InFlight:
 
     def outcome(self, state: str, reason: str | None = None, **more: Any) -> TrialOutcome:
         return TrialOutcome(state, reason, self.config, self.flat, self.prediction, **more)
+
+
+def new_local_cluster(address: str | None) -> bool:
+    """Does this sweep start a new local Ray cluster (`--address local`, or none given and no
+    RAY_ADDRESS to join), as RaySession decides?"""
+    return address == "local" or (not address and not os.environ.get("RAY_ADDRESS"))
 
 
 class Controller:
@@ -197,7 +203,10 @@ class Controller:
         try:
             if self.space.hardware.kind != "analytical":
                 # lazy: Ray (~1 s of CPU), imported here first so that the store thread
-                # below does not hold the GIL against it and delay Ray's processes
+                # below does not hold the GIL against it and delay Ray's processes; Ray reads
+                # its auth mode when imported, so the notice is quieted first, as
+                # RaySession.start does (sweeper/sweep/session.py)
+                quiet_ray_auth_notice(None if new_local_cluster(self.address) else self.address)
                 import ray  # noqa: F401
                 self._warm_store_imports()     # while Ray starts, which mostly waits
             self.pool = self._start_pool()     # first: a bad --address creates no study or run
@@ -313,8 +322,7 @@ class Controller:
         MLflow keeps the store per URI, so the link finds it built); with an --address it
         only imports, so a bad address still creates nothing. What fails here fails again,
         with its message, where the store is used."""
-        local = self.address in (None, "", "local") and \
-            (self.address == "local" or not os.environ.get("RAY_ADDRESS"))
+        local = new_local_cluster(self.address)
 
         def warm() -> None:
             try:
