@@ -4,7 +4,8 @@
 
 Fits `tpu-v4`'s constants to every published number (sweeper/analysis/external.py, the
 pipeline of `sweeper fit --measurements ... --holdout loo --loss soft_l1`) with the named
-terms of PAPER_TERMS chosen by nested cross-validation (each held-out row's fit chooses its
+terms of fit.MEASUREMENT_CANDIDATES chosen by nested cross-validation (each held-out row's fit
+chooses its
 terms on its own training rows), and predicts each row from a fit that did not see it
 (leave-one-out; a table's latency and MFU of one run are held out together).
 Targets (issues 11, 20): held-out MAPE <= 15% with every fitted constant physically possible;
@@ -37,7 +38,6 @@ TARGET_MAPE = 0.15
 # --measurements --terms select` does; attention_half_rows among them: Figure 8's
 # head-sharded and multihead steps grow with the context faster than their K/V reads.
 LOSS = "soft_l1"
-PAPER_TERMS = MEASUREMENT_CANDIDATES
 DATA = Path(__file__).resolve().parent / "data" / "paper-tpu-v4.csv"
 
 
@@ -65,7 +65,7 @@ def int8_advantage(profile) -> dict:
 def physical(fitted: dict, sheet) -> dict:
     """Every fitted rate at or below the sheet's, every overhead >= 0, every named term
     within its stated bound (fit.EXTRA_BOUNDS)."""
-    return {"terms_within_bounds": all(0 <= fitted[t] <= EXTRA_BOUNDS[t][1] for t in PAPER_TERMS),
+    return {"terms_within_bounds": all(0 <= fitted[t] <= EXTRA_BOUNDS[t][1] for t in MEASUREMENT_CANDIDATES),
             "peak_flops": fitted["peak_flops"] <= sheet.peak_flops,
             "hbm_bandwidth": fitted["hbm_bandwidth"] <= sheet.hbm_bandwidth,
             "ici_bandwidth": fitted["ici_bandwidth"] <= sheet.ici_bandwidth,
@@ -207,7 +207,7 @@ def wide_tiles(result, base) -> dict:
 def run(measurements: Path, hardware: str) -> tuple[dict, str]:
     base = load_hardware(hardware, field="--hardware")
     result = external.calibrate_measurements(measurements, base, ("loo",), loss=LOSS, terms=SELECT,
-                                             candidates=PAPER_TERMS)
+                                             candidates=MEASUREMENT_CANDIDATES)
     unfitted = external.unfitted_frame(result)
     int8 = int8_advantage(result.fitted)
     parts = variants(measurements, base)
@@ -229,7 +229,7 @@ def run(measurements: Path, hardware: str) -> tuple[dict, str]:
             "physical": physical(result.fitted_constants(), base), "int8_advantage": int8,
             "refused": result.refused, "blowup": result.main.blowup, "variants": parts,
             "responsible": cause, "worst": _worst(result.main.points, 5),
-            "loss": LOSS, "candidate_terms": list(PAPER_TERMS), "chosen_terms": list(result.terms),
+            "loss": LOSS, "candidate_terms": list(MEASUREMENT_CANDIDATES), "chosen_terms": list(result.terms),
             "mape_heldout_without": without(result.main.points),
             "prior_weight": __import__("sweeper.analysis.fit", fromlist=["x"]).PRIOR_WEIGHT,
             "rows": rows}
@@ -239,7 +239,7 @@ def run(measurements: Path, hardware: str) -> tuple[dict, str]:
              f"{'met' if mape <= TARGET_MAPE else 'NOT met'}), median {pct(result.main.median_ape)}, "
              f"max {pct(result.main.max_ape)}; unfitted (peak numbers) MAPE "
              f"{pct(data['mape_unfitted'])}; in-sample {pct(data['insample_mape'])}. Loss {LOSS}; "
-             f"named terms chosen by nested cross-validation among {', '.join(PAPER_TERMS)}: the fit "
+             f"named terms chosen by nested cross-validation among {', '.join(MEASUREMENT_CANDIDATES)}: the fit "
              f"on every row chose {', '.join(result.terms) or 'none'}. The same held-out predictions "
              f"without Figure 8's 7 rows: MAPE {pct(data['mape_heldout_without']['figure_8'])}; "
              f"without them and Figure 7's weight-gathered point at ~125k tokens: "

@@ -143,7 +143,7 @@ def compile_trial(trial: TrialConfig, engine_cache: dict | None = None) -> tuple
     start = time.perf_counter()
     lowered = engine.lowered()
     # An identity handoff never runs (the engine passes the cache through): not compiled.
-    skip = {"handoff"} if getattr(engine, "handoff_is_identity", False) else set()
+    skip = {"handoff"} if engine.handoff_is_identity else set()
     compiled = {name: lowered[name].compile() for name in PROGRAMS
                 if name in lowered and name not in skip}
     entry = CompiledTrial(engine, mesh, compiled, time.perf_counter() - start, trial.seed)
