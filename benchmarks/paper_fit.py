@@ -5,9 +5,8 @@
 Fits `tpu-v4`'s constants to every published number (sweeper/analysis/external.py, the
 pipeline of `sweeper fit --measurements ... --holdout loo --loss soft_l1`) with the named
 terms of fit.MEASUREMENT_CANDIDATES chosen by nested cross-validation (each held-out row's fit
-chooses its
-terms on its own training rows), and predicts each row from a fit that did not see it
-(leave-one-out; a table's latency and MFU of one run are held out together).
+chooses its terms on its own training rows), and predicts each row from a fit that did not
+see it (leave-one-out; a table's latency and MFU of one run are held out together).
 Targets (issues 11, 20): held-out MAPE <= 15% with every fitted constant physically possible;
 int8's decode advantage kept; a small CSV (Table 2's 8 numbers) never blows up. Where the
 target is missed, the results name what is responsible, computed here from the rows and the
