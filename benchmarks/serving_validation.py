@@ -315,14 +315,14 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
                             cores_per_worker=CORES_PER_WORKER) as session:
             setup_s = time.time() - t0
             costs = measure_session(session, INPUT_LEN, OUTPUT_LEN)   # before any stream
+            # the measured host costs into the deployment's profile (the step, the prefill
+            # per prompt, the handover, a prefill on an idle loop, the part of a prefill's
+            # host work before its first tokens): the predictions read them from there
             d = with_deployment_overheads(d, costs)
-            session.deployment = d                 # the predictions use the measured costs
+            session.deployment = d
             # the closed loop's spread of call durations: the prediction and the loop model
             # draw each call's factor from it (docs/serving.md "The serving model")
             session.duration_spread = duration_spread(costs)
-            session.prefill_wake_s = costs["prefill_wake_s"]    # a prefill on an idle loop
-            # of a prefill's host work, the part before its first tokens
-            session.prefill_first_overhead_s = costs.get("prefill_first_overhead_s", 0.0)
             session.diagnostic_step_times = dataclasses.replace(
                 loop_step_times(d, costs), prefill_spread=session.duration_spread[0],
                 step_spread=session.duration_spread[1])

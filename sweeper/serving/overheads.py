@@ -49,14 +49,14 @@ Beside the three fields, `prefill_wake_s`: how much longer a prefill call on an 
 takes to its first token than the engine's prefill (server.py `measure_host_costs` serves
 one-token requests 0.1 s apart through the worker's own loop; the closed loop never idles,
 a stream's prefill worker does between arrivals): the profile's `serving_prefill_wake_s`
-(StepTimes `prefill_wake_s`; a caller may pass its own, `ServingSession.prefill_wake_s`).
+(StepTimes `prefill_wake_s`).
 
 And `prefill_first_overhead_s`: of a prefill call's host work, the part before its first
 tokens, per call (the closed loop's calls to their first tokens minus the engine's
 prefill; `first_token_overhead`): the serving model delays the first tokens by it and
 charges the rest of the per-prompt cost after them (StepTimes `prefill_first_overhead_s`).
-The profile's `serving_prefill_first_overhead_s` (`with_overheads` writes it with the others;
-a caller may pass its own, `ServingSession.prefill_first_overhead_s`).
+The profile's `serving_prefill_first_overhead_s` (`with_overheads` writes it with the others:
+a serving run's prediction reads all five from its deployment's profile).
 
 Each worker runs where `sweeper serve` runs it (the same cores, `ServingSession`), so the
 costs include the core share a deployment gets. A difference below zero (timer noise) is 0.

@@ -212,12 +212,9 @@ class ServingSession:
         # the spread of the calls' durations the prediction draws from (StepTimes
         # prefill_spread, step_spread; overheads.py `duration_spread`); () : none
         self.duration_spread: tuple[tuple, tuple] = ((), ())
-        # the extra seconds of a prefill call on an idle loop the prediction charges
-        # (StepTimes `prefill_wake_s`, overheads.py `measure_session`); 0: none
-        self.prefill_wake_s = 0.0
-        # of a prefill call's host work, the seconds before its first tokens (StepTimes
-        # `prefill_first_overhead_s`, overheads.py `measure_session`); 0: the profile's
-        self.prefill_first_overhead_s = 0.0
+        # the serving host costs (a prefill on an idle loop, the part of a prefill's host
+        # work before its first tokens, ...) are the deployment's hardware profile's
+        # (overheads.py `with_deployment_overheads`), not attributes of the session
         specs = slot_specs(deployment, context_len, seed)
         self.ray = ray
         self.started_ray = _ray_started()
@@ -279,9 +276,7 @@ class ServingSession:
             per_request[i]["arrival_s"] = r.arrival_s
         measured, predicted, calibrated = compare(self.deployment, requests, per_request,
                                                   self.warmup, self.share,
-                                                  self.diagnostic_step_times, self.duration_spread,
-                                                  self.prefill_wake_s,
-                                                  self.prefill_first_overhead_s)
+                                                  self.diagnostic_step_times, self.duration_spread)
         from workloads.servingmodel import simulate
 
         replayed = simulate(self.deployment, requests,
@@ -322,15 +317,12 @@ def prediction_deployment(deployment: Deployment, share: float) -> Deployment:
 
 def compare(deployment: Deployment, requests: list[Request], per_request: list[dict],
             warmup: dict[str, dict], share: float, diagnostic=None,
-            spread: tuple[tuple, tuple] = ((), ()),
-            prefill_wake_s: float = 0.0,
-            prefill_first_overhead_s: float = 0.0) -> tuple[dict, dict, dict]:
+            spread: tuple[tuple, tuple] = ((), ())) -> tuple[dict, dict, dict]:
     """(measured, predicted, calibrated) summaries of the same requests; `diagnostic`: the
     StepTimes of the calibrated column (default: the warm-up medians); `spread`: (prefill,
-    step) duration factors the prediction draws from (none by default); `prefill_wake_s`:
-    the extra seconds of a prefill call on an idle loop (measured; none by default);
-    `prefill_first_overhead_s`: of a prefill call's host work, the seconds before its first
-    tokens (measured; the profile's by default)."""
+    step) duration factors the prediction draws from (none by default). The serving host
+    costs the prediction charges (`serving_prefill_wake_s`, ...) are the deployment's
+    hardware profile's (overheads.py `with_overheads`)."""
     from workloads.servingmodel import SimResult, cost_model_step_times, simulate
 
     arrival = np.array([r.arrival_s for r in requests])
@@ -342,12 +334,9 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
     measured["completed"] = int(done.sum())
     predicting = prediction_deployment(deployment, share)
     times = None
-    if spread[0] or spread[1] or prefill_wake_s or prefill_first_overhead_s:
-        base = cost_model_step_times(predicting)     # the profile's wake unless one is given
-        times = dataclasses.replace(base, prefill_spread=tuple(spread[0]), step_spread=tuple(spread[1]),
-                                    prefill_wake_s=prefill_wake_s or base.prefill_wake_s,
-                                    prefill_first_overhead_s=(prefill_first_overhead_s
-                                                              or base.prefill_first_overhead_s))
+    if spread[0] or spread[1]:
+        times = dataclasses.replace(cost_model_step_times(predicting),
+                                    prefill_spread=tuple(spread[0]), step_spread=tuple(spread[1]))
     predicted = simulate(predicting, requests, times).summary()
     calibrated = simulate(deployment, requests,
                           diagnostic or warmup_step_times(deployment, warmup)).summary()
