@@ -238,12 +238,19 @@ def _sigmoid(x: float) -> float:
 
 
 @functools.lru_cache(maxsize=65536)
+def at_unit(call: costmodel.PhaseCall) -> Any:
+    """`call.predict` at unit constants, cached (each fold's `default_space` reads its
+    collectives, `unit_terms` its terms)."""
+    return call.predict(_UNIT)
+
+
+@functools.lru_cache(maxsize=65536)
 def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...]) -> tuple:
     """One call's latency terms at unit constants: compute, memory, comm, per-kind collective
     counts, per-device group latency, launches, per-layer overhead — each read off
     `predict_phase` by probing one constant at a time. Cached: the hold-out schemes and the
     nested term selection fit the same calls many times."""
-    base = call.predict(_UNIT)
+    base = at_unit(call)
 
     def probe(**fields) -> Any:
         return call.predict(dataclasses.replace(_UNIT, **fields))
@@ -299,8 +306,19 @@ class PhaseTerms:
                    np.array([i for i, *_ in calls]), np.array([c.variant for _, c, _ in calls]),
                    np.array([c.weight for _, c, _ in calls], dtype=float), len(observations))
 
-    def call_latency(self, theta: np.ndarray, space: "ParamSpace") -> np.ndarray:
-        """costmodel.predict_phase's latency_s, vectorised over calls (module doc formula)."""
+    def __post_init__(self) -> None:
+        # calls -> (observation, variant) cells, weighted by each call's multiplier: one
+        # matrix product sums every observation's variants (and their Jacobian rows)
+        n_var = int(self.variant.max()) + 1 if len(self.variant) else 1
+        cell = self.obs * n_var + self.variant
+        self._cells = np.zeros((self.n_obs * n_var, len(cell)))
+        self._cells[cell, np.arange(len(cell))] = self.weight
+        present = np.zeros(self.n_obs * n_var, dtype=bool)
+        present[cell] = True
+        self._absent = ~present.reshape(self.n_obs, n_var)
+        self._n_var = n_var
+
+    def _parts(self, theta: np.ndarray, space: "ParamSpace"):
         (peak, hbm, ici), lat, extra, overhead, overlap = space.split(theta)
         fields = dict(zip(space.terms, extra))
         compute = (self.compute + fields.get("matmul_half_rows", 0.0) * self.row_compute
@@ -309,22 +327,57 @@ class PhaseTerms:
             / (peak * self.scale)
         memory = self.memory / (hbm * self.scale)
         comm = self.comm / (ici * self.scale)
+        return (peak, hbm, ici), lat, fields, overhead, overlap, np.stack([compute, memory, comm])
+
+    def call_latency(self, theta: np.ndarray, space: "ParamSpace") -> np.ndarray:
+        """costmodel.predict_phase's latency_s, vectorised over calls (module doc formula)."""
+        _, lat, fields, overhead, overlap, terms = self._parts(theta, space)
         fixed = (self.counts @ lat + self.group * fields.get("collective_latency_s_per_device", 0.0)
                  + self.rendezvous * fields.get("collective_rendezvous_s", 0.0))
-        terms = np.stack([compute, memory, comm])
         return ((1 - overlap) * terms.sum(axis=0) + overlap * terms.max(axis=0) + fixed
                 + overhead * self.layers + fields.get("launch_overhead_s", 0.0) * self.launches
                 + fields.get("device_overhead_s", 0.0) * self.devices)
 
+    def call_jacobian(self, theta: np.ndarray, space: "ParamSpace") -> np.ndarray:
+        """d call_latency / d theta, [calls, parameters]: the formula of `call_latency`
+        differentiated in theta's transforms (log constants, logit overlap); at a tie of
+        the max the first of compute, memory, comm takes the overlap's share (numpy argmax)."""
+        (peak, _, _), lat, fields, overhead, overlap, terms = self._parts(theta, space)
+        k, names = len(space.kinds), space.terms
+        share = np.full(terms.shape, 1.0 - overlap)         # d latency / d each term
+        share[terms.argmax(axis=0), np.arange(terms.shape[1])] += overlap
+        jac = np.empty((terms.shape[1], len(theta)))
+        jac[:, :3] = -(terms * share).T                     # d/d log rate: -term x its share
+        jac[:, 3:3 + k] = self.counts * lat
+        unit = {"collective_latency_s_per_device": self.group,
+                "collective_rendezvous_s": self.rendezvous,
+                "launch_overhead_s": self.launches, "device_overhead_s": self.devices,
+                "matmul_half_rows": self.row_compute * share[0] / (peak * self.scale),
+                "matmul_half_dim": self.dim_compute * share[0] / (peak * self.scale),
+                costmodel.ATTENTION_HALF_ROWS: self.attention_compute * share[0] / (peak * self.scale)}
+        for j, name in enumerate(names):
+            jac[:, 3 + k + j] = unit[name] * fields[name]
+        jac[:, -2] = self.layers * overhead
+        jac[:, -1] = (terms.max(axis=0) - terms.sum(axis=0)) * overlap * (1 - overlap)
+        return jac
+
+    def _fastest(self, per_call: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(each observation's latency: its fastest variant's weighted sum of calls, and the
+        row of `_cells` that variant is)."""
+        sums = np.where(self._absent, np.inf, (self._cells @ per_call).reshape(self.n_obs, self._n_var))
+        best = sums.argmin(axis=1)
+        return sums[np.arange(self.n_obs), best], np.arange(self.n_obs) * self._n_var + best
+
     def latency(self, theta: np.ndarray, space: "ParamSpace") -> np.ndarray:
         """Each observation's latency: the weighted sum of its calls, the fastest variant."""
-        per_call = self.call_latency(theta, space) * self.weight
-        n_var = int(self.variant.max()) + 1 if len(self.variant) else 1
-        sums = np.zeros((self.n_obs, n_var))
-        np.add.at(sums, (self.obs, self.variant), per_call)
-        present = np.zeros((self.n_obs, n_var), dtype=bool)
-        present[self.obs, self.variant] = True
-        return np.where(present, sums, np.inf).min(axis=1)
+        return self._fastest(self.call_latency(theta, space))[0]
+
+    def latency_and_jacobian(self, theta: np.ndarray,
+                             space: "ParamSpace") -> tuple[np.ndarray, np.ndarray]:
+        """`latency` and its Jacobian in theta, [observations, parameters] (the fastest
+        variant's calls)."""
+        latency, rows = self._fastest(self.call_latency(theta, space))
+        return latency, self._cells[rows] @ self.call_jacobian(theta, space)
 
 
 # ----------------------------------------------------------------------------- fitting
@@ -370,7 +423,17 @@ def fit_profile(points: list[Observation], base: HardwareProfile, space: ParamSp
         prior = PRIOR_WEIGHT * (theta[:3] - anchor)
         return np.concatenate([weights * (predicted / measured - 1.0), prior])
 
-    return solve(residuals, space, base, exact, loss, name)
+    prior_rows = np.zeros((3, len(space.names)))
+    prior_rows[:, :3] = PRIOR_WEIGHT * np.eye(3)
+
+    def jacobian(theta: np.ndarray) -> np.ndarray:
+        """d residuals / d theta, from PhaseTerms's derivatives (one evaluation, where the
+        finite differences of `residuals` took one per parameter)."""
+        latency, d_latency = terms.latency_and_jacobian(theta, space)
+        d_predicted = np.where(is_mfu, -mfu_numerator / latency ** 2, 1.0)[:, None] * d_latency
+        return np.vstack([(weights / measured)[:, None] * d_predicted, prior_rows])
+
+    return solve(residuals, space, base, exact, loss, name, jacobian if exact else "2-point")
 
 
 def prior_anchor(base: HardwareProfile) -> np.ndarray:
@@ -380,15 +443,16 @@ def prior_anchor(base: HardwareProfile) -> np.ndarray:
 
 
 def solve(residuals, space: ParamSpace, base: HardwareProfile, exact: bool, loss: str,
-          name: str | None) -> Fit:
+          name: str | None, jac: Any = "2-point") -> Fit:
     """Least squares from a few starts (latency x overlap), the best kept. `exact`: the
-    linear fast path agrees with the cost model, so each evaluation is cheap."""
+    linear fast path agrees with the cost model, so each evaluation is cheap. `jac`: the
+    residuals' Jacobian (a function of theta), or scipy's finite differences."""
     lows, highs = space.bounds(base)
     best = None
     for latency0 in (1e-6, 1e-4):
         for overlap0 in (0.2, 0.8):
             x0 = np.clip(space.start(base, latency0, overlap0), lows + 1e-9, highs - 1e-9)
-            result = least_squares(residuals, x0, bounds=(lows, highs), loss=loss,
+            result = least_squares(residuals, x0, jac=jac, bounds=(lows, highs), loss=loss,
                                    f_scale=0.1, x_scale=1.0, max_nfev=400 if exact else 60)
             if best is None or result.cost < best.cost:
                 best = result
@@ -423,6 +487,6 @@ def default_space(points: list[Observation], terms: tuple[str, ...] = DEFAULT_TE
     seen = set()
     for p in points:
         for c in p.calls:
-            seen.update(op.kind for op in c.call.predict(_UNIT).collectives)
+            seen.update(op.kind for op in at_unit(c.call).collectives)
     kinds = tuple(k for k in COLLECTIVE_KINDS if k in seen)
     return ParamSpace(kinds or ("",), terms)
