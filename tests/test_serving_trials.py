@@ -12,6 +12,7 @@ the same requests. Timings are never asserted.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVING_SPACE = ROOT / "search_spaces" / "serving.yaml"
 REPORTED = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "slo_attainment",
             "goodput_rps", "throughput_rps", "tokens_per_s_per_chip", "completed")
+HAS_MODE = "serving_mode" in TrialConfig.FIELDS   # docs/space-files.md "Serving trials"
 BASE = {"name": "s", "model": "tiny", "hardware": "host", "chips": 1, "batch": 2,
         "serving": {"rate": 40, "requests": 8, "input_len": 16, "output_len": 4}}
 
@@ -139,6 +141,108 @@ def test_a_failed_serving_trial_is_recorded_with_its_reason_and_the_sweep_goes_o
         assert trial.user_attrs["mlflow_run_id"] in set(runs.mlflow_run_id)
 
 
+DISAGGREGATED = {**BASE, "name": "disaggregated", "chips": 2, "serving_mode": "disaggregated",
+                 "serving": {"rate": 20, "requests": 4, "input_len": 8, "output_len": 4},
+                 "trials": 1, "timeout_s": 120}
+
+
+@pytest.mark.slow
+@pytest.mark.ci_slow
+@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this "
+                    "tree yet (docs/space-files.md 'Serving trials')")
+def test_a_disaggregated_serving_sweep_records_measured_and_predicted_percentiles(
+        session_sweeper_home, tmp_path, monkeypatch):
+    """A real `sweeper run` of one disaggregated serving trial (prefill slice on the trial's
+    worker, decode slice on a second Ray mesh worker, the KV caches handed over through Ray):
+    every request answered, the measured and the predicted percentiles in Optuna and in the
+    trial's MLflow child run, under the aggregated trials' names."""
+    monkeypatch.setenv("SWEEPER_HOME", str(session_sweeper_home))
+    result = run_sweep(load_space(DISAGGREGATED), progress=False,
+                       storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+                       tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert result.counts == {"complete": 1, "failed": 0, "pruned": 0}, \
+        load_trials(result.study_name, result.storage).reason.tolist()
+    trial = optuna.load_study(study_name=result.study_name, storage=result.storage).trials[0]
+    assert trial.user_attrs["config"]["serving_mode"] == "disaggregated"
+    measured = trial.user_attrs["measurement"]
+    assert measured["completed"] == 4
+    for name in ("ttft", "tpot"):
+        assert 0 < measured[f"{name}_p50_s"] <= measured[f"{name}_p99_s"]
+        assert 0 < measured[f"pred_{name}_p50_s"] <= measured[f"pred_{name}_p99_s"]
+    runs = load_runs(result.tracking_uri, parent_run_id=result.parent_run_id)
+    assert len(runs) == 1 and runs.iloc[0]["serving_mode"] == "disaggregated"
+    for name in (*REPORTED, *SERVING_PREDICTIONS):
+        assert runs.iloc[0][name] == pytest.approx(measured[name], rel=1e-12), name
+
+
+@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this tree yet")
+def test_a_disaggregated_trials_worker_serves_the_references_tokens(session_sweeper_home,
+                                                                     monkeypatch):
+    """The sweep's trial process (`MeshWorker.serve`, here in the test's own process, with a
+    real Ray decode worker): every request's tokens are the unsharded reference's, its KV in
+    a decode slot after its first token, and the slices are half the chips each."""
+    import ray
+
+    from sweeper.sweep.meshworker import MeshWorker
+    from workloads.model import prompt_tokens
+    from workloads.serving import reference_generation
+
+    monkeypatch.setenv("SWEEPER_HOME", str(session_sweeper_home))
+    trial = load_space(DISAGGREGATED).trial_config({})
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        measurement = MeshWorker(slot=0, chips=2, cores=None).serve(trial, HARDWARE_PRESETS["tpu-v4"])
+    finally:
+        ray.shutdown()
+    serving = measurement.extra["serving"]
+    assert serving["deployment"] == "disaggregated" and measurement.completed == 4
+    assert {p: s["chips"] for p, s in serving["slices"].items()} == {"prefill": 1, "decode": 1}
+    for i, (r, served) in enumerate(zip(trial_requests(trial), serving["per_request"])):
+        prompt = prompt_tokens(trial.model, 1, r.input_len, trial.seed * 1_000_003 + i)[0]
+        _, ref = reference_generation(trial.model, trial.seed, prompt, r.output_len - 1)
+        assert served["tokens"] == [int(t) for t in ref], f"request {i}"
+        assert served["finish_s"] >= served["kv_ready_s"] >= served["first_token_s"] >= r.arrival_s
+
+
+@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this tree yet")
+def test_a_disaggregated_trials_prediction_is_the_serving_model_on_two_half_slices():
+    """Disaggregated: a prefill slice and a decode slice of half the trial's chips each (the
+    cost model's best split of them), the trial's layouts, one prompt per prefill call and
+    `batch` slots; `simulate` of that deployment on the trial's own requests."""
+    from workloads.costmodel import best_topology
+
+    space = load_space({**BASE, "chips": 4, "batch": 4, "serving_mode": "disaggregated",
+                        "prefill": {"ffn": "ws1d", "attn": "head"},
+                        "decode": {"ffn": "ws2d", "attn": "batch"}})
+    trial = space.trial_config({})
+    reqs = trial_requests(trial)
+    hardware = HARDWARE_PRESETS["tpu-v4"]
+    predicted, note = predict_stream(trial, reqs, hardware)
+    half = best_topology(trial.model, 2)
+    prefill = PhaseSlice(chips=2, replicas=1, ffn="ws1d", attn="head", batch=1,
+                         weights="bf16", topology=half)
+    decode = PhaseSlice(chips=2, replicas=1, ffn="ws2d", attn="batch", batch=4,
+                        weights="bf16", topology=half)
+    expected = simulate(Deployment(load_model("tiny"), hardware, "disaggregated", prefill, decode),
+                        reqs).summary()
+    for name in SERVING_PREDICTIONS:
+        assert predicted[name] == expected[name[len("pred_"):]], name
+    assert note["source"] == "analytical"
+
+
+@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this tree yet")
+def test_a_disaggregated_trial_needs_chips_that_halve():
+    from workloads.servingtrial import check_serving_trial
+
+    trial = load_space({**BASE, "chips": 2, "serving_mode": "disaggregated"}).trial_config({})
+    check_serving_trial(trial)                           # 1 + 1 chips
+    odd = dataclasses.replace(trial, chips=3, topology=(1, 1, 3))
+    with pytest.raises(ConfigError) as err:
+        check_serving_trial(odd)
+    assert (err.value.field, err.value.value) == ("chips", 3)
+    assert "even number of chips" in err.value.accepted
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -171,6 +275,27 @@ BAD = [
 @pytest.mark.parametrize("contents, expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
 def test_bad_serving_input_exits_2_with_one_line_before_anything_starts(tmp_path, contents,
                                                                         expected):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(contents))
+    home, imports = tmp_path / "home", tmp_path / "imports.json"
+    check_rejected(run_cli(["run", str(path)], home, imports), home, imports, expected, path.name)
+
+
+BAD_MODE = [
+    ("disaggregated-one-chip", {**BASE, "chips": 1, "serving_mode": "disaggregated"},
+     ["chips", "1", "even number of chips"]),
+    ("serving-mode-without-block", {**{k: v for k, v in BASE.items() if k != "serving"},
+                                    "serving_mode": "disaggregated"},
+     ["serving_mode", "serving: block"]),
+    ("serving-mode-unknown", {**BASE, "serving_mode": "split"},
+     ["serving_mode", "split", "disaggregated"]),
+]
+
+
+@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this tree yet")
+@pytest.mark.parametrize("contents, expected", [c[1:] for c in BAD_MODE], ids=[c[0] for c in BAD_MODE])
+def test_bad_serving_mode_exits_2_with_one_line_before_anything_starts(tmp_path, contents,
+                                                                       expected):
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(contents))
     home, imports = tmp_path / "home", tmp_path / "imports.json"

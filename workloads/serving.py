@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import queue
 import time
 from collections import deque
 from typing import Any, Callable, Sequence
@@ -309,6 +310,101 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
         if timings is not None:
             timings.setdefault("step_s", []).append(time.perf_counter() - began)
         prefilled_since_step = False
+    return out
+
+
+# A disaggregated deployment's two loops (docs/serving.md "Real serving runs"): a prefill
+# slice and a decode slice, each on its own mesh and process, the KV cache handed over by
+# the caller's transport (`send`, `inbox`: Ray in `sweeper serve`'s workers,
+# sweeper/serving/server.py, and in a disaggregated serving trial, sweeper/sweep/meshworker.py).
+
+def serve_prefill_slice(server: SlotServer, reqs: Sequence[dict], prompt: Callable[[int], Any],
+                        start_at: float, send: Callable[[list[dict]], Any],
+                        calls: list | None = None) -> tuple[list[dict[str, Any]], list]:
+    """Prefill calls back to back in arrival order (`reqs`: plain requests, `arrival_s`,
+    `input_len`, `output_len`), up to the server's `prefill_batch` prompts of one length per
+    call; after each call its requests' KV caches (`export_kv`) go to the decode slice in
+    one `send([{request, kv, first_token, output_len}, ...])` (an answer of one token is
+    done at its first). Per request `first_token_s` and its first token (and `finish_s`
+    when that was its last); with what each `send` returned (the caller waits for them).
+    `calls`: `("prefill", start, first tokens on the host, [requests])` per call and
+    `("send", start, end, [requests])` per handover (server.py `last_calls`)."""
+    spec = server.spec
+    n = len(reqs)
+    out: list[dict[str, Any]] = [{"tokens": []} for _ in range(n)]
+    input_lens = [r["input_len"] for r in reqs]
+    queue_ = deque(sorted(range(n), key=lambda i: reqs[i]["arrival_s"]))
+    calls = [] if calls is None else calls
+    sleep_until(start_at)
+    sent = []
+    while queue_:
+        sleep_until(start_at + reqs[queue_[0]]["arrival_s"])
+        now = time.time() - start_at
+        arrived = deque(i for i in queue_ if reqs[i]["arrival_s"] <= now)
+        take = take_one_length(arrived, input_lens, spec.prefill_batch)
+        for i in take:
+            queue_.remove(i)
+        done = server.prefill([prompt(i) for i in take])
+        t = time.time() - start_at
+        calls.append(("prefill", now, t, list(take)))
+        handover = []
+        for row, i in enumerate(take):
+            out[i].update(first_token_s=t, tokens=[int(done.first_tokens[row])])
+            if reqs[i]["output_len"] <= 1:
+                out[i]["finish_s"] = t
+                continue
+            handover.append({"request": i, "kv": server.export_kv(done, row),
+                             "first_token": int(done.first_tokens[row]),
+                             "output_len": reqs[i]["output_len"]})
+        if handover:
+            sent.append(send(handover))
+            calls.append(("send", t, time.time() - start_at, [h["request"] for h in handover]))
+    return out, sent
+
+
+def serve_decode_slice(server: SlotServer, inbox, expected: int, start_at: float,
+                       calls: list | None = None, poll_s: float = 0.0005) -> dict[int, dict]:
+    """Decode the `expected` requests handed over into `inbox` (a `queue.Queue` of
+    `serve_prefill_slice`'s handover items, filled by another thread): before each decode
+    step every received request goes into a free slot, one insertion after the other; a
+    step runs every slot. Per request: when its KV was in a slot (`kv_ready_s`), its last
+    token's time (`finish_s`) and its decoded tokens. `calls`: `("insert", start, end,
+    request)` and `("step", start, tokens on the host, busy slots, end of the slots'
+    bookkeeping)` (server.py `last_calls`); `poll_s`: how often an idle loop looks."""
+    spec = server.spec
+    out: dict[int, dict] = {}
+    waiting: deque[dict] = deque()
+    slot_request = [-1] * spec.slots
+    remaining = [0] * spec.slots
+    received = 0
+    calls = [] if calls is None else calls
+    sleep_until(start_at)
+    while received < expected or waiting or any(r >= 0 for r in slot_request):
+        while True:
+            try:
+                waiting.append(inbox.get_nowait())
+                received += 1
+            except queue.Empty:
+                break
+        free = [s for s in range(spec.slots) if slot_request[s] < 0]
+        while waiting and free:
+            item = waiting.popleft()
+            slot = free.pop(0)
+            began = time.time() - start_at
+            server.insert(slot, item["kv"], 0, item["first_token"])
+            i = item["request"]
+            out[i] = {"kv_ready_s": time.time() - start_at, "tokens": []}
+            calls.append(("insert", began, out[i]["kv_ready_s"], i))
+            slot_request[slot], remaining[slot] = i, item["output_len"] - 1
+        if not any(r >= 0 for r in slot_request):
+            time.sleep(poll_s)
+            continue
+        began = time.time() - start_at
+        active = sum(r >= 0 for r in slot_request)
+        tokens = server.step()
+        t = time.time() - start_at
+        advance_slots(server, tokens, t, slot_request, remaining, out)
+        calls.append(("step", began, t, active, time.time() - start_at))
     return out
 
 

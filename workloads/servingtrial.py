@@ -8,7 +8,13 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
 - **Deployment**: aggregated, one replica on the trial's mesh (its chips, topology,
   per-phase layouts, weights and head padding), `batch` decode slots and one prompt per
   prefill call: the engine's slot server (workloads/serving.py), as `sweeper serve` runs an
-  aggregated plan (docs/serving.md, "Real serving runs").
+  aggregated plan (docs/serving.md, "Real serving runs"). Disaggregated (`serving_mode`):
+  a prefill slice and a decode slice of half the chips each (`slice_topologies`), the
+  trial's prefill layout on one, its decode layout and `batch` slots on the other; this
+  process runs the prefill slice, the caller's decode worker the decode slice
+  (`run_serving_trial(decode_slice=...)`; sweeper/sweep/meshworker.py starts it as a
+  second Ray mesh worker), the loops `sweeper serve` runs (`serve_prefill_slice`,
+  `serve_decode_slice` in workloads/serving.py).
 - **Stream**: `requests` requests of the block's profile (workloads/servingprofile.py):
   Poisson arrivals at `rate` (or a trace's rows), prompt and answer lengths drawn from it,
   seeded by the trial's `seed`. Arrivals are wall clock: the loop waits for each arrival
@@ -37,13 +43,16 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 import numpy as np
 
 from workloads.config import ConfigError, HardwareProfile
+from workloads.costmodel import best_topology
 from workloads.deployment import Deployment, PhaseSlice
+from workloads.layouts import resolve_padding, validate_phase
 from workloads.metrics import SERVING_PREDICTIONS, Measurement
 from workloads.servingmodel import run_model, simulate, stream_summary
 from workloads.servingprofile import (AppProfile, Request, block_profile, context_len,
@@ -63,16 +72,72 @@ def trial_requests(trial: TrialConfig) -> list[Request]:
     return requests(trial_profile(trial), int(trial.serving["requests"]), seed=trial.seed)
 
 
+SERVING_MODES = ("aggregated", "disaggregated")
+
+
+def serving_mode(trial: TrialConfig) -> str:
+    """The trial's deployment mode (module docstring): its `serving_mode` field, searchable
+    (docs/space-files.md "Serving trials"); a TrialConfig without the field serves aggregated."""
+    return getattr(trial, "serving_mode", "aggregated")
+
+
+def slice_topologies(trial: TrialConfig) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """A disaggregated trial's (prefill, decode) topologies: half of the trial's chips each,
+    each split as the cost model splits it (`best_topology`, as `sweeper serve` does for a
+    plan without topologies); ConfigError (field `chips`) when the chips cannot be halved."""
+    if trial.chips < 2 or trial.chips % 2:
+        raise ConfigError("chips", trial.chips, "an even number of chips for a disaggregated "
+                          "serving trial (half for its prefill slice, half for its decode slice)")
+    half = best_topology(trial.model, trial.chips // 2)
+    return half, half
+
+
+def check_serving_trial(trial: TrialConfig, source: str | None = None) -> None:
+    """What a serving trial's deployment needs beyond the trial's own checks (ConfigError
+    naming the field, before anything runs): disaggregated, chips that halve, each slice's
+    layout valid on its half (one prompt per prefill call, `batch` decode slots) and the
+    same KV heads on both (the cache is handed over as it is)."""
+    if serving_mode(trial) != "disaggregated":
+        return
+    tp, td = slice_topologies(trial)
+    run_p = resolve_padding(trial.model, trial.pad_heads, tp, trial.prefill, trial.prefill, source)
+    run_d = resolve_padding(trial.model, trial.pad_heads, td, trial.decode, trial.decode, source)
+    validate_phase(run_p, tp, trial.prefill, 1, "prefill", source)
+    validate_phase(run_d, td, trial.decode, trial.batch, "decode", source)
+    if run_p.n_kv_heads != run_d.n_kv_heads:
+        raise ConfigError("pad_heads", trial.pad_heads, "a padding that gives both slices the "
+                          f"same KV heads (prefill {run_p.n_kv_heads}, decode {run_d.n_kv_heads})",
+                          source)
+
+
 def trial_deployment(trial: TrialConfig, hardware: HardwareProfile) -> Deployment:
     """The deployment a serving trial runs (module docstring): aggregated, one replica of the
     trial's chips and topology, its per-phase layouts and weights, one prompt per prefill
-    call, `batch` decode slots."""
-    def phase(layout, batch: int) -> PhaseSlice:
-        return PhaseSlice(chips=trial.chips, replicas=1, ffn=layout.ffn, attn=layout.attn,
-                          batch=batch, weights=trial.weights, topology=tuple(trial.mesh_shape))
+    call, `batch` decode slots; disaggregated, a prefill slice and a decode slice of half
+    the chips each (`slice_topologies`), the same layouts, weights, prompts and slots."""
+    mode = serving_mode(trial)
+    if mode == "disaggregated":
+        chips, (tp, td) = trial.chips // 2, slice_topologies(trial)
+    else:
+        chips, tp, td = trial.chips, tuple(trial.mesh_shape), tuple(trial.mesh_shape)
 
-    return Deployment(trial.model, hardware, "aggregated", phase(trial.prefill, 1),
-                      phase(trial.decode, trial.batch))
+    def phase(layout, batch: int, topology) -> PhaseSlice:
+        return PhaseSlice(chips=chips, replicas=1, ffn=layout.ffn, attn=layout.attn,
+                          batch=batch, weights=trial.weights, topology=topology)
+
+    return Deployment(trial.model, hardware, mode, phase(trial.prefill, 1, tp),
+                      phase(trial.decode, trial.batch, td))
+
+
+def slice_specs(trial: TrialConfig, context: int):
+    """A disaggregated trial's (prefill, decode) SlotSpecs (workloads/serving.py)."""
+    from workloads.serving import SlotSpec   # lazy: imports JAX (only where a trial runs)
+
+    tp, td = slice_topologies(trial)
+    common = dict(context_len=context, weights=trial.weights, seed=trial.seed,
+                  pad_heads=trial.pad_heads, prefill_batch=1)
+    return (SlotSpec(trial.model, tp, trial.prefill, None, slots=1, **common),
+            SlotSpec(trial.model, td, None, trial.decode, slots=trial.batch, **common))
 
 
 def predict_stream(trial: TrialConfig, reqs: list[Request], hardware: HardwareProfile | None
@@ -88,7 +153,12 @@ def predict_stream(trial: TrialConfig, reqs: list[Request], hardware: HardwarePr
     try:
         # the serving model pads heads as `pad_heads: auto` does (workloads/servingmodel.py
         # `run_model`): another padding is a model it does not describe
-        if run_model(deployment) != trial.run_model:
+        model = run_model(deployment)
+        if deployment.mode == "disaggregated":
+            matches = trial.pad_heads == "auto"       # each slice padded for its own half
+        else:
+            matches = model == trial.run_model
+        if not matches:
             raise ValueError(f"pad_heads={trial.pad_heads!r}: the serving model pads heads "
                              "as pad_heads auto does")
         result = simulate(deployment, reqs)
@@ -102,26 +172,45 @@ def predict_stream(trial: TrialConfig, reqs: list[Request], hardware: HardwarePr
     return values, note
 
 
-def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = None) -> Measurement:
-    """Serve the trial's stream on this process's mesh; its metrics (module docstring)."""
+def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = None,
+                      decode_slice=None) -> Measurement:
+    """Serve the trial's stream on this process's mesh; its metrics (module docstring).
+
+    Disaggregated (`serving_mode`): this process runs the prefill slice on the first half of
+    its devices; `decode_slice`, the caller's decode worker on the other half (another
+    process: sweeper/sweep/meshworker.py `DecodeSlice`), answers `setup(spec, prompt_lens)`
+    (build and warm up; its warm-up seconds), `begin(expected, start_at)` (start serving in
+    the background), `send(handover)` (one call's KV caches, not waited for) and
+    `finish(sent)` (wait for the sends and the decoding: per request `kv_ready_s`,
+    `finish_s` and its decoded tokens)."""
     from workloads.hoststate import HostSampler
     from workloads.measure import hardware_label
     from workloads.model import prompt_tokens
-    from workloads.serving import SlotServer, SlotSpec, serve_aggregated
+    from workloads.serving import SlotServer, SlotSpec, serve_aggregated, serve_prefill_slice
 
     if trial.hosts != 1:
         raise ValueError("a serving trial runs on one host (hosts: 1)")
+    mode = serving_mode(trial)
+    if mode == "disaggregated" and decode_slice is None:
+        raise ValueError("a disaggregated serving trial needs a decode worker")
     try:     # checked when the space was loaded; a trace may have gone since
         profile = trial_profile(trial)
         reqs = trial_requests(trial)
     except ConfigError as err:
         raise RuntimeError(f"the serving trial's request stream cannot be drawn: {err}") from None
     setup = time.perf_counter()
-    server = SlotServer(SlotSpec(trial.model, tuple(trial.mesh_shape), trial.prefill, trial.decode,
-                                 slots=trial.batch, prefill_batch=1, context_len=context_len(reqs),
-                                 weights=trial.weights, seed=trial.seed, pad_heads=trial.pad_heads))
-    warmup = {}
-    for length in sorted({r.input_len for r in reqs}):
+    lengths = sorted({r.input_len for r in reqs})
+    warmup: dict = {}
+    if mode == "disaggregated":
+        prefill_spec, decode_spec = slice_specs(trial, context_len(reqs))
+        server = SlotServer(prefill_spec)
+        warmup["decode"] = decode_slice.setup(decode_spec, lengths)
+    else:
+        server = SlotServer(SlotSpec(trial.model, tuple(trial.mesh_shape), trial.prefill,
+                                     trial.decode, slots=trial.batch, prefill_batch=1,
+                                     context_len=context_len(reqs), weights=trial.weights,
+                                     seed=trial.seed, pad_heads=trial.pad_heads))
+    for length in lengths:
         warmup[length] = server.warm_up(length)
     model = server.model.unpadded
     compile_s = time.perf_counter() - setup
@@ -132,7 +221,18 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
 
     host = HostSampler().start()
     start_at = time.time() + START_MARGIN_S
-    served = serve_aggregated(server, reqs, prompt, start_at)
+    if mode == "disaggregated":
+        # the decode worker waits for the same start; its handovers arrive through the
+        # caller's transport (Ray), as `sweeper serve` hands them over (docs/serving.md)
+        decode_slice.begin(sum(r.output_len > 1 for r in reqs), start_at)
+        served, sent = serve_prefill_slice(server, [dataclasses.asdict(r) for r in reqs],
+                                           prompt, start_at, decode_slice.send)
+        for i, part in decode_slice.finish(sent).items():
+            served[i]["tokens"] += part["tokens"]
+            served[i]["finish_s"] = part["finish_s"]
+            served[i]["kv_ready_s"] = part["kv_ready_s"]
+    else:
+        served = serve_aggregated(server, reqs, prompt, start_at)
     state = host.stop()
     wall_s = time.time() - start_at
 
@@ -149,12 +249,18 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     predicted, note = predict_stream(trial, reqs, hardware)
     for key, value in predicted.items():
         setattr(m, key, value)
+    deployment = trial_deployment(trial, hardware) if hardware is not None else None
     m.extra["serving"] = {
         "requests": len(reqs), "offered_rps": offered_rps(reqs), "wall_s": wall_s,
-        "deployment": "aggregated", "slots": trial.batch, "prefill_batch": 1,
+        "deployment": mode, "slots": trial.batch, "prefill_batch": 1,
+        "slices": ({phase: {"chips": getattr(deployment, phase).chips,
+                            "topology": list(getattr(deployment, phase).topology)}
+                    for phase in ("prefill", "decode")} if deployment is not None else None),
         "warmup": {str(k): v for k, v in warmup.items()}, "prediction": note,
+        # per request: its times on the arrivals' clock and its tokens (the engine's
+        # answer: tests/test_serving_trials.py compares them with the unsharded reference)
         "per_request": [{"arrival_s": r.arrival_s, "input_len": r.input_len,
-                         "output_len": r.output_len, **{k: v for k, v in s.items() if k != "tokens"}}
+                         "output_len": r.output_len, **s}
                         for r, s in zip(reqs, served)]}
     return m
 

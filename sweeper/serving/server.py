@@ -34,7 +34,6 @@ import os
 import queue
 import re
 import time
-from collections import deque
 from typing import Any
 
 from workloads.servingprofile import Request
@@ -124,42 +123,16 @@ class ServingWorker:
     # ---- disaggregated
 
     def serve_prefill(self, requests: list[dict], start_at: float, seed: int, decode) -> list[dict]:
-        """Prefill calls back to back in arrival order; each KV cache to `decode` via Ray."""
+        """Prefill calls back to back in arrival order; each KV cache to `decode` via Ray
+        (workloads/serving.py `serve_prefill_slice`, the one prefill-slice loop)."""
         import ray   # lazy: only inside a Ray worker
-        from workloads.serving import sleep_until, take_one_length   # lazy: imports JAX
+        from workloads.serving import serve_prefill_slice   # lazy: imports JAX
 
-        srv, spec = self.server, self.spec
-        model = srv.model.unpadded
-        n = len(requests)
-        out = [{"tokens": []} for _ in range(n)]
-        input_lens = [r["input_len"] for r in requests]
-        queue_ = deque(sorted(range(n), key=lambda i: requests[i]["arrival_s"]))
-        self.calls = calls = []
-        sleep_until(start_at)
-        sent = []
-        while queue_:
-            sleep_until(start_at + requests[queue_[0]]["arrival_s"])
-            now = time.time() - start_at
-            arrived = deque(i for i in queue_ if requests[i]["arrival_s"] <= now)
-            take = take_one_length(arrived, input_lens, spec.prefill_batch)
-            for i in take:
-                queue_.remove(i)
-            prompts = [prompt_for(model, i, requests[i]["input_len"], seed) for i in take]
-            done = srv.prefill(prompts)
-            t = time.time() - start_at
-            calls.append(("prefill", now, t, list(take)))
-            handover = []
-            for row, i in enumerate(take):
-                out[i].update(first_token_s=t, tokens=[int(done.first_tokens[row])])
-                if requests[i]["output_len"] <= 1:
-                    out[i]["finish_s"] = t
-                    continue
-                handover.append({"request": i, "kv": srv.export_kv(done, row),
-                                 "first_token": int(done.first_tokens[row]),
-                                 "output_len": requests[i]["output_len"]})
-            if handover:
-                sent.append(decode.deliver.remote(handover))
-                calls.append(("send", t, time.time() - start_at, [h["request"] for h in handover]))
+        model = self.server.model.unpadded
+        self.calls = []
+        out, sent = serve_prefill_slice(
+            self.server, requests, lambda i: prompt_for(model, i, requests[i]["input_len"], seed),
+            start_at, decode.deliver.remote, self.calls)
         if sent:
             ray.get(sent)
         return out
@@ -171,44 +144,12 @@ class ServingWorker:
 
     def serve_decode(self, expected: int, start_at: float) -> dict[int, dict]:
         """Decode the `expected` requests the prefill worker hands over; per request, when
-        its KV was in a slot, its last token's time and its decoded tokens."""
-        from workloads.serving import advance_slots, sleep_until   # lazy: imports JAX
+        its KV was in a slot, its last token's time and its decoded tokens
+        (workloads/serving.py `serve_decode_slice`, the one decode-slice loop)."""
+        from workloads.serving import serve_decode_slice   # lazy: imports JAX
 
-        srv, spec = self.server, self.spec
-        out: dict[int, dict] = {}
-        waiting: deque[dict] = deque()
-        slot_request = [-1] * spec.slots
-        remaining = [0] * spec.slots
-        received = 0
-        self.calls = calls = []
-        sleep_until(start_at)
-        while received < expected or waiting or any(r >= 0 for r in slot_request):
-            while True:
-                try:
-                    waiting.append(self.inbox.get_nowait())
-                    received += 1
-                except queue.Empty:
-                    break
-            free = [s for s in range(spec.slots) if slot_request[s] < 0]
-            while waiting and free:
-                item = waiting.popleft()
-                slot = free.pop(0)
-                began = time.time() - start_at
-                srv.insert(slot, item["kv"], 0, item["first_token"])
-                i = item["request"]
-                out[i] = {"kv_ready_s": time.time() - start_at, "tokens": []}
-                calls.append(("insert", began, out[i]["kv_ready_s"], i))
-                slot_request[slot], remaining[slot] = i, item["output_len"] - 1
-            if not any(r >= 0 for r in slot_request):
-                time.sleep(POLL_S)
-                continue
-            began = time.time() - start_at
-            active = sum(r >= 0 for r in slot_request)
-            tokens = srv.step()
-            t = time.time() - start_at
-            advance_slots(srv, tokens, t, slot_request, remaining, out)
-            calls.append(("step", began, t, active, time.time() - start_at))
-        return out
+        self.calls = []
+        return serve_decode_slice(self.server, self.inbox, expected, start_at, self.calls, POLL_S)
 
 
     # ---- serving host costs (sweeper/serving/overheads.py), outside any served stream

@@ -11,7 +11,13 @@ placed on the mesh, and a worker lives for the whole sweep), and the sweep's per
 compilation cache (`sweeper/sweep/compile_cache.py`) serves the programs another worker
 compiled. A serving trial (`TrialConfig.serving`, a space's `serving:` block) serves its
 request stream on the same mesh instead (workloads/servingtrial.py; its slot server is
-built for the trial, outside the engine cache). The actor answers `where()` (pid, Ray node
+built for the trial, outside the engine cache). A disaggregated serving trial runs its
+prefill slice here, on the first half of this worker's devices, and its decode slice on a
+`DecodeSliceWorker` actor this worker starts for the trial (the other half of the chips,
+its own process and device count), the KV caches handed over through Ray as `sweeper
+serve` hands them over; the two share this worker's cores (split in two when it has two
+or more), so the trial uses no core outside its slot (docs/space-files.md "Serving
+trials"). The actor answers `where()` (pid, Ray node
 id and IP, the resources it holds) as soon as its process is up, before its first trial.
 
 A multi-host trial's hosts (README "Multi-host trials") join with `jax.distributed` at rank
@@ -29,17 +35,20 @@ to the workers and have no use outside tests.
 from __future__ import annotations
 
 import os
+import queue
+import re
 import socket
 import time
 from collections import OrderedDict
 from typing import Any
 
+from sweeper import paths
 from sweeper.sweep import compile_cache
 from sweeper.sweep.slices import JOIN_TIMEOUT_S, free_port
 from workloads import hoststate
 from workloads.config import HardwareProfile
 from workloads.measure import run_trial
-from workloads.servingtrial import run_serving_trial
+from workloads.servingtrial import check_serving_trial, run_serving_trial, serving_mode
 from workloads.trial import TrialConfig
 
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
@@ -107,6 +116,80 @@ def split_cores(parallel: int, available: list[int] | None = None) -> list[list[
         groups.append(cores[start:end])
         start = end
     return groups
+
+
+class DecodeSliceWorker:
+    """A disaggregated serving trial's decode slice (the module docstring): its own process
+    with `chips` emulated devices (set by its constructor, before JAX is imported, as
+    workers.py `PooledMeshWorker` does), pinned to `cores`; two threads, one receiving
+    handovers (`deliver`) while the other serves (`serve`)."""
+
+    def __init__(self, env: dict[str, str], cores: list[int] | None):
+        os.environ.update(env)
+        if cores:
+            wanted = set(cores) & os.sched_getaffinity(0)
+            if wanted:
+                os.sched_setaffinity(0, wanted)
+        self.inbox: queue.Queue = queue.Queue()
+        self.server = None
+
+    def setup(self, spec, prompt_lens: list[int]) -> dict[str, float]:
+        """Build the decode slot server (a workloads.serving.SlotSpec) and warm it up."""
+        from workloads.serving import SlotServer   # lazy: imports JAX (this process's mesh)
+
+        compile_cache.enable(os.environ.get(compile_cache.CACHE_DIR_ENV))
+        self.server = SlotServer(spec)
+        times: dict[str, float] = {}
+        for length in sorted(set(prompt_lens)):
+            times.update(self.server.warm_up(length))
+        return times
+
+    def deliver(self, handover: list[dict]) -> None:
+        for item in handover:
+            self.inbox.put(item)
+
+    def serve(self, expected: int, start_at: float) -> dict[int, dict]:
+        from workloads.serving import serve_decode_slice   # lazy: imports JAX
+
+        return serve_decode_slice(self.server, self.inbox, expected, start_at)
+
+
+class DecodeSlice:
+    """The decode side of a disaggregated serving trial, as `run_serving_trial` uses it
+    (workloads/servingtrial.py): a `DecodeSliceWorker` actor with `chips` devices on
+    `cores`, started by the trial's worker and killed after the trial."""
+
+    def __init__(self, chips: int, cores: list[int] | None, emulated: bool):
+        import ray   # lazy: only inside the trial's Ray worker
+
+        self.ray = ray
+        env = {name: os.environ[name] for name in (paths.HOME_ENV, compile_cache.CACHE_DIR_ENV)
+               if name in os.environ}
+        if emulated:
+            inherited = re.sub(r"--xla_force_host_platform_device_count=\S*", "",
+                               os.environ.get("XLA_FLAGS", "")).split()
+            env["XLA_FLAGS"] = " ".join(
+                [*inherited, f"--xla_force_host_platform_device_count={chips}"])
+        # num_cpus 0: the pinning decides its cores (this worker's slot), not Ray's accounting
+        self.actor = ray.remote(DecodeSliceWorker).options(
+            num_cpus=0, max_restarts=0, max_concurrency=2).remote(env, cores)
+        self.serving = None
+
+    def setup(self, spec, prompt_lens: list[int]) -> dict[str, float]:
+        return self.ray.get(self.actor.setup.remote(spec, prompt_lens))
+
+    def begin(self, expected: int, start_at: float) -> None:
+        self.serving = self.actor.serve.remote(expected, start_at)
+
+    def send(self, handover: list[dict]):
+        return self.actor.deliver.remote(handover)
+
+    def finish(self, sent: list) -> dict[int, dict]:
+        self.ray.get(sent)
+        return self.ray.get(self.serving)
+
+    def close(self) -> None:
+        self.ray.kill(self.actor)
 
 
 class MeshWorker:
@@ -207,7 +290,7 @@ class MeshWorker:
         started = time.time()
         hoststate.reset_peak_rss()      # this trial's memory high-water, not the actor's
         if trial.serving is not None:     # a space's serving: block (docs/space-files.md)
-            measurement = run_serving_trial(trial, profile)
+            measurement = self.serve(trial, profile)
             measurement.extra["compile_cache_hit"] = False     # not from the engine cache
         else:
             measurement = run_trial(trial, engine_cache=self.engine_cache, hardware=profile,
@@ -234,3 +317,22 @@ class MeshWorker:
                            "cache_hit": engine_hit,        # in this process's memory
                            "reused": reused,               # ... or every program from disk
                            "trials_run": self.trials_run}}
+
+    def serve(self, trial: TrialConfig, profile: HardwareProfile | None):
+        """A serving trial (workloads/servingtrial.py); disaggregated: its decode slice on a
+        `DecodeSliceWorker` sharing this worker's cores (the module docstring)."""
+        if serving_mode(trial) != "disaggregated":
+            return run_serving_trial(trial, profile)
+        check_serving_trial(trial)
+        cores = sorted(os.sched_getaffinity(0))
+        mine, theirs = (cores[:len(cores) // 2], cores[len(cores) // 2:]) if len(cores) > 1 \
+            else (cores, cores)
+        emulated = self.cores is not None or "xla_force_host_platform_device_count" in \
+            os.environ.get("XLA_FLAGS", "")
+        decode = DecodeSlice(trial.chips // 2, theirs, emulated)
+        try:
+            os.sched_setaffinity(0, mine)        # the prefill slice: its half of the cores
+            return run_serving_trial(trial, profile, decode_slice=decode)
+        finally:
+            os.sched_setaffinity(0, cores)
+            decode.close()
