@@ -8,8 +8,9 @@ shutdown that is bounded whatever Ray does.
 
 A local cluster (no `--address`, no RAY_ADDRESS) listens on the loopback only: a
 single-machine sweep needs no other interface. Its processes (GCS, raylet, dashboard and
-runtime-env agents, workers) are this process's descendants; `close` calls `ray.shutdown()`
-and, if it has not returned within SHUTDOWN_WAIT_S (a stopped raylet, a control store that
+runtime-env agents, workers) are this process's descendants; `close` kills the head's
+helper processes (`stop_head_helpers`), calls `ray.shutdown()` (the raylet and the GCS
+server) and, if it has not returned within SHUTDOWN_WAIT_S (a stopped raylet, a control store that
 stopped answering), kills every one of them still alive and takes Ray's own `atexit`
 shutdown off the exit path (it would wait forever on the lock the stuck shutdown holds).
 The command line then exits without finalizing the interpreter around Ray's stuck threads
@@ -184,6 +185,30 @@ def kill_processes(procs: list[psutil.Process], wait_s: float = KILL_WAIT_S) -> 
     return killed
 
 
+RAY_SERVERS = ("raylet", "gcs_server")   # a local cluster's servers, stopped by ray.shutdown
+
+
+def stop_head_helpers(roots: set[int]) -> list[int]:
+    """SIGKILL the head's helper processes a local cluster started beside its servers (the
+    autoscaler monitor, the log monitor, the dashboard head): `roots` minus the raylet and
+    the GCS server; the pids killed.
+
+    `ray.shutdown()` stops a local cluster's processes one at a time, SIGTERM then up to
+    1 s each; the autoscaler monitor used the whole second every time (docs/performance.md,
+    "Start-up and shutdown"). They keep nothing a sweep needs (every trial is recorded before the session
+    closes); the raylet and the GCS server are left to ray.shutdown, which disconnects the
+    driver from them first, and the raylet stops its own agents and workers."""
+    helpers = []
+    for pid in roots:
+        try:
+            proc = psutil.Process(pid)
+            if proc.name() not in RAY_SERVERS:
+                helpers.append(proc)
+        except psutil.Error:
+            continue
+    return kill_processes(helpers, wait_s=1.0)
+
+
 _abandoned: list[int] = []    # pids whose ray.shutdown() was left running (RaySession.close)
 
 
@@ -283,6 +308,8 @@ class RaySession:
         import ray   # lazy: Ray (~1 s) only where a pool or cluster is used
 
         procs = self.processes()     # before: a stopped raylet still has its children
+        if self.local:
+            stop_head_helpers(self.owned)
         done = threading.Event()
 
         def shutdown() -> None:
