@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVING_SPACE = ROOT / "search_spaces" / "serving.yaml"
 REPORTED = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "slo_attainment",
             "goodput_rps", "throughput_rps", "tokens_per_s_per_chip", "completed")
-HAS_MODE = "serving_mode" in TrialConfig.FIELDS   # docs/space-files.md "Serving trials"
 BASE = {"name": "s", "model": "tiny", "hardware": "host", "chips": 1, "batch": 2,
         "serving": {"rate": 40, "requests": 8, "input_len": 16, "output_len": 4}}
 
@@ -148,8 +147,6 @@ DISAGGREGATED = {**BASE, "name": "disaggregated", "chips": 2, "serving_mode": "d
 
 @pytest.mark.slow
 @pytest.mark.ci_slow
-@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this "
-                    "tree yet (docs/space-files.md 'Serving trials')")
 def test_a_disaggregated_serving_sweep_records_measured_and_predicted_percentiles(
         session_sweeper_home, tmp_path, monkeypatch):
     """A real `sweeper run` of one disaggregated serving trial (prefill slice on the trial's
@@ -175,7 +172,6 @@ def test_a_disaggregated_serving_sweep_records_measured_and_predicted_percentile
         assert runs.iloc[0][name] == pytest.approx(measured[name], rel=1e-12), name
 
 
-@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this tree yet")
 def test_a_disaggregated_trials_worker_serves_the_references_tokens(session_sweeper_home,
                                                                      monkeypatch):
     """The sweep's trial process (`MeshWorker.serve`, here in the test's own process, with a
@@ -204,7 +200,6 @@ def test_a_disaggregated_trials_worker_serves_the_references_tokens(session_swee
         assert served["finish_s"] >= served["kv_ready_s"] >= served["first_token_s"] >= r.arrival_s
 
 
-@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this tree yet")
 def test_a_disaggregated_trials_prediction_is_the_serving_model_on_two_half_slices():
     """Disaggregated: a prefill slice and a decode slice of half the trial's chips each (the
     cost model's best split of them), the trial's layouts, one prompt per prefill call and
@@ -230,7 +225,6 @@ def test_a_disaggregated_trials_prediction_is_the_serving_model_on_two_half_slic
     assert note["source"] == "analytical"
 
 
-@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this tree yet")
 def test_a_disaggregated_trial_needs_chips_that_halve():
     from workloads.servingtrial import check_serving_trial
 
@@ -292,7 +286,6 @@ BAD_MODE = [
 ]
 
 
-@pytest.mark.skipif(not HAS_MODE, reason="the TrialConfig field serving_mode is not in this tree yet")
 @pytest.mark.parametrize("contents, expected", [c[1:] for c in BAD_MODE], ids=[c[0] for c in BAD_MODE])
 def test_bad_serving_mode_exits_2_with_one_line_before_anything_starts(tmp_path, contents,
                                                                        expected):

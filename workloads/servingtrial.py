@@ -72,15 +72,6 @@ def trial_requests(trial: TrialConfig) -> list[Request]:
     return requests(trial_profile(trial), int(trial.serving["requests"]), seed=trial.seed)
 
 
-SERVING_MODES = ("aggregated", "disaggregated")
-
-
-def serving_mode(trial: TrialConfig) -> str:
-    """The trial's deployment mode (module docstring): its `serving_mode` field, searchable
-    (docs/space-files.md "Serving trials"); a TrialConfig without the field serves aggregated."""
-    return getattr(trial, "serving_mode", "aggregated")
-
-
 def slice_topologies(trial: TrialConfig) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """A disaggregated trial's (prefill, decode) topologies: half of the trial's chips each,
     each split as the cost model splits it (`best_topology`, as `sweeper serve` does for a
@@ -97,7 +88,7 @@ def check_serving_trial(trial: TrialConfig, source: str | None = None) -> None:
     naming the field, before anything runs): disaggregated, chips that halve, each slice's
     layout valid on its half (one prompt per prefill call, `batch` decode slots) and the
     same KV heads on both (the cache is handed over as it is)."""
-    if serving_mode(trial) != "disaggregated":
+    if trial.serving_mode != "disaggregated":
         return
     tp, td = slice_topologies(trial)
     run_p = resolve_padding(trial.model, trial.pad_heads, tp, trial.prefill, trial.prefill, source)
@@ -115,7 +106,7 @@ def trial_deployment(trial: TrialConfig, hardware: HardwareProfile) -> Deploymen
     trial's chips and topology, its per-phase layouts and weights, one prompt per prefill
     call, `batch` decode slots; disaggregated, a prefill slice and a decode slice of half
     the chips each (`slice_topologies`), the same layouts, weights, prompts and slots."""
-    mode = serving_mode(trial)
+    mode = trial.serving_mode
     if mode == "disaggregated":
         chips, (tp, td) = trial.chips // 2, slice_topologies(trial)
     else:
@@ -190,7 +181,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
 
     if trial.hosts != 1:
         raise ValueError("a serving trial runs on one host (hosts: 1)")
-    mode = serving_mode(trial)
+    mode = trial.serving_mode
     if mode == "disaggregated" and decode_slice is None:
         raise ValueError("a disaggregated serving trial needs a decode worker")
     try:     # checked when the space was loaded; a trace may have gone since

@@ -165,6 +165,11 @@ class TrialConfig:
         None, help="a serving trial's request stream (rate or trace, input_len, output_len, "
         "ttft, tpot, ..., requests); none: a prefill/decode trial",
         parse=parse_serving, flat=False)
+    # A serving trial's deployment (docs/space-files.md, "Serving trials"): aggregated (one
+    # mesh) or disaggregated (a prefill and a decode slice of half the chips each).
+    serving_mode: str = _field("aggregated", help="a serving trial's deployment: aggregated or "
+                               "disaggregated (prefill and decode slices of half the chips each)",
+                               choices=("aggregated", "disaggregated"), searchable=True)
 
     # Derived from the fields' metadata below the class (module-level names of the same).
     FIELDS: ClassVar[tuple[str, ...]]

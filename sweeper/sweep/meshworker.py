@@ -48,7 +48,7 @@ from sweeper.sweep.slices import JOIN_TIMEOUT_S, free_port
 from workloads import hoststate
 from workloads.config import HardwareProfile
 from workloads.measure import run_trial
-from workloads.servingtrial import check_serving_trial, run_serving_trial, serving_mode
+from workloads.servingtrial import check_serving_trial, run_serving_trial
 from workloads.trial import TrialConfig
 
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
@@ -321,7 +321,7 @@ class MeshWorker:
     def serve(self, trial: TrialConfig, profile: HardwareProfile | None):
         """A serving trial (workloads/servingtrial.py); disaggregated: its decode slice on a
         `DecodeSliceWorker` sharing this worker's cores (the module docstring)."""
-        if serving_mode(trial) != "disaggregated":
+        if trial.serving_mode != "disaggregated":
             return run_serving_trial(trial, profile)
         check_serving_trial(trial)
         cores = sorted(os.sched_getaffinity(0))

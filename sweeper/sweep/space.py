@@ -13,7 +13,8 @@ parameters to search, what to optimise and under which constraints:
                                      #   ffn / attn (the same layout in both phases),
                                      #   pad_heads (auto | none | N: paper §4 head padding),
                                      #   pad_vocab (auto | none: vocabulary padding),
-                                     #   and seed (replicates)
+                                     #   serving_mode (aggregated | disaggregated: a
+                                     #   serving trial's deployment), and seed (replicates)
       chips: {choices: [1, 2, 4]}    # categorical (a list is shorthand for choices)
       input_len: {low: 16, high: 256, log: true}   # integer range (optional log, step)
       decode_ffn: [ws1d, ws2d]
@@ -65,6 +66,7 @@ from workloads.config import (ConfigError, ModelConfig, load_model, parse_quanti
 from workloads.costmodel import best_topology, factorizations
 from workloads.layouts import PhaseLayout, stores_1d, validate_layouts
 from workloads.servingprofile import block_profile, length_stats
+from workloads.servingtrial import check_serving_trial
 from workloads.trial import (FIELDS, FLAT_BY_NAME, PHASE_PARTS, REQUIRED, SEARCHABLE, TRIAL_FIELDS,
                              FlatParam, TrialConfig, flat_params_of, parse_field)
 from workloads.validate import boolean, check_keys as _check_keys, integer, number, one_of
@@ -265,7 +267,10 @@ class SearchSpace:
         if trial.topology is None:
             trial = dataclasses.replace(trial, topology=auto_topology(
                 trial.model, trial.chips, trial.prefill, trial.decode, trial.batch))
-        return trial.validate()
+        trial = trial.validate()
+        if trial.serving is not None:     # a disaggregated deployment's halves (servingtrial)
+            check_serving_trial(trial)
+        return trial
 
     def flat_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Best-effort flat parameters of a point, also for points that are not valid trials."""
@@ -344,6 +349,10 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
 
     if fixed.get("serving") is not None:
         _serving_trials(fixed, searched, hardware, data, source)
+    elif "serving_mode" in searched or "serving_mode" in fixed:
+        raise ConfigError("serving_mode", fixed.get("serving_mode", "searched"), "no value "
+                          "without a serving: block (it chooses a serving trial's deployment)",
+                          source)
     objectives, constraints = parse_goals(data, hardware.source, source,
                                           serving=fixed.get("serving") is not None)
     sampler = SamplerSpec.parse(data.get("sampler"), source)
@@ -455,6 +464,11 @@ def _serving_trials(fixed: dict[str, Any], searched: set[str], hardware: Hardwar
             raise ConfigError(where, (data.get("params") or {}).get(name, data.get(name)),
                               "no value: a serving trial's prompt and answer lengths are the "
                               "serving block's input_len and output_len", source)
+    if hardware.kind != "host" and ("serving_mode" in searched
+                                    or fixed.get("serving_mode") == "disaggregated"):
+        raise ConfigError("serving_mode", fixed.get("serving_mode", "searched"), "aggregated "
+                          "with hardware devices (disaggregated serving trials run on the "
+                          "emulated mesh, hardware: host)", source)
     if "hosts" in searched or fixed.get("hosts", 1) != 1:
         raise ConfigError("hosts", fixed.get("hosts", "searched"), "1 (a serving trial runs "
                           "on one host)", source)
