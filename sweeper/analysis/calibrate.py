@@ -109,8 +109,20 @@ def write_profile(profile: HardwareProfile, path: str | Path, note: str | None =
     return path
 
 
-def write_outputs(result: Calibration, out_dir: str | Path, fitted_yaml: str | Path | None = None) -> dict[str, str]:
-    """errors.csv / errors.json / heldout_points.csv / predicted_vs_measured.png / fitted YAML."""
+def predicted_png(result: Calibration, source_label: str) -> bytes:
+    """The held-out predicted-vs-measured figure as PNG, drawn once per calibration (the
+    calibration folder and the report show the same figure)."""
+    title = (f"study {result.study}: held-out predictions ({HOLDOUT_TEXT[result.headline]}): "
+             f"analytical, fitted, against {source_label}; MAPE {percent_dash(result.main.mape)}")
+    if title not in result.pngs:
+        result.pngs[title] = plots.png_bytes(plots.predicted_vs_measured_figure(result.main.points, title))
+    return result.pngs[title]
+
+
+def write_outputs(result: Calibration, out_dir: str | Path, fitted_yaml: str | Path | None = None,
+                  source_label: str = plots.source_label("measured", "host")) -> dict[str, str]:
+    """errors.csv / errors.json / heldout_points.csv / predicted_vs_measured.png / fitted YAML.
+    `source_label`: where the measured numbers come from (plots.source_label)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
@@ -126,10 +138,7 @@ def write_outputs(result: Calibration, out_dir: str | Path, fitted_yaml: str | P
     pd.concat([ho.points.assign(holdout=n) for n, ho in result.holdouts.items()],
               ignore_index=True).to_csv(out_dir / "heldout_points.csv", index=False)
     files["heldout_points_csv"] = str(out_dir / "heldout_points.csv")
-    fig = plots.predicted_vs_measured_figure(
-        result.main.points, f"study {result.study}: held-out predictions ({HOLDOUT_TEXT[result.headline]}), "
-        f"MAPE {percent_dash(result.main.mape)}; measured on this host")
-    (out_dir / "predicted_vs_measured.png").write_bytes(plots.png_bytes(fig))
+    (out_dir / "predicted_vs_measured.png").write_bytes(predicted_png(result, source_label))
     files["predicted_vs_measured_png"] = str(out_dir / "predicted_vs_measured.png")
     if result.refused:   # a blown-up held-out fold: the tables are written, the profile is not
         result.artifacts = files

@@ -25,7 +25,9 @@ whose strength is stated at PRIOR_WEIGHT.
 
 Speed: a point's latency is linear in 1/peak, 1/bandwidths, the latencies and the matmul
 half-rows/half-dim (over peak) once overlap is fixed, so each point is decomposed once into its terms by calling `predict_phase` with unit
-profiles (`PhaseTerms`); the optimiser evaluates those terms with numpy. Every reported
+profiles (`PhaseTerms`); the optimiser evaluates those terms, and their analytic Jacobian
+(`PhaseTerms.call_jacobian`: one evaluation per step instead of one per constant), with
+numpy. Every reported
 prediction is made again by `costmodel.predict_phase` with the fitted profile, and the two
 are checked to agree (a cost-model change that breaks the decomposition falls back to
 calling `predict_phase` inside the fit).

@@ -13,6 +13,7 @@ all layouts equal are left out).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -225,7 +226,9 @@ class Holdout:
     noise: NoiseFloor | None = None      # replicate error of the held-out points
     fold_profiles: list = field(default_factory=list)   # each fold's fitted profile
 
-    @property
+    # computed once: a Holdout's points are not changed after it is made, and the summary,
+    # the blow-up check and the report each read these
+    @functools.cached_property
     def replicate_means(self) -> pd.DataFrame:
         return replicate_means(self.points)
 
@@ -240,7 +243,7 @@ class Holdout:
         m = self.replicate_means
         return float(m["ape"].median()) if len(m) else math.nan
 
-    @property
+    @functools.cached_property
     def blowup(self) -> dict[str, Any] | None:
         return None if self.skipped else blowup(self.points)
 
@@ -482,14 +485,15 @@ def layout_rankings(df: pd.DataFrame) -> list[pd.DataFrame]:
     ok = df.dropna(subset=["predicted_s", "measured_s"])
     if "tie_s" not in ok:
         ok = ok.assign(tie_s=ok["predicted_s"])
-    for _, grp in ok.groupby(GROUP_COLUMNS):
-        per_layout = grp.groupby(["layout", "topology"], as_index=False).agg(
-            measured_s=("measured_s", "median"), predicted_s=("predicted_s", "median"),
-            tie_s=("tie_s", "median"))
-        if len(per_layout) >= 2:
-            for col in GROUP_COLUMNS:
-                per_layout[col] = grp[col].iloc[0]
-            out.append(per_layout)
+    # one grouped median over (group, layout) cells, then split by group: the same rows as a
+    # groupby per group (pandas sorts both), in one pass
+    cells = ok.groupby(GROUP_COLUMNS + ["layout", "topology"], as_index=False).agg(
+        measured_s=("measured_s", "median"), predicted_s=("predicted_s", "median"),
+        tie_s=("tie_s", "median"))
+    for _, grp in cells.groupby(GROUP_COLUMNS, sort=True):
+        if len(grp) >= 2:
+            out.append(grp[["layout", "topology", "measured_s", "predicted_s", "tie_s",
+                            *GROUP_COLUMNS]].reset_index(drop=True))
     return out
 
 
@@ -544,6 +548,7 @@ class Calibration:
     parent_run_id: str | None = None
     tracking_uri: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict)
+    pngs: dict[str, bytes] = field(default_factory=dict)   # figures drawn, by title (drawn once)
 
     @property
     def main(self) -> Holdout:

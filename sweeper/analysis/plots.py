@@ -38,8 +38,11 @@ def _log(ax, x: bool = True, y: bool = True, base: int = 10) -> None:
 
 
 def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
+    """The figure as PNG. A figure with a layout engine (every `_figure`: constrained) is
+    already fitted to its size, so it is drawn once; "tight" cropping would draw it twice."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi,
+                bbox_inches=None if fig.get_layout_engine() is not None else "tight")
     return buf.getvalue()
 
 

@@ -180,14 +180,20 @@ def _fit_context(result: holdout.Calibration) -> dict[str, Any]:
             "constants": constants}
 
 
-def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
-           calibration: holdout.Calibration | None, fit_error: str | None,
-           parent_run_id: str | None = None) -> tuple[str, dict[str, bytes]]:
-    """The HTML text and the PNG bytes of every figure."""
+def source_and_hardware(df: pd.DataFrame, attrs: dict[str, Any]) -> tuple[str, str]:
+    """Where a study's numbers come from (`measured`/`analytical`) and its hardware label."""
     source = str(attrs.get("source") or (df["source"].dropna().iloc[0] if df["source"].notna().any()
                                           else "measured"))
     hardware = str(attrs.get("hardware") or (df["hardware"].dropna().iloc[0]
                                              if df["hardware"].notna().any() else "host"))
+    return source, hardware
+
+
+def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
+           calibration: holdout.Calibration | None, fit_error: str | None,
+           parent_run_id: str | None = None) -> tuple[str, dict[str, bytes]]:
+    """The HTML text and the PNG bytes of every figure."""
+    source, hardware = source_and_hardware(df, attrs)
     label = plots.source_label(source, hardware)
     pngs = {"pareto": plots.png_bytes(plots.pareto_figure(df, label)),
             "mfu": plots.png_bytes(plots.mfu_figure(df, label)),
@@ -195,10 +201,7 @@ def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
     views, view_pngs = optuna_context(df, label)
     pngs.update(view_pngs)
     if calibration is not None:
-        title = (f"held-out predictions ({holdout.HOLDOUT_TEXT[calibration.headline]}): analytical, "
-                 f"fitted, against {label}; MAPE {percent_dash(calibration.main.mape)}")
-        pngs["predicted"] = plots.png_bytes(plots.predicted_vs_measured_figure(
-            calibration.main.points, title))
+        pngs["predicted"] = cal.predicted_png(calibration, label)
     pareto_ctx = []
     for phase in pareto.PHASES:
         res = pareto.analyse(df, phase)
@@ -332,7 +335,8 @@ def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | 
     calibration, fit_error = try_calibrate(data)
     errors: list[str] = []
     if calibration is not None:
-        files = cal.write_outputs(calibration, out_dir / "calibration")
+        files = cal.write_outputs(calibration, out_dir / "calibration",
+                                  source_label=plots.source_label(*source_and_hardware(data.frame, data.attrs)))
         if log:
             try:
                 cal.log_to_mlflow(calibration, files)

@@ -218,7 +218,9 @@ def run_report(args) -> int:
     data = cal.load_study_data(args.study, args.storage)
     calibration, fit_error = (None, "skipped (--no-fit)") if args.no_fit else report_mod.try_calibrate(data)
     if calibration is not None:
-        files = cal.write_outputs(calibration, Path(args.out) / "calibration")
+        files = cal.write_outputs(calibration, Path(args.out) / "calibration",
+                                  source_label=plots.source_label(
+                                      *report_mod.source_and_hardware(data.frame, data.attrs)))
         if not args.no_mlflow:
             try:
                 cal.log_to_mlflow(calibration, files)
