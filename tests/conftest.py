@@ -41,3 +41,13 @@ def engine_cache():
     """Compiled trials shared across test modules (run_trial's `engine_cache`), so a trial
     shape used by several tests compiles once per session."""
     return {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A `ci_slow` test is also `slow` (docs/development.md "Tests"), so `make test`
+    (`-m "not slow"`) leaves it to `make test-ci-slow`, which CI runs next, whether or not
+    the test carries both marks. Runs before pytest's own `-m` selection (tryfirst)."""
+    for item in items:
+        if item.get_closest_marker("ci_slow") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
