@@ -21,10 +21,11 @@ sweep: install
 	$(BIN)/sweeper run search_spaces/quickstart.yaml
 
 # every generated number in README.md, docs/ and benchmarks/results/summary.md matches its
-# results file (about a second; docs/development.md "Generated numbers"), then the tests
+# results file (about a second; docs/development.md "Generated numbers"), then the tests;
+# the 25 slowest are listed at the end, so every CI log shows where the time went
 test: install
 	$(BIN)/python -m benchmarks.readme_numbers --check
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow" --durations=25 tests
 
 # the slow fault-injection tests CI runs too (docs/development.md "Tests")
 test-ci-slow: install
