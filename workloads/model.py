@@ -18,6 +18,7 @@ that changes no layout). Positions are RoPE (rotate-half, base 10000).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -55,8 +56,14 @@ def layer_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def init_params(model: ModelConfig, seed: int) -> dict:
+def init_params(model: ModelConfig, seed: int, host: bool = False) -> dict:
     """Deterministic bf16 weights: N(0, 1/fan_in) matrices, N(0, 1) embedding, norms ~ 1.
+
+    Built with NumPy on the host (bf16 through ml_dtypes, which rounds to nearest even as
+    XLA's convert does), so building them compiles nothing; `host`: NumPy arrays, for the
+    engine to place on its mesh in one `device_put` (each JAX op here used to be a small
+    compiled program, a dozen per process: docs/performance.md, "What a trial compiles");
+    otherwise JAX arrays, the same values.
 
     A random model's next-token logits are nearly tied, so bf16 rounding differences between
     layouts would flip greedy tokens; here the residual stream keeps the current token's
@@ -68,10 +75,10 @@ def init_params(model: ModelConfig, seed: int) -> dict:
     rng = np.random.default_rng(seed)
 
     def normal(shape, std):
-        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * std, dtype=jnp.bfloat16)
+        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(jnp.bfloat16)
 
     def norm_scale(e):
-        return jnp.asarray(1.0 + 0.1 * rng.standard_normal(e, dtype=np.float32), dtype=jnp.bfloat16)
+        return (1.0 + 0.1 * rng.standard_normal(e, dtype=np.float32)).astype(jnp.bfloat16)
 
     params: dict = {"embed": normal((model.vocab, model.d_model), 1.0)}
     if not model.tie_embeddings:
@@ -79,7 +86,7 @@ def init_params(model: ModelConfig, seed: int) -> dict:
         # predicts its current token), an untied one then makes confident predictions, here
         # "next = perm(current)", so greedy tokens are varied yet far from ties, and the
         # layouts' greedy tokens can be compared exactly despite bf16 rounding.
-        params["unembed"] = params["embed"][rng.permutation(model.vocab)].T
+        params["unembed"] = np.ascontiguousarray(params["embed"][rng.permutation(model.vocab)].T)
     layers = []
     for _ in range(model.n_layers):
         layer = {}
@@ -88,7 +95,7 @@ def init_params(model: ModelConfig, seed: int) -> dict:
         layers.append(layer)
     params["layers"] = layers
     params["final_norm"] = norm_scale(model.d_model)
-    return params
+    return params if host else jax.tree.map(jnp.asarray, params)
 
 
 def init_verification_params(model: ModelConfig, seed: int, copy_gain: float = 4.0,
@@ -160,8 +167,8 @@ def _head_slots(model: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
 
 def _embed_heads(w, axis: int, slots: np.ndarray, padded: int, d_head: int):
     """Place the heads of `w` (head-major along `axis`, d_head each) at `slots` of
-    `padded` heads; the others are zero."""
-    w = np.asarray(w, np.float32)
+    `padded` heads; the others are zero. NumPy in, NumPy out (see init_params)."""
+    w_in, w = w, np.asarray(w, np.float32)
     shape = list(w.shape)
     heads = shape[axis] // d_head
     split = w.reshape(shape[:axis] + [heads, d_head] + shape[axis + 1:])
@@ -169,7 +176,8 @@ def _embed_heads(w, axis: int, slots: np.ndarray, padded: int, d_head: int):
     index = [slice(None)] * out.ndim
     index[axis] = slots
     out[tuple(index)] = split
-    return jnp.asarray(out.reshape(shape[:axis] + [padded * d_head] + shape[axis + 1:]), jnp.bfloat16)
+    out = out.reshape(shape[:axis] + [padded * d_head] + shape[axis + 1:]).astype(jnp.bfloat16)
+    return out if isinstance(w_in, np.ndarray) else jnp.asarray(out)
 
 
 def pad_params(params: dict, model: ModelConfig) -> dict:
@@ -201,11 +209,12 @@ def _pad_vocab(params: dict, model: ModelConfig) -> dict:
     if extra <= 0 or params["embed"].shape[0] == model.vocab:
         return params
     out = dict(params)
-    out["embed"] = jnp.concatenate(
-        [params["embed"], jnp.zeros((extra, params["embed"].shape[1]), params["embed"].dtype)])
+    xp = np if isinstance(params["embed"], np.ndarray) else jnp   # NumPy in, NumPy out
+    out["embed"] = xp.concatenate(
+        [params["embed"], xp.zeros((extra, params["embed"].shape[1]), params["embed"].dtype)])
     if "unembed" in params:
-        out["unembed"] = jnp.concatenate(
-            [params["unembed"], jnp.zeros((params["unembed"].shape[0], extra), params["unembed"].dtype)],
+        out["unembed"] = xp.concatenate(
+            [params["unembed"], xp.zeros((params["unembed"].shape[0], extra), params["unembed"].dtype)],
             axis=1)
     return out
 
