@@ -6,6 +6,8 @@
 - Ray's failure-handler switch is set only for the driver's connect: the worker processes
   keep their crash stacks (no RAY_DISABLE_FAILURE_SIGNAL_HANDLER in their environment).
 - A local cluster listens on the loopback only (issue 23, item 9).
+- Closing kills the head's helper processes first and leaves the raylet and the GCS server
+  to `ray.shutdown()` (issue 22, item 3: the quickstart's shutdown).
 - Shutdown is bounded (issue 23, item 2): with the raylet SIGSTOPped, `sweeper run` still
   exits, and no Ray process it started is left.
 """
@@ -70,6 +72,12 @@ report = {
     "processes": sorted(p.name() for p in procs),
     "listening": listening,
 }
+# the head's helpers go first (close does this too); the servers and the cluster's work stay
+report["helpers_killed"] = len(ray_session.stop_head_helpers(session.owned))
+report["servers_alive"] = sorted(p.name() for p in procs if p.is_running()
+                                 and p.status() != psutil.STATUS_ZOMBIE
+                                 and p.name() in ray_session.RAY_SERVERS)
+report["runs_after_helpers"] = ray.get(worker_side.remote()) == worker
 report["closed"] = session.close()
 report["left"] = [[p.pid, p.name()] for p in procs
                   if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -135,6 +143,11 @@ def test_ray_init_goes_through_the_patched_name_and_a_local_cluster_listens_on_l
     assert {"gcs_server", "raylet"} <= names, report["listening"]
     outside = [entry for entry in report["listening"] if entry[1] not in LOOPBACK]
     assert not outside, outside
+    # close's first step (the autoscaler monitor, log monitor, dashboard head: Ray stops them
+    # one at a time, up to 1 s each) leaves the raylet, the GCS server and their work running
+    assert report["helpers_killed"] >= 1, report
+    assert report["servers_alive"] == ["gcs_server", "raylet"], report
+    assert report["runs_after_helpers"], report
     assert report["closed"] and report["left"] == [], report
 
 
