@@ -75,6 +75,29 @@ def test_fast_terms_match_predict_phase_for_random_profiles(synthetic):
         assert np.allclose(terms.latency(theta, space), slow, rtol=1e-9)
 
 
+def test_analytic_jacobian_matches_finite_differences(synthetic):
+    from scipy.optimize._numdiff import approx_derivative
+
+    _, points = synthetic
+    space = calfit.default_space(points, calfit.EXTRA_TERMS)
+    terms = calfit.PhaseTerms.of(points, space.kinds)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        theta = space.start(START, 1e-5, 0.5) + rng.normal(0, 0.5, len(space.names))
+        latency, jac = terms.latency_and_jacobian(theta, space)
+        numeric = approx_derivative(lambda t: terms.latency(t, space), theta, method="3-point")
+        assert np.allclose(latency, terms.latency(theta, space), rtol=1e-12)
+        assert np.abs(jac - numeric).max() <= 1e-6 * np.abs(numeric).max()
+
+
+def test_term_selection_ties_go_to_fewer_terms():
+    a, ab = ("launch_overhead_s",), ("launch_overhead_s", "device_overhead_s")
+    # within SELECT_TIE: the extra term has not earned its place, whichever scored lower
+    assert calho.fewest_within_tie([(0.2, a), (0.2 - calho.SELECT_TIE / 10, ab)]) == a
+    # beyond it: the better score wins, more terms or not
+    assert calho.fewest_within_tie([(0.2, a), (0.2 - 10 * calho.SELECT_TIE, ab), (0.3, ())]) == ab
+
+
 def test_fit_recovers_known_constants_from_noisy_data(synthetic):
     _, points = synthetic
     fit = calfit.fit_profile(points, START)

@@ -142,7 +142,8 @@ SELECT_CANDIDATES = ("collective_latency_s_per_device", "launch_overhead_s", "de
 # recorded calibration sweep's nested selection freed (benchmarks/results/calibration.md),
 # fixed so a fit takes seconds; choosing them per fit by nested cross-validation
 # (`--terms select`) took 205 s on the quickstart's 20 trials (2^5 subsets x 3 inner folds
-# per held-out fold, 4 schemes) against 2.2 s with these.
+# per held-out fold, 4 schemes) against 2.2 s with these, fitted with finite differences;
+# with the analytic Jacobian (PhaseTerms.call_jacobian) 95 s of CPU against 1.2 s.
 STUDY_TERMS = SELECT_CANDIDATES
 # The terms nested cross-validation chooses among on published accelerator numbers
 # (`sweeper fit --measurements --terms select`, benchmarks/paper_fit.py): a chip's fixed

@@ -297,6 +297,7 @@ def point_frame(points: list[Point], predicted: np.ndarray, fold: np.ndarray | N
 # takes part in choosing the terms that predict it).
 SELECT = "select"
 INNER_FOLDS = 3
+SELECT_TIE = 1e-6        # inner MAPEs this close (1e-4 points) choose the fewer terms
 
 
 def parse_terms(text: str, field: str = "--terms") -> tuple[str, ...] | str:
@@ -314,7 +315,7 @@ def parse_terms(text: str, field: str = "--terms") -> tuple[str, ...] | str:
 def select_terms(points: list[Point], base: HardwareProfile, loss: str = "linear",
                  weighted: bool = True, candidates: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The subset of `candidates` (default fit.SELECT_CANDIDATES; each in fit.EXTRA_TERMS) with
-    the lowest inner k-fold MAPE on `points` (ties: fewer terms); the paper's constants alone
+    the lowest inner k-fold MAPE on `points` (ties, within SELECT_TIE: fewer terms); the paper's constants alone
     when there are too few points to split."""
     from itertools import combinations
 
@@ -339,8 +340,17 @@ def select_terms(points: list[Point], base: HardwareProfile, loss: str = "linear
             fitted = fit_profile(train, base, default_space(train, terms), loss, weighted=weighted).profile
             apes += [abs(float(metric_of(points[j], predict_latency(points[j], fitted)))
                          / points[j].measured - 1) for j in test]
-        scores.append((float(np.mean(apes)), len(terms), terms))
-    return min(scores)[2]
+        scores.append((float(np.mean(apes)), terms))
+    return fewest_within_tie(scores)
+
+
+def fewest_within_tie(scores: list[tuple[float, tuple[str, ...]]]) -> tuple[str, ...]:
+    """The terms of the lowest inner MAPE, where scores within SELECT_TIE of the best are a
+    tie won by the fewer terms (then the lower score): a term that moves the inner MAPE by
+    less than that has not earned its place (a term fitted to its 0 bound moves it by ~1e-10,
+    the optimiser's tolerance, either way)."""
+    best = min(score for score, _ in scores)
+    return min((len(terms), score, terms) for score, terms in scores if score <= best + SELECT_TIE)[2]
 
 
 def heldout(points: list[Point], base: HardwareProfile, scheme: str = "kfold",
