@@ -14,7 +14,11 @@ Each Optuna trial carries user_attrs: `config` (TrialConfig.to_dict()), `flat_pa
 trials), `source`, `hardware`, `reason`, `worker` (pid, Ray node id and IP, the resources
 it held, cores, slot, start/end time, cache stats, attempts), `worker_lost` (earlier
 attempts whose worker died), `constraints`, `mlflow_run_id`, `outcome` (the state being
-recorded), `retry_of` (the interrupted trial it re-runs).
+recorded), `retry_of` (the interrupted trial it re-runs), and for a serving trial
+`prediction_note` (why its `pred_*` are NaN, or where they came from, in one line).
+A serving trial's whole `Measurement.extra["serving"]` (per-request records with tokens,
+slices, warm-up, the prediction note) is the artifact `serving.json` of its MLflow child
+run (docs/serving.md): too large for a user attr, which every `ask` reads back.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class TrialRecord:
     interrupted: bool = False            # Ctrl-C / lost controller: run again on --resume
     constraints: dict[str, float] | None = None   # COMPLETE: each constraint's value (<= 0 met)
     feasible: bool | None = None         # COMPLETE: every constraint met
+    prediction_note: str | None = None   # serving trial: its prediction's note in one line
 
     def user_attrs(self) -> dict[str, Any]:
         """The attrs to store, `outcome` last: with it stored, `--resume` tells the trial."""
@@ -74,7 +79,8 @@ class TrialRecord:
                                  "measurement": self.measurement}
         optional = {"device": self.device, "config": self.config, "reason": self.reason,
                     "worker": self.worker, "interrupted": self.interrupted or None,
-                    "constraints": self.constraints, "feasible": self.feasible}
+                    "constraints": self.constraints, "feasible": self.feasible,
+                    "prediction_note": self.prediction_note}
         attrs.update({k: v for k, v in optional.items() if v is not None})
         attrs["outcome"] = self.outcome
         return attrs
@@ -110,6 +116,10 @@ class Recorder:
             config=outcome.config.to_dict() if outcome.config is not None else None,
             reason=outcome.reason or None, worker=outcome.worker or None,
             interrupted=outcome.interrupted)
+        serving = (outcome.measurement.extra.get("serving")
+                   if outcome.measurement is not None else None)
+        if serving is not None:
+            record.prediction_note = prediction_note(serving.get("prediction"))
         values = None
         feasible = True
         if outcome.state == "COMPLETE":
@@ -120,7 +130,9 @@ class Recorder:
             values = [metrics[m] for m in self.space.metric_names]
         for key, value in record.user_attrs().items():
             trial.set_user_attr(key, value)
-        run_id = self.tracking.log_trial(trial, outcome.state) if self.tracking else None
+        artifacts = {"serving.json": serving} if serving is not None else None
+        run_id = (self.tracking.log_trial(trial, outcome.state, artifacts)
+                  if self.tracking else None)
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
         else:
@@ -153,6 +165,17 @@ class Recorder:
                                         else value > self.best[1]))
         if better:
             self.best = (objective.metric, value, number)
+
+
+def prediction_note(note: dict | None) -> str:
+    """A serving trial's prediction note (workloads/servingtrial.py `predict_stream`) in one
+    line: why there is no prediction (`pred_*` NaN), or its source and profile."""
+    if not note:
+        return "no prediction note"
+    if note.get("source") is None:
+        return f"no prediction: {note.get('reason') or 'no reason given'}"[:5000]
+    return f"{note['source']}: serving model, {note.get('hardware')} profile, " \
+           f"step times {note.get('step_times')}"
 
 
 def tell_recorded(study, space: SearchSpace, trial) -> Any:

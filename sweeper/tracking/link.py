@@ -71,15 +71,16 @@ class TrackingLink:
         self.parent_run_id = parent
 
     # ------------------------------------------------------------------ trials
-    def log_trial(self, trial, state: str) -> str | None:
-        """The child run of a trial about to be told (from its user attrs); None if not logged."""
+    def log_trial(self, trial, state: str, artifacts: dict[str, Any] | None = None) -> str | None:
+        """The child run of a trial about to be told (from its user attrs, plus `artifacts`:
+        file name -> JSON-able value); None if not logged."""
         logged: list[str] = []
 
         def log() -> None:
             self._ensure_parent()
             logged.append(self.tracker.log_trial(
                 self.parent_run_id, self.experiment_id,
-                **trial_run_fields(trial.number, state, trial.user_attrs)))
+                **trial_run_fields(trial.number, state, trial.user_attrs), artifacts=artifacts))
 
         if self._call(f"trial {trial.number}", log):
             return logged[0]

@@ -10,7 +10,8 @@ Child run    params: every `TrialConfig.flat_params()` field (same names in ever
                       prediction of each as `pred_<name>`
              tags:   prefill_ffn, prefill_attn, decode_ffn, decode_attn, weights, hardware,
                      source (measured | analytical), status (COMPLETE | PRUNED | FAIL), reason,
-                     trial_number, mlflow.parentRunId
+                     trial_number, mlflow.parentRunId; a serving trial's prediction_note
+             artifact: a serving trial's serving.json (its Measurement.extra["serving"])
 
 Measured and analytical sweeps log to different experiments (`sweeper/<space>` and
 `sweeper/<space> (analytical)`), so the two are never mixed in one table or plot.
@@ -33,6 +34,7 @@ keeps MLflow from printing each run's URL on stdout (`--json` output stays JSON)
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -249,8 +251,10 @@ class Tracker:
     def log_trial(self, parent_run_id: str, experiment_id: str, *, number: int,
                   params: Mapping[str, Any], metrics: Mapping[str, float] | None,
                   prediction: Mapping[str, float] | None, state: str, reason: str | None,
-                  source: str, hardware: str, extra_tags: Mapping[str, str] | None = None) -> str:
-        """One child run for a finished trial (any state); returns its run id."""
+                  source: str, hardware: str, extra_tags: Mapping[str, str] | None = None,
+                  artifacts: Mapping[str, Any] | None = None) -> str:
+        """One child run for a finished trial (any state); returns its run id. `artifacts`:
+        file name -> a JSON-able value, stored as that file of the run."""
         from mlflow.entities import Metric, Param   # lazy: MLflow (~1 s)
 
         tags = {PARENT_TAG: parent_run_id, KIND_TAG: TRIAL_KIND, "trial_number": str(number),
@@ -265,6 +269,9 @@ class Tracker:
         logged += [Metric(PRED_PREFIX + k, v, now, 0) for k, v in _finite(prediction).items()]
         self.client.log_batch(run.info.run_id, metrics=logged,
                               params=[Param(k, str(v)) for k, v in params.items()])
+        for name, value in (artifacts or {}).items():
+            self.client.log_text(run.info.run_id, json.dumps(value, default=_json_default),
+                                 name)
         self.client.set_terminated(run.info.run_id, status=RUN_STATUS.get(state, "FAILED"))
         return run.info.run_id
 
@@ -284,6 +291,8 @@ def trial_run_fields(number: int, state: str, attrs: Mapping[str, Any]) -> dict[
         extra["hardware_share"] = repr(float(attrs["hardware_share"]))
     if attrs.get("retry_of") is not None:
         extra["retry_of"] = str(attrs["retry_of"])
+    if attrs.get("prediction_note") is not None:
+        extra["prediction_note"] = str(attrs["prediction_note"])[:5000]
     return {"number": number, "params": attrs.get("flat_params") or {},
             "metrics": attrs.get("measurement") or None, "prediction": attrs.get("prediction") or {},
             "state": state, "reason": attrs.get("reason"), "source": attrs.get("source"),
@@ -300,6 +309,14 @@ def _run_name(number: int, params: Mapping[str, Any]) -> str:
     return (f"{number:04d} B{params.get('batch')} {params.get('chips')}c "
             f"{params.get('prefill_ffn')}/{params.get('prefill_attn')} > "
             f"{params.get('decode_ffn')}/{params.get('decode_attn')} {params.get('weights')}")
+
+
+def _json_default(value: Any) -> Any:
+    """NumPy scalars and arrays in an artifact as numbers and lists; anything else as text."""
+    for convert in ("tolist", "item"):
+        if hasattr(value, convert):
+            return getattr(value, convert)()
+    return str(value)
 
 
 def _redact(url: str) -> str:
