@@ -101,6 +101,25 @@ def test_a_serving_sweep_records_each_trials_serving_metrics_in_optuna(sweep):
             assert table.loc[trial.number, name] == measured[name], name
 
 
+def test_the_end_of_sweep_summary_of_a_serving_sweep_is_its_prediction_error(sweep, tmp_path):
+    from sweeper.analysis.report import summarize_sweep
+    from sweeper.cli.run import format_sweep_summary
+
+    summary = summarize_sweep(sweep.study_name, sweep.storage, sweep.tracking_uri,
+                              out_dir=tmp_path, log=False)
+    table = load_trials(sweep.study_name, sweep.storage)
+    for predicted in SERVING_PREDICTIONS:
+        measured = predicted.removeprefix("pred_")
+        error = (table[predicted] - table[measured]) / table[measured]
+        assert summary["serving"][measured]["n"] == 2
+        assert summary["serving"][measured]["median_ape"] == pytest.approx(error.abs().median())
+        assert summary["serving"][measured]["median_signed_error"] == pytest.approx(error.median())
+    text = format_sweep_summary(summary)
+    # no empty prefill/decode frontiers, no "not computed" fit for a study of serving trials
+    assert "serving model (analytical) vs measured" in text and "over 2 trials" in text
+    assert "Pareto frontier" not in text and "held-out" not in text
+
+
 def test_a_serving_sweeps_mlflow_child_runs_carry_the_serving_metrics(sweep):
     study = optuna.load_study(study_name=sweep.study_name, storage=sweep.storage)
     runs = load_runs(sweep.tracking_uri, parent_run_id=sweep.parent_run_id)

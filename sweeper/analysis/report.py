@@ -34,6 +34,7 @@ from sweeper.analysis.fit import STUDY_TERMS, CalibrationError
 from sweeper.formatting import jsonable, percent_dash, short_number
 from sweeper.paths import study_dir
 from workloads.config import ConfigError
+from workloads.metrics import SERVING_PREDICTIONS
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "dashboards"   # sweeper/dashboards: package data
 TEMPLATE = "report.html.j2"
@@ -320,6 +321,27 @@ def log_report(report: Report, data: cal.StudyData) -> bool:
     return True
 
 
+def serving_prediction_error(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Serving trials (docs/space-files.md "Serving trials"): per percentile, how far the
+    serving model's prediction (`pred_<metric>`, analytical) is from the measured one over the
+    complete trials that have both: n, the median of |pred - measured| / measured and the
+    median signed error. {} for a study without serving trials."""
+    out: dict[str, dict[str, float]] = {}
+    complete = frame[frame["state"] == "COMPLETE"] if "state" in frame else frame
+    for predicted in SERVING_PREDICTIONS:
+        measured = predicted.removeprefix("pred_")
+        if predicted not in complete or measured not in complete:
+            continue
+        both = complete[[measured, predicted]].apply(pd.to_numeric, errors="coerce").dropna()
+        both = both[both[measured] > 0]
+        if both.empty:
+            continue
+        signed = (both[predicted] - both[measured]) / both[measured]
+        out[measured] = {"n": int(len(both)), "median_ape": float(signed.abs().median()),
+                         "median_signed_error": float(signed.median())}
+    return out
+
+
 def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | None = None,
                     out_dir: str | Path | None = None, log: bool = True) -> dict[str, Any]:
     """What `sweeper run` prints at the end: Pareto tables, held-out error, report path.
@@ -349,7 +371,7 @@ def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | 
         except Exception as err:  # noqa: BLE001
             errors.append(f"MLflow (report): {err}")
     fronts = {phase: pareto.analyse(data.frame, phase).to_dict() for phase in pareto.PHASES}
-    return {"study": study, "pareto": fronts,
+    return {"study": study, "pareto": fronts, "serving": serving_prediction_error(data.frame),
             "heldout": jsonable(calibration.summary()) if calibration else {"skipped": fit_error},
             "fitted_yaml": calibration.artifacts.get("fitted_yaml") if calibration else None,
             "report": str(report.path), "logged_to_mlflow": report.logged,

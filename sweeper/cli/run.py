@@ -66,14 +66,27 @@ def format_sweep_summary(summary: dict) -> str:
     """Readable lines for the end of `sweeper run`."""
     lines = []
     for phase, front in summary["pareto"].items():
+        if not front["n_points"] and summary.get("serving"):
+            continue        # a serving study has no prefill/decode batch points
         lines.append(f"{phase} Pareto frontier ({front['x']} vs {front['y']}): "
                      f"{front['n_front']} of {front['n_points']} trials, hypervolume "
                      f"{short_number(front['hypervolume'])}")
         for row in front["front"]:
             lines.append(f"  #{row.get('number')!s:<4} {row['label']:<28} {front['x']}={short_number(row[front['x']])}"
                          f"  {front['y']}={short_number(row[front['y']])}")
+    serving = summary.get("serving") or {}
+    if serving:
+        errors = ", ".join(f"{metric} {percent_dash(e['median_ape'])} ({e['median_signed_error']:+.0%})"
+                           for metric, e in serving.items())
+        n = max(e["n"] for e in serving.values())
+        lines.append(f"serving model (analytical) vs measured, median |error| (signed) over {n} "
+                     f"trials: {errors} (a host profile without serving host costs predicts the "
+                     f"engine's calls alone: docs/serving.md \"Serving host costs\"; each "
+                     f"trial's pred_* beside its measured values: `sweeper export`)")
     held = summary["heldout"]
-    if "skipped" in held:
+    if serving and "skipped" in held:
+        pass            # the cost model is fitted to prefill/decode trials, not to serving ones
+    elif "skipped" in held:
         lines.append(f"held-out prediction error: not computed ({held['skipped']})")
     else:
         for name, ho in held["holdouts"].items():
@@ -145,11 +158,11 @@ def render_result(result) -> str:
                  f"{c['complete']} complete")
     if result.pareto:
         metrics = [m for m, _ in result.objectives]
-        lengths = [k for k in ("input_len", "decode_steps") if k in result.searched]
-        header = ["#", *metrics, "batch", "chips", *lengths, "topology", "weights", "prefill",
+        shown = [k for k in ("input_len", "decode_steps", "serving_mode") if k in result.searched]
+        header = ["#", *metrics, "batch", "chips", *shown, "topology", "weights", "prefill",
                   "decode"]
         rows = [[str(r["number"]), *[metric_text(m, r[m]) for m in metrics], str(r["batch"]),
-                 str(r["chips"]), *[str(r[k]) for k in lengths], str(r["topology"]),
+                 str(r["chips"]), *[str(r[k]) for k in shown], str(r["topology"]),
                  str(r["weights"]), f"{r['prefill_ffn']}/{r['prefill_attn']}",
                  f"{r['decode_ffn']}/{r['decode_attn']}"]
                 for r in result.pareto]
