@@ -21,6 +21,7 @@ found inside the called computation.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import defaultdict
@@ -44,6 +45,20 @@ _COMP = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*)?\{\s*$")
 _CALLED = re.compile(r"\b(calls|body|to_apply|true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
+_OPCODE = re.compile(r"([\w\-]+)\(")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_BRACKET = re.compile(r"[(){}\[\]]")
+_CLOSING = {"(": ")", "{": "}", "[": "]"}
+_OPENING = re.compile(r"[({\[]")
+_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
+_NAMES = re.compile(r"%?([\w.\-]+)")
+_PARTITIONS = re.compile(r"num_partitions=(\d+)")
+_IOTA_GROUPS = re.compile(r"replica_groups=(\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)")
+_LIST_GROUPS = re.compile(r"replica_groups=\{")
+_GROUP = re.compile(r"\{([\d,\s]*)\}")
+# Any collective opcode (a `-done` too) anywhere in the text: a module without one has no
+# collectives, and collective_ops answers without parsing it (most one-chip programs).
+_ANY_COLLECTIVE = re.compile("(?:" + "|".join(re.escape(k) for k in KINDS) + r")(?:-done)?\(")
 
 
 @dataclass
@@ -99,26 +114,33 @@ class CollectiveOp:
 
 
 def _matching(text: str, start: int) -> int:
-    """Index just past the bracket that closes the one at text[start]."""
-    pairs = {"(": ")", "{": "}", "[": "]"}
+    """Index just past the bracket that closes the one at text[start] (other characters are
+    skipped by the regex, not visited one by one in Python)."""
+    close = _CLOSING[text[start]]
+    end = text.find(close, start + 1)
+    if end >= 0 and not _OPENING.search(text, start + 1, end):
+        return end + 1          # nothing nested (an operand list): the first closer closes it
     stack = []
-    for i in range(start, len(text)):
-        ch = text[i]
-        if ch in pairs:
-            stack.append(pairs[ch])
+    for match in _BRACKET.finditer(text, start):
+        ch = match.group()
+        if ch in _CLOSING:
+            stack.append(_CLOSING[ch])
         elif stack and ch == stack[-1]:
             stack.pop()
             if not stack:
-                return i + 1
+                return match.end()
     return len(text)
 
 
 def _arrays(shape_text: str) -> list[Array]:
-    out = []
-    for dtype, dims in _ARRAY.findall(shape_text):
-        if dtype in DTYPE_BYTES or dtype == "token":
-            out.append(Array(dtype, tuple(int(d) for d in dims.split(",") if d)))
-    return [a for a in out if a.dtype != "token"]
+    return list(_shape_arrays(shape_text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_arrays(shape_text: str) -> tuple[Array, ...]:
+    """The arrays of a result shape; a module repeats the same few shapes many times."""
+    return tuple(Array(dtype, tuple(int(d) for d in dims.split(",") if d))
+                 for dtype, dims in _ARRAY.findall(shape_text) if dtype in DTYPE_BYTES)
 
 
 def _parse_instruction(line: str, computation: str) -> Instruction | None:
@@ -133,13 +155,13 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
         if end < 0:
             return None
     shape_text, rest = rest[:end], rest[end:].strip()
-    op = re.match(r"([\w\-]+)\(", rest)
+    op = _OPCODE.match(rest)
     if not op:
         return None
     opcode = op.group(1)
     close = _matching(rest, op.end() - 1)
     operand_text, attrs = rest[op.end():close - 1], rest[close:]
-    operands = re.findall(r"%([\w.\-]+)", operand_text)
+    operands = _OPERAND.findall(operand_text)
     number = int(operand_text) if opcode == "parameter" and operand_text.strip().isdigit() else None
     return Instruction(name, opcode, _arrays(shape_text), operands, attrs, computation, number)
 
@@ -185,7 +207,7 @@ def _multiplicities(computations: dict[str, list[Instruction]], entry: str | Non
                 edges[comp].append((callee, factor if key == "body" else 1))
             branches = _BRANCHES.search(ins.attrs)
             if branches:
-                for callee in re.findall(r"%?([\w.\-]+)", branches.group(1)):
+                for callee in _NAMES.findall(branches.group(1)):
                     edges[comp].append((callee, 1))
     counts: dict[str, int] = defaultdict(int)
     roots = [entry] if entry else list(computations)
@@ -213,7 +235,7 @@ def _multiplicities(computations: dict[str, list[Instruction]], entry: str | Non
 
 def parse_replica_groups(attrs: str) -> list[list[int]]:
     """`{{0,1},{2,3}}` or the iota form `[2,2]<=[4]` / `[2,2]<=[2,2]T(1,0)` -> groups."""
-    match = re.search(r"replica_groups=(\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", attrs)
+    match = _IOTA_GROUPS.search(attrs)
     if match:
         spec = match.group(1)
         shape = [int(v) for v in re.match(r"\[([\d,]+)\]", spec).group(1).split(",")]
@@ -222,12 +244,12 @@ def parse_replica_groups(attrs: str) -> list[list[int]]:
         ids = _iota(source, [int(v) for v in perm.group(1).split(",")] if perm else None)
         size = shape[-1]
         return [ids[i:i + size] for i in range(0, len(ids), size)]
-    match = re.search(r"replica_groups=\{", attrs)
+    match = _LIST_GROUPS.search(attrs)
     if not match:
         return []
     body = attrs[match.end() - 1:_matching(attrs, match.end() - 1)]
     return [[int(v) for v in grp.split(",") if v.strip()]
-            for grp in re.findall(r"\{([\d,\s]*)\}", body[1:-1])]
+            for grp in _GROUP.findall(body[1:-1])]
 
 
 def _iota(dims: list[int], perm: list[int] | None) -> list[int]:
@@ -279,10 +301,12 @@ def _kind(opcode: str) -> str | None:
 def collective_ops(hlo_text: str, mesh_shape: tuple[int, ...] | None = None,
                    n_devices: int | None = None) -> list[CollectiveOp]:
     """Every collective instruction of a compiled HLO module, with sizes per device."""
+    if not _ANY_COLLECTIVE.search(hlo_text):
+        return []
     computations, entry = parse_module(hlo_text)
     counts = _multiplicities(computations, entry)
     if n_devices is None:
-        match = re.search(r"num_partitions=(\d+)", hlo_text)
+        match = _PARTITIONS.search(hlo_text)
         n_devices = int(match.group(1)) if match else None
         if mesh_shape is not None:
             n_devices = math.prod(mesh_shape)
@@ -337,7 +361,7 @@ def _upcast_source(ins: Instruction, by_name: dict[str, Instruction],
         producer = by_name.get(name)
         if producer is None:
             continue
-        called = re.search(r"\bcalls=%?([\w.\-]+)", producer.attrs)
+        called = _CALLS.search(producer.attrs)
         inner = computations.get(called.group(1), []) if called else []
         params = [a.dtype for i in inner if i.opcode == "parameter" for a in i.shape]
         if inner and params and all(p in narrow for p in params):
@@ -391,7 +415,7 @@ def _downcast_consumer(ins: Instruction, instrs: list[Instruction],
         dtype = user.shape[0].dtype
         if dtype not in ("bf16", "f16"):
             continue
-        called = re.search(r"\bcalls=%?([\w.\-]+)", user.attrs)
+        called = _CALLS.search(user.attrs)
         inner = computations.get(called.group(1), []) if called else []
         if user.opcode == "convert" or any(i.opcode == "convert" for i in inner):
             return dtype
