@@ -53,6 +53,11 @@ def prompt_for(model, request_index: int, input_len: int, seed: int):
     return prompt_tokens(model, 1, input_len, seed * 1_000_003 + request_index)[0]
 
 
+def _nowhere(handover: list[dict]) -> None:
+    raise RuntimeError(f"a prefill worker without a decode worker cannot hand over requests "
+                       f"{[h['request'] for h in handover]} (answers longer than one token)")
+
+
 class ServingWorker:
     """One mesh serving a stream (see the module docstring)."""
 
@@ -124,7 +129,8 @@ class ServingWorker:
 
     def serve_prefill(self, requests: list[dict], start_at: float, seed: int, decode) -> list[dict]:
         """Prefill calls back to back in arrival order; each KV cache to `decode` via Ray
-        (workloads/serving.py `serve_prefill_slice`, the one prefill-slice loop)."""
+        (workloads/serving.py `serve_prefill_slice`, the one prefill-slice loop). `decode`
+        None: answers of one token only, nothing to hand over (`measure_host_costs`)."""
         import ray   # lazy: only inside a Ray worker
         from workloads.serving import serve_prefill_slice   # lazy: imports JAX
 
@@ -132,7 +138,7 @@ class ServingWorker:
         self.calls = []
         out, sent = serve_prefill_slice(
             self.server, requests, lambda i: prompt_for(model, i, requests[i]["input_len"], seed),
-            start_at, decode.deliver.remote, self.calls)
+            start_at, decode.deliver.remote if decode is not None else _nowhere, self.calls)
         if sent:
             ray.get(sent)
         return out
