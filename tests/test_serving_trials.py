@@ -282,19 +282,6 @@ BAD = [
     ("serving-two-hosts", {**BASE, "chips": 2, "hosts": 2}, ["hosts", "one host"]),
     ("serving-verify", {**BASE, "verify": True}, ["verify", "no reference comparison"]),
     ("serving-pad-vocab-none", {**BASE, "pad_vocab": "none"}, ["pad_vocab", "auto"]),
-]
-
-
-@pytest.mark.parametrize("contents, expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
-def test_bad_serving_input_exits_2_with_one_line_before_anything_starts(tmp_path, contents,
-                                                                        expected):
-    path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump(contents))
-    home, imports = tmp_path / "home", tmp_path / "imports.json"
-    check_rejected(run_cli(["run", str(path)], home, imports), home, imports, expected, path.name)
-
-
-BAD_MODE = [
     ("disaggregated-one-chip", {**BASE, "chips": 1, "serving_mode": "disaggregated"},
      ["chips", "1", "even number of chips"]),
     ("serving-mode-without-block", {**{k: v for k, v in BASE.items() if k != "serving"},
@@ -305,9 +292,9 @@ BAD_MODE = [
 ]
 
 
-@pytest.mark.parametrize("contents, expected", [c[1:] for c in BAD_MODE], ids=[c[0] for c in BAD_MODE])
-def test_bad_serving_mode_exits_2_with_one_line_before_anything_starts(tmp_path, contents,
-                                                                       expected):
+@pytest.mark.parametrize("contents, expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_serving_input_exits_2_with_one_line_before_anything_starts(tmp_path, contents,
+                                                                        expected):
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(contents))
     home, imports = tmp_path / "home", tmp_path / "imports.json"
