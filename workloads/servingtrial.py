@@ -38,7 +38,9 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
   (the space's: a `host` share, a preset or a fitted YAML): `pred_ttft_p50_s`,
   `pred_ttft_p99_s`, `pred_tpot_p50_s`, `pred_tpot_p99_s`, analytical, beside the measured
   ones; NaN (and the reason in `extra["serving"]["prediction"]`) when there is no profile or
-  it cannot price the deployment.
+  it cannot price the deployment. The controller stores that note as the Optuna user attr
+  and MLflow tag `prediction_note`, and the whole `extra["serving"]` (per-request records
+  included) as the child run's artifact `serving.json` (docs/serving.md).
 """
 
 from __future__ import annotations
