@@ -84,17 +84,15 @@ def format_sweep_summary(summary: dict) -> str:
                      f"engine's calls alone: docs/serving.md \"Serving host costs\"; each "
                      f"trial's pred_* beside its measured values: `sweeper export`)")
     held = summary["heldout"]
-    if serving and "skipped" in held:
-        pass            # the cost model is fitted to prefill/decode trials, not to serving ones
-    elif "skipped" in held:
-        lines.append(f"held-out prediction error: not computed ({held['skipped']})")
-    else:
+    if "skipped" not in held:
         for name, ho in held["holdouts"].items():
             if ho.get("skipped"):
                 lines.append(f"held-out ({name}): skipped, {ho['skipped']}")
                 continue
             lines.append(heldout_line(name, ho))
         lines.append(fitted_profile_line(summary))
+    elif not serving:   # (a serving study: the cost model is fitted to prefill/decode trials)
+        lines.append(f"held-out prediction error: not computed ({held['skipped']})")
     lines.append(f"report: {summary['report']}")
     for err in summary.get("errors", []):
         lines.append(f"warning: {err}")
