@@ -154,8 +154,8 @@ def stored_params(params: dict) -> dict:
     def layer(w):
         w = dict(w)
         k, v = w.pop("w_k"), w.pop("w_v")
-        # NumPy weights stay on the host (no compiled stack: see Engine.__init__)
-        w["w_kv"] = jax.tree.map(lambda a, b: (np if isinstance(a, np.ndarray) else jnp).stack([a, b]), k, v)
+        # stacked on the host (no compiled stack: see Engine.__init__)
+        w["w_kv"] = jax.tree.map(lambda a, b: np.stack([a, b]), k, v)
         return w
     return {**params, "layers": [layer(w) for w in params["layers"]]}
 
@@ -178,7 +178,7 @@ class Engine:
         # Built on the host and placed by one device_put, which slices NumPy arrays on the
         # host: no program is compiled for the weights (JAX arrays resharded by device_put
         # compiled a few per layout).
-        source = init_params(self.model.unpadded, trial.seed, host=True) if params is None else params
+        source = init_params(self.model.unpadded, trial.seed) if params is None else params
         source = pad_params(source, self.model)
         self._model_params = quantize_params(source) if trial.weights == "int8" else source
         int8 = trial.weights == "int8"

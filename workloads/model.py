@@ -1,6 +1,6 @@
 """Parameters of the PaLM-style decoder: names, shapes, deterministic init from a seed.
 
-One unsharded pytree (bf16 numpy-backed jax arrays) shared by the reference and the
+One unsharded pytree (bf16 NumPy arrays on the host) shared by the reference and the
 engine, which shards it into the stored layout (`workloads/partitioning.py`):
 
   embed       [V, E]         token embedding; also the unembedding when tied
@@ -18,7 +18,6 @@ that changes no layout). Positions are RoPE (rotate-half, base 10000).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -56,14 +55,14 @@ def layer_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def init_params(model: ModelConfig, seed: int, host: bool = False) -> dict:
+def init_params(model: ModelConfig, seed: int) -> dict:
     """Deterministic bf16 weights: N(0, 1/fan_in) matrices, N(0, 1) embedding, norms ~ 1.
 
-    Built with NumPy on the host (bf16 through ml_dtypes, which rounds to nearest even as
-    XLA's convert does), so building them compiles nothing; `host`: NumPy arrays, for the
-    engine to place on its mesh in one `device_put` (each JAX op here used to be a small
-    compiled program, a dozen per process: docs/performance.md, "What a trial compiles");
-    otherwise JAX arrays, the same values.
+    NumPy arrays on the host (bf16 through ml_dtypes, which rounds to nearest even as XLA's
+    convert does), as every weight helper here returns them: building and padding weights
+    compiles nothing, and a caller places them where it computes (the engine on its mesh in
+    one `device_put`; each JAX op here used to be a small compiled program, a dozen per
+    process: docs/performance.md, "What a trial compiles").
 
     A random model's next-token logits are nearly tied, so bf16 rounding differences between
     layouts would flip greedy tokens; here the residual stream keeps the current token's
@@ -95,7 +94,7 @@ def init_params(model: ModelConfig, seed: int, host: bool = False) -> dict:
         layers.append(layer)
     params["layers"] = layers
     params["final_norm"] = norm_scale(model.d_model)
-    return params if host else jax.tree.map(jnp.asarray, params)
+    return params
 
 
 def init_verification_params(model: ModelConfig, seed: int, copy_gain: float = 4.0,
@@ -125,7 +124,7 @@ def init_verification_params(model: ModelConfig, seed: int, copy_gain: float = 4
     # Every row with RMS 1: the normed input's feature 0 is then the same for every token,
     # so the scores depend on relative position only.
     embed /= np.sqrt(np.mean(embed * embed, axis=1, keepdims=True))
-    params["embed"] = jnp.asarray(embed, jnp.bfloat16)
+    params["embed"] = embed.astype(jnp.bfloat16)
     half = d // 2
     theta = ROPE_BASE ** (-np.arange(half) / half)
     # Only the two fastest RoPE frequencies (theta 1 and 10^(-4/half)...): the score
@@ -139,16 +138,16 @@ def init_verification_params(model: ModelConfig, seed: int, copy_gain: float = 4
     w_k[0] = np.tile(key, k)
 
     def small(w):
-        return jnp.asarray(np.asarray(w, np.float32) * 0.1, jnp.bfloat16)
+        return (np.asarray(w, np.float32) * 0.1).astype(jnp.bfloat16)
 
     layers = []
     for i, w in enumerate(params["layers"]):
         w = {name: (small(v) if name in ("w_o", "w_out", "w_in", "w_gate", "w_up") else v)
              for name, v in w.items()}
         if i == 0:
-            w.update(w_q=jnp.asarray(w_q, jnp.bfloat16), w_k=jnp.asarray(w_k, jnp.bfloat16),
-                     w_v=jnp.asarray(np.eye(e, k * d), jnp.bfloat16),
-                     w_o=jnp.asarray(copy_gain * np.eye(h * d, e), jnp.bfloat16))
+            w.update(w_q=w_q.astype(jnp.bfloat16), w_k=w_k.astype(jnp.bfloat16),
+                     w_v=np.eye(e, k * d).astype(jnp.bfloat16),
+                     w_o=(copy_gain * np.eye(h * d, e)).astype(jnp.bfloat16))
         layers.append(w)
     params["layers"] = layers
     return params
@@ -167,8 +166,8 @@ def _head_slots(model: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
 
 def _embed_heads(w, axis: int, slots: np.ndarray, padded: int, d_head: int):
     """Place the heads of `w` (head-major along `axis`, d_head each) at `slots` of
-    `padded` heads; the others are zero. NumPy in, NumPy out (see init_params)."""
-    w_in, w = w, np.asarray(w, np.float32)
+    `padded` heads; the others are zero (NumPy, as init_params)."""
+    w = np.asarray(w, np.float32)
     shape = list(w.shape)
     heads = shape[axis] // d_head
     split = w.reshape(shape[:axis] + [heads, d_head] + shape[axis + 1:])
@@ -176,8 +175,7 @@ def _embed_heads(w, axis: int, slots: np.ndarray, padded: int, d_head: int):
     index = [slice(None)] * out.ndim
     index[axis] = slots
     out[tuple(index)] = split
-    out = out.reshape(shape[:axis] + [padded * d_head] + shape[axis + 1:]).astype(jnp.bfloat16)
-    return out if isinstance(w_in, np.ndarray) else jnp.asarray(out)
+    return out.reshape(shape[:axis] + [padded * d_head] + shape[axis + 1:]).astype(jnp.bfloat16)
 
 
 def pad_params(params: dict, model: ModelConfig) -> dict:
@@ -209,13 +207,12 @@ def _pad_vocab(params: dict, model: ModelConfig) -> dict:
     if extra <= 0 or params["embed"].shape[0] == model.vocab:
         return params
     out = dict(params)
-    xp = np if isinstance(params["embed"], np.ndarray) else jnp   # NumPy in, NumPy out
-    out["embed"] = xp.concatenate(
-        [params["embed"], xp.zeros((extra, params["embed"].shape[1]), params["embed"].dtype)])
+    embed = np.asarray(params["embed"])
+    out["embed"] = np.concatenate([embed, np.zeros((extra, embed.shape[1]), embed.dtype)])
     if "unembed" in params:
-        out["unembed"] = xp.concatenate(
-            [params["unembed"], xp.zeros((params["unembed"].shape[0], extra), params["unembed"].dtype)],
-            axis=1)
+        unembed = np.asarray(params["unembed"])
+        out["unembed"] = np.concatenate([unembed, np.zeros((unembed.shape[0], extra), unembed.dtype)],
+                                        axis=1)
     return out
 
 
@@ -232,10 +229,11 @@ def unpad_params(params: dict, model: ModelConfig) -> dict:
     d = model.d_head
 
     def take(w, axis, slots, heads):
+        w = np.asarray(w)
         shape = list(w.shape)
-        split = jnp.reshape(w, shape[:axis] + [heads, d] + shape[axis + 1:])
-        kept = jnp.take(split, jnp.asarray(slots), axis=axis)
-        return jnp.reshape(kept, shape[:axis] + [len(slots) * d] + shape[axis + 1:])
+        split = w.reshape(shape[:axis] + [heads, d] + shape[axis + 1:])
+        kept = np.take(split, slots, axis=axis)
+        return kept.reshape(shape[:axis] + [len(slots) * d] + shape[axis + 1:])
 
     layers = []
     for w in params["layers"]:

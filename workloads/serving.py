@@ -463,6 +463,6 @@ def reference_generation(model: ModelConfig, seed: int, prompt, steps: int):
     from workloads.reference import reference_generate
 
     # built on the host and placed in one device_put: no small weight programs (docs/performance.md)
-    params = jax.device_put(init_params(model.unpadded, seed, host=True))
+    params = jax.device_put(init_params(model.unpadded, seed))
     logits, tokens = reference_generate(model.unpadded, params, np.asarray(prompt, np.int32)[None], steps)
     return [np.asarray(l[0]) for l in logits], tokens[0]
