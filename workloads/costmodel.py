@@ -805,8 +805,58 @@ def predict(trial, hw: HardwareProfile):
     return m
 
 
+def slice_predictions(trial, hw: HardwareProfile) -> dict[str, Any]:
+    """A disaggregated serving trial's slices (`TrialConfig.slice_trials`: half the chips
+    each, docs/space-files.md "Serving trials"), each priced as the trial its engine runs:
+    {"prefill": Measurement, "decode": Measurement}. A slice's peak memory per chip counts
+    the working set of the phase it runs only (a decode slice never prefills, a prefill
+    slice never decodes its batch); weights and KV cache as `predict` counts them.
+    ConfigError when a slice's layout cannot run on its half."""
+    out = {}
+    for phase, part in trial.slice_trials().items():
+        m = predict(part, hw)
+        working = phase_calls(part)[phase].predict(hw).working_set_bytes_per_chip
+        m.peak_bytes_per_chip = m.weight_bytes_per_chip + m.kv_bytes_per_chip + working
+        m.fits = m.peak_bytes_per_chip <= hw.hbm_bytes
+        out[phase] = m
+    return out
+
+
+def predict_slices(trial, hw: HardwareProfile):
+    """A disaggregated serving trial's analytical Measurement, of the slices that run
+    (`slice_predictions`): each phase's numbers from the slice that runs it (prefill_*: one
+    prompt on the prefill slice; decode_*: one step of `batch` slots on the decode slice),
+    total_s = prefill_s + decode_steps x decode_step_s, the memory per chip of the slice
+    with the larger peak (the worse slice decides), fits when both fit."""
+    slices = slice_predictions(trial, hw)
+    pre, dec = slices["prefill"], slices["decode"]
+    m = dataclasses.replace(dec)
+    for f in dataclasses.fields(m):
+        if f.name.startswith("prefill_"):
+            setattr(m, f.name, getattr(pre, f.name))
+    m.total_s = pre.prefill_s + trial.decode_steps * dec.decode_step_s
+    worse = max(slices, key=lambda phase: slices[phase].peak_bytes_per_chip)
+    for name in ("weight_bytes_per_chip", "kv_bytes_per_chip", "peak_bytes_per_chip"):
+        setattr(m, name, getattr(slices[worse], name))
+    m.fits = pre.fits and dec.fits
+    m.collectives = {"prefill": pre.collectives["prefill"], "decode": dec.collectives["decode"]}
+    m.extra = {**dec.extra, "prefill_bound": pre.extra["prefill_bound"],
+               "prefill_flops": pre.extra["prefill_flops"], "memory_slice": worse,
+               "slices": {phase: {"chips": trial.chips // 2,
+                                  "topology": part.extra["topology"],
+                                  "peak_bytes_per_chip": part.peak_bytes_per_chip}
+                          for phase, part in slices.items()}}
+    m.extra.pop("topology", None)
+    return m
+
+
 def feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float | None = None) -> str | None:
-    """None when the trial can run; else a one-line reason (layout constraint or memory)."""
+    """None when the trial can run; else a one-line reason (layout constraint or memory).
+    A disaggregated serving trial is checked per slice, on its half of the chips (the whole
+    mesh never runs): each slice's layout, and the memory of the slice with the larger
+    peak per chip, named in the reason."""
+    if getattr(trial, "disaggregated", False):
+        return _slices_feasibility(trial, hw, memory_budget_bytes)
     try:
         topology = trial.mesh_shape
         validate_layouts(trial.run_model, topology, trial.prefill, trial.decode, trial.batch)
@@ -820,6 +870,27 @@ def feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float | None = 
                 f"{bytes_text(m.kv_bytes_per_chip)} + working set {bytes_text(working)} = "
                 f"{bytes_text(m.peak_bytes_per_chip)} per chip exceeds the budget of {bytes_text(budget)}")
     return None
+
+
+def _slices_feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float | None) -> str | None:
+    """`feasibility` of a disaggregated serving trial (`slice_predictions`)."""
+    try:
+        trial.validate()                  # each slice's layout on its half, the slice named
+        slices = slice_predictions(trial, hw)
+    except ConfigError as err:
+        return str(err)
+    budget = hw.hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
+    phase = max(slices, key=lambda name: slices[name].peak_bytes_per_chip)
+    m = slices[phase]
+    if m.peak_bytes_per_chip <= budget:
+        return None
+    chips = trial.chips // 2
+    working = m.peak_bytes_per_chip - m.weight_bytes_per_chip - m.kv_bytes_per_chip
+    return (f"memory: {phase} slice ({chips} chip{'s' if chips > 1 else ''}, "
+            f"topology {'x'.join(map(str, m.extra['topology']))}): weights "
+            f"{bytes_text(m.weight_bytes_per_chip)} + KV cache {bytes_text(m.kv_bytes_per_chip)} "
+            f"+ working set {bytes_text(working)} = {bytes_text(m.peak_bytes_per_chip)} per chip "
+            f"exceeds the budget of {bytes_text(budget)}")
 
 
 def bytes_text(value: float) -> str:

@@ -199,12 +199,61 @@ class TrialConfig:
         """The same trial with its topology filled in."""
         return dataclasses.replace(self, topology=self.mesh_shape)
 
+    @property
+    def disaggregated(self) -> bool:
+        """A disaggregated serving trial: a prefill and a decode slice of half the chips each
+        (docs/space-files.md, "Serving trials"); its whole mesh never runs."""
+        return self.serving is not None and self.serving_mode == "disaggregated"
+
+    def slice_trials(self, source: str | None = None) -> dict[str, "TrialConfig"]:
+        """A disaggregated serving trial's slices, each as the trial its slot server's engine
+        runs (workloads/serving.py `SlotServer`): half the chips, split as the cost model
+        splits them (`best_topology`, as workloads/servingtrial.py `slice_topologies`);
+        `prefill`: the prefill layout in both phases, one prompt per call (batch 1, one
+        slot); `decode`: the decode layout in both phases, `batch` slots. Lengths, weights,
+        padding and seed are the trial's. ConfigError (field `chips`) when the chips cannot
+        be halved."""
+        if self.chips < 2 or self.chips % 2:
+            raise ConfigError("chips", self.chips, "an even number of chips for a disaggregated "
+                              "serving trial (half for its prefill slice, half for its decode "
+                              "slice)", source)
+        half = dict(chips=self.chips // 2, topology=best_topology(self.model, self.chips // 2),
+                    serving=None, serving_mode="aggregated")
+        return {"prefill": dataclasses.replace(self, batch=1, decode=self.prefill, **half),
+                "decode": dataclasses.replace(self, prefill=self.decode, **half)}
+
     def validate(self, source: str | None = None) -> "TrialConfig":
+        if self.disaggregated:
+            return self._validate_slices(source)
         model = resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill,
                                 self.decode, source, pad_vocab=self.pad_vocab)
         validate_layouts(model, self.mesh_shape, self.prefill, self.decode, self.batch, source)
         if self.serving is not None:    # a serving trial prefills one prompt per call
             validate_phase(model, self.mesh_shape, self.prefill, 1, "prefill", source)
+        return self
+
+    def _validate_slices(self, source: str | None) -> "TrialConfig":
+        """A disaggregated serving trial: each slice valid on its half (`slice_trials`), not
+        the whole mesh, which never runs; both slices hold the same KV heads (the cache is
+        handed over as it is)."""
+        slices = self.slice_trials(source)
+        for phase, part in slices.items():
+            try:    # the phase the slice runs first (its error names that phase), then both
+                model = resolve_padding(part.model, part.pad_heads, part.mesh_shape, part.prefill,
+                                        part.decode, source, pad_vocab=part.pad_vocab)
+                validate_phase(model, part.mesh_shape, getattr(part, phase), part.batch, phase,
+                               source)
+                part.validate(source)
+            except ConfigError as err:
+                x, y, z = part.mesh_shape
+                raise ConfigError(err.field, err.value, f"{err.accepted}, on the {phase} slice "
+                                  f"({part.chips} of the {self.chips} chips, topology {x}x{y}x{z})",
+                                  source) from None
+        kv_heads = {phase: part.run_model.n_kv_heads for phase, part in slices.items()}
+        if kv_heads["prefill"] != kv_heads["decode"]:
+            raise ConfigError("pad_heads", self.pad_heads, "a padding that gives both slices the "
+                              f"same KV heads (prefill {kv_heads['prefill']}, decode "
+                              f"{kv_heads['decode']})", source)
         return self
 
     def to_dict(self) -> dict:

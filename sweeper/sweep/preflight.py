@@ -25,7 +25,7 @@ from sweeper.sweep.session import check_ray_address
 from sweeper.tracking.store_health import prepare_tracking_store
 from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace, checked_points
 from workloads.config import ConfigError, HardwareProfile
-from workloads.costmodel import feasibility, predict
+from workloads.costmodel import feasibility, predict, predict_slices
 from workloads.hardware import load_hardware
 from workloads.hostprofile import physical_memory_bytes
 
@@ -37,8 +37,16 @@ EMULATED_NOTE = (f" (emulated mesh: the budget is the host's share less "
 
 
 def emulated_budget(budget_per_chip: float, chips: int) -> float:
-    """The cost model's per-chip memory budget that leaves room for what XLA CPU allocates."""
+    """The cost model's per-chip memory budget that leaves room for what XLA CPU allocates;
+    `chips`: the chips of one process (`process_chips`)."""
     return max(0.0, (budget_per_chip - EMULATED_PROCESS_BYTES / chips) / EMULATED_MEMORY_FACTOR)
+
+
+def process_chips(config) -> int:
+    """The chips one of a trial's processes holds: a disaggregated serving trial runs each
+    slice in a process of its own on half the chips (docs/space-files.md, "Serving
+    trials"), so each process's own overhead is spread over half the chips."""
+    return config.chips // 2 if config.disaggregated else config.chips
 
 
 def positive(value: Any, name: str) -> int:
@@ -108,7 +116,7 @@ def check_memory_fits(space: SearchSpace) -> None:
             continue
         # only the byte counts of the prediction are used: any profile's speeds will do
         profile = dataclasses.replace(load_hardware("tpu-v4"), hbm_bytes=memory / config.chips)
-        budget = emulated_budget(profile.hbm_bytes, config.chips)   # real memory only
+        budget = emulated_budget(profile.hbm_bytes, process_chips(config))   # real memory only
         reason = feasibility(config, profile, budget)
         if reason is None or not reason.startswith("memory"):
             return
@@ -130,7 +138,9 @@ def check_point(space: SearchSpace, config, chip_profile: HardwareProfile | None
                 ) -> tuple[str | None, dict[str, float]]:
     """(why the point cannot run on `chip_profile`, or None; the cost model's prediction of
     it): layout divisibility and memory against the profile's HBM or, for `host`, the
-    space's `memory_budget_bytes` (default: this host's share, less what XLA CPU adds)."""
+    space's `memory_budget_bytes` (default: this host's share, less what XLA CPU adds).
+    A disaggregated serving trial is checked and predicted per slice, on its half of the
+    chips (costmodel `feasibility`, `predict_slices`): the whole mesh never runs."""
     if chip_profile is None:
         return None, {}
     budget = None
@@ -138,14 +148,15 @@ def check_point(space: SearchSpace, config, chip_profile: HardwareProfile | None
         # the space's memory_budget_bytes is compared with the cost model as stated;
         # the default (the host's memory) leaves room for what XLA CPU allocates
         budget = space.memory_budget_bytes or emulated_budget(chip_profile.hbm_bytes,
-                                                              config.chips)
+                                                              process_chips(config))
     prediction: dict[str, float] = {}
     try:
         reason = feasibility(config, chip_profile, budget)
         if reason and not space.memory_budget_bytes and budget is not None and \
                 reason.startswith("memory"):
             reason += EMULATED_NOTE
-        prediction = predict(config, chip_profile).metrics()
+        prediction = (predict_slices if config.disaggregated else predict)(
+            config, chip_profile).metrics()
     except ConfigError as err:
         reason = str(err)
     return reason, prediction
