@@ -81,6 +81,13 @@ def test_a_serving_sweep_records_each_trials_serving_metrics_in_optuna(sweep):
         assert set(SERVING_PREDICTIONS) <= set(measured), sorted(measured)
         assert 0 < measured["pred_ttft_p50_s"] <= measured["pred_ttft_p99_s"]
         assert 0 < measured["pred_tpot_p50_s"] <= measured["pred_tpot_p99_s"]
+        # this host's profile: the step times are the deployment's calls and host costs
+        # measured before the stream (the roofline alone, without the serving host costs,
+        # predicted this tiny model's TTFT ~30x too fast)
+        note = trial.user_attrs["prediction_note"]
+        assert "step times measured before the stream" in note and "host costs measured" in note
+        assert 0.3 <= measured["pred_ttft_p50_s"] / measured["ttft_p50_s"] <= 3.0, \
+            (measured["pred_ttft_p50_s"], measured["ttft_p50_s"])
         # the objectives Optuna was told are the measured serving latencies
         assert trial.values == [measured["ttft_p99_s"], measured["tpot_p99_s"]]
         assert trial.user_attrs["hardware"] == "host" and trial.user_attrs["source"] == "measured"
@@ -132,6 +139,38 @@ def test_a_serving_sweeps_mlflow_child_runs_carry_the_serving_metrics(sweep):
         # logged as `pred_<metric>`, read back as the prediction of that metric
         for name in SERVING_PREDICTIONS:
             assert run[name] == pytest.approx(measured[name], rel=1e-12), name
+
+
+def test_a_host_serving_trial_keeps_what_it_measured_before_its_stream(sweep, tmp_path):
+    """The calls and host costs a `hardware: host` trial measured before its stream (its
+    prediction's step times) are in its `serving.json`, and measuring them on the trial's
+    own slot server left its answers the unsharded reference's."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from workloads.model import prompt_tokens
+    from workloads.serving import reference_generation
+
+    study = optuna.load_study(study_name=sweep.study_name, storage=sweep.storage)
+    space = load_space(str(SERVING_SPACE))
+    client = MlflowClient(tracking_uri=sweep.tracking_uri)
+    for trial in study.trials:
+        run_id = trial.user_attrs["mlflow_run_id"]
+        with open(client.download_artifacts(run_id, "serving.json", str(tmp_path / run_id))) as f:
+            serving = json.load(f)
+        costs = serving["measured_before_stream"]
+        loop = costs["detail"]["aggregated"]
+        assert loop["engine_prefill_s"] > 0 and loop["engine_step_s"] > 0
+        assert costs["engine_prefill_by_len_s"] == {"16": loop["engine_prefill_s"]}
+        for name in ("serving_step_overhead_s", "serving_prefill_overhead_s", "prefill_wake_s"):
+            assert math.isfinite(costs[name]) and costs[name] >= 0, name
+        assert serving["prediction"]["step_times"].startswith("measured before the stream")
+        config = space.trial_config(trial.params)
+        for i, (r, served) in enumerate(zip(trial_requests(config)[:4], serving["per_request"])):
+            prompt = prompt_tokens(config.model, 1, r.input_len, config.seed * 1_000_003 + i)[0]
+            _, ref = reference_generation(config.model, config.seed, prompt, r.output_len - 1)
+            assert served["tokens"] == [int(t) for t in ref], f"trial {trial.number} request {i}"
 
 
 def test_a_failed_serving_trial_is_recorded_with_its_reason_and_the_sweep_goes_on(
@@ -195,7 +234,9 @@ def test_a_disaggregated_trials_worker_serves_the_references_tokens(session_swee
                                                                      monkeypatch):
     """The sweep's trial process (`MeshWorker.serve`, here in the test's own process, with a
     real Ray decode worker): every request's tokens are the unsharded reference's, its KV in
-    a decode slot after its first token, and the slices are half the chips each."""
+    a decode slot after its first token, and the slices are half the chips each. With a
+    measured (host) profile, so both slices measure their calls, host costs and KV
+    handovers before the stream (and still answer the reference's tokens)."""
     import ray
 
     from sweeper.sweep.meshworker import MeshWorker
@@ -206,10 +247,18 @@ def test_a_disaggregated_trials_worker_serves_the_references_tokens(session_swee
     trial = load_space(DISAGGREGATED).trial_config({})
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        measurement = MeshWorker(slot=0, chips=2, cores=None).serve(trial, HARDWARE_PRESETS["tpu-v4"])
+        measured_profile = dataclasses.replace(HARDWARE_PRESETS["tpu-v4"], name="host",
+                                               measured=True)
+        measurement = MeshWorker(slot=0, chips=2, cores=None).serve(trial, measured_profile)
     finally:
         ray.shutdown()
     serving = measurement.extra["serving"]
+    costs = serving["measured_before_stream"]
+    assert costs["detail"]["prefill"]["engine_prefill_s"] > 0
+    assert costs["detail"]["decode"]["engine_step_s"] > 0
+    assert costs["detail"]["handover"]["samples"] > 0 and costs["handover_overhead_s"] > 0
+    assert serving["prediction"]["step_times"].startswith("measured before the stream")
+    assert math.isfinite(measurement.pred_ttft_p50_s) and math.isfinite(measurement.pred_tpot_p50_s)
     assert serving["deployment"] == "disaggregated" and measurement.completed == 4
     assert {p: s["chips"] for p, s in serving["slices"].items()} == {"prefill": 1, "decode": 1}
     for i, (r, served) in enumerate(zip(trial_requests(trial), serving["per_request"])):

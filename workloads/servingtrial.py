@@ -133,28 +133,149 @@ def slice_specs(trial: TrialConfig, context: int):
             SlotSpec(trial.model, td, None, trial.decode, slots=trial.batch, **common))
 
 
-def predict_stream(trial: TrialConfig, reqs: list[Request], hardware: HardwareProfile | None
-                   ) -> tuple[dict[str, float], dict]:
+MEASURED_STEP_TIMES = "measured before the stream (closed loop), host costs measured"
+# How long a serving trial measures its deployment's calls and host costs before its stream
+# (workloads/hostcosts.py `measure_loop`): fewer and shorter blocks than `sweeper serve
+# --measure-overheads` (5 x 0.25 s, 12 idle-loop requests), so a trial pays ~1.5 s, once
+# per worker process and deployment shape (`measure_before_stream`).
+TRIAL_MEASURE = {"rounds": 2, "blocks": 5, "min_block_s": 0.12, "wake_requests": 6,
+                 "idle_gap_s": 0.1}
+_MEASURED: dict = {}      # this worker process's measurements, by deployment shape
+
+
+def measures_before_stream(hardware: HardwareProfile | None) -> bool:
+    """Whether a trial with this profile measures its calls before its stream: this host's
+    measured profile (`hardware: host`: its roofline has no serving host costs, which
+    dominate a small model's steps); a device profile (`devices:<profile>`) predicts with
+    its own costs."""
+    return hardware is not None and hardware.measured
+
+
+def measure_before_stream(trial: TrialConfig, server, reqs: list[Request], decode_slice=None
+                          ) -> dict:
+    """The trial's deployment measured on its own warmed-up servers before the stream, as
+    `sweeper serve --measure-overheads` measures it (workloads/hostcosts.py; docs/serving.md
+    "Serving host costs"): the engine's prefill and decode calls, timed as a calibration
+    trial times them, and the serving host costs (`combine`'s dict), at the stream's median
+    prompt and answer lengths, and the engine's prefill at each of the stream's other
+    prompt lengths (`engine_prefill_by_len_s`). Disaggregated: the prefill slice here, the
+    decode slice on `decode_slice`'s worker, the KV handovers between them. Nothing of
+    the stream is read. Cached per worker process and deployment shape (`cached`)."""
+    from workloads import hostcosts   # lazy: its measuring imports JAX
+
+    lengths = sorted({r.input_len for r in reqs})
+    input_len = sorted(r.input_len for r in reqs)[len(reqs) // 2]
+    output_len = max(sorted(r.output_len for r in reqs)[len(reqs) // 2], 2)
+    key = (repr(trial.model), tuple(trial.mesh_shape), trial.prefill, trial.decode, trial.batch,
+           trial.weights, trial.pad_heads, trial.serving_mode, trial.chips, tuple(lengths),
+           input_len, output_len, server.spec.context_len)
+    if key in _MEASURED:
+        return {**_MEASURED[key], "cached": True}
+    began = time.perf_counter()
+    if trial.serving_mode == "disaggregated":
+        pre = hostcosts.measure_loop(server, input_len, output_len, **TRIAL_MEASURE,
+                                     send=decode_slice.sink, wait=decode_slice.wait)
+        dec = decode_slice.measure_loop(input_len, output_len, TRIAL_MEASURE)
+        samples: list[dict] = []
+        cpu_before = decode_slice.cpu_seconds()
+        # the stream's prompt lengths only (each compiled in the warm-up): the median's and
+        # the shortest (the KV size's slope when they differ)
+        for length in sorted({lengths[0], input_len}):
+            samples += hostcosts.handover_send(server, length, decode_slice.receive)
+        decode_cpu = (decode_slice.cpu_seconds() - cpu_before) / len(samples)
+        costs = hostcosts.combine(pre, dec, hostcosts.handover_costs(samples, decode_cpu))
+    else:
+        loop = hostcosts.measure_loop(server, input_len, output_len, **TRIAL_MEASURE)
+        pre = loop
+        costs = hostcosts.combine(loop, loop)
+    costs["engine_prefill_by_len_s"] = {
+        str(n): (pre["engine_prefill_s"] if n == input_len else hostcosts.engine_prefill_s(server, n))
+        for n in lengths}
+    costs["input_len"], costs["output_len"] = input_len, output_len
+    costs["measure_before_stream_s"] = time.perf_counter() - began
+    _MEASURED[key] = costs
+    return {**costs, "cached": False}
+
+
+def measured_step_times(deployment: Deployment, costs: dict, seed: int = 0):
+    """StepTimes of a deployment from `measure_before_stream`'s costs: each prefill call the
+    engine's measured prefill of its prompt length (the nearest measured length otherwise),
+    each decode step the engine's measured decode call of the slot batch, the measured host
+    costs on top (step, per prompt, before the first tokens, on an idle loop, per handover),
+    each call scaled by a factor drawn from the closed loop's spread of durations (seeded),
+    and a KV handover's bytes priced on the profile's link (the cost model's, as `sweeper
+    serve` prices it: docs/serving.md "Serving host costs")."""
+    from workloads import hostcosts
+    from workloads.servingmodel import StepTimes, kv_link_bandwidth
+    from workloads.costmodel import kv_bytes_per_token
+
+    detail = costs["detail"]
+    dec = detail.get("aggregated") or detail["decode"]
+    by_len = {int(n): float(v) for n, v in costs["engine_prefill_by_len_s"].items()}
+    step_s = float(dec["engine_step_s"])
+
+    def prefill_s(batch: int, input_len: int) -> float:
+        return by_len.get(input_len) or by_len[min(by_len, key=lambda n: abs(n - input_len))]
+
+    if deployment.mode == "disaggregated":
+        bandwidth, _ = kv_link_bandwidth(deployment)
+        per_token = kv_bytes_per_token(deployment.model)
+        kv_transfer_s = lambda input_len: per_token * input_len / bandwidth   # noqa: E731
+    else:
+        kv_transfer_s = lambda input_len: 0.0   # noqa: E731
+    prefill_spread, step_spread = hostcosts.duration_spread(costs)
+    return StepTimes(prefill_s, lambda slots, context: step_s, kv_transfer_s,
+                     source=MEASURED_STEP_TIMES,
+                     step_overhead_s=costs["serving_step_overhead_s"],
+                     prefill_overhead_per_prompt_s=costs["serving_prefill_overhead_s"],
+                     handover_overhead_s=costs["handover_overhead_s"],
+                     prefill_spread=prefill_spread, step_spread=step_spread, spread_seed=seed,
+                     prefill_wake_s=costs.get("prefill_wake_s", 0.0),
+                     prefill_first_overhead_s=costs.get("prefill_first_overhead_s", 0.0))
+
+
+def check_described(trial: TrialConfig, deployment: Deployment) -> None:
+    """ValueError when the serving model does not describe the trial's deployment: it pads
+    heads as `pad_heads: auto` does (workloads/servingmodel.py `run_model`), another padding
+    is a model it does not describe."""
+    model = run_model(deployment)
+    if deployment.mode == "disaggregated":
+        matches = trial.pad_heads == "auto"       # each slice padded for its own half
+    else:
+        matches = model == trial.run_model
+    if not matches:
+        raise ValueError(f"pad_heads={trial.pad_heads!r}: the serving model pads heads "
+                         "as pad_heads auto does")
+
+
+def predictable(trial: TrialConfig, hardware: HardwareProfile | None) -> bool:
+    """Whether `predict_stream` can predict the trial with this profile (else its note says
+    why): a trial that cannot be predicted measures nothing before its stream."""
+    if hardware is None:
+        return False
+    try:
+        check_described(trial, trial_deployment(trial, hardware))
+    except ValueError:
+        return False
+    return True
+
+
+def predict_stream(trial: TrialConfig, reqs: list[Request], hardware: HardwareProfile | None,
+                   costs: dict | None = None) -> tuple[dict[str, float], dict]:
     """The serving model's prediction of the trial's stream (module docstring): the
     `pred_<metric>` values (NaN where it has none) and a note for `extra` (source, the
-    profile, why there is no prediction)."""
+    profile, the step times, why there is no prediction). `costs`: the deployment's calls
+    and host costs measured before the stream (`measure_before_stream`), its step times;
+    None: the profile's (the cost model's, with the profile's host costs)."""
     values = dict.fromkeys(SERVING_PREDICTIONS, math.nan)
     if hardware is None:
         return values, {"source": None, "reason": "no hardware profile to price the deployment"}
     note = {"source": "analytical", "hardware": hardware.name}
     deployment = trial_deployment(trial, hardware)
     try:
-        # the serving model pads heads as `pad_heads: auto` does (workloads/servingmodel.py
-        # `run_model`): another padding is a model it does not describe
-        model = run_model(deployment)
-        if deployment.mode == "disaggregated":
-            matches = trial.pad_heads == "auto"       # each slice padded for its own half
-        else:
-            matches = model == trial.run_model
-        if not matches:
-            raise ValueError(f"pad_heads={trial.pad_heads!r}: the serving model pads heads "
-                             "as pad_heads auto does")
-        result = simulate(deployment, reqs)
+        check_described(trial, deployment)
+        times = measured_step_times(deployment, costs, trial.seed) if costs is not None else None
+        result = simulate(deployment, reqs, times)
     except ValueError as err:     # ConfigError too: a layout the cost model cannot price
         return values, {**note, "source": None, "reason": str(err)}
     summary = result.summary()
@@ -207,6 +328,10 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
         warmup[length] = server.warm_up(length)
     model = server.model.unpadded
     compile_s = time.perf_counter() - setup
+    # this host's profile: the deployment's calls and host costs measured now, before the
+    # stream, on its own servers (the prediction's step times; never the stream's own calls)
+    costs = (measure_before_stream(trial, server, reqs, decode_slice)
+             if measures_before_stream(hardware) and predictable(trial, hardware) else None)
 
     def prompt(i: int):
         """Request i's prompt, made when it is prefilled (as `sweeper serve` makes it)."""
@@ -239,7 +364,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     price = hardware.price_per_chip_hour if hardware is not None else None
     for key, value in summarize(reqs, first, finish, trial.chips, profile, price).items():
         setattr(m, key, value)
-    predicted, note = predict_stream(trial, reqs, hardware)
+    predicted, note = predict_stream(trial, reqs, hardware, costs)
     for key, value in predicted.items():
         setattr(m, key, value)
     deployment = trial_deployment(trial, hardware) if hardware is not None else None
@@ -250,6 +375,9 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
                             "topology": list(getattr(deployment, phase).topology)}
                     for phase in ("prefill", "decode")} if deployment is not None else None),
         "warmup": {str(k): v for k, v in warmup.items()}, "prediction": note,
+        # the calls and host costs measured before the stream (this host's profile), the
+        # prediction's step times: every number the measurement took (`measure_before_stream`)
+        "measured_before_stream": costs,
         # per request: its times on the arrivals' clock and its tokens (the engine's
         # answer: tests/test_serving_trials.py compares them with the unsharded reference)
         "per_request": [{"arrival_s": r.arrival_s, "input_len": r.input_len,

@@ -37,7 +37,8 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   handovers' wall clock from export to slot, is in the detail, `fixed_s`); the bytes' part
   is the link the cost model prices.
 
-The mean is a robust one (server.py `measure_host_costs`): the closed loop runs in `BLOCKS`
+The mean is a robust one (workloads/hostcosts.py `measure_loop`, run by server.py
+`measure_host_costs` and by a serving trial's worker): the closed loop runs in `BLOCKS`
 blocks, each `ROUNDS` rounds (aggregated: a burst of `ROUNDS x slots` requests) repeated
 until the block has run at least `MIN_BLOCK_S` seconds (so the loop runs at least 1.25 s,
 spread over more with the engine's calls timed before the first block and after each), and
@@ -67,15 +68,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
-
+from workloads import hostcosts
 from workloads.deployment import Deployment
 from workloads.config import HardwareProfile
+# the measuring code and the costs from its answers live in workloads (a serving trial's
+# worker measures them too, workloads/servingtrial.py); their names stay importable here
+from workloads.hostcosts import (combine, duration_spread, first_token_overhead,  # noqa: F401
+                                 handover_costs, host_costs)
 
 FIELDS = ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s")
-ROUNDS = 2      # rounds of the closed loop, repeated until a block has run MIN_BLOCK_S
-BLOCKS = 5      # blocks (server.py `measure_host_costs`); the median of the blocks' means
-MIN_BLOCK_S = 0.25
+ROUNDS = hostcosts.ROUNDS            # rounds of the closed loop (workloads/hostcosts.py)
+BLOCKS = hostcosts.BLOCKS            # blocks; the median of the blocks' means
+MIN_BLOCK_S = hostcosts.MIN_BLOCK_S
 
 
 def measure_session(session, input_len: int, output_len: int, rounds: int = ROUNDS,
@@ -87,105 +91,29 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     how = (input_len, output_len, rounds, blocks, min_block_s)
     if session.deployment.mode == "aggregated":
         worker = ray.get(actors["aggregated"].measure_host_costs.remote(*how))   # replica 0
-        pre = dec = worker
-        detail: dict[str, Any] = {"aggregated": worker}
-    else:
-        # one worker after the other: run together, their closed loops (each saturating its
-        # own loop) contend more than a stream does, whose prefill slice mostly waits
-        # the prefill slice's closed loop sends each call's KV to the decode worker (as a
-        # stream's does): the Ray submission and what it leaves on the prefill core are in
-        # its prefill cost
-        pre = ray.get(actors["prefill"].measure_host_costs.remote(*how, decode=actors["decode"]))
-        dec = ray.get(actors["decode"].measure_host_costs.remote(*how))
-        detail = {"prefill": pre, "decode": dec}
-    out: dict[str, Any] = {**host_costs(pre, dec), "handover_overhead_s": 0.0,
-                           # a prefill call on an idle loop: its extra seconds (StepTimes
-                           # `prefill_wake_s`; server.py `measure_host_costs`)
-                           "prefill_wake_s": float(pre.get("prefill_wake_s", 0.0)),
-                           # of a prefill call's host work, the part before its first tokens
-                           "prefill_first_overhead_s": first_token_overhead(pre)}
-    if session.deployment.mode == "disaggregated":
-        lengths = sorted({max(input_len // 2, 1), input_len})
-        samples = []
-        cpu_before = ray.get(actors["decode"].cpu_seconds.remote())
-        for length in lengths:
-            samples += ray.get(actors["prefill"].handover_send.remote(length, actors["decode"]))
-        # the decode process's CPU per handover: Ray receiving and unpickling the KV, the
-        # call, the insert (the decode loop's core pays all of it, not the insert alone)
-        decode_cpu = (ray.get(actors["decode"].cpu_seconds.remote()) - cpu_before) / len(samples)
-        size = np.array([s["bytes"] for s in samples], dtype=float)
-        seconds = np.array([s["in_slot"] - s["start"] for s in samples])
-        if len(set(size)) > 1:
-            slope, intercept = np.polyfit(size, seconds, 1)
-        else:
-            slope, intercept = 0.0, float(np.median(seconds))
-        insert = float(np.mean([s["insert_s"] for s in samples]))
-        submit = float(np.mean([s["submitted"] - s["exported"] for s in samples]))
-        # What each loop's core pays (docs/serving.md "Checking the model against the
-        # server"): the decode loop the decode process's CPU per handover (receiving, the
-        # call, the insert; at least the insert), not the handover's whole wall clock, part
-        # of which is the prefill process's and waiting between the two; the prefill loop
-        # the export and the Ray call (both in its closed loop's prefill cost, per prompt;
-        # `submit_mean_s`, the submission alone, is a diagnostic).
-        out["handover_overhead_s"] = max(decode_cpu, insert)
-        detail["handover"] = {"bytes": sorted(set(size.tolist())),
-                              "median_s": {int(b): float(np.median(seconds[size == b]))
-                                           for b in sorted(set(size))},
-                              "fixed_s": max(float(intercept), 0.0), "insert_mean_s": insert,
-                              "decode_cpu_s": decode_cpu,
-                              "submit_mean_s": submit,
-                              "seconds_per_byte": float(slope), "samples": len(samples)}
-    out["detail"] = detail
-    return out
-
-
-def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
-    """The step and prefill host costs from a worker's `measure_host_costs` (server.py):
-    the loop's MEANS (the median of its blocks' means: module docstring) against the
-    engine's medians, the prefill's per prompt of the closed loop's calls. Means: a stream's
-    queue is paid in mean service time;
-    a replay of served streams through the serving model with their own calls' durations
-    reproduces the measured TTFT with the means, and misses it by ~25% (p50, 85% load) with
-    the medians (docs/serving.md "Checking the model against the server")."""
-    prompts = float(prefill.get("loop_prefill_prompts") or 1.0)
-    # the step is paired with the engine's calls (a decode slice: the call just before each
-    # step; aggregated: the engine's blocks just before and after each block of the loop):
-    # its host work per step is the median over blocks of their means' difference, so that
-    # the other processes' load during the measurement (in both) is not charged to every
-    # step of a stream that may not see it (module docstring)
-    step = decode.get("loop_step_paired_extra_s")
-    if step is None:
-        step = decode["loop_step_mean_s"] - decode["engine_step_s"]
-    return {"serving_step_overhead_s": max(step, 0.0),
-            "serving_prefill_overhead_s": max(prefill["loop_prefill_mean_s"]
-                                              - prefill["engine_prefill_s"], 0.0) / prompts}
-
-
-def first_token_overhead(prefill: dict) -> float:
-    """Of a prefill call's host work, the seconds before its first tokens (per call): the
-    closed loop's calls to their first tokens minus the engine's prefill program, paired
-    (server.py `measure_host_costs`: per block, against the engine's calls just before and
-    after it; the median over blocks), at most the call's whole host work; 0 for a
-    measurement without it."""
-    if "loop_prefill_first_paired_extra_s" not in prefill:
-        return 0.0
-    whole = max(prefill["loop_prefill_mean_s"] - prefill["engine_prefill_s"], 0.0)
-    return min(max(prefill["loop_prefill_first_paired_extra_s"], 0.0), whole)
-
-
-def duration_spread(costs: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(prefill, decode step) duration factors of mean 1 from a measurement's closed loops
-    (each call's seconds over their mean; server.py `measure_host_costs`): the spread the
-    serving model draws from (StepTimes `prefill_spread`, `step_spread`)."""
-    detail = costs["detail"]
-    pre = detail["aggregated"] if "aggregated" in detail else detail["prefill"]
-    dec = detail["aggregated"] if "aggregated" in detail else detail["decode"]
-
-    def factors(samples) -> tuple[float, ...]:
-        values = np.asarray(samples or [], dtype=float)
-        return tuple((values / values.mean()).tolist()) if values.size and values.mean() > 0 else ()
-
-    return factors(pre.get("loop_prefill_samples_s")), factors(dec.get("loop_step_samples_s"))
+        return combine(worker, worker)
+    # one worker after the other: run together, their closed loops (each saturating its
+    # own loop) contend more than a stream does, whose prefill slice mostly waits
+    # the prefill slice's closed loop sends each call's KV to the decode worker (as a
+    # stream's does): the Ray submission and what it leaves on the prefill core are in
+    # its prefill cost
+    pre = ray.get(actors["prefill"].measure_host_costs.remote(*how, decode=actors["decode"]))
+    dec = ray.get(actors["decode"].measure_host_costs.remote(*how))
+    lengths = sorted({max(input_len // 2, 1), input_len})
+    samples = []
+    cpu_before = ray.get(actors["decode"].cpu_seconds.remote())
+    for length in lengths:
+        samples += ray.get(actors["prefill"].handover_send.remote(length, actors["decode"]))
+    # the decode process's CPU per handover: Ray receiving and unpickling the KV, the
+    # call, the insert (the decode loop's core pays all of it, not the insert alone)
+    decode_cpu = (ray.get(actors["decode"].cpu_seconds.remote()) - cpu_before) / len(samples)
+    # What each loop's core pays (docs/serving.md "Checking the model against the
+    # server"): the decode loop the decode process's CPU per handover (receiving, the
+    # call, the insert; at least the insert), not the handover's whole wall clock, part
+    # of which is the prefill process's and waiting between the two; the prefill loop
+    # the export and the Ray call (both in its closed loop's prefill cost, per prompt;
+    # `submit_mean_s`, the submission alone, is a diagnostic).
+    return combine(pre, dec, handover_costs(samples, decode_cpu))
 
 
 def measure(deployment: Deployment, input_len: int, output_len: int, seed: int = 0,

@@ -153,6 +153,27 @@ class DecodeSliceWorker:
 
         return serve_decode_slice(self.server, self.inbox, expected, start_at)
 
+    # serving host costs before the stream (workloads/hostcosts.py, the code `sweeper serve
+    # --measure-overheads`'s workers run; workloads/servingtrial.py `measure_before_stream`)
+
+    def measure_loop(self, input_len: int, output_len: int, how: dict) -> dict:
+        from workloads.hostcosts import measure_loop   # lazy: imports JAX
+
+        return measure_loop(self.server, input_len, output_len, **how)
+
+    def sink(self, handover: list[dict]) -> int:
+        """Receive a closed loop's handover and drop it."""
+        return len(handover)
+
+    def handover_receive(self, handover: list[dict]) -> dict[str, float]:
+        from workloads.hostcosts import handover_receive   # lazy: imports JAX
+
+        return handover_receive(self.server, handover)
+
+    def cpu_seconds(self) -> float:
+        """This process's CPU seconds, all its threads (Ray's receiving ones included)."""
+        return time.process_time()
+
 
 class DecodeSlice:
     """The decode side of a disaggregated serving trial, as `run_serving_trial` uses it
@@ -187,6 +208,28 @@ class DecodeSlice:
     def finish(self, sent: list) -> dict[int, dict]:
         self.ray.get(sent)
         return self.ray.get(self.serving)
+
+    # serving host costs before the stream (workloads/servingtrial.py `measure_before_stream`)
+
+    def measure_loop(self, input_len: int, output_len: int, how: dict) -> dict:
+        """The decode slice's closed loop (workloads/hostcosts.py `measure_loop`)."""
+        return self.ray.get(self.actor.measure_loop.remote(input_len, output_len, how))
+
+    def sink(self, handover: list[dict]):
+        """A closed loop's handover, sent as `send` sends (dropped there; not waited for)."""
+        return self.actor.sink.remote(handover)
+
+    def wait(self, sent: list) -> None:
+        self.ray.get(sent)
+
+    def receive(self, handover: list[dict]):
+        """One timed handover (workloads/hostcosts.py `handover_send`): sent now, its answer
+        (`handover_receive`) when the returned call is called."""
+        ref = self.actor.handover_receive.remote(handover)
+        return lambda: self.ray.get(ref)
+
+    def cpu_seconds(self) -> float:
+        return self.ray.get(self.actor.cpu_seconds.remote())
 
     def close(self) -> None:
         self.ray.kill(self.actor)

@@ -1,0 +1,441 @@
+"""Serving host costs measured on a slot server: what a serving loop adds on the host to the
+engine's own calls, outside any served stream (docs/serving.md "Serving host costs").
+
+The measuring code is here, in `workloads`, so that every process that holds a slot server
+runs the same code: `sweeper serve --measure-overheads`'s Ray workers (sweeper/serving/
+server.py `ServingWorker.measure_host_costs`, sweeper/serving/overheads.py
+`measure_session`) and a serving trial's own worker before its stream
+(workloads/servingtrial.py; disaggregated, its decode slice's actor,
+sweeper/sweep/meshworker.py `DecodeSliceWorker`). What each number means, and why the
+means are paired medians of block means: sweeper/serving/overheads.py's docstring.
+
+    loop = measure_loop(server, input_len, output_len)        # one worker's closed loop
+    costs = combine(loop, loop)                               # aggregated: one worker
+    costs = combine(pre, dec, handover_costs(samples, cpu))   # disaggregated
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from workloads.servingprofile import Request
+
+ROUNDS = 2      # rounds of the closed loop, repeated until a block has run MIN_BLOCK_S
+BLOCKS = 5      # blocks; the median of the blocks' means
+MIN_BLOCK_S = 0.25
+WAKE_REQUESTS = 12   # one-token requests on an idle loop (`prefill_wake_s`)
+IDLE_GAP_S = 0.1     # ... this far apart
+
+
+def prompt_for(model, request_index: int, input_len: int, seed: int):
+    """Request `request_index`'s prompt tokens (deterministic from the seed)."""
+    from workloads.model import prompt_tokens   # lazy: imports JAX (only where a mesh runs)
+
+    return prompt_tokens(model, 1, input_len, seed * 1_000_003 + request_index)[0]
+
+
+def _nowhere(handover: list[dict]) -> None:
+    raise RuntimeError(f"a prefill worker without a decode worker cannot hand over requests "
+                       f"{[h['request'] for h in handover]} (answers longer than one token)")
+
+
+def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
+                 blocks: int = BLOCKS, min_block_s: float = MIN_BLOCK_S,
+                 wake_requests: int = WAKE_REQUESTS, idle_gap_s: float = IDLE_GAP_S,
+                 send: Callable[[list[dict]], Any] | None = None,
+                 wait: Callable[[list], Any] | None = None) -> dict[str, Any]:
+    """A slot server's serving loop against the engine's timed calls of the same shapes.
+
+    Engine: the prefill program alone, and the decode call of the full slot batch (decode
+    program and argmax), arguments placed before the timer, synchronised: as a
+    calibration trial times them. Loop: the serving loop itself at saturation, with no
+    arrivals: aggregated, `serve_aggregated`'s loop on a burst of `rounds x slots`
+    requests (one prefill call inserted per decode step while prompts wait: prompts,
+    `srv.prefill`, its rows into slots; a step: `srv.step()`, the clock read, `advance_slots`);
+    a prefill slice, `4 x rounds` prefill calls and their KV exported back to back; a
+    decode slice, every slot full, stepping `rounds x output_len` steps, each step right
+    after an engine call of the same slot batch (paired: `loop_step_paired_extra_s`,
+    the median over blocks of the block's mean step minus its paired engine calls' mean,
+    and each block's `loop_step_paired_block_extra_s`; overheads.py charges it); the
+    aggregated loop's steps are paired by block instead, against the engine's decode
+    calls just before and after the block (its steps cannot be interleaved with engine
+    calls without changing the loop).
+
+    The loop runs in `blocks` blocks, the engine's calls before the first and after each
+    (so the blocks are spread over the measurement's seconds, docs/serving.md "Serving
+    host costs"); a block repeats the loop above until it has run `min_block_s` (the
+    first call of each repetition dropped). Robust means: {loop_step_mean_s,
+    loop_prefill_mean_s} are the MEDIAN of the blocks' means: a mean, what a stream's queue
+    pays, but one that a burst of other processes' load over fewer than half the blocks
+    does not move; the blocks' means {loop_step_block_means_s, ...} and the mean over
+    every call {loop_step_pooled_mean_s, ...} beside them. Medians: {engine_step_s,
+    loop_step_s, engine_prefill_s, loop_prefill_s} (a phase the server does not run is
+    absent), the measurement's wall clock `measured_s`, the loop's prompts per prefill
+    call and every closed-loop call's seconds {loop_step_samples_s, loop_prefill_samples_s}.
+
+    `send` (a prefill slice with a decode worker): the closed loop also hands each prefill
+    call's KV to it in one call, as a stream's prefill slice does, without waiting for it
+    (`wait(sent)` after each block): the submission and the work it leaves on this core
+    are in the loop's prefill, as a stream's prefill pays them.
+
+    Idle loop (a server with a prefill phase): `wake_requests` one-token requests
+    `idle_gap_s` apart (the loop idle between them) served by the server's own serving
+    loop (`serve_aggregated` or `serve_prefill_slice`, sleeps and wake-ups included): the
+    median of their TTFTs `prefill_after_idle_s`, and `prefill_wake_s` = that minus the
+    engine's prefill (what a call on an idle loop adds before its first token: a
+    stream's prefill worker is idle between arrivals, the closed loop above never is)."""
+    import jax   # lazy: JAX only in a process that holds a mesh
+    import jax.numpy as jnp   # lazy: as jax
+    from workloads.serving import advance_slots   # lazy: imports JAX, as above
+
+    spec = srv.spec
+    model = srv.model.unpadded
+    out: dict[str, Any] = {}
+    repeats = 5                 # per engine block (its first dropped): blocks + 1 of them
+    engine_prefill: list[float] = []
+    engine_step: list[float] = []
+
+    def engine_calls() -> None:
+        """The engine's calls, timed as a trial times them (the first of each dropped)."""
+        if spec.prefill is not None:                 # the prefill program alone
+            program = srv._prefill_program(input_len)
+            batch = np.stack([prompt_for(model, i, input_len, 7)
+                              for i in range(spec.prefill_batch)])
+            placed = jax.device_put(batch, srv._replicated)
+            calls = []
+            for k in range(repeats):
+                start = time.perf_counter()
+                jax.block_until_ready(program(srv.params, placed))
+                if k:
+                    calls.append(time.perf_counter() - start)
+            engine_prefill.extend(calls)
+            engine_prefill_blocks.append(float(np.mean(calls)))
+        if spec.decode is not None:                  # decode and argmax of the slot batch
+            tokens = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
+            positions = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
+            calls = []
+            for k in range(repeats * 2):
+                start = time.perf_counter()
+                logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens, positions)
+                jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
+                if k:
+                    calls.append(time.perf_counter() - start)
+            engine_step.extend(calls)
+            engine_step_blocks.append(float(np.mean(calls)))
+
+    def loop_block() -> tuple[list[float], list[float], float]:
+        """One block of the closed loop: its steps' and prefill calls' seconds, and its
+        prompts per prefill call."""
+        steps: list[float] = []
+        prefills: list[float] = []
+        if spec.prefill is not None and spec.decode is not None:
+            return saturated_aggregated(srv, input_len, output_len, rounds * spec.slots,
+                                        first_token)
+        if spec.prefill is not None:
+            for n in range(rounds * 4 + 1):
+                start = time.perf_counter()
+                take = range(spec.prefill_batch)
+                done = srv.prefill([prompt_for(model, n * 64 + i, input_len, 7) for i in take])
+                int(done.first_tokens[0])      # the first tokens on the host, as served
+                first_token.append(time.perf_counter() - start)
+                handover = [{"request": row, "kv": srv.export_kv(done, row),
+                             "first_token": int(done.first_tokens[row]),
+                             "output_len": output_len} for row in take]
+                if send is not None:      # as a stream's prefill slice sends (not waited for)
+                    sent.append(send(handover))
+                prefills.append(time.perf_counter() - start)
+            return steps, prefills, float(spec.prefill_batch)
+        kv = np.zeros((srv.model.n_layers, input_len, 2, srv.model.n_kv_heads,
+                       srv.model.d_head), jnp.bfloat16)
+        slot_request = [-1] * spec.slots
+        remaining = [0] * spec.slots
+        record = [{"tokens": []} for _ in range(spec.slots)]
+        # the engine's call of the same slot batch right before each step (paired: the
+        # other processes' load of that moment is in both, docs/serving.md "Serving host
+        # costs"); it writes position `input_len` of every slot, which no timing reads
+        tokens_e = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
+        positions_e = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
+        for _ in range(rounds):
+            for slot in range(spec.slots):            # every slot full, no arrivals
+                srv.insert(slot, kv, 0, 0)
+                slot_request[slot], remaining[slot] = slot, max(output_len - 1, 1)
+                record[slot]["tokens"] = []
+            jax.block_until_ready(srv.cache)
+            while any(r >= 0 for r in slot_request):
+                start = time.perf_counter()
+                logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens_e, positions_e)
+                jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
+                paired_engine.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                tokens = srv.step()
+                advance_slots(srv, tokens, time.time(), slot_request, remaining, record)
+                steps.append(time.perf_counter() - start)
+        return steps, prefills, 0.0
+
+    paired_engine: list[float] = []     # a decode slice: the engine's call before each step
+    first_token: list[float] = []       # each closed-loop prefill call to its first tokens
+    first_blocks: list[list[float]] = []
+    engine_prefill_blocks: list[float] = []   # each engine block's mean prefill
+    engine_step_blocks: list[float] = []      # each engine block's mean decode call
+    first_extra: list[float] = []       # per block: to first tokens - engine blocks beside
+    paired_blocks: list[float] = []     # per block: mean step - mean paired engine calls
+    began = time.perf_counter()
+    engine_calls()          # between the blocks: a drift in the host's load
+    step_blocks: list[list[float]] = []
+    prefill_blocks: list[list[float]] = []
+    prompts: list[float] = []
+    sent: list = []         # the closed loop's handovers through `send`, if any
+    for _ in range(max(blocks, 1)):
+        block_began = time.perf_counter()
+        steps, prefills = [], []
+        engine_before: list[float] = []
+        firsts: list[float] = []
+        while True:         # at least `min_block_s` of the loop per block
+            paired_engine.clear()
+            first_token.clear()
+            more_steps, more_prefills, block_prompts = loop_block()
+            steps += more_steps[1:]
+            engine_before += paired_engine[1:]
+            firsts += first_token[1:]
+            prefills += more_prefills[1:]
+            if more_prefills[1:]:
+                prompts.append(block_prompts)
+            if time.perf_counter() - block_began >= min_block_s:
+                break
+        if steps:
+            step_blocks.append(steps)
+        if firsts:
+            first_blocks.append(firsts)
+            first_extra.append(float(np.mean(firsts)))   # the engine block after: below
+        if steps and engine_before:
+            paired_blocks.append(float(np.mean(steps) - np.mean(engine_before)))
+        if prefills:
+            prefill_blocks.append(prefills)
+        if sent:
+            if wait is not None:
+                wait(sent)
+            sent.clear()
+        engine_calls()      # (other processes' work) shows in both, not in their difference
+        if firsts:          # paired with the engine's blocks before and after this one
+            first_extra[-1] -= float(np.mean(engine_prefill_blocks[-2:]))
+        if steps and not engine_before:   # aggregated: paired with the engine's blocks
+            paired_blocks.append(float(np.mean(steps) - np.mean(engine_step_blocks[-2:])))
+    out["measured_s"] = time.perf_counter() - began
+    out["blocks"] = max(blocks, 1)
+    if engine_prefill:
+        out["engine_prefill_s"] = float(np.median(engine_prefill))
+    if engine_step:
+        out["engine_step_s"] = float(np.median(engine_step))
+    for name, per_block in (("prefill", prefill_blocks), ("step", step_blocks),
+                            ("prefill_first", first_blocks)):
+        if not per_block:
+            continue
+        every = [x for block in per_block for x in block]
+        means = [float(np.mean(block)) for block in per_block]
+        # the median of the blocks' means (robust to a burst of load over a few blocks);
+        # the median of the calls (the typical call); the pooled mean (diagnostic)
+        out[f"loop_{name}_s"] = float(np.median(every))
+        out[f"loop_{name}_mean_s"] = float(np.median(means))
+        out[f"loop_{name}_block_means_s"] = means
+        out[f"loop_{name}_pooled_mean_s"] = float(np.mean(every))
+        out[f"loop_{name}_samples_s"] = [float(x) for x in every]   # their spread
+    if first_extra:
+        # a prefill call's host work before its first tokens, paired: the median over
+        # blocks of (the block's mean call to its first tokens - the mean of the engine's
+        # prefill calls just before and after the block)
+        out["loop_prefill_first_paired_extra_s"] = float(np.median(first_extra))
+        out["loop_prefill_first_paired_block_extra_s"] = first_extra
+    if paired_blocks:
+        # the host work per step, paired: the median over blocks of (the block's mean
+        # step - the mean of the engine's calls just before each step (a decode slice) or
+        # in the engine's blocks just before and after the block (aggregated))
+        out["loop_step_paired_extra_s"] = float(np.median(paired_blocks))
+        out["loop_step_paired_block_extra_s"] = paired_blocks
+    if prefill_blocks:
+        out["loop_prefill_prompts"] = float(np.mean(prompts))   # prompts per prefill call
+    if spec.prefill is not None and wake_requests > 0:
+        from workloads.serving import serve_aggregated, serve_prefill_slice   # lazy: JAX
+
+        reqs = [Request((k + 1) * idle_gap_s, input_len, 1) for k in range(wake_requests + 1)]
+        start_at = time.time() + idle_gap_s
+        prompt = lambda i: prompt_for(model, 9000 + i, input_len, 7)   # noqa: E731
+        if spec.decode is not None:
+            served = serve_aggregated(srv, reqs, prompt, start_at)
+        else:
+            served, _ = serve_prefill_slice(
+                srv, [dict(arrival_s=r.arrival_s, input_len=r.input_len, output_len=1)
+                      for r in reqs], prompt, start_at, _nowhere)
+        ttft = [s["first_token_s"] - r.arrival_s for s, r in zip(served, reqs)][1:]
+        out["prefill_after_idle_s"] = float(np.median(ttft))
+        out["prefill_wake_s"] = max(out["prefill_after_idle_s"] - out["engine_prefill_s"], 0.0)
+        out["idle_gap_s"] = idle_gap_s
+    return out
+
+
+def saturated_aggregated(srv, input_len: int, output_len: int, n: int,
+                         first_token: list | None = None) -> tuple[list, list, float]:
+    """`serve_aggregated`'s loop on a burst of `n` requests at time 0: the seconds of each
+    decode step and of each prefill branch (synchronised after its inserts, so their
+    time is the prefill's, not the next step's; workloads/serving.py `serve_aggregated`),
+    and the mean prompts per prefill call after the first."""
+    from workloads.serving import serve_aggregated   # lazy: imports JAX (the server's mesh)
+
+    model = srv.model.unpadded
+    timings: dict[str, list[float]] = {"step_s": [], "prefill_s": []}
+    calls: list = []
+    serve_aggregated(srv, [Request(0.0, input_len, output_len)] * n,
+                     lambda i: prompt_for(model, i, input_len, 7), timings=timings, calls=calls)
+    prompts = [len(c[3]) for c in calls if c[0] == "prefill"][1:] or [1]
+    if first_token is not None:    # each prefill call to its first tokens on the host
+        first_token += [c[2] - c[1] for c in calls if c[0] == "prefill"]
+    return timings["step_s"], timings["prefill_s"], float(np.mean(prompts))
+
+
+def handover_send(srv, input_len: int, receive: Callable[[list[dict]], dict],
+                  repeats: int = 8) -> list[dict]:
+    """KV handovers of `input_len` tokens from a prefill slot server, as a stream's prefill
+    slice sends them (export, one call), one at a time; `receive(handover)` hands them to
+    the decode side and returns its `handover_receive` answer. Per handover the wall clock
+    when the export starts, when it is done, when the call is submitted (what the prefill
+    loop pays), when the decode side has the KV in a slot, and its insert alone (what its
+    loop pays)."""
+    prompt = [prompt_for(srv.model.unpadded, 0, input_len, 7)]
+    done = srv.prefill(prompt)
+    out = []
+    for _ in range(repeats + 1):
+        start = time.time()
+        kv = srv.export_kv(done, 0)
+        exported = time.time()
+        pending = receive([{"request": 0, "kv": kv, "first_token": int(done.first_tokens[0]),
+                            "output_len": 2}])
+        submitted = time.time()
+        received = pending() if callable(pending) else pending
+        out.append({"start": start, "exported": exported, "submitted": submitted,
+                    "in_slot": received["in_slot"], "insert_s": received["insert_s"],
+                    "bytes": int(kv.nbytes)})
+    return out[1:]
+
+
+def handover_receive(srv, handover: list[dict]) -> dict[str, float]:
+    """The decode side of one handover: the KV into slot 0, synchronised; the wall clock
+    then, and the seconds of the insert itself (as a decode slice's loop pays it)."""
+    import jax   # lazy: only where a mesh runs
+
+    began = time.perf_counter()
+    for item in handover:
+        srv.insert(0, item["kv"], 0, item["first_token"])
+    jax.block_until_ready(srv.cache)
+    insert_s = time.perf_counter() - began
+    done = time.time()
+    srv.release(0)
+    return {"in_slot": done, "insert_s": insert_s}
+
+
+def handover_costs(samples: list[dict], decode_cpu_s: float) -> tuple[float, dict]:
+    """(`handover_overhead_s`, its detail) from `handover_send`'s samples and the decode
+    process's CPU seconds per handover: what the decode loop's core pays (receiving, the
+    call, the insert; at least the insert), not the handover's whole wall clock
+    (sweeper/serving/overheads.py's docstring)."""
+    size = np.array([s["bytes"] for s in samples], dtype=float)
+    seconds = np.array([s["in_slot"] - s["start"] for s in samples])
+    if len(set(size)) > 1:
+        slope, intercept = np.polyfit(size, seconds, 1)
+    else:
+        slope, intercept = 0.0, float(np.median(seconds))
+    insert = float(np.mean([s["insert_s"] for s in samples]))
+    submit = float(np.mean([s["submitted"] - s["exported"] for s in samples]))
+    detail = {"bytes": sorted(set(size.tolist())),
+              "median_s": {int(b): float(np.median(seconds[size == b])) for b in sorted(set(size))},
+              "fixed_s": max(float(intercept), 0.0), "insert_mean_s": insert,
+              "decode_cpu_s": decode_cpu_s, "submit_mean_s": submit,
+              "seconds_per_byte": float(slope), "samples": len(samples)}
+    return max(decode_cpu_s, insert), detail
+
+
+def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
+    """The step and prefill host costs from `measure_loop`'s answers: the loop's MEANS (the
+    median of its blocks' means) against the engine's medians, the prefill's per prompt of
+    the closed loop's calls. Means: a stream's queue is paid in mean service time; a replay
+    of served streams through the serving model with their own calls' durations reproduces
+    the measured TTFT with the means, and misses it by ~25% (p50, 85% load) with the
+    medians (docs/serving.md "Checking the model against the server")."""
+    prompts = float(prefill.get("loop_prefill_prompts") or 1.0)
+    # the step is paired with the engine's calls (a decode slice: the call just before each
+    # step; aggregated: the engine's blocks just before and after each block of the loop):
+    # its host work per step is the median over blocks of their means' difference, so that
+    # the other processes' load during the measurement (in both) is not charged to every
+    # step of a stream that may not see it (sweeper/serving/overheads.py's docstring)
+    step = decode.get("loop_step_paired_extra_s")
+    if step is None:
+        step = decode["loop_step_mean_s"] - decode["engine_step_s"]
+    return {"serving_step_overhead_s": max(step, 0.0),
+            "serving_prefill_overhead_s": max(prefill["loop_prefill_mean_s"]
+                                              - prefill["engine_prefill_s"], 0.0) / prompts}
+
+
+def first_token_overhead(prefill: dict) -> float:
+    """Of a prefill call's host work, the seconds before its first tokens (per call): the
+    closed loop's calls to their first tokens minus the engine's prefill program, paired
+    (per block, against the engine's calls just before and after it; the median over
+    blocks), at most the call's whole host work; 0 for a measurement without it."""
+    if "loop_prefill_first_paired_extra_s" not in prefill:
+        return 0.0
+    whole = max(prefill["loop_prefill_mean_s"] - prefill["engine_prefill_s"], 0.0)
+    return min(max(prefill["loop_prefill_first_paired_extra_s"], 0.0), whole)
+
+
+def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = None,
+            ) -> dict[str, Any]:
+    """The measurement's costs (the three profile fields, `prefill_wake_s`,
+    `prefill_first_overhead_s`) and their `detail`, from the prefill side's and the decode
+    side's `measure_loop` (the same answer twice for an aggregated server) and, for a
+    disaggregated deployment, `handover_costs`."""
+    out: dict[str, Any] = {**host_costs(prefill, decode), "handover_overhead_s": 0.0,
+                           # a prefill call on an idle loop: its extra seconds (StepTimes
+                           # `prefill_wake_s`)
+                           "prefill_wake_s": float(prefill.get("prefill_wake_s", 0.0)),
+                           # of a prefill call's host work, the part before its first tokens
+                           "prefill_first_overhead_s": first_token_overhead(prefill)}
+    detail: dict[str, Any] = ({"aggregated": prefill} if prefill is decode
+                              else {"prefill": prefill, "decode": decode})
+    if handover is not None:
+        out["handover_overhead_s"], detail["handover"] = handover
+    out["detail"] = detail
+    return out
+
+
+def duration_spread(costs: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(prefill, decode step) duration factors of mean 1 from a measurement's closed loops
+    (each call's seconds over their mean): the spread the serving model draws from
+    (StepTimes `prefill_spread`, `step_spread`)."""
+    detail = costs["detail"]
+    pre = detail["aggregated"] if "aggregated" in detail else detail["prefill"]
+    dec = detail["aggregated"] if "aggregated" in detail else detail["decode"]
+
+    def factors(samples) -> tuple[float, ...]:
+        values = np.asarray(samples or [], dtype=float)
+        return tuple((values / values.mean()).tolist()) if values.size and values.mean() > 0 else ()
+
+    return factors(pre.get("loop_prefill_samples_s")), factors(dec.get("loop_step_samples_s"))
+
+
+def engine_prefill_s(srv, input_len: int, repeats: int = 5) -> float:
+    """The median of `repeats` timed calls of the engine's prefill program of `input_len`
+    tokens (the first dropped), as `measure_loop` times it: another prompt length's engine
+    call beside one measurement."""
+    import jax   # lazy: only where a mesh runs
+
+    program = srv._prefill_program(input_len)
+    batch = np.stack([prompt_for(srv.model.unpadded, i, input_len, 7)
+                      for i in range(srv.spec.prefill_batch)])
+    placed = jax.device_put(batch, srv._replicated)
+    calls = []
+    for k in range(repeats + 1):
+        start = time.perf_counter()
+        jax.block_until_ready(program(srv.params, placed))
+        if k:
+            calls.append(time.perf_counter() - start)
+    return float(np.median(calls))
