@@ -21,6 +21,7 @@ from sweeper.analysis.holdout import HOLDOUT_TEXT, Calibration, calibrate
 from sweeper.formatting import jsonable, percent_dash
 from sweeper.paths import default_storage
 from sweeper.tracking import results
+from sweeper.tracking.study import load_study
 from workloads.config import HardwareProfile
 from workloads.hardware import load_hardware
 
@@ -68,12 +69,14 @@ class StudyData:
 
 
 def load_study_data(study_name: str, storage: str | None = None) -> StudyData:
+    """The study's table, user attrs and trial configs, from one open of its storage."""
     storage = storage or default_storage(create=False)
-    frame = results.load_trials(study_name, storage)
-    study = results.load_study(study_name, storage)
-    configs = {t.number: t.user_attrs["config"] for t in study.get_trials(deepcopy=False)
+    study = load_study(study_name, storage)
+    trials = study.get_trials(deepcopy=False)
+    configs = {t.number: t.user_attrs["config"] for t in trials
                if isinstance(t.user_attrs.get("config"), Mapping)}
-    return StudyData(study_name, storage, frame, dict(study.user_attrs), configs)
+    return StudyData(study_name, storage, results.trials_frame(study, trials),
+                     dict(study.user_attrs), configs)
 
 
 def calibrate_study(data: StudyData, holdouts: Iterable[str] = ("kfold",),

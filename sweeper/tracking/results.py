@@ -85,11 +85,15 @@ def _number(value: Any) -> float:
 
 def load_trials(study_name: str, storage: str | None = None) -> pd.DataFrame:
     """Every trial of an Optuna study (as `sweeper run` stored it) as a table of COLUMNS."""
-    storage = storage or default_storage(create=False)
-    study = load_study(study_name, storage)
+    return trials_frame(load_study(study_name, storage or default_storage(create=False)))
+
+
+def trials_frame(study, trials: list | None = None) -> pd.DataFrame:
+    """An opened Optuna study's trials (`trials`: its `get_trials(deepcopy=False)` already
+    read) as a table of COLUMNS."""
     run_ids = mlflow_run_ids(study)
     rows = []
-    for trial in study.get_trials(deepcopy=False):
+    for trial in study.get_trials(deepcopy=False) if trials is None else trials:
         attrs = trial.user_attrs
         rows.append(trial_row(
             number=trial.number, state=trial.state.name, reason=attrs.get("reason"),

@@ -40,12 +40,23 @@ def study_counts(study) -> dict[str, int]:
     return counts
 
 
-def study_names(storage: str) -> list[str]:
+def _open_storage(storage: str):
+    """The storage of `storage`, or a one-line ConfigError for a damaged file or an
+    unreachable database server."""
+    try:
+        return open_optuna_storage(storage)
+    except Exception as err:  # noqa: BLE001 - a damaged file, an unreachable database server
+        raise ConfigError("--storage", storage, f"a readable Optuna storage "
+                          f"({one_line(err)[:200]})") from None
+
+
+def study_names(storage: str, opened=None) -> list[str]:
+    """The studies of `storage`; `opened`: that storage already opened (`_open_storage`)."""
     import optuna   # lazy: Optuna (and SQLAlchemy) cost ~1 s to import
 
+    opened = opened or _open_storage(storage)
     try:
-        summaries = optuna.study.get_all_study_summaries(open_optuna_storage(storage),
-                                                         include_best_trial=False)
+        summaries = optuna.study.get_all_study_summaries(opened, include_best_trial=False)
     except Exception as err:  # noqa: BLE001 - a damaged file, an unreachable database server
         raise ConfigError("--storage", storage, f"a readable Optuna storage "
                           f"({one_line(err)[:200]})") from None
@@ -53,17 +64,20 @@ def study_names(storage: str) -> list[str]:
 
 
 def load_study(study_name: str, storage: str):
-    """optuna.load_study, with a one-line ConfigError (and a suggestion) for an unknown name."""
+    """optuna.load_study, with a one-line ConfigError (and a suggestion) for an unknown name.
+    The storage is opened once (each open of an RDB storage builds an engine and checks the
+    schema's version: docs/performance.md, "Sweep overhead")."""
     import optuna   # lazy: Optuna (and SQLAlchemy) cost ~1 s to import
 
     db = sqlite_path(storage)
     if db is not None and not db.is_file():      # do not create an empty store just to look
         raise ConfigError("--storage", storage, "an Optuna storage with studies (no such file; "
                           "run `sweeper run` first, or set SWEEPER_HOME / --storage)")
-    names = study_names(storage)
+    opened = _open_storage(storage)
+    names = study_names(storage, opened)
     if study_name not in names:
         close = difflib.get_close_matches(study_name, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         listed = names if len(names) <= 10 else names[-10:] + ["..."]
         raise ConfigError("study", study_name, f"a study in {storage}: {listed}{hint}")
-    return optuna.load_study(study_name=study_name, storage=open_optuna_storage(storage))
+    return optuna.load_study(study_name=study_name, storage=opened)
