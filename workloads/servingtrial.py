@@ -34,8 +34,12 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
   tests/test_serving_trials.py checks that the two agree on the same requests.
 - **Prediction** (`predict_stream`): the serving model (workloads/servingmodel.py
   `simulate`, docs/serving.md "The serving model") serves the same requests with the same
-  deployment, step times from the cost model with the hardware profile the worker was given
-  (the space's: a `host` share, a preset or a fitted YAML): `pred_ttft_p50_s`,
+  deployment. Step times: with this host's measured profile (`hardware: host`, which has no
+  serving host costs), the deployment's engine calls and serving host costs measured on the
+  trial's own warmed-up servers before the stream (`measure_before_stream`, the code of
+  `sweeper serve --measure-overheads`, workloads/hostcosts.py; never the stream's own calls;
+  kept in `extra["serving"]["measured_before_stream"]`); with another profile (a preset or
+  a fitted YAML: `devices:<profile>`), the cost model's with it: `pred_ttft_p50_s`,
   `pred_ttft_p99_s`, `pred_tpot_p50_s`, `pred_tpot_p99_s`, analytical, beside the measured
   ones; NaN (and the reason in `extra["serving"]["prediction"]`) when there is no profile or
   it cannot price the deployment. The controller stores that note as the Optuna user attr
@@ -296,7 +300,11 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     (build and warm up; its warm-up seconds), `begin(expected, start_at)` (start serving in
     the background), `send(handover)` (one call's KV caches, not waited for) and
     `finish(sent)` (wait for the sends and the decoding: per request `kv_ready_s`,
-    `finish_s` and its decoded tokens)."""
+    `finish_s` and its decoded tokens); with a measured profile also, before the stream
+    (`measure_before_stream`), `measure_loop(input_len, output_len, how)` (its closed loop,
+    workloads/hostcosts.py), `sink(handover)` and `wait(sent)` (the prefill closed loop's
+    handovers, dropped), `receive(handover)` (one timed handover: a call that returns its
+    `handover_receive` answer) and `cpu_seconds()`."""
     from workloads.hoststate import HostSampler
     from workloads.measure import hardware_label
     from workloads.model import prompt_tokens

@@ -15,7 +15,9 @@ built for the trial, outside the engine cache). A disaggregated serving trial ru
 prefill slice here, on the first half of this worker's devices, and its decode slice on a
 `DecodeSliceWorker` actor this worker starts for the trial (the other half of the chips,
 its own process and device count), the KV caches handed over through Ray as `sweeper
-serve` hands them over; the two share this worker's cores (split in two when it has two
+serve` hands them over (with `hardware: host` the decode slice also runs its part of the
+measurement before the stream, workloads/servingtrial.py `measure_before_stream`); the two
+share this worker's cores (split in two when it has two
 or more), so the trial uses no core outside its slot (docs/space-files.md "Serving
 trials"). The actor answers `where()` (pid, Ray node
 id and IP, the resources it holds) as soon as its process is up, before its first trial.
