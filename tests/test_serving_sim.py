@@ -460,6 +460,32 @@ def test_replay_of_a_served_aggregated_log_gives_its_first_tokens_back():
     assert np.allclose(result.finish_s, [0.033, 0.0495, 0.055])
 
 
+def test_replay_with_arrivals_charges_an_idle_call_its_logged_wake():
+    """A loop asleep until a request's arrival starts its prefill late (the wake is in no
+    call's duration): replayed with the stream's arrivals, a call that found the loop idle
+    lasts its own wake as well (here 2 ms and 4 ms); a call right after other work does
+    not (sweeper/serving/serve.py `idle_wakes`)."""
+    from sweeper.serving.serve import idle_wakes, replay_step_times
+
+    d = _deployment("aggregated", slots=2)
+    # request 0 arrives at 0 (started at 2 ms), request 1 at 5 ms while 0 decodes (no
+    # wake), request 2 at 100 ms after everything ended (started at 104 ms)
+    calls = {"aggregated": [
+        ("prefill", 0.002, 0.012, [0], 0.013), ("step", 0.013, 0.018, 1, 0.0185),
+        ("prefill", 0.0185, 0.0285, [1], 0.0295), ("step", 0.0295, 0.0345, 2, 0.035),
+        ("step", 0.035, 0.040, 1, 0.0405),
+        ("prefill", 0.104, 0.114, [2], 0.115), ("step", 0.115, 0.120, 1, 0.1205),
+        ("step", 0.1205, 0.1255, 1, 0.126)]}
+    reqs = [Request(0.0, 128, 3), Request(0.005, 128, 3), Request(0.100, 128, 3)]
+    assert idle_wakes(calls["aggregated"], [r.arrival_s for r in reqs]) == \
+        pytest.approx([0.002, 0.0, 0.004])
+    result = simulate(d, reqs, replay_step_times(d, calls, reqs))
+    # the idle calls' logged first tokens; without arrivals, their wakes are lost
+    assert np.allclose(result.first_token_s[[0, 2]], [0.012, 0.114])
+    without = simulate(d, reqs, replay_step_times(d, calls))
+    assert np.allclose(without.first_token_s[[0, 2]], [0.010, 0.110])
+
+
 def test_replay_of_a_served_disaggregated_log_charges_the_decode_loop_its_inserts():
     """Disaggregated: the prefill slice's send (export and Ray submission) delays the KV's
     arrival, the decode loop pays only its insert (the delivery between the processes

@@ -280,7 +280,7 @@ class ServingSession:
         from workloads.servingmodel import simulate
 
         replayed = simulate(self.deployment, requests,
-                            replay_step_times(self.deployment, calls)).summary()
+                            replay_step_times(self.deployment, calls, requests)).summary()
         return ServeResult(self.deployment, requests, measured, predicted, calibrated,
                            per_request, self.warmup, self.workers, wall, calls, replayed)
 
@@ -360,7 +360,8 @@ def warmup_step_times(deployment: Deployment, warmup: dict[str, dict]):
                      handover_overhead_s=deployment.hardware.handover_overhead_s)
 
 
-def replay_step_times(deployment: Deployment, calls: dict[str, list]):
+def replay_step_times(deployment: Deployment, calls: dict[str, list],
+                      requests: list[Request] | None = None):
     """StepTimes that give a served stream's own calls back, in the order it made them
     (`ServeResult.calls`, server.py `last_calls`): simulating the same requests with them
     tests the serving model's RULES apart from its step times (docs/serving.md "Checking the
@@ -369,7 +370,9 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list]):
     submission) is the per-prompt host cost (aggregated: the stream's mean per prompt; a
     prefill slice: each request's own, as its KV transfer); each decode step as logged with
     its bookkeeping; each decode-slice handover its stream's mean insert. A simulation that
-    asks for more calls than the stream made gets the stream's mean."""
+    asks for more calls than the stream made gets the stream's mean. With `requests` (the
+    stream's, for their arrivals), a prefill call that found the loop idle also lasts its
+    wake-up, from the arrival to the call's start (`idle_wakes`: in no call's duration)."""
     from workloads.servingmodel import StepTimes
 
     def replay(values: list[float]):
@@ -377,23 +380,47 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list]):
         it = iter(values)
         return lambda *_: next(it, mean)
 
+    def prefills(log: list, arrivals: list[float] | None) -> list[float]:
+        wakes = idle_wakes(log, arrivals) if arrivals is not None else None
+        durations = [c[2] - c[1] for c in log if c[0] == "prefill"]
+        return durations if wakes is None else [d + w for d, w in zip(durations, wakes)]
+
     if deployment.mode == "aggregated":
         # replicas' logs one after the other, replica 0 first: the order `simulate` asks
         # for them (one replica after the other); a replica simulated with more calls than
-        # it made takes the next replica's first durations (docs/serving.md)
-        log = [c for name in aggregated_names(deployment.decode.replicas) for c in calls[name]]
-        prefill = [c[2] - c[1] for c in log if c[0] == "prefill"]
+        # it made takes the next replica's first durations (docs/serving.md); a replica's
+        # log names its requests by their index in its share (`route`)
+        names = aggregated_names(deployment.decode.replicas)
+        routed = route(requests, len(names)) if requests is not None else [None] * len(names)
+        prefill = [d for name, ids in zip(names, routed) for d in prefills(
+            calls[name], None if ids is None else [requests[i].arrival_s for i in ids])]
+        log = [c for name in names for c in calls[name]]
         after = [(c[4] - c[2]) / len(c[3]) for c in log if c[0] == "prefill"]
         steps = [c[4] - c[1] for c in log if c[0] == "step"]
         return StepTimes(replay(prefill), replay(steps), source="replay",
                          prefill_overhead_per_prompt_s=float(np.mean(after)) if after else 0.0)
     pre, dec = calls["prefill"], calls["decode"]
-    prefill = [c[2] - c[1] for c in pre if c[0] == "prefill"]
+    prefill = prefills(pre, None if requests is None else [r.arrival_s for r in requests])
     sends = [(c[2] - c[1]) / len(c[3]) for c in pre if c[0] == "send" for _ in c[3]]
     steps = [c[4] - c[1] for c in dec if c[0] == "step"]
     inserts = [c[2] - c[1] for c in dec if c[0] == "insert"]
     return StepTimes(replay(prefill), replay(steps), replay(sends), source="replay",
                      handover_overhead_s=float(np.mean(inserts)) if inserts else 0.0)
+
+
+def idle_wakes(log: list, arrivals: list[float]) -> list[float]:
+    """A serving loop's wake-up per prefill call, from its call log (seconds after the
+    stream's start) and its requests' arrivals: for a call that found the loop idle (its
+    previous call had ended before the last of the call's requests arrived), the call's
+    start minus that arrival (the loop's sleep overrunning, the scheduler waking it); 0 for
+    a call right after other work."""
+    wakes, previous_end = [], -math.inf
+    for call in log:
+        if call[0] == "prefill":
+            arrived = max(arrivals[i] for i in call[3])
+            wakes.append(max(call[1] - arrived, 0.0) if previous_end < arrived else 0.0)
+        previous_end = call[4] if len(call) == 5 else call[2]     # the call log's ends
+    return wakes
 
 
 # --------------------------------------------------------------------------- printing
