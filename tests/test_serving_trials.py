@@ -472,3 +472,36 @@ def test_predictions_are_not_metrics_of_their_own():
     column, so the prediction fields are no metric names (no `pred_pred_` column)."""
     assert not set(SERVING_PREDICTIONS) & set(METRIC_NAMES)
     assert {name[len("pred_"):] for name in SERVING_PREDICTIONS} <= set(METRIC_NAMES)
+
+
+def test_a_host_trials_measurement_before_its_stream_is_cached_per_deployment_shape():
+    """`measure_before_stream` on a real warmed-up slot server of the trial's deployment:
+    the engine's calls and host costs (finite, the engine's calls > 0), reused for the same
+    shape in the same process, and the prediction's StepTimes are those engine calls."""
+    from workloads.serving import SlotServer, SlotSpec
+    from workloads.servingprofile import context_len
+    from workloads.servingtrial import (MEASURED_STEP_TIMES, measure_before_stream,
+                                        measured_step_times, trial_deployment)
+
+    trial = load_space({**BASE, "serving": {**BASE["serving"], "requests": 4}}).trial_config({})
+    reqs = trial_requests(trial)
+    server = SlotServer(SlotSpec(trial.model, tuple(trial.mesh_shape), trial.prefill,
+                                 trial.decode, slots=trial.batch, prefill_batch=1,
+                                 context_len=context_len(reqs), weights=trial.weights,
+                                 seed=trial.seed, pad_heads=trial.pad_heads))
+    server.warm_up(16)
+    first = measure_before_stream(trial, server, reqs)
+    again = measure_before_stream(trial, server, reqs)
+    assert not first["cached"] and again["cached"]
+    assert {k: v for k, v in again.items() if k != "cached"} == \
+        {k: v for k, v in first.items() if k != "cached"}
+    loop = first["detail"]["aggregated"]
+    assert loop["engine_prefill_s"] > 0 and loop["engine_step_s"] > 0
+    assert (first["input_len"], first["output_len"]) == (16, 4)
+    times = measured_step_times(trial_deployment(trial, HARDWARE_PRESETS["tpu-v4"]), first)
+    assert times.source == MEASURED_STEP_TIMES
+    assert times.prefill_s(1, 16) == loop["engine_prefill_s"]
+    assert times.prefill_s(1, 40) == loop["engine_prefill_s"]     # the nearest measured length
+    assert times.decode_step_s(2, 100.0) == loop["engine_step_s"]
+    assert times.step_overhead_s == first["serving_step_overhead_s"]
+    assert times.prefill_wake_s == first["prefill_wake_s"] and times.step_spread
