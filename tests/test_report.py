@@ -55,6 +55,33 @@ def synthetic_calibrated():
     return frame, calho.calibrate(points, START, calho.HOLDOUTS, "synthetic")
 
 
+def _without_stamp(html: str) -> str:
+    return re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "", html)
+
+
+@pytest.mark.skipif(not report._can_fork(), reason="no fork start method or one core: drawn inline")
+def test_figures_drawn_in_a_forked_process_are_the_inline_ones(synthetic_calibrated, monkeypatch):
+    frame, calibration = synthetic_calibrated
+    attrs = {"source": "measured", "hardware": "host"}
+    label = report.plots.source_label("measured", "host")
+
+    def render(figures):
+        return report.render(frame, study="synthetic", attrs=attrs, calibration=calibration,
+                             fit_error=None, figures=figures)
+
+    inline_html, inline_pngs = render(None)
+    forked = report.TableFigures(frame, label)
+    assert forked._child is not None             # a child is drawing them
+    html, pngs = render(forked)
+    assert pngs == inline_pngs and _without_stamp(html) == _without_stamp(inline_html)
+    # a child that dies without an answer: the figures are drawn here instead, the same
+    monkeypatch.setattr(report, "_draw_in_child", lambda send, df, label: report.os._exit(3))
+    dead = report.TableFigures(frame, label)
+    html, pngs = render(dead)
+    assert dead._child is None and pngs == inline_pngs
+    assert _without_stamp(html) == _without_stamp(inline_html)
+
+
 def test_report_contains_every_figure_and_table(synthetic_calibrated):
     frame, calibration = synthetic_calibrated
     html, pngs = report.render(frame, study="synthetic", attrs={"source": "measured", "hardware": "host"},

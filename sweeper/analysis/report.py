@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import base64
 import math
+import multiprocessing
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,17 +192,87 @@ def source_and_hardware(df: pd.DataFrame, attrs: dict[str, Any]) -> tuple[str, s
     return source, hardware
 
 
-def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
-           calibration: holdout.Calibration | None, fit_error: str | None,
-           parent_run_id: str | None = None) -> tuple[str, dict[str, bytes]]:
-    """The HTML text and the PNG bytes of every figure."""
-    source, hardware = source_and_hardware(df, attrs)
-    label = plots.source_label(source, hardware)
+def table_figures(df: pd.DataFrame, label: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """What the report draws from the study table alone (no calibration): the Pareto, MFU
+    and latency figures and Optuna's views (fANOVA, parallel coordinates, hypervolume
+    history): their template context and PNGs."""
     pngs = {"pareto": plots.png_bytes(plots.pareto_figure(df, label)),
             "mfu": plots.png_bytes(plots.mfu_figure(df, label)),
             "latency": plots.png_bytes(plots.latency_figure(df, label))}
     views, view_pngs = optuna_context(df, label)
     pngs.update(view_pngs)
+    return views, pngs
+
+
+class TableFigures:
+    """`table_figures`, drawn in a forked process while this one fits the calibration
+    (docs/performance.md, "Sweep overhead": about half of the analysis, all of it Python,
+    which threads would not run in parallel). Drawn in this process instead, by `result`,
+    where forking is unsafe or pointless: no `fork` start method, one usable core, or JAX
+    imported (its threads). A child that fails or dies is drawn again here, so its error,
+    if any, is raised where the report is rendered. Same bytes either way."""
+
+    def __init__(self, df: pd.DataFrame, label: str):
+        self.df, self.label = df, label
+        self._child = None
+        if _can_fork():
+            context = multiprocessing.get_context("fork")
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(target=_draw_in_child, args=(send, df, label),
+                                      name="sweeper-report-figures", daemon=True)
+            process.start()
+            send.close()
+            self._child = (process, receive)
+
+    def result(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        if self._child is not None:
+            process, receive = self._child
+            self._child = None
+            try:
+                drawn = receive.recv()
+            except (EOFError, OSError):       # the child died: draw here
+                drawn = None
+            finally:
+                receive.close()
+                process.join()
+            if drawn is not None:
+                return drawn
+        return table_figures(self.df, self.label)
+
+    def close(self) -> None:
+        """Stop a child whose figures are no longer wanted (the analysis failed first)."""
+        if self._child is not None:
+            process, receive = self._child
+            self._child = None
+            process.terminate()
+            process.join()
+            receive.close()
+
+
+def _can_fork() -> bool:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return ("fork" in multiprocessing.get_all_start_methods() and (cores or 1) > 1
+            and "jax" not in sys.modules)
+
+
+def _draw_in_child(send, df: pd.DataFrame, label: str) -> None:
+    try:
+        drawn = table_figures(df, label)
+    except BaseException:  # noqa: BLE001 - the parent draws again and raises it there
+        drawn = None
+    send.send(drawn)
+    send.close()
+
+
+def render(df: pd.DataFrame, *, study: str, attrs: dict[str, Any],
+           calibration: holdout.Calibration | None, fit_error: str | None,
+           parent_run_id: str | None = None,
+           figures: TableFigures | None = None) -> tuple[str, dict[str, bytes]]:
+    """The HTML text and the PNG bytes of every figure. `figures`: the table's figures,
+    started earlier (`TableFigures`); drawn here otherwise."""
+    source, hardware = source_and_hardware(df, attrs)
+    label = plots.source_label(source, hardware)
+    views, pngs = figures.result() if figures is not None else table_figures(df, label)
     if calibration is not None:
         pngs["predicted"] = cal.predicted_png(calibration, label)
     pareto_ctx = []
@@ -285,11 +357,12 @@ def check_out_dir(out_dir: str | Path, field: str = "--out") -> Path:
 
 
 def write_report(data: cal.StudyData, out_dir: str | Path, calibration: holdout.Calibration | None = None,
-                 fit_error: str | None = None) -> Report:
+                 fit_error: str | None = None, figures: TableFigures | None = None) -> Report:
+    """`figures`: the table's figures started before the calibration (`start_figures`)."""
     out_dir = check_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     html, pngs = render(data.frame, study=data.name, attrs=data.attrs, calibration=calibration,
-                        fit_error=fit_error, parent_run_id=data.parent_run_id)
+                        fit_error=fit_error, parent_run_id=data.parent_run_id, figures=figures)
     figures = {}
     for name, blob in pngs.items():
         figures[name] = out_dir / f"{name}.png"
@@ -297,6 +370,11 @@ def write_report(data: cal.StudyData, out_dir: str | Path, calibration: holdout.
     path = out_dir / REPORT_FILE
     path.write_text(html, encoding="utf-8")
     return Report(path, figures, calibration, fit_error)
+
+
+def start_figures(data: cal.StudyData) -> TableFigures:
+    """The report's figures that need no calibration, started now (`TableFigures`)."""
+    return TableFigures(data.frame, plots.source_label(*source_and_hardware(data.frame, data.attrs)))
 
 
 def try_calibrate(data: cal.StudyData) -> tuple[holdout.Calibration | None, str | None]:
@@ -354,17 +432,21 @@ def summarize_sweep(study: str, storage: str | None = None, tracking_uri: str | 
     if tracking_uri and not data.attrs.get("tracking_uri"):
         data.attrs["tracking_uri"] = tracking_uri
     out_dir = Path(out_dir) if out_dir else study_dir("reports", study)
-    calibration, fit_error = try_calibrate(data)
-    errors: list[str] = []
-    if calibration is not None:
-        files = cal.write_outputs(calibration, out_dir / "calibration",
-                                  source_label=plots.source_label(*source_and_hardware(data.frame, data.attrs)))
-        if log:
-            try:
-                cal.log_to_mlflow(calibration, files)
-            except Exception as err:  # noqa: BLE001 - the numbers are computed; say why
-                errors.append(f"MLflow (calibration): {err}")
-    report = write_report(data, out_dir, calibration, fit_error)
+    figures = start_figures(data)       # drawn while the calibration is fitted
+    try:
+        calibration, fit_error = try_calibrate(data)
+        errors: list[str] = []
+        if calibration is not None:
+            files = cal.write_outputs(calibration, out_dir / "calibration",
+                                      source_label=figures.label)
+            if log:
+                try:
+                    cal.log_to_mlflow(calibration, files)
+                except Exception as err:  # noqa: BLE001 - the numbers are computed; say why
+                    errors.append(f"MLflow (calibration): {err}")
+        report = write_report(data, out_dir, calibration, fit_error, figures)
+    finally:
+        figures.close()
     if log:
         try:
             report.logged = log_report(report, data)

@@ -216,17 +216,21 @@ def run_pareto(args) -> int:
 def run_report(args) -> int:
     """`sweeper report`."""
     data = cal.load_study_data(args.study, args.storage)
-    calibration, fit_error = (None, "skipped (--no-fit)") if args.no_fit else report_mod.try_calibrate(data)
-    if calibration is not None:
-        files = cal.write_outputs(calibration, Path(args.out) / "calibration",
-                                  source_label=plots.source_label(
-                                      *report_mod.source_and_hardware(data.frame, data.attrs)))
-        if not args.no_mlflow:
-            try:
-                cal.log_to_mlflow(calibration, files)
-            except Exception as err:  # noqa: BLE001
-                print(f"sweeper report: MLflow logging failed: {err}", file=sys.stderr)
-    report = report_mod.write_report(data, args.out, calibration, fit_error)
+    figures = report_mod.start_figures(data)     # drawn while the calibration is fitted
+    try:
+        calibration, fit_error = ((None, "skipped (--no-fit)") if args.no_fit
+                                  else report_mod.try_calibrate(data))
+        if calibration is not None:
+            files = cal.write_outputs(calibration, Path(args.out) / "calibration",
+                                      source_label=figures.label)
+            if not args.no_mlflow:
+                try:
+                    cal.log_to_mlflow(calibration, files)
+                except Exception as err:  # noqa: BLE001
+                    print(f"sweeper report: MLflow logging failed: {err}", file=sys.stderr)
+        report = report_mod.write_report(data, args.out, calibration, fit_error, figures)
+    finally:
+        figures.close()
     if not args.no_mlflow:
         try:
             report.logged = report_mod.log_report(report, data)
