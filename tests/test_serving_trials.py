@@ -294,13 +294,11 @@ def test_a_disaggregated_trials_prediction_is_the_serving_model_on_two_half_slic
 
 
 def test_a_disaggregated_trial_needs_chips_that_halve():
-    from workloads.servingtrial import check_serving_trial
-
     trial = load_space({**BASE, "chips": 2, "serving_mode": "disaggregated"}).trial_config({})
-    check_serving_trial(trial)                           # 1 + 1 chips
+    trial.validate()                                     # 1 + 1 chips
     odd = dataclasses.replace(trial, chips=3, topology=(1, 1, 3))
     with pytest.raises(ConfigError) as err:
-        check_serving_trial(odd)
+        odd.validate()
     assert (err.value.field, err.value.value) == ("chips", 3)
     assert "even number of chips" in err.value.accepted
 

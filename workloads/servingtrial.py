@@ -56,9 +56,7 @@ import time
 import numpy as np
 
 from workloads.config import ConfigError, HardwareProfile
-from workloads.costmodel import best_topology
 from workloads.deployment import Deployment, PhaseSlice
-from workloads.layouts import resolve_padding, validate_phase
 from workloads.metrics import SERVING_PREDICTIONS, Measurement
 from workloads.servingmodel import run_model, simulate, stream_summary
 from workloads.servingprofile import (AppProfile, Request, block_profile, context_len,
@@ -79,32 +77,12 @@ def trial_requests(trial: TrialConfig) -> list[Request]:
 
 
 def slice_topologies(trial: TrialConfig) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """A disaggregated trial's (prefill, decode) topologies: half of the trial's chips each,
-    each split as the cost model splits it (`best_topology`, as `sweeper serve` does for a
-    plan without topologies); ConfigError (field `chips`) when the chips cannot be halved."""
-    if trial.chips < 2 or trial.chips % 2:
-        raise ConfigError("chips", trial.chips, "an even number of chips for a disaggregated "
-                          "serving trial (half for its prefill slice, half for its decode slice)")
-    half = best_topology(trial.model, trial.chips // 2)
-    return half, half
-
-
-def check_serving_trial(trial: TrialConfig, source: str | None = None) -> None:
-    """What a serving trial's deployment needs beyond the trial's own checks (ConfigError
-    naming the field, before anything runs): disaggregated, chips that halve, each slice's
-    layout valid on its half (one prompt per prefill call, `batch` decode slots) and the
-    same KV heads on both (the cache is handed over as it is)."""
-    if trial.serving_mode != "disaggregated":
-        return
-    tp, td = slice_topologies(trial)
-    run_p = resolve_padding(trial.model, trial.pad_heads, tp, trial.prefill, trial.prefill, source)
-    run_d = resolve_padding(trial.model, trial.pad_heads, td, trial.decode, trial.decode, source)
-    validate_phase(run_p, tp, trial.prefill, 1, "prefill", source)
-    validate_phase(run_d, td, trial.decode, trial.batch, "decode", source)
-    if run_p.n_kv_heads != run_d.n_kv_heads:
-        raise ConfigError("pad_heads", trial.pad_heads, "a padding that gives both slices the "
-                          f"same KV heads (prefill {run_p.n_kv_heads}, decode {run_d.n_kv_heads})",
-                          source)
+    """A disaggregated trial's (prefill, decode) topologies: its slices'
+    (`TrialConfig.slice_trials`: half of the trial's chips each, split as the cost model
+    splits them, as `sweeper serve` does for a plan without topologies); ConfigError (field
+    `chips`) when the chips cannot be halved."""
+    slices = trial.slice_trials()
+    return tuple(slices["prefill"].mesh_shape), tuple(slices["decode"].mesh_shape)
 
 
 def trial_deployment(trial: TrialConfig, hardware: HardwareProfile) -> Deployment:

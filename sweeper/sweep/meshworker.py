@@ -50,7 +50,7 @@ from sweeper.sweep.slices import JOIN_TIMEOUT_S, free_port
 from workloads import hoststate
 from workloads.config import HardwareProfile
 from workloads.measure import run_trial
-from workloads.servingtrial import check_serving_trial, run_serving_trial
+from workloads.servingtrial import run_serving_trial
 from workloads.trial import TrialConfig
 
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
@@ -368,7 +368,7 @@ class MeshWorker:
         `DecodeSliceWorker` sharing this worker's cores (the module docstring)."""
         if trial.serving_mode != "disaggregated":
             return run_serving_trial(trial, profile)
-        check_serving_trial(trial)
+        trial.validate()          # each slice on its half (checked when the space was loaded)
         cores = sorted(os.sched_getaffinity(0))
         mine, theirs = (cores[:len(cores) // 2], cores[len(cores) // 2:]) if len(cores) > 1 \
             else (cores, cores)

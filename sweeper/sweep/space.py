@@ -66,7 +66,6 @@ from workloads.config import (ConfigError, ModelConfig, load_model, parse_quanti
 from workloads.costmodel import best_topology, factorizations
 from workloads.layouts import PhaseLayout, stores_1d, validate_layouts
 from workloads.servingprofile import block_profile, length_stats
-from workloads.servingtrial import check_serving_trial
 from workloads.trial import (FIELDS, FLAT_BY_NAME, PHASE_PARTS, REQUIRED, SEARCHABLE, TRIAL_FIELDS,
                              FlatParam, TrialConfig, flat_params_of, parse_field)
 from workloads.validate import boolean, check_keys as _check_keys, integer, number, one_of
@@ -267,10 +266,7 @@ class SearchSpace:
         if trial.topology is None:
             trial = dataclasses.replace(trial, topology=auto_topology(
                 trial.model, trial.chips, trial.prefill, trial.decode, trial.batch))
-        trial = trial.validate()
-        if trial.serving is not None:     # a disaggregated deployment's halves (servingtrial)
-            check_serving_trial(trial)
-        return trial
+        return trial.validate()     # a disaggregated serving trial: each slice on its half
 
     def flat_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Best-effort flat parameters of a point, also for points that are not valid trials."""
