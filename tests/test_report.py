@@ -75,7 +75,7 @@ def test_figures_drawn_in_a_forked_process_are_the_inline_ones(synthetic_calibra
     html, pngs = render(forked)
     assert pngs == inline_pngs and _without_stamp(html) == _without_stamp(inline_html)
     # a child that dies without an answer: the figures are drawn here instead, the same
-    monkeypatch.setattr(report, "_draw_in_child", lambda send, df, label: report.os._exit(3))
+    monkeypatch.setattr(report, "_draw_in_child", lambda send, df, label, parts: report.os._exit(3))
     dead = report.TableFigures(frame, label)
     html, pngs = render(dead)
     assert dead._child is None and pngs == inline_pngs

@@ -192,15 +192,25 @@ def source_and_hardware(df: pd.DataFrame, attrs: dict[str, Any]) -> tuple[str, s
     return source, hardware
 
 
-def table_figures(df: pd.DataFrame, label: str) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """What the report draws from the study table alone (no calibration): the Pareto, MFU
-    and latency figures and Optuna's views (fANOVA, parallel coordinates, hypervolume
-    history): their template context and PNGs."""
-    pngs = {"pareto": plots.png_bytes(plots.pareto_figure(df, label)),
-            "mfu": plots.png_bytes(plots.mfu_figure(df, label)),
-            "latency": plots.png_bytes(plots.latency_figure(df, label))}
-    views, view_pngs = optuna_context(df, label)
-    pngs.update(view_pngs)
+TABLE_PARTS = ("pareto", "mfu", "latency", "optuna")
+# The parts a forked child draws while this process fits the calibration; this process draws
+# the others once the fit is done (about even shares of the quickstart's analysis on 2 cores:
+# docs/performance.md, "Sweep overhead").
+FORKED_PARTS = ("mfu", "latency", "optuna")
+
+
+def table_figures(df: pd.DataFrame, label: str, parts: tuple[str, ...] = TABLE_PARTS
+                  ) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """What the report draws from the study table alone (no calibration), the `parts` of it
+    named: the Pareto, MFU and latency figures, Optuna's views (fANOVA, parallel coordinates,
+    hypervolume history: `optuna`); their template context ({} without `optuna`) and PNGs."""
+    figures = {"pareto": plots.pareto_figure, "mfu": plots.mfu_figure,
+               "latency": plots.latency_figure}
+    pngs = {name: plots.png_bytes(figures[name](df, label)) for name in figures if name in parts}
+    views: dict[str, Any] = {}
+    if "optuna" in parts:
+        views, view_pngs = optuna_context(df, label)
+        pngs.update(view_pngs)
     return views, pngs
 
 
@@ -218,26 +228,32 @@ class TableFigures:
         if _can_fork():
             context = multiprocessing.get_context("fork")
             receive, send = context.Pipe(duplex=False)
-            process = context.Process(target=_draw_in_child, args=(send, df, label),
+            process = context.Process(target=_draw_in_child, args=(send, df, label, FORKED_PARTS),
                                       name="sweeper-report-figures", daemon=True)
             process.start()
             send.close()
             self._child = (process, receive)
 
     def result(self) -> tuple[dict[str, Any], dict[str, bytes]]:
-        if self._child is not None:
-            process, receive = self._child
-            self._child = None
-            try:
-                drawn = receive.recv()
-            except (EOFError, OSError):       # the child died: draw here
-                drawn = None
-            finally:
-                receive.close()
-                process.join()
-            if drawn is not None:
-                return drawn
-        return table_figures(self.df, self.label)
+        """The template context and every PNG of `table_figures`, in its order."""
+        if self._child is None:
+            return table_figures(self.df, self.label)
+        process, receive = self._child
+        self._child = None
+        try:
+            _, here = table_figures(self.df, self.label,
+                                    tuple(p for p in TABLE_PARTS if p not in FORKED_PARTS))
+            drawn = receive.recv()
+        except (EOFError, OSError):       # the child died: draw its parts here
+            drawn = None
+        finally:
+            receive.close()
+            process.join()
+        if drawn is None:
+            drawn = table_figures(self.df, self.label, FORKED_PARTS)
+        views, pngs = drawn
+        pngs = {**here, **pngs}
+        return views, {name: pngs[name] for name in FIGURES if name in pngs}
 
     def close(self) -> None:
         """Stop a child whose figures are no longer wanted (the analysis failed first)."""
@@ -255,9 +271,9 @@ def _can_fork() -> bool:
             and "jax" not in sys.modules)
 
 
-def _draw_in_child(send, df: pd.DataFrame, label: str) -> None:
+def _draw_in_child(send, df: pd.DataFrame, label: str, parts: tuple[str, ...]) -> None:
     try:
-        drawn = table_figures(df, label)
+        drawn = table_figures(df, label, parts)
     except BaseException:  # noqa: BLE001 - the parent draws again and raises it there
         drawn = None
     send.send(drawn)
