@@ -196,7 +196,7 @@ TABLE_PARTS = ("pareto", "mfu", "latency", "optuna")
 # The parts a forked child draws while this process fits the calibration; this process draws
 # the others once the fit is done (about even shares of the quickstart's analysis on 2 cores:
 # docs/performance.md, "Sweep overhead").
-FORKED_PARTS = ("mfu", "latency", "optuna")
+FORKED_PARTS = ("latency", "optuna")
 
 
 def table_figures(df: pd.DataFrame, label: str, parts: tuple[str, ...] = TABLE_PARTS
