@@ -21,39 +21,13 @@ from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
+from scipy.stats import kendalltau
 
 from sweeper.analysis.fit import (DEFAULT_TERMS, EXTRA_TERMS, CalibrationError, Fit, ParamSpace,
                                   Point, default_space, fit_profile)
 from sweeper.analysis.observations import metric_of, predict_latency
 from workloads.config import ConfigError, HardwareProfile
 from workloads.layouts import PHASES
-
-def kendall_tau_b(x, y) -> float:
-    """Kendall's tau-b of two equal-length sequences, as `scipy.stats.kendalltau` computes it
-    (same integer pair counts, same final division: the same float; NaN where any value is
-    NaN or either sequence is constant). Counted here over the pairs of a ranking group (a
-    few layouts) rather than imported: `scipy.stats` alone took about 0.5 s of the
-    end-of-sweep analysis's imports (docs/performance.md, "Sweep overhead")."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"kendall_tau_b: two sequences of one length (got {x.shape}, {y.shape})")
-    if np.isnan(x).any() or np.isnan(y).any():
-        return math.nan
-    upper = np.triu_indices(len(x), k=1)          # every pair i < j once
-
-    def order(v):                                 # +1, -1, 0 (tie) per pair
-        return ((v[:, None] < v[None, :]).astype(np.int64)
-                - (v[:, None] > v[None, :]).astype(np.int64))[upper]
-
-    sx, sy = order(x), order(y)
-    total = np.int64(len(sx))
-    x_ties, y_ties = np.int64((sx == 0).sum()), np.int64((sy == 0).sum())
-    if x_ties == total or y_ties == total:
-        return math.nan
-    concordant_minus_discordant = np.int64((sx * sy).sum())
-    tau = concordant_minus_discordant / np.sqrt(total - x_ties) / np.sqrt(total - y_ties)
-    return float(min(1.0, max(-1.0, tau)))
-
 
 HOLDOUTS = ("kfold", "layout", "chips", "extrapolation")   # a study's schemes (`--holdout all`)
 SCHEMES = HOLDOUTS + ("loo",)
@@ -554,7 +528,7 @@ def ranking_agreement(df: pd.DataFrame) -> tuple[float, float, float, int]:
         hits.append(best_measured in tied)
         worst_pick = g.loc[tied, "measured_s"].max()
         near.append(worst_pick <= (1 + TOP1_TOLERANCE) * g["measured_s"].min())
-        tau = kendall_tau_b(g["predicted_s"], g["measured_s"])
+        tau = kendalltau(g["predicted_s"], g["measured_s"]).statistic
         if tau is not None and math.isfinite(tau):
             taus.append(tau)
     if not hits:
