@@ -80,6 +80,13 @@ def test_figures_drawn_in_a_forked_process_are_the_inline_ones(synthetic_calibra
     html, pngs = render(dead)
     assert dead._child is None and pngs == inline_pngs
     assert _without_stamp(html) == _without_stamp(inline_html)
+    # a child that never answers (stuck on a lock held at the fork): stopped, drawn here
+    monkeypatch.setattr(report, "CHILD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(report, "_draw_in_child", lambda send, df, label, parts: report.time.sleep(60))
+    stuck = report.TableFigures(frame, label)
+    process = stuck._child[0]
+    html, pngs = render(stuck)
+    assert not process.is_alive() and pngs == inline_pngs
 
 
 def test_report_contains_every_figure_and_table(synthetic_calibrated):

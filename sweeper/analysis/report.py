@@ -197,6 +197,7 @@ TABLE_PARTS = ("pareto", "mfu", "latency", "optuna")
 # the others once the fit is done (about even shares of the quickstart's analysis on 2 cores:
 # docs/performance.md, "Sweep overhead").
 FORKED_PARTS = ("latency", "optuna")
+CHILD_TIMEOUT_S = 120     # the child's parts take a few seconds; past this, drawn here
 
 
 def table_figures(df: pd.DataFrame, label: str, parts: tuple[str, ...] = TABLE_PARTS
@@ -243,11 +244,14 @@ class TableFigures:
         try:
             _, here = table_figures(self.df, self.label,
                                     tuple(p for p in TABLE_PARTS if p not in FORKED_PARTS))
-            drawn = receive.recv()
+            # a child stuck on a lock some thread held at the fork would never answer
+            drawn = receive.recv() if receive.poll(CHILD_TIMEOUT_S) else None
         except (EOFError, OSError):       # the child died: draw its parts here
             drawn = None
         finally:
             receive.close()
+            if process.is_alive() and drawn is None:
+                process.terminate()
             process.join()
         if drawn is None:
             drawn = table_figures(self.df, self.label, FORKED_PARTS)
