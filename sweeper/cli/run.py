@@ -80,8 +80,8 @@ def format_sweep_summary(summary: dict) -> str:
                            for metric, e in serving.items())
         n = max(e["n"] for e in serving.values())
         lines.append(f"serving model (analytical) vs measured, median |error| (signed) over {n} "
-                     f"trials: {errors} (a host profile without serving host costs predicts the "
-                     f"engine's calls alone: docs/serving.md \"Serving host costs\"; each "
+                     f"trials: {errors} (host: step times and host costs measured before each "
+                     f"stream, docs/serving.md \"Serving trials in `sweeper run`\"; each "
                      f"trial's pred_* beside its measured values: `sweeper export`)")
     held = summary["heldout"]
     if "skipped" not in held:
