@@ -283,6 +283,8 @@ def loop_step_times(d, costs: dict, statistic: str = "mean"):
                      handover_overhead_s=costs["handover_overhead_s"],
                      prefill_wake_s=costs.get("prefill_wake_s", 0.0),
                      prefill_first_overhead_s=costs.get("prefill_first_overhead_s", 0.0),
+                     handover_latency_s=costs.get("handover_latency_s", 0.0),
+                     decode_wake_s=costs.get("decode_wake_s", 0.0),
                      source="serving loop")
 
 

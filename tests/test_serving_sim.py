@@ -171,6 +171,61 @@ def test_handovers_are_serialised_through_the_decode_loop():
     assert np.isclose(result.decode_busy_s, 4 * h + 10 * step)
 
 
+def test_handover_latency_delays_the_kv_not_the_prefill_loop():
+    """StepTimes `handover_latency_s` (disaggregated: the KV's transport to the decode process
+    and its idle loop's poll, charged to neither loop): at idle each request's KV is ready
+    `latency` after its send, so TPOT grows by latency / (K - 1); two requests arriving
+    together see the second prefill right after the first's transfer, as without it (TTFT
+    0.25 and 0.6), and the prefill loop's busy time is unchanged."""
+    d = _deployment("disaggregated")
+    latency = 0.07
+    times = dataclasses.replace(_constant(0.25, 0.02, transfer_s=0.1), handover_latency_s=latency)
+    idle = simulate(d, _spaced(20, 10.0), times)
+    assert np.allclose(idle.ttft_s, 0.25)
+    assert np.allclose(idle.tpot_s, 0.02 + (0.1 + latency) / 9)
+    burst = simulate(d, [Request(0.0, 128, 10), Request(0.0, 128, 10)], times)
+    assert np.allclose(np.sort(burst.ttft_s), [0.25, 0.6])
+    assert np.isclose(burst.prefill_busy_s, 2 * (0.25 + 0.1))
+
+
+def test_an_idle_decode_loops_first_step_pays_the_wake():
+    """StepTimes `decode_wake_s`: the decode slice's first step after it was idle (no slot
+    busy) takes `wake` longer; a request inserted while another decodes does not wake it.
+    Idle arrivals: TPOT = step + (transfer + wake) / (K - 1). Two requests 0.05 s apart
+    (prefill 0.01, steps 0.02, 10 tokens): the second is inserted during the first's
+    decoding, so the loop's busy time is one wake, not two."""
+    d = _deployment("disaggregated", slots=4)
+    wake = 0.03
+    times = dataclasses.replace(_constant(0.25, 0.02, transfer_s=0.1), decode_wake_s=wake)
+    idle = simulate(d, _spaced(20, 10.0), times)
+    assert np.allclose(idle.tpot_s, 0.02 + (0.1 + wake) / 9)
+    times = dataclasses.replace(_constant(0.01, 0.02), decode_wake_s=wake)
+    close = simulate(d, [Request(0.0, 128, 10), Request(0.05, 128, 10)], times)
+    assert np.isclose(close.finish_s[0], 0.01 + wake + 9 * 0.02)
+    assert np.isclose(close.decode_busy_s, wake + (close.finish_s[1] - 0.01 - wake))
+
+
+def test_idle_handover_costs_from_served_records():
+    """workloads/hostcosts.py `idle_handover_costs`: from requests served one at a time by
+    the slice loops, the handover's latency (insert start - send end), its insert on the
+    decode loop's clock and the decode wake (decoding after the insert beyond the model's
+    steps), each the median over requests, the wake at least 0."""
+    from workloads.hostcosts import idle_handover_costs
+
+    served = [{"sent_s": 1.0 * k, "insert_start_s": 1.0 * k + lat, "kv_ready_s": 1.0 * k + lat + ins,
+               "finish_s": 1.0 * k + lat + ins + 7 * 0.001 + extra, "tokens": [0] * 8}
+              for k, (lat, ins, extra) in enumerate([(0.0010, 0.0008, 0.0020),
+                                                     (0.0012, 0.0009, 0.0022),
+                                                     (0.0030, 0.0020, 0.0100)])]
+    costs = idle_handover_costs(served, step_s=0.001)
+    assert costs["handover_latency_s"] == pytest.approx(0.0012)
+    assert costs["handover_overhead_s"] == pytest.approx(0.0009)
+    assert costs["decode_wake_s"] == pytest.approx(0.0022)
+    assert costs["requests"] == 3
+    assert idle_handover_costs(served, step_s=0.01)["decode_wake_s"] == 0.0
+    assert idle_handover_costs([{"tokens": [0]}], step_s=0.001) == {"requests": 0}
+
+
 @pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
 def test_saturating_load_with_host_costs_serves_at_the_capacity_they_give(mode):
     """At saturation the throughput is capacity_rps with the host costs in the steps and

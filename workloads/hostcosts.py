@@ -11,7 +11,7 @@ means are paired medians of block means: sweeper/serving/overheads.py's docstrin
 
     loop = measure_loop(server, input_len, output_len)        # one worker's closed loop
     costs = combine(loop, loop)                               # aggregated: one worker
-    costs = combine(pre, dec, handover_costs(samples, cpu))   # disaggregated
+    costs = combine(pre, dec, handover_costs(samples, cpu), served)   # disaggregated
 """
 
 from __future__ import annotations
@@ -355,6 +355,60 @@ def handover_costs(samples: list[dict], decode_cpu_s: float) -> tuple[float, dic
     return max(decode_cpu_s, insert), detail
 
 
+IDLE_HANDOVERS = 8      # requests through the slices' loops, each on an idle decode loop
+IDLE_HANDOVER_GAP_S = 0.05
+
+
+def idle_handover_gap_s(prefill: dict, decode: dict, output_len: int) -> float:
+    """The idle handovers' spacing: `IDLE_HANDOVER_GAP_S`, or twice a request's prefill and
+    decoding in the closed loops (`measure_loop`'s means) when that is longer, so that each
+    finds the decode loop idle (a request still decoding would be in the next one's latency
+    and decoding)."""
+    one = prefill["loop_prefill_mean_s"] + max(output_len - 1, 1) * decode["loop_step_mean_s"]
+    return max(IDLE_HANDOVER_GAP_S, 2 * one)
+
+
+def idle_handover_requests(input_len: int, output_len: int, gap_s: float = IDLE_HANDOVER_GAP_S,
+                           n: int = IDLE_HANDOVERS) -> list[dict]:
+    """`n` requests `gap_s` apart (plain, as `serve_prefill_slice` takes them): each finds
+    the decode loop idle, its previous request decoded (`idle_handover_costs`)."""
+    return [dict(arrival_s=(k + 1) * gap_s, input_len=input_len, output_len=max(output_len, 2))
+            for k in range(n)]
+
+
+def idle_handover_costs(served: list[dict], step_s: float) -> dict[str, Any]:
+    """A disaggregated deployment's handover as a stream pays it, from `idle_handover_requests`
+    served by the real slice loops (`serve_prefill_slice` sending through the deployment's
+    transport to `serve_decode_slice`, running on the decode worker): per request its send's
+    end (`sent_s`), its insert's start and the KV in a slot (`insert_start_s`, `kv_ready_s`)
+    and its last token (`finish_s`). The closed loops cannot see these: the decode loop
+    there never idles, and `handover_send` hands the KV to a decode worker waiting for it.
+
+    `handover_latency_s`: the median of insert start - send end (the KV's transport to the
+    decode process and the idle loop's poll; StepTimes `handover_latency_s`).
+    `handover_overhead_s`: the median insert, on the decode loop's clock (what that loop
+    pays per handover). `decode_wake_s`: the median of what each request's decoding took
+    after its insert beyond `step_s` per step (the serving model's step), at least 0: the
+    decode process's first step after idling (StepTimes `decode_wake_s`). Measured in the
+    `serving-modes` trial's stream before this: its inserts took ~0.86 ms where
+    `handover_send`'s took ~0.36 ms, the step after an insert ~0.75 ms where the next ones
+    took ~0.45 ms, and the KV reached the decode process ~0.9 ms after the send
+    (docs/serving.md "Serving host costs")."""
+    done = [s for s in served if "finish_s" in s and "insert_start_s" in s and "sent_s" in s]
+    if not done:
+        return {"requests": 0}
+    latency = [s["insert_start_s"] - s["sent_s"] for s in done]
+    insert = [s["kv_ready_s"] - s["insert_start_s"] for s in done]
+    decoding = [s["finish_s"] - s["kv_ready_s"] for s in done]
+    steps = [len(s["tokens"]) - 1 for s in done]          # the first token is the prefill's
+    extra = [d - k * step_s for d, k in zip(decoding, steps)]
+    return {"handover_latency_s": max(float(np.median(latency)), 0.0),
+            "handover_overhead_s": float(np.median(insert)),
+            "decode_wake_s": max(float(np.median(extra)), 0.0), "requests": len(done),
+            "latency_samples_s": latency, "insert_samples_s": insert,
+            "decoding_samples_s": decoding, "model_step_s": step_s}
+
+
 def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
     """The step and prefill host costs from `measure_loop`'s answers: the loop's MEANS (the
     median of its blocks' means) against the engine's medians, the prefill's per prompt of
@@ -388,11 +442,12 @@ def first_token_overhead(prefill: dict) -> float:
 
 
 def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = None,
-            ) -> dict[str, Any]:
+            idle_handovers: list[dict] | None = None) -> dict[str, Any]:
     """The measurement's costs (the three profile fields, `prefill_wake_s`,
-    `prefill_first_overhead_s`) and their `detail`, from the prefill side's and the decode
-    side's `measure_loop` (the same answer twice for an aggregated server) and, for a
-    disaggregated deployment, `handover_costs`."""
+    `prefill_first_overhead_s`, and disaggregated `handover_latency_s`, `decode_wake_s`)
+    and their `detail`, from the prefill side's and the decode side's `measure_loop` (the
+    same answer twice for an aggregated server) and, for a disaggregated deployment,
+    `handover_costs` and the served `idle_handover_requests` (`idle_handover_costs`)."""
     out: dict[str, Any] = {**host_costs(prefill, decode), "handover_overhead_s": 0.0,
                            # a prefill call on an idle loop: its extra seconds (StepTimes
                            # `prefill_wake_s`)
@@ -403,6 +458,15 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
                               else {"prefill": prefill, "decode": decode})
     if handover is not None:
         out["handover_overhead_s"], detail["handover"] = handover
+    if idle_handovers is not None:
+        # the handover as the stream's loops pay it replaces the closed loop's decode CPU
+        # per handover (kept in detail["handover"]): measured on the loop it is charged to
+        idle = idle_handover_costs(idle_handovers,
+                                   decode["engine_step_s"] + out["serving_step_overhead_s"])
+        if idle["requests"]:
+            for name in ("handover_latency_s", "handover_overhead_s", "decode_wake_s"):
+                out[name] = idle[name]
+        detail["idle_handovers"] = idle
     out["detail"] = detail
     return out
 

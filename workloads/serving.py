@@ -327,6 +327,7 @@ def serve_prefill_slice(server: SlotServer, reqs: Sequence[dict], prompt: Callab
     one `send([{request, kv, first_token, output_len}, ...])` (an answer of one token is
     done at its first). Per request `first_token_s` and its first token (and `finish_s`
     when that was its last); with what each `send` returned (the caller waits for them).
+    Each handed-over request's `sent_s`: when its `send` returned.
     `calls`: `("prefill", start, first tokens on the host, [requests])` per call and
     `("send", start, end, [requests])` per handover (server.py `last_calls`)."""
     spec = server.spec
@@ -358,7 +359,10 @@ def serve_prefill_slice(server: SlotServer, reqs: Sequence[dict], prompt: Callab
                              "output_len": reqs[i]["output_len"]})
         if handover:
             sent.append(send(handover))
-            calls.append(("send", t, time.time() - start_at, [h["request"] for h in handover]))
+            sent_s = time.time() - start_at
+            calls.append(("send", t, sent_s, [h["request"] for h in handover]))
+            for h in handover:
+                out[h["request"]]["sent_s"] = sent_s
     return out, sent
 
 
@@ -367,8 +371,10 @@ def serve_decode_slice(server: SlotServer, inbox, expected: int, start_at: float
     """Decode the `expected` requests handed over into `inbox` (a `queue.Queue` of
     `serve_prefill_slice`'s handover items, filled by another thread): before each decode
     step every received request goes into a free slot, one insertion after the other; a
-    step runs every slot. Per request: when its KV was in a slot (`kv_ready_s`), its last
-    token's time (`finish_s`) and its decoded tokens. `calls`: `("insert", start, end,
+    step runs every slot. Per request: when its insert began (`insert_start_s`) and its KV
+    was in a slot (`kv_ready_s`), when the receiving thread had it (`delivered_s`, for items
+    stamped `delivered` on the wall clock), its last token's time (`finish_s`) and its
+    decoded tokens. `calls`: `("insert", start, end,
     request)` and `("step", start, tokens on the host, busy slots, end of the slots'
     bookkeeping)` (server.py `last_calls`); `poll_s`: how often an idle loop looks."""
     spec = server.spec
@@ -393,7 +399,10 @@ def serve_decode_slice(server: SlotServer, inbox, expected: int, start_at: float
             began = time.time() - start_at
             server.insert(slot, item["kv"], 0, item["first_token"])
             i = item["request"]
-            out[i] = {"kv_ready_s": time.time() - start_at, "tokens": []}
+            out[i] = {"kv_ready_s": time.time() - start_at, "insert_start_s": began,
+                      "tokens": []}
+            if "delivered" in item:       # when the receiving thread had it (wall clock)
+                out[i]["delivered_s"] = item["delivered"] - start_at
             calls.append(("insert", began, out[i]["kv_ready_s"], i))
             slot_request[slot], remaining[slot] = i, item["output_len"] - 1
         if not any(r >= 0 for r in slot_request):

@@ -26,7 +26,10 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   (the server has them on the host before that work); a KV handover (disaggregated) costs
   the decode slice's loop `handover_overhead_s` (the decode process's work per handover:
   receiving the KV, its insert into a slot), one handover at a time before its next step
-  (server.py `serve_decode` inserts there); all from the
+  (server.py `serve_decode` inserts there); the KV reaches the decode loop
+  `StepTimes.handover_latency_s` after the send (the transport, charged to neither loop) and
+  an idle decode loop's first step takes `StepTimes.decode_wake_s` longer (measured, 0 by
+  default); all from the
   hardware profile, 0 by default; of a prefill call's host work, the part before its
   first tokens (`StepTimes.prefill_first_overhead_s`, per call: the prompts made and placed,
   the argmax, the first tokens to the host) delays them, the rest of the per-prompt cost
@@ -111,6 +114,14 @@ class StepTimes:
     # that much after the engine's call, the call's total stays (docs/serving.md "Serving
     # host costs"). 0: all of it after the first tokens.
     prefill_first_overhead_s: float = 0.0
+    # Disaggregated: a KV handover's delay from the prefill slice's send to the decode loop
+    # starting its insert when that loop is idle (the transport to the decode process and
+    # the idle loop's poll), charged to neither loop: the KV is ready that much after the
+    # send (docs/serving.md "Serving host costs", the decode slice's idle handovers).
+    handover_latency_s: float = 0.0
+    # Disaggregated: an idle decode loop's first step after its inserts takes this much
+    # longer (the loop and its process waking: measured with the latency above).
+    decode_wake_s: float = 0.0
 
     def prefill_host_s(self, prompts: int, idle: bool, factor: float = 1.0) -> tuple[float, float]:
         """A prefill call's host work: (before its first tokens, after them), seconds. Before:
@@ -218,7 +229,10 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
                      prefill_overhead_per_prompt_s=hw.serving_prefill_overhead_s,
                      handover_overhead_s=hw.handover_overhead_s,
                      prefill_wake_s=hw.serving_prefill_wake_s,
-                     prefill_first_overhead_s=hw.serving_prefill_first_overhead_s)
+                     prefill_first_overhead_s=hw.serving_prefill_first_overhead_s,
+                     # a profile without these fields (workloads/config.py) charges none
+                     handover_latency_s=getattr(hw, "serving_handover_latency_s", 0.0),
+                     decode_wake_s=getattr(hw, "serving_decode_wake_s", 0.0))
 
 
 # --------------------------------------------------------------------------- result
@@ -487,7 +501,7 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
             transfer[i] = times.kv_transfer_s(reqs[i].input_len)
             t += transfer[i]
             busy += transfer[i]
-            ready[i] = t
+            ready[i] = t + times.handover_latency_s   # the transport: the loop goes on
     return busy
 
 
@@ -495,7 +509,8 @@ def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: Ste
                   ready: np.ndarray, finish: np.ndarray) -> float:
     """Decode steps of the slot batch; before each step every ready request takes a free
     slot, each insertion costing `handover_overhead_s` of this loop's time, one after the
-    other (server.py `serve_decode` receives and inserts the handed-over KV between steps)."""
+    other (server.py `serve_decode` receives and inserts the handed-over KV between steps);
+    the first step after the loop was idle (no slot busy) `decode_wake_s` longer."""
     slots = _Slots(d.decode.batch)
     pending = deque(sorted(ids, key=lambda i: ready[i]))
     waiting: deque[int] = deque()
@@ -504,6 +519,7 @@ def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: Ste
     while pending or waiting or slots.active:
         while pending and ready[pending[0]] <= t:
             waiting.append(pending.popleft())
+        idle = not slots.active                    # no slot busy: the loop was polling
         while waiting and slots.free:
             i = waiting.popleft()
             slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
@@ -512,6 +528,9 @@ def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: Ste
         if not slots.active:
             t = max(t, ready[pending[0]])
             continue
+        if idle:                                   # its first step after idling
+            t += times.decode_wake_s
+            busy += times.decode_wake_s
         until = ready[pending[0]] if (pending and slots.free) else math.inf
         t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until, step_factor)
         busy += duration

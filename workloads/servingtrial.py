@@ -165,7 +165,9 @@ def measure_before_stream(trial: TrialConfig, server, reqs: list[Request], decod
         for length in sorted({lengths[0], input_len}):
             samples += hostcosts.handover_send(server, length, decode_slice.receive)
         decode_cpu = (decode_slice.cpu_seconds() - cpu_before) / len(samples)
-        costs = hostcosts.combine(pre, dec, hostcosts.handover_costs(samples, decode_cpu))
+        idle = idle_handovers(server, decode_slice, input_len, output_len,
+                              hostcosts.idle_handover_gap_s(pre, dec, output_len))
+        costs = hostcosts.combine(pre, dec, hostcosts.handover_costs(samples, decode_cpu), idle)
     else:
         loop = hostcosts.measure_loop(server, input_len, output_len, **TRIAL_MEASURE)
         pre = loop
@@ -177,6 +179,27 @@ def measure_before_stream(trial: TrialConfig, server, reqs: list[Request], decod
     costs["measure_before_stream_s"] = time.perf_counter() - began
     _MEASURED[key] = costs
     return {**costs, "cached": False}
+
+
+def idle_handovers(server, decode_slice, input_len: int, output_len: int, gap_s: float
+                   ) -> list[dict]:
+    """`hostcosts.idle_handover_requests` served by the trial's own slice loops, the KV
+    through `decode_slice`'s transport as the stream's (each finds the decode loop idle):
+    per request `serve_prefill_slice`'s record merged with `serve_decode_slice`'s."""
+    from workloads import hostcosts   # lazy: as measure_before_stream
+    from workloads.serving import serve_prefill_slice   # lazy: imports JAX
+
+    reqs = hostcosts.idle_handover_requests(input_len, output_len, gap_s)
+    model = server.model.unpadded
+    start_at = time.time() + gap_s
+    decode_slice.begin(len(reqs), start_at)
+    served, sent = serve_prefill_slice(
+        server, reqs, lambda i: hostcosts.prompt_for(model, 9500 + i, input_len, 7), start_at,
+        decode_slice.send)
+    for i, part in decode_slice.finish(sent).items():
+        tokens = served[i]["tokens"] + part["tokens"]
+        served[i].update(part, tokens=tokens)
+    return served
 
 
 def measured_step_times(deployment: Deployment, costs: dict, seed: int = 0):
@@ -213,7 +236,9 @@ def measured_step_times(deployment: Deployment, costs: dict, seed: int = 0):
                      handover_overhead_s=costs["handover_overhead_s"],
                      prefill_spread=prefill_spread, step_spread=step_spread, spread_seed=seed,
                      prefill_wake_s=costs.get("prefill_wake_s", 0.0),
-                     prefill_first_overhead_s=costs.get("prefill_first_overhead_s", 0.0))
+                     prefill_first_overhead_s=costs.get("prefill_first_overhead_s", 0.0),
+                     handover_latency_s=costs.get("handover_latency_s", 0.0),
+                     decode_wake_s=costs.get("decode_wake_s", 0.0))
 
 
 def check_described(trial: TrialConfig, deployment: Deployment) -> None:
@@ -334,7 +359,9 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
         for i, part in decode_slice.finish(sent).items():
             served[i]["tokens"] += part["tokens"]
             served[i]["finish_s"] = part["finish_s"]
-            served[i]["kv_ready_s"] = part["kv_ready_s"]
+            for name in ("kv_ready_s", "insert_start_s", "delivered_s"):
+                if name in part:
+                    served[i][name] = part[name]
     else:
         served = serve_aggregated(server, reqs, prompt, start_at)
     state = host.stop()

@@ -35,7 +35,13 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   handover's wall clock (the prefill process's work, waiting between the processes) is not
   charged to either loop (its fixed part, the intercept of a straight line through the
   handovers' wall clock from export to slot, is in the detail, `fixed_s`); the bytes' part
-  is the link the cost model prices.
+  is the link the cost model prices. Then requests one at a time through the two workers'
+  own serving loops, the decode loop idle at each (workloads/hostcosts.py
+  `idle_handover_costs`), give the handover as a stream pays it: its median insert on the
+  decode loop replaces the CPU per handover as `handover_overhead_s` (the CPU figure stays
+  in the detail), `handover_latency_s` (send to insert: the KV's transport and the idle
+  loop's poll, charged to neither loop) and `decode_wake_s` (an idle decode loop's first
+  step, beyond the model's); docs/serving.md "Serving host costs".
 
 The mean is a robust one (workloads/hostcosts.py `measure_loop`, run by server.py
 `measure_host_costs` and by a serving trial's worker): the closed loop runs in `BLOCKS`
@@ -66,6 +72,7 @@ costs include the core share a deployment gets. A difference below zero (timer n
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from workloads import hostcosts
@@ -80,6 +87,8 @@ FIELDS = ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_ove
 ROUNDS = hostcosts.ROUNDS            # rounds of the closed loop (workloads/hostcosts.py)
 BLOCKS = hostcosts.BLOCKS            # blocks; the median of the blocks' means
 MIN_BLOCK_S = hostcosts.MIN_BLOCK_S
+IDLE_HANDOVER_MARGIN_S = 0.5   # the idle handovers' start after their Ray calls are made
+IDLE_HANDOVER_SEED = 9500      # their prompts' seed (no stream's)
 
 
 def measure_session(session, input_len: int, output_len: int, rounds: int = ROUNDS,
@@ -113,7 +122,20 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     # of which is the prefill process's and waiting between the two; the prefill loop
     # the export and the Ray call (both in its closed loop's prefill cost, per prompt;
     # `submit_mean_s`, the submission alone, is a diagnostic).
-    return combine(pre, dec, handover_costs(samples, decode_cpu))
+    # the handover as a stream pays it: requests one at a time through the two workers'
+    # own serving loops, the decode loop idle at each (workloads/hostcosts.py
+    # `idle_handover_costs`: the KV's latency to the decode loop, its insert there, the
+    # decode loop's wake); it replaces the decode CPU per handover above as the decode
+    # loop's charge (kept in the detail)
+    reqs = hostcosts.idle_handover_requests(
+        input_len, output_len, hostcosts.idle_handover_gap_s(pre, dec, output_len))
+    start_at = time.time() + IDLE_HANDOVER_MARGIN_S
+    decoded = actors["decode"].serve_decode.remote(len(reqs), start_at)
+    served = ray.get(actors["prefill"].serve_prefill.remote(reqs, start_at, IDLE_HANDOVER_SEED,
+                                                            actors["decode"]))
+    for i, part in ray.get(decoded).items():
+        served[i].update(part, tokens=served[i]["tokens"] + part["tokens"])
+    return combine(pre, dec, handover_costs(samples, decode_cpu), served)
 
 
 def measure(deployment: Deployment, input_len: int, output_len: int, seed: int = 0,
@@ -128,9 +150,14 @@ def measure(deployment: Deployment, input_len: int, output_len: int, seed: int =
 
 def with_overheads(hardware: HardwareProfile, costs: dict) -> HardwareProfile:
     """`hardware` with the three measured fields, the idle-loop wake and the part of a
-    prefill's host work before its first tokens (the rest as it is)."""
+    prefill's host work before its first tokens (the rest as it is); and the handover's
+    latency and the decode loop's wake (`serving_handover_latency_s`,
+    `serving_decode_wake_s`) where the profile has those fields."""
+    names = {f.name for f in dataclasses.fields(hardware)}
+    idle = {f"serving_{k}": float(costs[k]) for k in ("handover_latency_s", "decode_wake_s")
+            if k in costs and f"serving_{k}" in names}
     return dataclasses.replace(
-        hardware, **{k: float(costs[k]) for k in FIELDS},
+        hardware, **{k: float(costs[k]) for k in FIELDS}, **idle,
         serving_prefill_wake_s=float(costs.get("prefill_wake_s", 0.0)),
         serving_prefill_first_overhead_s=float(costs.get("prefill_first_overhead_s", 0.0)))
 

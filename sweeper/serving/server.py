@@ -134,9 +134,11 @@ class ServingWorker:
         return out
 
     def deliver(self, handover: list[dict]) -> None:
-        """Receive prefilled requests (runs on the decode worker's second thread)."""
+        """Receive prefilled requests (runs on the decode worker's second thread); each
+        stamped with when this process had it (`delivered_s` of serve_decode's records)."""
+        delivered = time.time()
         for item in handover:
-            self.inbox.put(item)
+            self.inbox.put({**item, "delivered": delivered})
 
     def serve_decode(self, expected: int, start_at: float) -> dict[int, dict]:
         """Decode the `expected` requests the prefill worker hands over; per request, when

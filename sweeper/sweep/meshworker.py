@@ -147,8 +147,9 @@ class DecodeSliceWorker:
         return times
 
     def deliver(self, handover: list[dict]) -> None:
+        delivered = time.time()    # when this process had it (the stream's `delivered_s`)
         for item in handover:
-            self.inbox.put(item)
+            self.inbox.put({**item, "delivered": delivered})
 
     def serve(self, expected: int, start_at: float) -> dict[int, dict]:
         from workloads.serving import serve_decode_slice   # lazy: imports JAX
