@@ -345,6 +345,7 @@ def evaluate(csv: Path = RECORDED, base_yaml: Path = RECORDED_BASE, seed: int = 
         "unfitted_mape": float(np.mean(start_ape)),
         "chip_terms": chip_terms(points, base),
         "gather_residuals": gather_residuals(result.holdouts["kfold"].points, points),
+        "multigroup_gathers": multigroup_gathers(points, base, tuple(result.terms), frame),
         "quickstart": quickstart_closing(),
     }
 
@@ -424,6 +425,73 @@ def gather_residuals(kfold: pd.DataFrame, points) -> dict:
                cache_could_explain=bool(between) or spread <= TARGET_CELL_BIAS)
     out["text"] = gather_verdict(out)
     return out
+
+
+def multigroup_gathers(points, base, terms: tuple[str, ...], frame: pd.DataFrame) -> dict:
+    """Issue 20, what is responsible for the prefill cells' bias, measured: the weight-gathered
+    prefill programs of more than one gather group (wg_xy on 1x2x2 and 1x4x2: weights
+    gathered over y in z groups, left split over z; docs/calibration.md). Their program
+    all-gathers the bytes the model charges (the trial's `prefill_comm_bytes_per_chip`, read
+    from its HLO) but their measured time above ws2d's is about 0 ("The prefill residual by
+    weight-gathered layout"), so a fit that must also price wg_xyz's gathers settles between
+    them. Every hold-out scheme with the same terms (`terms`, not chosen again) on every point
+    and without those points, scored against replicate means."""
+    from sweeper.analysis import holdout as calho
+    from workloads.layouts import split_axes
+
+    def multi_group(p) -> bool:
+        call = p.calls[0].call
+        return (p.phase == "prefill" and call.layout.ffn.startswith("wg")
+                and split_axes(call.layout.ffn, tuple(call.topology))[3] > 1)
+
+    kept = [p for p in points if not multi_group(p)]
+    out: dict = {"terms": list(terms), "excluded_points": len(points) - len(kept),
+                 "excluded_cells": sorted({f"{p.calls[0].call.layout.ffn} x{p.chips}"
+                                           for p in points if multi_group(p)}),
+                 "fits": {}}
+    for label, pts in (("all points", points), ("without multi-group gathers", kept)):
+        schemes = {}
+        for scheme in calho.HOLDOUTS:
+            ho = calho.heldout(pts, base, scheme, terms=terms)
+            if ho.skipped:
+                continue
+            means = ho.replicate_means
+            cells = means.groupby(["phase", "chips"])["relative_error"].median()
+            worst = cells.abs().idxmax()
+            schemes[scheme] = {"mape_vs_mean": float(means["ape"].mean()),
+                               "cells": {f"{ph} x{c}": float(v) for (ph, c), v in cells.items()},
+                               "worst_cell": {"cell": f"{worst[0]} x{worst[1]}",
+                                              "signed_median": float(cells[worst])}}
+        out["fits"][label] = schemes
+    pre = frame[frame["prefill_ffn"].isin(GATHER_LAYOUTS)]
+    hlo = pre.groupby(["prefill_ffn", "chips"])["prefill_comm_bytes_per_chip"].median()
+    out["hlo_comm_bytes_per_chip"] = {f"{ffn} x{c}": float(v) for (ffn, c), v in hlo.items() if c > 1}
+    return out
+
+
+def _multigroup_lines(m: dict | None) -> list[str]:
+    if not m:
+        return []
+    pct = common.pct
+    fits = m["fits"]
+    lines = ["", "### What is responsible for the prefill cells: weight-gathered programs of more than one group "
+             "(measured)", "",
+             f"The same terms ({', '.join(m['terms']) or 'none'}; not chosen again) on every point and without "
+             f"the {m['excluded_points']} prefill points of {', '.join(m['excluded_cells'])} (weights gathered "
+             "over y in more than one group, left split over z); held-out, against replicate means:", "",
+             "| hold-out | MAPE, all points | worst cell, all points | MAPE, without them | worst cell, without them |",
+             "|---|---|---|---|---|"]
+    for scheme, a in fits.get("all points", {}).items():
+        b = fits.get("without multi-group gathers", {}).get(scheme, {})
+        lines.append(f"| {scheme} | {pct(a['mape_vs_mean'])} | {a['worst_cell']['cell']} "
+                     f"{a['worst_cell']['signed_median']:+.1%} | {pct(b.get('mape_vs_mean'))} | "
+                     + (f"{b['worst_cell']['cell']} {b['worst_cell']['signed_median']:+.1%} |" if b else "— |"))
+    hlo = m.get("hlo_comm_bytes_per_chip", {})
+    if hlo:
+        lines += ["", "Collective bytes per chip of each prefill program, read from its HLO (median over its "
+                  "trials; bf16 collectives run in f32): " + ", ".join(
+                      f"{k} {v / 1e6:.1f} MB" for k, v in hlo.items()) + "."]
+    return lines
 
 
 def replicate_means_by_layout(cell: pd.DataFrame) -> pd.DataFrame:
@@ -665,6 +733,7 @@ def markdown(r: dict) -> str:
                      f"{h['ranking_groups']} | {h['verdict_text']} |")
     lines += _issue20_lines(r)
     lines += _gather_lines(r.get("gather_residuals"))
+    lines += _multigroup_lines(r.get("multigroup_gathers"))
     uw = r["unweighted_kfold"]
     lines += [
         "",

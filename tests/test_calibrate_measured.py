@@ -201,3 +201,27 @@ def test_quickstart_batch_slopes_show_the_per_sequence_cost_of_decode():
     assert one["decode_s_per_sequence"] == pytest.approx(decode)
     assert one["ratio"] == pytest.approx(decode / prefill)
     assert one["model_ratio"] < 1.2 and one["ratio"] > 1.5 * one["model_ratio"]
+
+
+def test_multigroup_gathers_holds_out_without_exactly_the_multi_group_weight_gathers(recorded):
+    """benchmarks.calibration's attribution (issue 20): the points left out are the prefill
+    points whose weight-gathered program has more than one gather group (the weights left split
+    over the other axes: wg_xy on 1x2x2 and 1x4x2), and the 'all points' row is the plain
+    hold-out with the same terms."""
+    from benchmarks import calibration as bench
+    from workloads.layouts import split_axes
+
+    frame, base, points = recorded
+    m = bench.multigroup_gathers(points, base, (), frame)
+    multi = [p for p in points if p.phase == "prefill" and p.calls[0].call.layout.ffn.startswith("wg")
+             and split_axes(p.calls[0].call.layout.ffn, tuple(p.calls[0].call.topology))[3] > 1]
+    assert m["excluded_points"] == len(multi) == 32
+    assert m["excluded_cells"] == ["wg_xy x4", "wg_xy x8"]
+    kfold = calho.heldout(points, base, "kfold", terms=())
+    assert m["fits"]["all points"]["kfold"]["mape_vs_mean"] == pytest.approx(
+        float(kfold.replicate_means["ape"].mean()))
+    assert set(m["fits"]["without multi-group gathers"]) == set(calho.HOLDOUTS)
+    without = m["fits"]["without multi-group gathers"]["kfold"]["cells"]
+    assert set(without) == {f"{ph} x{c}" for ph in ("decode", "prefill") for c in (1, 2, 4, 8)}
+    assert m["hlo_comm_bytes_per_chip"]["wg_xyz x8"] > m["hlo_comm_bytes_per_chip"]["wg_xy x8"] > 0
+    assert any("more than one group" in line for line in bench._multigroup_lines(m))
