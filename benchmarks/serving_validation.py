@@ -285,6 +285,7 @@ def loop_step_times(d, costs: dict, statistic: str = "mean"):
                      prefill_first_overhead_s=costs.get("prefill_first_overhead_s", 0.0),
                      handover_latency_s=costs.get("handover_latency_s", 0.0),
                      decode_wake_s=costs.get("decode_wake_s", 0.0),
+                     prefill_idle_after_s=costs.get("prefill_idle_after_s", 0.0),
                      source="serving loop")
 
 

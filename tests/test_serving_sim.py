@@ -205,14 +205,34 @@ def test_an_idle_decode_loops_first_step_pays_the_wake():
     assert np.isclose(close.decode_busy_s, wake + (close.finish_s[1] - 0.01 - wake))
 
 
+def test_an_idle_prefills_work_after_its_first_tokens_is_at_least_its_measured_floor():
+    """StepTimes `prefill_idle_after_s` (disaggregated: an idle prefill loop's export and
+    send after its first tokens, per prompt): two requests arriving together on an idle
+    prefill slice (prefill 0.25, closed-loop work per prompt 0.01, idle floor 0.04): the
+    first call, on the idle loop, ends 0.04 after its first tokens, so the second's first
+    token is at 0.25 + 0.04 + 0.25; the second call (not idle) keeps 0.01. A floor below
+    the closed loop's work changes nothing."""
+    d = _deployment("disaggregated")
+    times = dataclasses.replace(_with_host_costs(_constant(0.25, 0.02), prefill=0.01),
+                                prefill_idle_after_s=0.04)
+    burst = simulate(d, [Request(0.0, 128, 10), Request(0.0, 128, 10)], times)
+    assert np.allclose(np.sort(burst.first_token_s), [0.25, 0.25 + 0.04 + 0.25])
+    assert np.isclose(burst.prefill_busy_s, 0.25 + 0.04 + 0.25 + 0.01)
+    low = dataclasses.replace(times, prefill_idle_after_s=0.005)
+    assert np.allclose(np.sort(simulate(d, [Request(0.0, 128, 10)] * 2, low).first_token_s),
+                       [0.25, 0.25 + 0.01 + 0.25])
+
+
 def test_idle_handover_costs_from_served_records():
     """workloads/hostcosts.py `idle_handover_costs`: from requests served one at a time by
     the slice loops, the handover's latency (insert start - send end), its insert on the
-    decode loop's clock and the decode wake (decoding after the insert beyond the model's
-    steps), each the median over requests, the wake at least 0."""
+    decode loop's clock, the decode wake (decoding after the insert beyond the model's
+    steps) and the idle prefill's work after its first tokens (send end - first token),
+    each the median over requests, the wake at least 0."""
     from workloads.hostcosts import idle_handover_costs
 
-    served = [{"sent_s": 1.0 * k, "insert_start_s": 1.0 * k + lat, "kv_ready_s": 1.0 * k + lat + ins,
+    served = [{"first_token_s": 1.0 * k - 0.0005 - 0.0001 * k,
+               "sent_s": 1.0 * k, "insert_start_s": 1.0 * k + lat, "kv_ready_s": 1.0 * k + lat + ins,
                "finish_s": 1.0 * k + lat + ins + 7 * 0.001 + extra, "tokens": [0] * 8}
               for k, (lat, ins, extra) in enumerate([(0.0010, 0.0008, 0.0020),
                                                      (0.0012, 0.0009, 0.0022),
@@ -221,6 +241,7 @@ def test_idle_handover_costs_from_served_records():
     assert costs["handover_latency_s"] == pytest.approx(0.0012)
     assert costs["handover_overhead_s"] == pytest.approx(0.0009)
     assert costs["decode_wake_s"] == pytest.approx(0.0022)
+    assert costs["prefill_idle_after_s"] == pytest.approx(0.0006)
     assert costs["requests"] == 3
     assert idle_handover_costs(served, step_s=0.01)["decode_wake_s"] == 0.0
     assert idle_handover_costs([{"tokens": [0]}], step_s=0.001) == {"requests": 0}

@@ -389,7 +389,10 @@ def idle_handover_costs(served: list[dict], step_s: float) -> dict[str, Any]:
     `handover_overhead_s`: the median insert, on the decode loop's clock (what that loop
     pays per handover). `decode_wake_s`: the median of what each request's decoding took
     after its insert beyond `step_s` per step (the serving model's step), at least 0: the
-    decode process's first step after idling (StepTimes `decode_wake_s`). Measured in the
+    decode process's first step after idling (StepTimes `decode_wake_s`).
+    `prefill_idle_after_s`: the median of send end - first token (the prefill call's export
+    and send on an idle loop, per prompt: one per call; StepTimes `prefill_idle_after_s`).
+    Measured in the
     `serving-modes` trial's stream before this: its inserts took ~0.86 ms where
     `handover_send`'s took ~0.36 ms, the step after an insert ~0.75 ms where the next ones
     took ~0.45 ms, and the KV reached the decode process ~0.9 ms after the send
@@ -401,12 +404,17 @@ def idle_handover_costs(served: list[dict], step_s: float) -> dict[str, Any]:
     insert = [s["kv_ready_s"] - s["insert_start_s"] for s in done]
     decoding = [s["finish_s"] - s["kv_ready_s"] for s in done]
     steps = [len(s["tokens"]) - 1 for s in done]          # the first token is the prefill's
+    after = [s["sent_s"] - s["first_token_s"] for s in done]
     extra = [d - k * step_s for d, k in zip(decoding, steps)]
     return {"handover_latency_s": max(float(np.median(latency)), 0.0),
             "handover_overhead_s": float(np.median(insert)),
             "decode_wake_s": max(float(np.median(extra)), 0.0), "requests": len(done),
             "latency_samples_s": latency, "insert_samples_s": insert,
-            "decoding_samples_s": decoding, "model_step_s": step_s}
+            "decoding_samples_s": decoding, "model_step_s": step_s,
+            # an idle prefill loop's export and send after its first tokens, per prompt
+            # (one per call here): StepTimes `prefill_idle_after_s`
+            "prefill_idle_after_s": max(float(np.median(after)), 0.0),
+            "send_after_first_token_samples_s": after}
 
 
 def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
@@ -444,7 +452,8 @@ def first_token_overhead(prefill: dict) -> float:
 def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = None,
             idle_handovers: list[dict] | None = None) -> dict[str, Any]:
     """The measurement's costs (the three profile fields, `prefill_wake_s`,
-    `prefill_first_overhead_s`, and disaggregated `handover_latency_s`, `decode_wake_s`)
+    `prefill_first_overhead_s`, and disaggregated `handover_latency_s`, `decode_wake_s`,
+    `prefill_idle_after_s`)
     and their `detail`, from the prefill side's and the decode side's `measure_loop` (the
     same answer twice for an aggregated server) and, for a disaggregated deployment,
     `handover_costs` and the served `idle_handover_requests` (`idle_handover_costs`)."""
@@ -464,7 +473,8 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
         idle = idle_handover_costs(idle_handovers,
                                    decode["engine_step_s"] + out["serving_step_overhead_s"])
         if idle["requests"]:
-            for name in ("handover_latency_s", "handover_overhead_s", "decode_wake_s"):
+            for name in ("handover_latency_s", "handover_overhead_s", "decode_wake_s",
+                         "prefill_idle_after_s"):
                 out[name] = idle[name]
         detail["idle_handovers"] = idle
     out["detail"] = detail

@@ -28,8 +28,9 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   receiving the KV, its insert into a slot), one handover at a time before its next step
   (server.py `serve_decode` inserts there); the KV reaches the decode loop
   `StepTimes.handover_latency_s` after the send (the transport, charged to neither loop) and
-  an idle decode loop's first step takes `StepTimes.decode_wake_s` longer (measured, 0 by
-  default); all from the
+  an idle decode loop's first step takes `StepTimes.decode_wake_s` longer, and a prefill
+  call on an idle loop takes at least `StepTimes.prefill_idle_after_s` per prompt after its
+  first tokens (measured, 0 by default); all from the
   hardware profile, 0 by default; of a prefill call's host work, the part before its
   first tokens (`StepTimes.prefill_first_overhead_s`, per call: the prompts made and placed,
   the argmax, the first tokens to the host) delays them, the rest of the per-prompt cost
@@ -122,15 +123,22 @@ class StepTimes:
     # Disaggregated: an idle decode loop's first step after its inserts takes this much
     # longer (the loop and its process waking: measured with the latency above).
     decode_wake_s: float = 0.0
+    # Disaggregated: a prefill call on an idle loop takes at least this much per prompt after
+    # its first tokens (its KV exported and sent, the loop not yet warm: measured with the
+    # handover latency above); 0: the closed loop's per-prompt work alone.
+    prefill_idle_after_s: float = 0.0
 
     def prefill_host_s(self, prompts: int, idle: bool, factor: float = 1.0) -> tuple[float, float]:
         """A prefill call's host work: (before its first tokens, after them), seconds. Before:
         `prefill_first_overhead_s`, or on an idle loop the wake if larger; after: the rest of
-        the per-prompt cost, scaled by the call's duration factor."""
+        the per-prompt cost, on an idle loop at least `prefill_idle_after_s` per prompt,
+        scaled by the call's duration factor."""
         first = self.prefill_first_overhead_s
         before = max(self.prefill_wake_s, first) if idle else first
-        after = max(prompts * self.prefill_overhead_per_prompt_s - first, 0.0) * factor
-        return before, after
+        after = max(prompts * self.prefill_overhead_per_prompt_s - first, 0.0)
+        if idle:
+            after = max(after, prompts * self.prefill_idle_after_s)
+        return before, after * factor
 
     def spread_draws(self) -> tuple[Callable[[], float], Callable[[], float]]:
         """(prefill factor, step factor) draws; 1.0 without a spread."""
@@ -232,7 +240,8 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
                      prefill_first_overhead_s=hw.serving_prefill_first_overhead_s,
                      # a profile without these fields (workloads/config.py) charges none
                      handover_latency_s=getattr(hw, "serving_handover_latency_s", 0.0),
-                     decode_wake_s=getattr(hw, "serving_decode_wake_s", 0.0))
+                     decode_wake_s=getattr(hw, "serving_decode_wake_s", 0.0),
+                     prefill_idle_after_s=getattr(hw, "serving_prefill_idle_after_s", 0.0))
 
 
 # --------------------------------------------------------------------------- result

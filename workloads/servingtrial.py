@@ -238,7 +238,8 @@ def measured_step_times(deployment: Deployment, costs: dict, seed: int = 0):
                      prefill_wake_s=costs.get("prefill_wake_s", 0.0),
                      prefill_first_overhead_s=costs.get("prefill_first_overhead_s", 0.0),
                      handover_latency_s=costs.get("handover_latency_s", 0.0),
-                     decode_wake_s=costs.get("decode_wake_s", 0.0))
+                     decode_wake_s=costs.get("decode_wake_s", 0.0),
+                     prefill_idle_after_s=costs.get("prefill_idle_after_s", 0.0))
 
 
 def check_described(trial: TrialConfig, deployment: Deployment) -> None:

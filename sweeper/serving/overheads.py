@@ -40,8 +40,9 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   `idle_handover_costs`), give the handover as a stream pays it: its median insert on the
   decode loop replaces the CPU per handover as `handover_overhead_s` (the CPU figure stays
   in the detail), `handover_latency_s` (send to insert: the KV's transport and the idle
-  loop's poll, charged to neither loop) and `decode_wake_s` (an idle decode loop's first
-  step, beyond the model's); docs/serving.md "Serving host costs".
+  loop's poll, charged to neither loop), `decode_wake_s` (an idle decode loop's first
+  step, beyond the model's) and `prefill_idle_after_s` (an idle prefill loop's export and
+  send after its first tokens, per prompt); docs/serving.md "Serving host costs".
 
 The mean is a robust one (workloads/hostcosts.py `measure_loop`, run by server.py
 `measure_host_costs` and by a serving trial's worker): the closed loop runs in `BLOCKS`
@@ -151,10 +152,12 @@ def measure(deployment: Deployment, input_len: int, output_len: int, seed: int =
 def with_overheads(hardware: HardwareProfile, costs: dict) -> HardwareProfile:
     """`hardware` with the three measured fields, the idle-loop wake and the part of a
     prefill's host work before its first tokens (the rest as it is); and the handover's
-    latency and the decode loop's wake (`serving_handover_latency_s`,
-    `serving_decode_wake_s`) where the profile has those fields."""
+    latency, the decode loop's wake and an idle prefill's work after its first tokens
+    (`serving_handover_latency_s`, `serving_decode_wake_s`, `serving_prefill_idle_after_s`)
+    where the profile has those fields."""
     names = {f.name for f in dataclasses.fields(hardware)}
-    idle = {f"serving_{k}": float(costs[k]) for k in ("handover_latency_s", "decode_wake_s")
+    idle = {f"serving_{k}": float(costs[k])
+            for k in ("handover_latency_s", "decode_wake_s", "prefill_idle_after_s")
             if k in costs and f"serving_{k}" in names}
     return dataclasses.replace(
         hardware, **{k: float(costs[k]) for k in FIELDS}, **idle,
