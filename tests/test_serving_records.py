@@ -62,7 +62,8 @@ def test_a_serving_trials_requests_and_prediction_note_are_stored(session_sweepe
         assert note == prediction_note(serving["prediction"])
         notes[trial.params["pad_heads"]] = (note, serving["prediction"], trial)
     note, full, trial = notes["auto"]
-    assert full["source"] == "analytical" and note.startswith("analytical: serving model")
+    # a host trial: the serving model on its calls measured before the stream, not analytical
+    assert full["source"] == "measured calls" and note.startswith("measured calls: serving model")
     assert math.isfinite(trial.user_attrs["measurement"]["pred_ttft_p99_s"])
     note, full, trial = notes[16]
     assert full["source"] is None and "pad_heads" in full["reason"]

@@ -123,7 +123,7 @@ def test_the_end_of_sweep_summary_of_a_serving_sweep_is_its_prediction_error(swe
         assert summary["serving"][measured]["median_signed_error"] == pytest.approx(error.median())
     text = format_sweep_summary(summary)
     # no empty prefill/decode frontiers, no "not computed" fit for a study of serving trials
-    assert "serving model (analytical) vs measured" in text and "over 2 trials" in text
+    assert "serving model vs measured" in text and "over 2 trials" in text
     assert "Pareto frontier" not in text and "held-out" not in text
 
 

@@ -340,6 +340,15 @@ class HardwareProfile:
     # placed: they delay the first tokens; the rest of serving_prefill_overhead_s comes after
     # them), per call; measured paired with the engine's calls (docs/serving.md); 0 = none.
     serving_prefill_first_overhead_s: float = 0.0
+    # A disaggregated deployment's KV handover as a stream pays it (measured by lone requests
+    # through the deployment's own slice loops, each finding the decode loop idle:
+    # workloads/hostcosts.py `idle_handover_costs`, docs/serving.md): the KV is ready this
+    # long after the prefill slice's send (the prefill loop does not wait), an idle decode
+    # loop's first step costs this much more, and an idle prefill loop's call pays at least
+    # this much per prompt after its first tokens (its export and send); 0 = none.
+    serving_handover_latency_s: float = 0.0
+    serving_decode_wake_s: float = 0.0
+    serving_prefill_idle_after_s: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -375,7 +384,8 @@ class HardwareProfile:
                     "matmul_half_rows", "matmul_half_dim", "attention_half_rows",
                     "serving_step_overhead_s", "serving_prefill_overhead_s",
                     "handover_overhead_s", "serving_prefill_wake_s",
-                    "serving_prefill_first_overhead_s"):
+                    "serving_prefill_first_overhead_s", "serving_handover_latency_s",
+                    "serving_decode_wake_s", "serving_prefill_idle_after_s"):
             if key in data:
                 values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
                 if values[key] < 0 or (key == "overlap" and values[key] > 1):

@@ -239,9 +239,9 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
                      prefill_wake_s=hw.serving_prefill_wake_s,
                      prefill_first_overhead_s=hw.serving_prefill_first_overhead_s,
                      # a profile without these fields (workloads/config.py) charges none
-                     handover_latency_s=getattr(hw, "serving_handover_latency_s", 0.0),
-                     decode_wake_s=getattr(hw, "serving_decode_wake_s", 0.0),
-                     prefill_idle_after_s=getattr(hw, "serving_prefill_idle_after_s", 0.0))
+                     handover_latency_s=hw.serving_handover_latency_s,
+                     decode_wake_s=hw.serving_decode_wake_s,
+                     prefill_idle_after_s=hw.serving_prefill_idle_after_s)
 
 
 # --------------------------------------------------------------------------- result

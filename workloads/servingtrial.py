@@ -278,7 +278,10 @@ def predict_stream(trial: TrialConfig, reqs: list[Request], hardware: HardwarePr
     values = dict.fromkeys(SERVING_PREDICTIONS, math.nan)
     if hardware is None:
         return values, {"source": None, "reason": "no hardware profile to price the deployment"}
-    note = {"source": "analytical", "hardware": hardware.name}
+    # the label says where the step times came from: the cost model's are `analytical`; the
+    # calls measured before the stream are this host's measurements, never called analytical
+    note = {"source": "analytical" if costs is None else "measured calls",
+            "hardware": hardware.name}
     deployment = trial_deployment(trial, hardware)
     try:
         check_described(trial, deployment)

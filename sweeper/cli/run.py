@@ -79,7 +79,7 @@ def format_sweep_summary(summary: dict) -> str:
         errors = ", ".join(f"{metric} {percent_dash(e['median_ape'])} ({e['median_signed_error']:+.0%})"
                            for metric, e in serving.items())
         n = max(e["n"] for e in serving.values())
-        lines.append(f"serving model (analytical) vs measured, median |error| (signed) over {n} "
+        lines.append(f"serving model vs measured, median |error| (signed) over {n} "
                      f"trials: {errors} (host: step times and host costs measured before each "
                      f"stream, docs/serving.md \"Serving trials in `sweeper run`\"; each "
                      f"trial's pred_* beside its measured values: `sweeper export`)")

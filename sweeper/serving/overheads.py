@@ -151,14 +151,12 @@ def measure(deployment: Deployment, input_len: int, output_len: int, seed: int =
 
 def with_overheads(hardware: HardwareProfile, costs: dict) -> HardwareProfile:
     """`hardware` with the three measured fields, the idle-loop wake and the part of a
-    prefill's host work before its first tokens (the rest as it is); and the handover's
-    latency, the decode loop's wake and an idle prefill's work after its first tokens
-    (`serving_handover_latency_s`, `serving_decode_wake_s`, `serving_prefill_idle_after_s`)
-    where the profile has those fields."""
-    names = {f.name for f in dataclasses.fields(hardware)}
-    idle = {f"serving_{k}": float(costs[k])
-            for k in ("handover_latency_s", "decode_wake_s", "prefill_idle_after_s")
-            if k in costs and f"serving_{k}" in names}
+    prefill's host work before its first tokens (the rest as it is); and, measured for a
+    disaggregated deployment, the handover's latency, the decode loop's wake and an idle
+    prefill's work after its first tokens (`serving_handover_latency_s`,
+    `serving_decode_wake_s`, `serving_prefill_idle_after_s`; 0 where not measured)."""
+    idle = {f"serving_{k}": float(costs.get(k, 0.0))
+            for k in ("handover_latency_s", "decode_wake_s", "prefill_idle_after_s")}
     return dataclasses.replace(
         hardware, **{k: float(costs[k]) for k in FIELDS}, **idle,
         serving_prefill_wake_s=float(costs.get("prefill_wake_s", 0.0)),

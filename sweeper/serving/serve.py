@@ -266,10 +266,9 @@ class ServingSession:
             decoded_ref = self.actors["decode"].serve_decode.remote(expected, start_at)
             per_request = ray.get(self.actors["prefill"].serve_prefill.remote(
                 plain, start_at, seed, self.actors["decode"]))
-            for i, part in ray.get(decoded_ref).items():
+            for i, part in ray.get(decoded_ref).items():    # its finish, its KV's times
                 per_request[i]["tokens"] += part["tokens"]
-                per_request[i]["finish_s"] = part["finish_s"]
-                per_request[i]["kv_ready_s"] = part["kv_ready_s"]
+                per_request[i].update({k: v for k, v in part.items() if k != "tokens"})
         wall = time.time() - begin - START_MARGIN_S
         calls = dict(zip(self.names, ray.get([self.actors[n].last_calls.remote() for n in self.names])))
         for i, r in enumerate(requests):
