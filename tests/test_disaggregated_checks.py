@@ -109,14 +109,25 @@ def test_a_point_whose_slices_fit_but_whose_whole_mesh_does_not_runs():
     assert prediction["peak_bytes_per_chip"] <= space.memory_budget_bytes
 
 
-def test_an_aggregated_serving_trial_is_checked_on_the_whole_mesh_as_before():
+def test_an_aggregated_serving_trial_is_checked_on_the_whole_mesh_with_one_prompt_per_prefill():
+    """Aggregated: the whole mesh, as every other trial; its recorded prediction prefills one
+    prompt per call as the serving loop does (`costmodel.predict_trial`), decode `batch`
+    slots as `predict` does."""
+    import dataclasses
+
     spec = {**aggregated(DISAGGREGATED), "chips": 2, "batch": 2, "memory_budget_bytes": "1GiB",
             "params": {"seed": [0, 1]}}
     space = load_space(spec)
     trial = space.trial_config({"seed": 0})
     assert not trial.disaggregated
     reason, prediction = check_point(space, trial, PROFILE)
-    assert reason is None and prediction == predict(trial, PROFILE).metrics()
+    whole = predict(trial, PROFILE).metrics()
+    one = predict(dataclasses.replace(trial, batch=1, decode=trial.prefill), PROFILE).metrics()
+    assert reason is None
+    assert prediction["prefill_s"] == one["prefill_s"] < whole["prefill_s"]
+    assert prediction["decode_step_s"] == whole["decode_step_s"]
+    assert prediction["total_s"] == pytest.approx(one["prefill_s"]
+                                                  + trial.decode_steps * whole["decode_step_s"])
 
 
 def test_a_host_space_whose_slices_do_not_fit_in_memory_is_refused_before_ray(monkeypatch):

@@ -822,6 +822,28 @@ def slice_predictions(trial, hw: HardwareProfile) -> dict[str, Any]:
     return out
 
 
+def predict_trial(trial, hw: HardwareProfile):
+    """The analytical Measurement of the program a trial runs: `predict`'s, except for a
+    serving trial, whose prefill takes one prompt per call (docs/space-files.md, "Serving
+    trials"): aggregated, the whole mesh's prefill of one prompt beside its decode of
+    `batch` slots; disaggregated, its slices (`predict_slices`)."""
+    if getattr(trial, "disaggregated", False):
+        return predict_slices(trial, hw)
+    m = predict(trial, hw)
+    if getattr(trial, "serving", None) is None or trial.batch == 1:
+        return m
+    # one prompt through the prefill layout (valid at batch 1: TrialConfig.validate checks it)
+    one = predict(dataclasses.replace(trial, batch=1, decode=trial.prefill), hw)
+    for f in dataclasses.fields(m):
+        if f.name.startswith("prefill_"):
+            setattr(m, f.name, getattr(one, f.name))
+    m.total_s = one.prefill_s + trial.decode_steps * m.decode_step_s
+    m.collectives = {**m.collectives, "prefill": one.collectives["prefill"]}
+    m.extra = {**m.extra, "prefill_bound": one.extra["prefill_bound"],
+               "prefill_flops": one.extra["prefill_flops"]}
+    return m
+
+
 def predict_slices(trial, hw: HardwareProfile):
     """A disaggregated serving trial's analytical Measurement, of the slices that run
     (`slice_predictions`): each phase's numbers from the slice that runs it (prefill_*: one

@@ -25,7 +25,7 @@ from sweeper.sweep.session import check_ray_address
 from sweeper.tracking.store_health import prepare_tracking_store
 from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace, checked_points
 from workloads.config import ConfigError, HardwareProfile
-from workloads.costmodel import feasibility, predict, predict_slices
+from workloads.costmodel import feasibility, predict_trial
 from workloads.hardware import load_hardware
 from workloads.hostprofile import physical_memory_bytes
 
@@ -140,7 +140,8 @@ def check_point(space: SearchSpace, config, chip_profile: HardwareProfile | None
     it): layout divisibility and memory against the profile's HBM or, for `host`, the
     space's `memory_budget_bytes` (default: this host's share, less what XLA CPU adds).
     A disaggregated serving trial is checked and predicted per slice, on its half of the
-    chips (costmodel `feasibility`, `predict_slices`): the whole mesh never runs."""
+    chips (costmodel `feasibility`, `predict_slices`): the whole mesh never runs; the prediction
+    of any serving trial prefills one prompt per call (`predict_trial`)."""
     if chip_profile is None:
         return None, {}
     budget = None
@@ -155,8 +156,7 @@ def check_point(space: SearchSpace, config, chip_profile: HardwareProfile | None
         if reason and not space.memory_budget_bytes and budget is not None and \
                 reason.startswith("memory"):
             reason += EMULATED_NOTE
-        prediction = (predict_slices if config.disaggregated else predict)(
-            config, chip_profile).metrics()
+        prediction = predict_trial(config, chip_profile).metrics()
     except ConfigError as err:
         reason = str(err)
     return reason, prediction
