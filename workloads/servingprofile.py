@@ -389,3 +389,12 @@ def length_stats(profile: AppProfile) -> dict:
                 "output_mean": sum(outputs) / len(outputs), "output_max": max(outputs)}
     return {"input_mean": profile.input_len.expected, "input_max": profile.input_len.largest,
             "output_mean": profile.output_len.expected, "output_max": profile.output_len.largest}
+
+
+def merge_decoded(served: list[dict], decoded: dict[int, dict]) -> list[dict]:
+    """A disaggregated stream's per-request records: each request's decode-slice record
+    (`serve_decode_slice`: its tokens after the first, `finish_s`, its KV's times) merged
+    into its prefill-slice record (`serve_prefill_slice`: its first token); `served`, updated."""
+    for i, part in decoded.items():
+        served[i].update(part, tokens=served[i]["tokens"] + part["tokens"])
+    return served

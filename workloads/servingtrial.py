@@ -60,7 +60,7 @@ from workloads.deployment import Deployment, PhaseSlice
 from workloads.metrics import SERVING_PREDICTIONS, Measurement
 from workloads.servingmodel import run_model, simulate, stream_summary
 from workloads.servingprofile import (AppProfile, Request, block_profile, context_len,
-                                      offered_rps, requests)
+                                      merge_decoded, offered_rps, requests)
 from workloads.trial import TrialConfig
 
 START_MARGIN_S = 0.05     # the stream starts this long after the set-up ends
@@ -196,10 +196,7 @@ def idle_handovers(server, decode_slice, input_len: int, output_len: int, gap_s:
     served, sent = serve_prefill_slice(
         server, reqs, lambda i: hostcosts.prompt_for(model, 9500 + i, input_len, 7), start_at,
         decode_slice.send)
-    for i, part in decode_slice.finish(sent).items():
-        tokens = served[i]["tokens"] + part["tokens"]
-        served[i].update(part, tokens=tokens)
-    return served
+    return merge_decoded(served, decode_slice.finish(sent))
 
 
 def measured_step_times(deployment: Deployment, costs: dict, seed: int = 0):
@@ -360,12 +357,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
         decode_slice.begin(sum(r.output_len > 1 for r in reqs), start_at)
         served, sent = serve_prefill_slice(server, [dataclasses.asdict(r) for r in reqs],
                                            prompt, start_at, decode_slice.send)
-        for i, part in decode_slice.finish(sent).items():
-            served[i]["tokens"] += part["tokens"]
-            served[i]["finish_s"] = part["finish_s"]
-            for name in ("kv_ready_s", "insert_start_s", "delivered_s"):
-                if name in part:
-                    served[i][name] = part[name]
+        merge_decoded(served, decode_slice.finish(sent))
     else:
         served = serve_aggregated(server, reqs, prompt, start_at)
     state = host.stop()

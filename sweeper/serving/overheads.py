@@ -79,6 +79,7 @@ from typing import Any
 from workloads import hostcosts
 from workloads.deployment import Deployment
 from workloads.config import HardwareProfile
+from workloads.servingprofile import merge_decoded
 # the measuring code and the costs from its answers live in workloads (a serving trial's
 # worker measures them too, workloads/servingtrial.py); their names stay importable here
 from workloads.hostcosts import (combine, duration_spread, first_token_overhead,  # noqa: F401
@@ -134,8 +135,7 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     decoded = actors["decode"].serve_decode.remote(len(reqs), start_at)
     served = ray.get(actors["prefill"].serve_prefill.remote(reqs, start_at, IDLE_HANDOVER_SEED,
                                                             actors["decode"]))
-    for i, part in ray.get(decoded).items():
-        served[i].update(part, tokens=served[i]["tokens"] + part["tokens"])
+    merge_decoded(served, ray.get(decoded))
     return combine(pre, dec, handover_costs(samples, decode_cpu), served)
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from workloads.deployment import Deployment, PhaseSlice
-from workloads.servingprofile import Request, context_len
+from workloads.servingprofile import Request, context_len, merge_decoded
 from workloads.config import ConfigError
 from workloads.hardware import worker_share
 
@@ -266,9 +266,7 @@ class ServingSession:
             decoded_ref = self.actors["decode"].serve_decode.remote(expected, start_at)
             per_request = ray.get(self.actors["prefill"].serve_prefill.remote(
                 plain, start_at, seed, self.actors["decode"]))
-            for i, part in ray.get(decoded_ref).items():    # its finish, its KV's times
-                per_request[i]["tokens"] += part["tokens"]
-                per_request[i].update({k: v for k, v in part.items() if k != "tokens"})
+            merge_decoded(per_request, ray.get(decoded_ref))   # its finish, its KV's times
         wall = time.time() - begin - START_MARGIN_S
         calls = dict(zip(self.names, ray.get([self.actors[n].last_calls.remote() for n in self.names])))
         for i, r in enumerate(requests):
