@@ -86,8 +86,9 @@ def test_a_serving_sweep_records_each_trials_serving_metrics_in_optuna(sweep):
         # predicted this tiny model's TTFT ~30x too fast)
         note = trial.user_attrs["prediction_note"]
         assert "step times measured before the stream" in note and "host costs measured" in note
-        assert 0.3 <= measured["pred_ttft_p50_s"] / measured["ttft_p50_s"] <= 3.0, \
-            (measured["pred_ttft_p50_s"], measured["ttft_p50_s"])
+        # (that the prediction IS the serving model on those measured calls, the
+        # serving.json test below recomputes; no ratio to the stream is asserted: the
+        # stream's timings move with the host's load)
         # the objectives Optuna was told are the measured serving latencies
         assert trial.values == [measured["ttft_p99_s"], measured["tpot_p99_s"]]
         assert trial.user_attrs["hardware"] == "host" and trial.user_attrs["source"] == "measured"
@@ -167,6 +168,16 @@ def test_a_host_serving_trial_keeps_what_it_measured_before_its_stream(sweep, tm
             assert math.isfinite(costs[name]) and costs[name] >= 0, name
         assert serving["prediction"]["step_times"].startswith("measured before the stream")
         config = space.trial_config(trial.params)
+        # the recorded prediction is the serving model on exactly these measured calls (an
+        # aggregated trial's step times are all measured: the profile's rates price nothing)
+        profile = dataclasses.replace(HARDWARE_PRESETS["tpu-v4"], name="host", measured=True)
+        again, _ = predict_stream(config, trial_requests(config), profile, costs)
+        measured = trial.user_attrs["measurement"]
+        for name in SERVING_PREDICTIONS:
+            assert measured[name] == pytest.approx(again[name], rel=1e-9), name
+        # ... so every first token waits at least for the measured engine prefill (the
+        # roofline alone, without the measured calls, predicted ~30x less on this model)
+        assert measured["pred_ttft_p50_s"] >= loop["engine_prefill_s"]
         for i, (r, served) in enumerate(zip(trial_requests(config)[:4], serving["per_request"])):
             prompt = prompt_tokens(config.model, 1, r.input_len, config.seed * 1_000_003 + i)[0]
             _, ref = reference_generation(config.model, config.seed, prompt, r.output_len - 1)
