@@ -277,7 +277,9 @@ def loop_step_times(d, costs: dict, statistic: str = "mean"):
     suffix = "_mean_s" if statistic == "mean" else "_s"
     engine_prefill, step = pre["engine_prefill_s"], dec["loop_step" + suffix]
     per_prompt = (max(pre["loop_prefill" + suffix] - engine_prefill, 0.0)
-                  / (pre.get("loop_prefill_prompts") or 1.0))
+                  / (pre.get("loop_prefill_prompts") or 1.0)) if "loop_prefill" + suffix in pre else 0.0
+    if statistic == "mean":     # the measurement's own (aggregated: the paired prefill calls)
+        per_prompt = costs["serving_prefill_overhead_s"]
     return StepTimes(lambda b, n: engine_prefill, lambda b, c: step,
                      prefill_overhead_per_prompt_s=per_prompt,
                      handover_overhead_s=costs["handover_overhead_s"],
@@ -352,6 +354,9 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
                         "replay": replay, "error_replay": relative_errors(result.measured, replay),
                         "warmup": result.warmup, "step_times": steps,
                         "handover_measured_s": handover_s(result.per_request),
+                        # each worker's call log (server.py `last_calls`): the stream's calls
+                        # per kind, beside the closed loop's in `host_costs`
+                        "calls": result.calls,
                         "wall_s": result.wall_s, "setup_s": setup_s,
                         "load_average": common.load_average()})
                     print(f"{name} load {load:.2f} ({rate:.2f} req/s) seed {seed}: " + ", ".join(

@@ -105,20 +105,25 @@ def test_decode_kv_from_another_mesh_matches_reference():
     assert tokens == [int(t) for t in ref]
 
 
-@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
-def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode):
+@pytest.mark.parametrize("mode,prefill_batch", [("aggregated", 1), ("aggregated", 2),
+                                                ("disaggregated", 1)])
+def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_batch):
     """sweeper/serving/server.py `measure_host_costs` on a real slot server of the tiny model
     (in this process, no Ray): the closed loop in blocks, the robust mean the median of the
     blocks' means, every time positive, and host costs (overheads.host_costs) that are
-    finite and not negative (docs/serving.md "Serving host costs"). No timing asserted."""
+    finite and not negative (docs/serving.md "Serving host costs"); aggregated, the prefill
+    calls paired one by one with the engine's, their prompts cycling 1..prefill_batch, are
+    what the prefill's costs come from. No timing asserted."""
     import math
 
-    from sweeper.serving.overheads import host_costs
+    from sweeper.serving.overheads import first_token_overhead, host_costs
+    from workloads.hostcosts import PREFILL_PAIRS
     from sweeper.serving.serve import slot_specs
     from sweeper.serving.server import ServingWorker
     from workloads.deployment import load_plan
 
-    deployment = load_plan(plan_file(tmp_path, mode, chips=1))
+    deployment = load_plan(plan_file(tmp_path, mode, prefill=("ws2d", "head", prefill_batch),
+                                     chips=1))
     specs = slot_specs(deployment, context_len=16, seed=1)
     results = {}
     for name, spec in specs.items():
@@ -153,6 +158,26 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode):
     costs = host_costs(pre, dec)
     assert all(math.isfinite(v) and v >= 0 for v in costs.values()), costs
     assert costs["serving_step_overhead_s"] == pytest.approx(max(dec["loop_step_paired_extra_s"], 0.0))
+    if mode == "aggregated":
+        # every block pairs PREFILL_PAIRS prefill calls with the engine's, 1, 2, 1, 2, ...
+        # prompts (up to the prefill batch); the costs are the median over blocks of them
+        prompts = pre["prefill_pair_prompts"]
+        assert prompts == [n % prefill_batch + 1 for n in range(3 * PREFILL_PAIRS)]
+        assert len(pre["prefill_pair_first_extra_s"]) == len(pre["prefill_pair_extra_s"]) == len(prompts)
+        firsts = pre["prefill_pair_first_extra_s"]
+        blocks = np.median(np.reshape(firsts, (3, PREFILL_PAIRS)), axis=1)
+        assert pre["loop_prefill_first_paired_block_extra_s"] == pytest.approx(list(blocks))
+        assert pre["loop_prefill_first_paired_extra_s"] == pytest.approx(float(np.median(firsts)))
+        # per prompt: each count's median call - engine, summed, over 1 + ... + prefill_batch
+        whole = np.asarray(pre["prefill_pair_extra_s"])
+        counts = range(1, prefill_batch + 1)
+        per_prompt = sum(float(np.median(whole[np.asarray(prompts) == n])) for n in counts) / sum(counts)
+        assert costs["serving_prefill_overhead_s"] == pytest.approx(max(per_prompt, 0.0))
+        assert 0 <= first_token_overhead(pre) <= max(float(np.mean(pre["prefill_pair_extra_s"])), 0.0)
+    else:      # a prefill slice's calls are its closed loop's (no pairs)
+        assert "prefill_pair_prompts" not in pre
+        assert costs["serving_prefill_overhead_s"] == pytest.approx(
+            max(pre["loop_prefill_mean_s"] - pre["engine_prefill_s"], 0.0) / pre["loop_prefill_prompts"])
 
 
 # --------------------------------------------------------------------------- bad input

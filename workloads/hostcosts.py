@@ -27,6 +27,10 @@ ROUNDS = 2      # rounds of the closed loop, repeated until a block has run MIN_
 BLOCKS = 5      # blocks; the median of the blocks' means
 MIN_BLOCK_S = 0.25
 WAKE_REQUESTS = 12   # one-token requests on an idle loop (`prefill_wake_s`)
+# An aggregated server's prefill calls, paired one by one with the engine's (per block): a
+# saturated loop of a multi-prompt prefill makes ~1 timed call per block (docs/serving.md
+# "Serving host costs", "A prefill's host work, paired call by call")
+PREFILL_PAIRS = 8
 IDLE_GAP_S = 0.1     # ... this far apart
 
 
@@ -46,7 +50,8 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
                  blocks: int = BLOCKS, min_block_s: float = MIN_BLOCK_S,
                  wake_requests: int = WAKE_REQUESTS, idle_gap_s: float = IDLE_GAP_S,
                  send: Callable[[list[dict]], Any] | None = None,
-                 wait: Callable[[list], Any] | None = None) -> dict[str, Any]:
+                 wait: Callable[[list], Any] | None = None,
+                 prefill_pairs: int = PREFILL_PAIRS) -> dict[str, Any]:
     """A slot server's serving loop against the engine's timed calls of the same shapes.
 
     Engine: the prefill program alone, and the decode call of the full slot batch (decode
@@ -75,6 +80,18 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     loop_step_s, engine_prefill_s, loop_prefill_s} (a phase the server does not run is
     absent), the measurement's wall clock `measured_s`, the loop's prompts per prefill
     call and every closed-loop call's seconds {loop_step_samples_s, loop_prefill_samples_s}.
+
+    Aggregated, each block also times `prefill_pairs` prefill calls paired one by one
+    with the engine's (`paired_prefill_calls`: a decode step, the engine's prefill, a decode
+    step, the loop's prefill branch with its rows into slots; the prompts per call cycling
+    1..prefill_batch, the counts a stream's calls take). The part before the first tokens
+    `loop_prefill_first_paired_extra_s` and the host work per prompt
+    `loop_prefill_paired_per_prompt_s` are MEDIANS of those pairs' differences (first
+    tokens - engine; call - engine per prompt count, summed over the counts, over their
+    prompts): an interruption by other processes lands on either call of a pair alike, so
+    the median, not a mean, finds the host work under it; per block in `..._block_...`
+    (diagnostic), every pair in `prefill_pair_*`. The saturated loop's
+    prefill calls (one per block with 4 prompts of 4 slots) stay in the detail.
 
     `send` (a prefill slice with a decode worker): the closed loop also hands each prefill
     call's KV to it in one call, as a stream's prefill slice does, without waiting for it
@@ -175,6 +192,12 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
                 steps.append(time.perf_counter() - start)
         return steps, prefills, 0.0
 
+    pair_prompts: list[int] = []         # aggregated: each paired prefill call's prompts,
+    pair_first: list[float] = []         # its first tokens - the engine's call before it,
+    pair_whole: list[float] = []         # its whole branch - the engine's call before it
+    pair_calls: list[float] = []         # its whole branch
+    pair_first_blocks: list[float] = []  # per block: median of first tokens - engine
+    pair_per_prompt_blocks: list[float] = []   # per block: sum(call - engine) / prompts
     paired_engine: list[float] = []     # a decode slice: the engine's call before each step
     first_token: list[float] = []       # each closed-loop prefill call to its first tokens
     first_blocks: list[list[float]] = []
@@ -205,6 +228,14 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
                 prompts.append(block_prompts)
             if time.perf_counter() - block_began >= min_block_s:
                 break
+        if spec.prefill is not None and spec.decode is not None and prefill_pairs > 0:
+            k, f, w, c = paired_prefill_calls(srv, input_len, prefill_pairs, len(pair_prompts))
+            pair_calls.extend(c)
+            pair_prompts.extend(k)
+            pair_first.extend(f)
+            pair_whole.extend(w)
+            pair_first_blocks.append(float(np.median(f)))
+            pair_per_prompt_blocks.append(float(np.sum(w) / np.sum(k)))
         if steps:
             step_blocks.append(steps)
         if firsts:
@@ -248,6 +279,26 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
         # prefill calls just before and after the block)
         out["loop_prefill_first_paired_extra_s"] = float(np.median(first_extra))
         out["loop_prefill_first_paired_block_extra_s"] = first_extra
+    if pair_first_blocks:
+        # aggregated: paired call by call, at 1..prefill_batch prompts (replaces the per-block
+        # pairing of the saturated loop's few calls above; that stays in the detail). The
+        # MEDIAN of the pairs' differences: an interruption by another process lands on the
+        # loop's call or on the engine's alike, so the differences are the host work plus a
+        # noise symmetric about 0 whose tails (tens of ms on a loaded host) would move a mean
+        out["loop_prefill_first_saturated_paired_extra_s"] = out.get("loop_prefill_first_paired_extra_s")
+        out["loop_prefill_first_paired_extra_s"] = float(np.median(pair_first))
+        out["loop_prefill_first_paired_block_extra_s"] = pair_first_blocks
+        # per prompt: each prompt count's median call - engine, summed over the counts, over
+        # their prompts (the counts are measured equally often)
+        counts = sorted(set(pair_prompts))
+        out["loop_prefill_paired_per_prompt_s"] = float(
+            sum(np.median([w for k, w in zip(pair_prompts, pair_whole) if k == n]) for n in counts)
+            / sum(counts))
+        out["loop_prefill_paired_block_per_prompt_s"] = pair_per_prompt_blocks
+        out["prefill_pair_prompts"] = pair_prompts
+        out["prefill_pair_first_extra_s"] = pair_first
+        out["prefill_pair_extra_s"] = pair_whole
+        out["prefill_pair_call_s"] = pair_calls
     if paired_blocks:
         # the host work per step, paired: the median over blocks of (the block's mean
         # step - the mean of the engine's calls just before each step (a decode slice) or
@@ -273,6 +324,51 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
         out["prefill_wake_s"] = max(out["prefill_after_idle_s"] - out["engine_prefill_s"], 0.0)
         out["idle_gap_s"] = idle_gap_s
     return out
+
+
+def paired_prefill_calls(srv, input_len: int, pairs: int, offset: int = 0
+                         ) -> tuple[list[int], list[float], list[float], list[float]]:
+    """An aggregated slot server's prefill calls, each paired with the engine's prefill
+    program right before it: `pairs` times a decode step (untimed: a stream's prefill call
+    follows one), the engine's prefill (timed as a trial times it), a decode step, then the
+    serving loop's prefill branch as `serve_aggregated` runs it (prompts made, `srv.prefill`,
+    the first tokens on the host; its rows into slots, synchronised), its slots released
+    after. The prompts per call cycle 1..prefill_batch (from `offset`). Returns each call's
+    prompts, its seconds to the first tokens minus the engine's call, its whole seconds
+    minus the engine's call, and its whole seconds (docs/serving.md "Serving host costs")."""
+    import jax   # lazy: JAX only in a process that holds a mesh
+
+    spec = srv.spec
+    model = srv.model.unpadded
+    most = max(min(spec.prefill_batch, spec.slots), 1)
+    program = srv._prefill_program(input_len)
+    placed = jax.device_put(np.stack([prompt_for(model, i, input_len, 7)
+                                      for i in range(spec.prefill_batch)]), srv._replicated)
+    for slot in range(spec.slots):
+        srv.release(slot)
+    prompts, first, whole, calls = [], [], [], []
+    for n in range(pairs):
+        k = (offset + n) % most + 1
+        srv.step()
+        start = time.perf_counter()
+        jax.block_until_ready(program(srv.params, placed))
+        engine = time.perf_counter() - start
+        srv.step()
+        start = time.perf_counter()
+        done = srv.prefill([prompt_for(model, 5000 + n * 64 + i, input_len, 7) for i in range(k)])
+        tokens = [int(t) for t in done.first_tokens[:k]]   # on the host, as served
+        to_first = time.perf_counter() - start
+        for row in range(k):
+            srv.insert(row, done, row, tokens[row])
+        jax.block_until_ready(srv.cache)
+        call = time.perf_counter() - start
+        for row in range(k):
+            srv.release(row)
+        prompts.append(k)
+        first.append(to_first - engine)
+        whole.append(call - engine)
+        calls.append(call)
+    return prompts, first, whole, calls
 
 
 def saturated_aggregated(srv, input_len: int, output_len: int, n: int,
@@ -425,6 +521,13 @@ def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
     the measured TTFT with the means, and misses it by ~25% (p50, 85% load) with the
     medians (docs/serving.md "Checking the model against the server")."""
     prompts = float(prefill.get("loop_prefill_prompts") or 1.0)
+    if "loop_prefill_paired_per_prompt_s" in prefill:
+        # aggregated: the prefill calls paired one by one with the engine's, at 1..batch
+        # prompts (measure_loop `paired_prefill_calls`): the saturated loop of a multi-prompt
+        # prefill times ~1 call per block, whose block means moved by +-10 ms
+        per_prompt = max(prefill["loop_prefill_paired_per_prompt_s"], 0.0)
+    else:
+        per_prompt = max(prefill["loop_prefill_mean_s"] - prefill["engine_prefill_s"], 0.0) / prompts
     # the step is paired with the engine's calls (a decode slice: the call just before each
     # step; aggregated: the engine's blocks just before and after each block of the loop):
     # its host work per step is the median over blocks of their means' difference, so that
@@ -434,8 +537,7 @@ def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
     if step is None:
         step = decode["loop_step_mean_s"] - decode["engine_step_s"]
     return {"serving_step_overhead_s": max(step, 0.0),
-            "serving_prefill_overhead_s": max(prefill["loop_prefill_mean_s"]
-                                              - prefill["engine_prefill_s"], 0.0) / prompts}
+            "serving_prefill_overhead_s": per_prompt}
 
 
 def first_token_overhead(prefill: dict) -> float:
@@ -445,7 +547,10 @@ def first_token_overhead(prefill: dict) -> float:
     blocks), at most the call's whole host work; 0 for a measurement without it."""
     if "loop_prefill_first_paired_extra_s" not in prefill:
         return 0.0
-    whole = max(prefill["loop_prefill_mean_s"] - prefill["engine_prefill_s"], 0.0)
+    if "prefill_pair_extra_s" in prefill:      # aggregated: the paired calls' mean host work
+        whole = max(float(np.mean(prefill["prefill_pair_extra_s"])), 0.0)
+    else:
+        whole = max(prefill["loop_prefill_mean_s"] - prefill["engine_prefill_s"], 0.0)
     return min(max(prefill["loop_prefill_first_paired_extra_s"], 0.0), whole)
 
 
@@ -493,7 +598,10 @@ def duration_spread(costs: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
         values = np.asarray(samples or [], dtype=float)
         return tuple((values / values.mean()).tolist()) if values.size and values.mean() > 0 else ()
 
-    return factors(pre.get("loop_prefill_samples_s")), factors(dec.get("loop_step_samples_s"))
+    # aggregated: the paired prefill calls too (measure_loop: a multi-prompt prefill's
+    # saturated loop times ~1 call per block, too few for a spread)
+    prefills = list(pre.get("loop_prefill_samples_s") or []) + list(pre.get("prefill_pair_call_s") or [])
+    return factors(prefills), factors(dec.get("loop_step_samples_s"))
 
 
 def engine_prefill_s(srv, input_len: int, repeats: int = 5) -> float:

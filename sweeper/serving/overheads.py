@@ -23,7 +23,11 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   their KV exported) minus the engine's prefill program alone (as a trial times it),
   divided by the prompts per call of the closed loop (the rows' inserts or exports are
   most of it: a served call of one prompt in a 4-prompt deployment pays ~1/4 of the
-  4-prompt call's host cost). Disaggregated: measured on the prefill worker;
+  4-prompt call's host cost). Aggregated: prefill calls of 1..prefill_batch prompts, each
+  paired with the engine's prefill right before it, the median of the differences per
+  prompt count, per prompt (workloads/hostcosts.py `paired_prefill_calls`: a saturated
+  loop of a multi-prompt prefill times one call per block). Disaggregated: measured on
+  the prefill worker;
 - `handover_overhead_s` (disaggregated): what one KV handover costs the decode slice's
   loop: the decode worker process's CPU seconds per handover (Ray receiving and unpickling
   the KV, the call, the insert into a slot; at least the insert's wall clock), over
@@ -61,7 +65,8 @@ a stream's prefill worker does between arrivals): the profile's `serving_prefill
 
 And `prefill_first_overhead_s`: of a prefill call's host work, the part before its first
 tokens, per call (the closed loop's calls to their first tokens minus the engine's
-prefill; `first_token_overhead`): the serving model delays the first tokens by it and
+prefill; aggregated, the median of the paired calls' differences; `first_token_overhead`):
+the serving model delays the first tokens by it and
 charges the rest of the per-prompt cost after them (StepTimes `prefill_first_overhead_s`).
 The profile's `serving_prefill_first_overhead_s` (`with_overheads` writes it with the others:
 a serving run's prediction reads all five from its deployment's profile).
