@@ -43,6 +43,26 @@ def _spaced(n, gap, input_len=128, output_len=10):
     return [Request(i * gap, input_len, output_len) for i in range(n)]
 
 
+def test_handover_charge_at_least_the_decode_cpu():
+    """workloads/hostcosts.py `combine`: the decode loop's charge per handover is the idle
+    loop's median insert, but at least the decode process's CPU per handover (the KV's
+    receipt on its second thread takes the same pinned core); the detail keeps both."""
+    from workloads.hostcosts import combine
+
+    pre = {"engine_prefill_s": 0.009, "loop_prefill_mean_s": 0.011, "loop_prefill_prompts": 1.0}
+    dec = {"engine_step_s": 0.005, "loop_step_mean_s": 0.006, "loop_step_paired_extra_s": 0.0006}
+    served = [{"first_token_s": k - 0.001, "sent_s": float(k), "insert_start_s": k + 0.003,
+               "kv_ready_s": k + 0.003 + ins, "finish_s": k + 0.004 + ins + 7 * 0.0056,
+               "tokens": [0] * 8} for k, ins in enumerate([0.0012, 0.0013, 0.0014])]
+    for cpu, charged in ((0.0019, 0.0019), (0.0005, 0.0013)):
+        costs = combine(pre, dec, (cpu, {"decode_cpu_s": cpu, "insert_mean_s": 0.0007}), served)
+        assert costs["handover_overhead_s"] == pytest.approx(charged)
+        assert costs["detail"]["idle_handovers"]["handover_overhead_s"] == pytest.approx(0.0013)
+        assert costs["detail"]["handover"]["decode_cpu_s"] == cpu
+    # without the idle handovers: the closed loop's figure, as before
+    assert combine(pre, dec, (0.0019, {"decode_cpu_s": 0.0019}))["handover_overhead_s"] == 0.0019
+
+
 @pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
 def test_idle_arrivals_see_one_prefill_and_one_step_per_token(mode):
     d = _deployment(mode)

@@ -581,6 +581,13 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
             for name in ("handover_latency_s", "handover_overhead_s", "decode_wake_s",
                          "prefill_idle_after_s"):
                 out[name] = idle[name]
+            if handover is not None:
+                # at least the decode process's CPU per handover: the KV's receipt on the
+                # worker's second thread (Ray receiving, unpickling) takes the loop's pinned
+                # core during the steps around the insert, which the idle loop's insert
+                # alone does not show (docs/serving.md "Serving host costs")
+                out["handover_overhead_s"] = max(out["handover_overhead_s"],
+                                                 detail["handover"]["decode_cpu_s"])
         detail["idle_handovers"] = idle
     out["detail"] = detail
     return out

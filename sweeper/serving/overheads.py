@@ -42,8 +42,9 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   is the link the cost model prices. Then requests one at a time through the two workers'
   own serving loops, the decode loop idle at each (workloads/hostcosts.py
   `idle_handover_costs`), give the handover as a stream pays it: its median insert on the
-  decode loop replaces the CPU per handover as `handover_overhead_s` (the CPU figure stays
-  in the detail), `handover_latency_s` (send to insert: the KV's transport and the idle
+  decode loop replaces the CPU per handover as `handover_overhead_s`, but not below it (the
+  KV's receipt on the decode worker's second thread takes the loop's core; both figures
+  stay in the detail), `handover_latency_s` (send to insert: the KV's transport and the idle
   loop's poll, charged to neither loop), `decode_wake_s` (an idle decode loop's first
   step, beyond the model's) and `prefill_idle_after_s` (an idle prefill loop's export and
   send after its first tokens, per prompt); docs/serving.md "Serving host costs".
@@ -133,7 +134,7 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     # own serving loops, the decode loop idle at each (workloads/hostcosts.py
     # `idle_handover_costs`: the KV's latency to the decode loop, its insert there, the
     # decode loop's wake); it replaces the decode CPU per handover above as the decode
-    # loop's charge (kept in the detail)
+    # loop's charge, but not below it (the KV's receipt takes the same core; both kept)
     reqs = hostcosts.idle_handover_requests(
         input_len, output_len, hostcosts.idle_handover_gap_s(pre, dec, output_len))
     start_at = time.time() + IDLE_HANDOVER_MARGIN_S
