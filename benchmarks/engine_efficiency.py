@@ -1,6 +1,6 @@
 """Benchmark: how close does the engine get to this host's peak?
 
-    python -m benchmarks.engine_efficiency [--quick] [--out DIR]
+    python -m benchmarks.engine_efficiency [--quick] [--small-row-matmul] [--out DIR]
 
 Anchor: the paper's 76% prefill MFU (PaLM 540B, §4). Targets (issue 7):
 - single-chip large-batch prefill >= 70% of the host's measured peak;
@@ -20,6 +20,11 @@ and the largest single-chip prefill is profiled: the same matmuls alone (`matmul
 the part of the prefill spent in matmuls; `matmul_shape_efficiency`: their rate against the
 best square matmul). Decode is profiled the same way: its weight matmuls alone
 (`matmul_bandwidth`: bytes streamed per second by XLA CPU's small-batch dot).
+Last, the small-row matmul formulations (`small_row_matmul`): the engine's bf16 dot against
+other ways to write it (weight stored transposed, multiply-and-reduce, XLA CPU library
+options) at 1 to 128 rows, beside a reduction over the same bytes, on one core and on every
+core (docs/performance.md, "Why decode is above its memory bound"); `--small-row-matmul`
+runs only these and merges them into the existing results files.
 Everything is a wall time of this host (emulated mesh), labelled so.
 """
 
@@ -56,6 +61,154 @@ PROMPTS = (16, 64, 256)              # tokens per batch 128, 512, 2048
 DECODE_BATCHES = (1, 8)
 DECODE_PROMPT, DECODE_STEPS = 128, 8
 CPU_REPEATS = 3
+
+
+# ------------------------------------------------------------ small-row matmul formulations
+
+SMALL_ROWS = (1, 2, 4, 8, 16)
+SMALL_ROW_SHAPES = ((1024, 4096), (4096, 1024))   # bench-1k's W_in [E, F] and W_out [F, E]
+SMALL_ROW_COPIES = 8          # distinct weights a call: 67 MB of bf16, more than the 32 MB L3
+SMALL_ROW_ROUNDS = 15
+PREFILL_ROWS = (32, 128)      # prefill-sized: 128 = the smallest prefill here (16 tokens x batch 8)
+# ynn_fusion_type INVALID switches XLA CPU's default library fusion for this dot off (it
+# then converts both operands to f32); onednn_fusion_type DOT hands that dot to oneDNN.
+_YNN_OFF = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INVALID"}
+SMALL_ROW_OPTIONS = {"": {}, "ynn_off": _YNN_OFF,
+                     "onednn": {**_YNN_OFF, "xla_cpu_use_onednn": True,
+                                "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}}
+
+
+def _small_row_formulations():
+    """id -> (label, fn(x [rows, in], w), weight stored transposed [out, in]?, compiler
+    options, row counts it is timed at). Every one takes bf16 inputs, accumulates in f32 and casts the
+    result to bf16, as `partitioning.matmul` does."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    f32, bf16 = jnp.float32, jnp.bfloat16
+
+    def dot(x, w):          # partitioning.matmul today (rows >= 2)
+        return jnp.einsum("ti,io->to", x, w, preferred_element_type=f32).astype(bf16)
+
+    def dot_pad2(x, w):     # partitioning.matmul today for one row: padded to two
+        return dot(jnp.pad(x, ((0, 1), (0, 0))), w)[:1]
+
+    def dot_t(x, wt):       # weight stored [out, in]: contract on its minor dim
+        return jnp.einsum("ti,oi->to", x, wt, preferred_element_type=f32).astype(bf16)
+
+    def dot_t_pad2(x, wt):
+        return dot_t(jnp.pad(x, ((0, 1), (0, 0))), wt)[:1]
+
+    def mul_reduce(x, w):   # sum over the weight's major dim, in f32
+        return (x.astype(f32)[:, :, None] * w.astype(f32)[None]).sum(1).astype(bf16)
+
+    def mul_reduce_t(x, wt):  # the same along the weight's contiguous dim
+        return (x.astype(f32)[:, None, :] * wt.astype(f32)[None]).sum(-1).astype(bf16)
+
+    def x_f32(x, w):        # only x converted: an f32 x bf16 dot
+        return lax.dot_general(x.astype(f32), w, (((1,), (0,)), ((), ())),
+                               preferred_element_type=f32).astype(bf16)
+
+    decode, several = (1, 8), tuple(r for r in SMALL_ROWS if r > 1)
+    # the multiply-reduce forms at one row ran at 0.1 GB/s or less in a first screen (one
+    # call 1 s or more), and the f32 paths at 0.6 GB/s or less at every row count: they are
+    # timed at fewer row counts so that the rounds stay short
+    forms = {"dot": ("dot (today)", dot, False, {}, several + PREFILL_ROWS),
+             "dot_pad2": ("dot, 1 row padded to 2 (today)", dot_pad2, False, {}, (1,)),
+             "dot_one_row": ("dot, 1 row unpadded", dot, False, {}, (1,)),
+             "dot_t": ("dot, weight stored [out, in]", dot_t, True, {}, several + PREFILL_ROWS),
+             "dot_t_pad2": ("dot, weight stored [out, in], 1 row padded to 2", dot_t_pad2, True, {}, (1,)),
+             "dot_t_one_row": ("dot, weight stored [out, in], 1 row unpadded", dot_t, True, {}, (1,)),
+             "mul_reduce": ("multiply-reduce in f32", mul_reduce, False, {}, several),
+             "mul_reduce_t": ("multiply-reduce in f32, weight stored [out, in]", mul_reduce_t, True, {},
+                              several),
+             "x_f32": ("x converted to f32 only", x_f32, False, {}, decode)}
+    for label, options in SMALL_ROW_OPTIONS.items():
+        if options:
+            forms[f"dot_{label}"] = (f"dot, XLA option: {label}", dot, False, options, decode)
+    return forms
+
+
+def small_row_matmul(rounds: int = SMALL_ROW_ROUNDS) -> dict:
+    """GB/s of weight bytes each formulation of a small-row bf16 matmul reaches, for each of
+    SMALL_ROW_SHAPES and SMALL_ROWS, round-robin in this process next to one jitted
+    reduction over the same weights (the same bytes, read once): median of `rounds`.
+    `max_rel_diff`: max |out - today's out| / max |today's out|, both bf16."""
+    import statistics
+
+    import jax
+    import jax.numpy as jnp
+
+    forms = _small_row_formulations()
+    programs, reference, reduce_fns, weights = {}, {}, {}, {}
+    for e, f in SMALL_ROW_SHAPES:
+        ws = [jax.random.normal(jax.random.key(i), (e, f), jnp.bfloat16) for i in range(SMALL_ROW_COPIES)]
+        wts = [jnp.asarray(w.T) for w in ws]
+        weights[(e, f)] = (ws, wts)
+        reduce_fns[(e, f)] = jax.jit(lambda ws: sum(jnp.sum(w.astype(jnp.float32)) for w in ws))
+        for rows in SMALL_ROWS + PREFILL_ROWS:
+            xs = [jax.random.normal(jax.random.key(100 + i), (rows, e), jnp.bfloat16)
+                  for i in range(SMALL_ROW_COPIES)]
+            for name, (_, fn, transposed, options, applies) in forms.items():
+                if rows not in applies:
+                    continue
+                w_args = wts if transposed else ws
+                compiled = jax.jit(lambda xs, ws, fn=fn: [fn(x, w) for x, w in zip(xs, ws)]) \
+                    .lower(xs, w_args).compile(compiler_options=options or None)
+                out = jnp.stack(compiled(xs, w_args)).astype(jnp.float32)
+                if name in ("dot", "dot_pad2"):
+                    reference[(e, f, rows)] = out
+                programs[(e, f, rows, name)] = (compiled, xs, w_args, out)
+    for (e, f) in SMALL_ROW_SHAPES:
+        jax.block_until_ready(reduce_fns[(e, f)](weights[(e, f)][0]))
+    samples: dict = {key: [] for key in programs}
+    samples.update({("reduce", e, f): [] for e, f in SMALL_ROW_SHAPES})
+    for _ in range(rounds):
+        for (e, f) in SMALL_ROW_SHAPES:
+            t0 = time.perf_counter()
+            jax.block_until_ready(reduce_fns[(e, f)](weights[(e, f)][0]))
+            samples[("reduce", e, f)].append(time.perf_counter() - t0)
+        for key, (compiled, xs, w_args, _) in programs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(xs, w_args))
+            samples[key].append(time.perf_counter() - t0)
+    rows_out = []
+    for (e, f) in SMALL_ROW_SHAPES:
+        nbytes = e * f * 2 * SMALL_ROW_COPIES
+        reduce_s = statistics.median(samples[("reduce", e, f)])
+        weight = "w_in" if (e, f) == SMALL_ROW_SHAPES[0] else "w_out"
+        rows_out.append({"shape": [e, f], "weight": weight, "rows": 0, "form": "reduce",
+                         "formulation": "reduction over the same bytes",
+                         "median_s": reduce_s, "bandwidth": nbytes / reduce_s, "n": rounds,
+                         "ratio_to_reduce": 1.0, "max_rel_diff": None})
+        order = list(forms)
+        for (e2, f2, rows, name), (_, _, _, out) in sorted(programs.items(),
+                                                           key=lambda kv: (order.index(kv[0][3]), kv[0][2])):
+            if (e2, f2) != (e, f):
+                continue
+            median_s = statistics.median(samples[(e, f, rows, name)])
+            ref = reference[(e, f, rows)]
+            rows_out.append({"shape": [e, f], "weight": weight, "rows": rows, "form": name,
+                             "formulation": forms[name][0], "median_s": median_s,
+                             "bandwidth": nbytes / median_s, "n": rounds,
+                             "ratio_to_reduce": median_s / reduce_s,
+                             "max_rel_diff": float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))})
+    return {"rows": rows_out, "copies": SMALL_ROW_COPIES, "rounds": rounds,
+            "cpus": sorted(os.sched_getaffinity(0)), "load_average": common.load_average()}
+
+
+def run_small_row_child(one_core: bool) -> dict:
+    """small_row_matmul in a fresh process: pinned to one core (XLA sizes its thread pool to
+    the process's CPUs) or on every core, as the engine runs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    prefix = ["taskset", "-c", str(cpus[-1])] if one_core else []
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "small_rows.json"
+        cmd = prefix + [sys.executable, "-m", "benchmarks.engine_efficiency", "--child-small-rows",
+                        "--child-out", str(out)]
+        subprocess.run(cmd, env=env, check=True, cwd=Path(__file__).resolve().parents[1])
+        return json.loads(out.read_text())
 
 
 # ----------------------------------------------------------------------------- child side
@@ -515,7 +668,48 @@ def markdown(r: dict) -> str:
     lines += ["- 8 chips: every collective is a rendezvous of 8 virtual devices' threads on the "
               "host's cores:", *_decode_explanations(r), ""]
     lines += _variant_lines(decode1)
+    lines += _small_row_lines(r.get("small_row_matmul"))
     return "\n".join(lines)
+
+
+def _small_row_lines(s: dict | None) -> list[str]:
+    """The small-row matmul formulations: GB/s of weight bytes (x the reduction's time)."""
+    if not s:
+        return []
+    lines = ["## Small-row matmuls: formulations against a reduction over the same bytes", "",
+             f"{SMALL_ROW_COPIES} distinct bf16 weights a call ({SMALL_ROW_COPIES} x 8 MiB, more "
+             "than the L3), x [rows, in] bf16, f32 accumulation, bf16 result; every formulation "
+             "and the reduction compiled in one process and timed round-robin; each cell: weight "
+             "bytes per second (median of the rounds) and, in brackets, time / the reduction's "
+             "time in the same rounds. `max diff` = the largest |difference| from today's output "
+             "over its largest |value| (a bf16 value's rounding step is 0.4% to 0.8% of it). "
+             "(docs/performance.md, \"Why decode is above its memory bound\")", ""]
+    for key, label in (("one_core", "one core (taskset)"), ("all_cores", "every core, as the engine runs")):
+        run = s.get(key)
+        if not run:
+            continue
+        lines += [f"### {label}: CPUs {run['cpus']}, {run['rounds']} rounds, load average "
+                  f"{run['load_average']} at the end", ""]
+        for shape in SMALL_ROW_SHAPES:
+            cells = [x for x in run["rows"] if tuple(x["shape"]) == shape]
+            reduce = next(x for x in cells if x["rows"] == 0)
+            names = list(dict.fromkeys(x["formulation"] for x in cells if x["rows"]))
+            table_rows = [[f"reduction over the same bytes: {reduce['bandwidth'] / 1e9:.1f} GB/s",
+                           *[""] * len(SMALL_ROWS + PREFILL_ROWS), ""]]
+            for name in names:
+                row = [name]
+                diffs = []
+                for rows in SMALL_ROWS + PREFILL_ROWS:
+                    x = next((c for c in cells if c["rows"] == rows and c["formulation"] == name), None)
+                    row.append(f"{x['bandwidth'] / 1e9:.1f} ({x['ratio_to_reduce']:.2f}x)" if x else "")
+                    if x and x["max_rel_diff"] is not None:
+                        diffs.append(x["max_rel_diff"])
+                row.append(f"{100 * max(diffs):.2f}%" if diffs else "")
+                table_rows.append(row)
+            lines += [f"weight [{shape[0]}, {shape[1]}] ({reduce['weight']}):", "",
+                      *common.table(["formulation", *[f"{r} row{'s' if r > 1 else ''}" for r in SMALL_ROWS + PREFILL_ROWS],
+                                     "max diff"], table_rows), ""]
+    return lines
 
 
 _VARIANT_LABELS = {"as_run": "as run (engine.decode_loop: decode, then the greedy argmax, two dispatches a step)",
@@ -574,10 +768,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(common.RESULTS))
     parser.add_argument("--quick", action="store_true", help="two prompt lengths instead of three")
     parser.add_argument("--refresh-profile", action="store_true", help="measure the host peak again")
+    parser.add_argument("--small-row-matmul", action="store_true",
+                        help="only the small-row matmul formulations; merged into the existing results")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child-small-rows", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     parser.add_argument("--profile-json", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child_small_rows:
+        Path(args.child_out).write_text(json.dumps(common.clean(small_row_matmul())))
+        return 0
+    if args.small_row_matmul:
+        path = Path(args.out) / f"{NAME}.json"
+        summary = json.loads(path.read_text())
+        summary["small_row_matmul"] = {"one_core": run_small_row_child(True),
+                                       "all_cores": run_small_row_child(False)}
+        text = markdown(summary)
+        common.write(NAME, summary, text, Path(args.out))
+        print(text)
+        return 0
     if args.child:
         result = child(args.child, args.quick, json.loads(args.profile_json))
         Path(args.child_out).write_text(json.dumps(common.clean(result)))
@@ -594,6 +803,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine efficiency: {chips} emulated chip(s)", file=sys.stderr)
         results[chips] = run_child(chips, args.quick, profile.to_dict())
     summary = summarize(profile.to_dict(), notes, results)
+    summary["small_row_matmul"] = {"one_core": run_small_row_child(True),
+                                   "all_cores": run_small_row_child(False)}
     summary.update(context=context, context_end=common.machine_context(),
                    elapsed_s=time.perf_counter() - start, model=BENCH_MODEL)
     text = markdown(summary)
