@@ -174,10 +174,12 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
         per_prompt = sum(float(np.median(whole[np.asarray(prompts) == n])) for n in counts) / sum(counts)
         assert costs["serving_prefill_overhead_s"] == pytest.approx(max(per_prompt, 0.0))
         assert 0 <= first_token_overhead(pre) <= max(float(np.mean(pre["prefill_pair_extra_s"])), 0.0)
-    else:      # a prefill slice's calls are its closed loop's (no pairs)
+    else:      # a prefill slice: its closed loop's calls, paired by block (no call pairs)
         assert "prefill_pair_prompts" not in pre
+        blocks = pre["loop_prefill_paired_block_extra_s"]
+        assert len(blocks) == 3 and pre["loop_prefill_paired_extra_s"] == pytest.approx(float(np.median(blocks)))
         assert costs["serving_prefill_overhead_s"] == pytest.approx(
-            max(pre["loop_prefill_mean_s"] - pre["engine_prefill_s"], 0.0) / pre["loop_prefill_prompts"])
+            max(pre["loop_prefill_paired_extra_s"], 0.0) / pre["loop_prefill_prompts"])
 
 
 # --------------------------------------------------------------------------- bad input

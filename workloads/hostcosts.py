@@ -204,6 +204,7 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     engine_prefill_blocks: list[float] = []   # each engine block's mean prefill
     engine_step_blocks: list[float] = []      # each engine block's mean decode call
     first_extra: list[float] = []       # per block: to first tokens - engine blocks beside
+    prefill_extra: list[float] = []     # per block: mean prefill call - engine blocks beside
     paired_blocks: list[float] = []     # per block: mean step - mean paired engine calls
     began = time.perf_counter()
     engine_calls()          # between the blocks: a drift in the host's load
@@ -245,6 +246,7 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
             paired_blocks.append(float(np.mean(steps) - np.mean(engine_before)))
         if prefills:
             prefill_blocks.append(prefills)
+            prefill_extra.append(float(np.mean(prefills)))   # the engine block after: below
         if sent:
             if wait is not None:
                 wait(sent)
@@ -252,6 +254,8 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
         engine_calls()      # (other processes' work) shows in both, not in their difference
         if firsts:          # paired with the engine's blocks before and after this one
             first_extra[-1] -= float(np.mean(engine_prefill_blocks[-2:]))
+        if prefills:        # as the first tokens
+            prefill_extra[-1] -= float(np.mean(engine_prefill_blocks[-2:]))
         if steps and not engine_before:   # aggregated: paired with the engine's blocks
             paired_blocks.append(float(np.mean(steps) - np.mean(engine_step_blocks[-2:])))
     out["measured_s"] = time.perf_counter() - began
@@ -279,6 +283,12 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
         # prefill calls just before and after the block)
         out["loop_prefill_first_paired_extra_s"] = float(np.median(first_extra))
         out["loop_prefill_first_paired_block_extra_s"] = first_extra
+    if prefill_extra:
+        # a prefill call's host work, paired by block as its part before the first tokens:
+        # unpaired (the loop's mean - the median of every engine call), engine calls caught
+        # in a burst of load made it 0 (dis-1+1chip-4slots: engine 18.1 ms, loop 13.1 ms)
+        out["loop_prefill_paired_extra_s"] = float(np.median(prefill_extra))
+        out["loop_prefill_paired_block_extra_s"] = prefill_extra
     if pair_first_blocks:
         # aggregated: paired call by call, at 1..prefill_batch prompts (replaces the per-block
         # pairing of the saturated loop's few calls above; that stays in the detail). The
@@ -526,6 +536,9 @@ def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
         # prompts (measure_loop `paired_prefill_calls`): the saturated loop of a multi-prompt
         # prefill times ~1 call per block, whose block means moved by +-10 ms
         per_prompt = max(prefill["loop_prefill_paired_per_prompt_s"], 0.0)
+    elif "loop_prefill_paired_extra_s" in prefill:
+        # a prefill slice: its calls paired by block with the engine's blocks beside them
+        per_prompt = max(prefill["loop_prefill_paired_extra_s"], 0.0) / prompts
     else:
         per_prompt = max(prefill["loop_prefill_mean_s"] - prefill["engine_prefill_s"], 0.0) / prompts
     # the step is paired with the engine's calls (a decode slice: the call just before each
@@ -549,6 +562,8 @@ def first_token_overhead(prefill: dict) -> float:
         return 0.0
     if "prefill_pair_extra_s" in prefill:      # aggregated: the paired calls' mean host work
         whole = max(float(np.mean(prefill["prefill_pair_extra_s"])), 0.0)
+    elif "loop_prefill_paired_extra_s" in prefill:    # a prefill slice: paired by block
+        whole = max(prefill["loop_prefill_paired_extra_s"], 0.0)
     else:
         whole = max(prefill["loop_prefill_mean_s"] - prefill["engine_prefill_s"], 0.0)
     return min(max(prefill["loop_prefill_first_paired_extra_s"], 0.0), whole)

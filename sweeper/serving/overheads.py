@@ -27,7 +27,8 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   paired with the engine's prefill right before it, the median of the differences per
   prompt count, per prompt (workloads/hostcosts.py `paired_prefill_calls`: a saturated
   loop of a multi-prompt prefill times one call per block). Disaggregated: measured on
-  the prefill worker;
+  the prefill worker, paired by block (each block's mean call against the engine's blocks
+  beside it, the median over blocks, as the aggregated step);
 - `handover_overhead_s` (disaggregated): what one KV handover costs the decode slice's
   loop: the decode worker process's CPU seconds per handover (Ray receiving and unpickling
   the KV, the call, the insert into a slot; at least the insert's wall clock), over
