@@ -26,13 +26,14 @@ HARDWARE = {"name": "test-host", "peak_flops": 9e10, "hbm_bandwidth": 6e9, "hbm_
 
 
 def plan_file(tmp_path: Path, mode: str, prefill=("ws2d", "head", 1), decode=("ws2d", "batch", 2),
-              chips=2, replicas=1) -> Path:
-    def part(ffn, attn, batch):
-        return {"chips": chips, "replicas": replicas, "ffn": ffn, "attn": attn, "batch": batch,
+              chips=2, replicas=1, decode_replicas: int | None = None) -> Path:
+    def part(ffn, attn, batch, copies=replicas):
+        return {"chips": chips, "replicas": copies, "ffn": ffn, "attn": attn, "batch": batch,
                 "weights": "bf16"}
 
     plan = {"deployment": {"model": MODEL, "hardware": HARDWARE, "mode": mode,
-                           "prefill": part(*prefill), "decode": part(*decode)},
+                           "prefill": part(*prefill),
+                           "decode": part(*decode, copies=decode_replicas or replicas)},
             "profile": {"rate": 2.0, "input_len": 8, "output_len": 5, "ttft": 1.0, "tpot": 0.2}}
     path = tmp_path / f"plan-{mode}.json"
     path.write_text(json.dumps(plan))
@@ -206,7 +207,7 @@ def test_bad_input_one_line_exit_2(tmp_path, capsys, args, needle):
     bad_batch.write_text(json.dumps(bad))
     two = json.loads(plan_file(tmp_path, "disaggregated").read_text())
     for phase in ("prefill", "decode"):
-        two["deployment"][phase]["replicas"] = 2
+        two["deployment"][phase]["replicas"] = 0
     replicas = tmp_path / "replicas.json"
     replicas.write_text(json.dumps(two))
     values = {"missing": str(tmp_path / "none.json"), "plan": str(plan),
@@ -298,6 +299,40 @@ def test_serve_aggregated_replicas_real(tmp_path, capsys, sweeper_home):
 @pytest.mark.ci_slow
 def test_serve_disaggregated_real(tmp_path, capsys, sweeper_home):
     _check(*_served(tmp_path, capsys, "disaggregated"))
+
+
+@pytest.mark.slow
+@pytest.mark.ci_slow
+def test_serve_disaggregated_replicas_real(tmp_path, capsys, sweeper_home):
+    """A disaggregated plan of 2 prefill and 2 decode slices of 1 chip: four Ray mesh
+    workers; requests go to the prefill slices round-robin in arrival order (serve.py
+    `route`), each sends a request's KV cache to the decode slice the serving model routes
+    it to (servingmodel.py `decode_route`, round-robin in arrival order), every slice
+    serves, and every request's tokens are the unsharded reference's."""
+    out, artifact = _served(tmp_path, capsys, "disaggregated", chips=1, replicas=2)
+    assert set(out["warmup"]) == {"prefill", "prefill-1", "decode", "decode-1"}
+    assert out["deployment"]["prefill"]["replicas"] == 2
+    _check(out, artifact)
+    prefilled = {name: [i for call in artifact["calls"][name] if call[0] == "prefill"
+                        for i in call[3]] for name in ("prefill", "prefill-1")}
+    assert prefilled == {"prefill": [0, 1, 2], "prefill-1": [0, 1]}   # each its own share
+    decoded_by = {}       # which decode slice inserted each request (its call log)
+    for name in ("decode", "decode-1"):
+        for call in artifact["calls"][name]:
+            if call[0] == "insert":
+                decoded_by[call[3]] = name
+    assert decoded_by == {0: "decode", 1: "decode-1", 2: "decode", 3: "decode-1", 4: "decode"}
+
+
+def test_decode_slices_take_the_longer_answers_round_robin_in_arrival_order():
+    from workloads.servingmodel import decode_route
+    from workloads.servingprofile import Request
+
+    arrivals = [Request(0.3, 8, 5), Request(0.1, 8, 1), Request(0.2, 8, 5),
+                Request(0.0, 8, 5), Request(0.4, 8, 5)]
+    # request 1 answers in one token (done at its prefill: no decode slice)
+    assert decode_route(arrivals, 2) == [[3, 0], [2, 4]]
+    assert decode_route(arrivals, 1) == [[3, 2, 0, 4]]
 
 
 @pytest.mark.slow

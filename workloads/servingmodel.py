@@ -39,8 +39,8 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   (the larger of the two; measured, 0 by default);
 - optionally (`StepTimes.prefill_spread`, `step_spread`), each call's duration scaled by a
   factor of mean 1 drawn from a measured spread (seeded): the tails of interrupted calls;
-- requests go to replicas round-robin in arrival order (decode slices: in KV-ready order),
-  so every replica is simulated on its own (fast, and a real router's choice is no worse);
+- requests go to replicas round-robin in arrival order (decode slices too, among the
+  answers of more than one token: `decode_route`), so every replica is simulated on its own (fast, and a real router's choice is no worse);
 - TTFT = first token - arrival; TPOT = (finish - first token) / (output_len - 1), as the
   serving tools report them (NaN for one-token answers).
 
@@ -547,6 +547,17 @@ def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: Ste
     return busy
 
 
+def decode_route(requests: list[Request], replicas: int) -> list[list[int]]:
+    """Each decode slice's requests (indices into `requests`, sorted by arrival): the answers
+    of more than one token, round-robin in arrival order, as prefill replicas get theirs;
+    known in advance, so a real router (sweeper/serving/serve.py) makes the same choice
+    online, whichever prefill replica sends the KV. Each slice inserts its requests in the
+    order their KV is ready (`_decode_slice`)."""
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    decoded = [i for i in order if requests[i].output_len > 1]
+    return [decoded[r::replicas] for r in range(replicas)]
+
+
 def simulate(deployment: Deployment, requests: list[Request], step_times: StepTimes | None = None,
              slo: AppProfile | None = None) -> SimResult:
     """Serve `requests` with `deployment` (see the module docstring); `slo` for goodput."""
@@ -576,10 +587,8 @@ def simulate(deployment: Deployment, requests: list[Request], step_times: StepTi
                            for r in range(d.prefill.replicas))
         one_token = [i for i in range(n) if reqs[i].output_len <= 1]
         finish[one_token] = first[one_token]
-        by_ready = [i for i in np.argsort(ready, kind="stable") if reqs[i].output_len > 1]
-        decode_busy = sum(_decode_slice(d, reqs, by_ready[r::d.decode.replicas], times, ready,
-                                        finish)
-                          for r in range(d.decode.replicas))
+        decoded = decode_route(reqs, d.decode.replicas)
+        decode_busy = sum(_decode_slice(d, reqs, ids, times, ready, finish) for ids in decoded)
     return SimResult(
         deployment=d, arrival_s=np.array([r.arrival_s for r in reqs]), first_token_s=first,
         finish_s=finish, output_len=np.array([r.output_len for r in reqs], dtype=np.int64),

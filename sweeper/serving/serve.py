@@ -22,8 +22,11 @@ Aggregated: one worker per replica (`replicas` workers, each on its share of thi
 cores), requests routed as the serving model routes them, round-robin in arrival order
 (workloads/servingmodel.py `simulate`: replica r serves the r-th, (r+R)-th, ... arrival),
 known in advance, so the router is exact online too; one measured/predicted/replayed
-comparison of the whole stream. Disaggregated: one prefill and one decode worker (its
-replicas must be 1).
+comparison of the whole stream. Disaggregated: one worker per prefill replica and one per
+decode replica; prefill replicas get requests round-robin in arrival order and each sends a
+request's KV cache to the decode replica the serving model routes it to
+(workloads/servingmodel.py `decode_route`: the answers of more than one token, round-robin
+in arrival order), so the router is exact online here too.
 """
 
 from __future__ import annotations
@@ -101,6 +104,14 @@ def aggregated_names(replicas: int) -> list[str]:
     return ["aggregated"] + [f"aggregated-{r}" for r in range(1, replicas)]
 
 
+def disaggregated_names(prefill_replicas: int, decode_replicas: int) -> list[str]:
+    """The workers of a disaggregated deployment: `prefill`, `prefill-1`, ..., then `decode`,
+    `decode-1`, ... (replica 0 of each is the one a host-cost measurement reads)."""
+    return [phase if r == 0 else f"{phase}-{r}"
+            for phase, n in (("prefill", prefill_replicas), ("decode", decode_replicas))
+            for r in range(n)]
+
+
 def route(requests: list[Request], replicas: int) -> list[list[int]]:
     """Each replica's requests (indices into `requests`): round-robin in arrival order, the
     serving model's rule (workloads/servingmodel.py `simulate`)."""
@@ -114,11 +125,6 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str,
     from workloads.layouts import PhaseLayout, resolve_padding, validate_layouts, validate_phase
 
     d = deployment
-    for phase in ("prefill", "decode"):
-        if d.mode == "disaggregated" and getattr(d, phase).replicas != 1:
-            raise ConfigError(f"{phase}.replicas", getattr(d, phase).replicas,
-                              "1 for a disaggregated plan (sweeper serve runs one prefill and "
-                              "one decode worker; aggregated plans may have replicas)")
     pre = PhaseLayout(d.prefill.ffn, d.prefill.attn)
     dec = PhaseLayout(d.decode.ffn, d.decode.attn)
     model = d.model.to_dict()
@@ -151,8 +157,10 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str,
         raise ConfigError("decode.topology", "x".join(map(str, td)),
                           f"a topology whose head padding keeps n_kv_heads={run_p.n_kv_heads} "
                           "(the prefill slice's), so the KV cache can be handed over")
-    return {"prefill": spec(tp, pre, None, d.prefill.weights),
-            "decode": spec(td, None, dec, d.decode.weights)}
+    prefill = spec(tp, pre, None, d.prefill.weights)
+    decode = spec(td, None, dec, d.decode.weights)
+    return {name: prefill if name.startswith("prefill") else decode
+            for name in disaggregated_names(d.prefill.replicas, d.decode.replicas)}
 
 
 # --------------------------------------------------------------------------- the run
@@ -234,7 +242,7 @@ class ServingSession:
         try:
             for name, mine in zip(self.names, self.cores):
                 chips = math.prod(specs[name]["topology"]) if emulated else None
-                threads = 2 if name == "decode" else 1      # deliver() while serve_decode() runs
+                threads = 2 if name.startswith("decode") else 1   # deliver() while serve_decode() runs
                 self.actors[name] = remote.options(**actor_options(chips, mine, threads, env)).remote(mine)
             setups = {n: self.actors[n].setup.remote(specs[n], sorted(set(prompt_lens)))
                       for n in self.names}
@@ -262,11 +270,26 @@ class ServingSession:
                 for i, served in zip(ids, part):
                     per_request[i] = served
         else:
-            expected = sum(r.output_len > 1 for r in requests)
-            decoded_ref = self.actors["decode"].serve_decode.remote(expected, start_at)
-            per_request = ray.get(self.actors["prefill"].serve_prefill.remote(
-                plain, start_at, seed, self.actors["decode"]))
-            merge_decoded(per_request, ray.get(decoded_ref))   # its finish, its KV's times
+            from workloads.servingmodel import decode_route
+
+            d = self.deployment
+            prefills = [n for n in self.names if n.startswith("prefill")]
+            decodes = [self.actors[n] for n in self.names if n.startswith("decode")]
+            target = {}                      # request -> its decode replica
+            for r, ids in enumerate(decode_route(requests, d.decode.replicas)):
+                target.update(dict.fromkeys(ids, r))
+            decoded_refs = [actor.serve_decode.remote(sum(t == r for t in target.values()), start_at)
+                            for r, actor in enumerate(decodes)]
+            routed = route(requests, d.prefill.replicas)
+            parts = ray.get([self.actors[n].serve_prefill.remote(
+                [plain[i] for i in ids], start_at, seed, decodes, ids,
+                [target.get(i, 0) for i in ids]) for n, ids in zip(prefills, routed)])
+            per_request = [{}] * len(requests)
+            for ids, part in zip(routed, parts):
+                for i, served in zip(ids, part):
+                    per_request[i] = served
+            for decoded in ray.get(decoded_refs):        # its finish, its KV's times
+                merge_decoded(per_request, decoded)
         wall = time.time() - begin - START_MARGIN_S
         calls = dict(zip(self.names, ray.get([self.actors[n].last_calls.remote() for n in self.names])))
         for i, r in enumerate(requests):
@@ -396,8 +419,16 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list],
         steps = [c[4] - c[1] for c in log if c[0] == "step"]
         return StepTimes(replay(prefill), replay(steps), source="replay",
                          prefill_overhead_per_prompt_s=float(np.mean(after)) if after else 0.0)
-    pre, dec = calls["prefill"], calls["decode"]
-    prefill = prefills(pre, None if requests is None else [r.arrival_s for r in requests])
+    # replicas' logs one after the other, replica 0 first, as for aggregated: `simulate`
+    # asks for one prefill (decode) replica's calls after the other
+    names = disaggregated_names(deployment.prefill.replicas, deployment.decode.replicas)
+    pre_names = [n for n in names if n.startswith("prefill")]
+    routed = (route(requests, len(pre_names)) if requests is not None
+              else [None] * len(pre_names))
+    prefill = [d for name, ids in zip(pre_names, routed) for d in prefills(
+        calls[name], None if ids is None else [requests[i].arrival_s for i in ids])]
+    pre = [c for name in pre_names for c in calls[name]]
+    dec = [c for name in names if name.startswith("decode") for c in calls[name]]
     sends = [(c[2] - c[1]) / len(c[3]) for c in pre if c[0] == "send" for _ in c[3]]
     steps = [c[4] - c[1] for c in dec if c[0] == "step"]
     inserts = [c[2] - c[1] for c in dec if c[0] == "insert"]

@@ -8,8 +8,8 @@ slots are free, one prefill call (at most `prefill.batch` prompts of one length)
 between two decode steps; the decode step runs every slot.
 
 Disaggregated: a prefill worker runs prefill calls back to back in arrival order and hands
-each request's KV cache (a host array) to the decode worker in one Ray call per prefill
-call (`deliver.remote`: Ray moves an argument over 100 KiB through its object store); the
+each request's KV cache (a host array) to its decode worker (serve.py routes them) in one
+Ray call per prefill call and decode worker (`deliver.remote`: Ray moves an argument over 100 KiB through its object store); the
 decode worker (two threads: one receives handovers, one serves) puts every received request
 into a free slot before its next step, one insertion after the other (the serving model
 charges each `handover_overhead_s` of the decode loop's time, docs/serving.md).
@@ -117,20 +117,40 @@ class ServingWorker:
 
     # ---- disaggregated
 
-    def serve_prefill(self, requests: list[dict], start_at: float, seed: int, decode) -> list[dict]:
-        """Prefill calls back to back in arrival order; each KV cache to `decode` via Ray
-        (workloads/serving.py `serve_prefill_slice`, the one prefill-slice loop). `decode`
-        None: answers of one token only, nothing to hand over (`measure_host_costs`)."""
+    def serve_prefill(self, requests: list[dict], start_at: float, seed: int, decode,
+                      indices: list[int] | None = None,
+                      targets: list[int] | None = None) -> list[dict]:
+        """Prefill calls back to back in arrival order; each KV cache to a decode worker via
+        Ray (workloads/serving.py `serve_prefill_slice`, the one prefill-slice loop).
+        `decode`: one decode worker, or a list of them with `targets` (each request's index
+        into it: serve.py routes as the serving model's `decode_route`); `indices`: each
+        request's index in the whole stream (one replica's share), which its prompt is made
+        from and by which the decode worker reports it; the call log keeps this replica's
+        own indices, as an aggregated replica's. `decode` None: answers of one token only,
+        nothing to hand over (`measure_host_costs`)."""
         import ray   # lazy: only inside a Ray worker
         from workloads.serving import serve_prefill_slice   # lazy: imports JAX
 
         model = self.server.model.unpadded
+        index = list(indices) if indices is not None else list(range(len(requests)))
+        decodes = decode if isinstance(decode, list) else [decode]
+        target = list(targets) if targets is not None else [0] * len(requests)
+
+        def send(handover: list[dict]) -> list:
+            """One Ray call per decode worker the call's requests go to, not waited for."""
+            by_worker: dict[int, list[dict]] = {}
+            for item in handover:
+                by_worker.setdefault(target[item["request"]], []).append(
+                    {**item, "request": index[item["request"]]})
+            return [decodes[w].deliver.remote(items) for w, items in by_worker.items()]
+
         self.calls = []
         out, sent = serve_prefill_slice(
-            self.server, requests, lambda i: prompt_for(model, i, requests[i]["input_len"], seed),
-            start_at, decode.deliver.remote if decode is not None else _nowhere, self.calls)
+            self.server, requests,
+            lambda i: prompt_for(model, index[i], requests[i]["input_len"], seed),
+            start_at, send if decode is not None else _nowhere, self.calls)
         if sent:
-            ray.get(sent)
+            ray.get([ref for refs in sent for ref in refs])
         return out
 
     def deliver(self, handover: list[dict]) -> None:

@@ -8,7 +8,7 @@ Experiment `sweeper/serve`, one run per `sweeper serve`:
            the model against the server") as `replay_<name>`; per-request
            ttft_s / tpot_s as metric histories (step = request index)
   tags     sweeper.kind=serve, hardware_label (host | devices), source=measured
-  artifact serve.json (the whole result, per-request times and tokens)
+  artifact serve.json (the whole result, per-request times and tokens, each worker's call log)
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def log_serve(result, rate: float, seed: int, tracking_uri: str | None = None) -
                          tags=[RunTag("requests_logged", str(len(ttft)))] if start == 0 else [])
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "serve.json"
-        path.write_text(json.dumps({**result.to_json(), "per_request": result.per_request},
+        path.write_text(json.dumps({**result.to_json(), "per_request": result.per_request,
+                                    "calls": result.calls},
                                    default=str))
         client.log_artifact(run_id, str(path))
     client.set_terminated(run_id, "FINISHED")
