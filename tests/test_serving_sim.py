@@ -631,3 +631,11 @@ def test_duration_spread_is_the_closed_loops_calls_over_their_mean():
     assert prefill == pytest.approx((0.5, 1.5))
     assert step == pytest.approx((2 / 3, 2 / 3, 5 / 3))
     assert duration_spread({"detail": {"aggregated": {}}}) == ((), ())
+    # aggregated paired prefill calls: each over the mean of its own prompt count's calls
+    # (a 4-prompt call is longer by its prompts' host work, not by a spread)
+    paired = {"loop_prefill_samples_s": [0.02], "prefill_pair_prompts": [1, 4, 1, 4],
+              "prefill_pair_call_s": [0.009, 0.018, 0.011, 0.022],
+              "loop_step_samples_s": [0.005]}
+    prefill, step = duration_spread({"detail": {"aggregated": paired}})
+    assert prefill == pytest.approx((1.0, 0.9, 1.1, 0.9, 1.1))
+    assert step == pytest.approx((1.0,))

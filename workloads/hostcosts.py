@@ -621,9 +621,15 @@ def duration_spread(costs: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
         return tuple((values / values.mean()).tolist()) if values.size and values.mean() > 0 else ()
 
     # aggregated: the paired prefill calls too (measure_loop: a multi-prompt prefill's
-    # saturated loop times ~1 call per block, too few for a spread)
-    prefills = list(pre.get("loop_prefill_samples_s") or []) + list(pre.get("prefill_pair_call_s") or [])
-    return factors(prefills), factors(dec.get("loop_step_samples_s"))
+    # saturated loop times ~1 call per block, too few for a spread), each over the mean of
+    # the calls of its own prompt count: their host work grows with the prompts, which is
+    # the model's per-prompt cost, not a spread
+    prefill = list(factors(pre.get("loop_prefill_samples_s")))
+    pairs = np.asarray(pre.get("prefill_pair_call_s") or [], dtype=float)
+    counts = np.asarray(pre.get("prefill_pair_prompts") or [], dtype=int)
+    for k in sorted(set(counts.tolist())):
+        prefill += factors(pairs[counts == k])
+    return tuple(prefill), factors(dec.get("loop_step_samples_s"))
 
 
 def engine_prefill_s(srv, input_len: int, repeats: int = 5) -> float:
