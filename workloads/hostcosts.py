@@ -617,7 +617,7 @@ def duration_spread(costs: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
     dec = detail["aggregated"] if "aggregated" in detail else detail["decode"]
 
     def factors(samples) -> tuple[float, ...]:
-        values = np.asarray(samples or [], dtype=float)
+        values = np.asarray([] if samples is None else samples, dtype=float)
         return tuple((values / values.mean()).tolist()) if values.size and values.mean() > 0 else ()
 
     # aggregated: the paired prefill calls too (measure_loop: a multi-prompt prefill's
