@@ -224,3 +224,27 @@ def test_a_known_matmul_half_rows_is_recovered_from_its_own_predictions():
                                 weighted=False).profile
     assert fitted.matmul_half_rows == pytest.approx(256.0, rel=0.05)
     assert fitted.peak_flops == pytest.approx(2e14, rel=0.05)
+
+
+def test_the_fit_prices_a_several_group_weight_gather_as_the_host_cost_model_does():
+    """The fit reads each call's terms at unit constants; for a measured host profile it reads
+    them as the host (costmodel.multigroup_gather_scale applies), so its fast path predicts
+    what `predict_phase` does: wg_xy on 1x2x2 gathers its weights in 2 groups, and its comm
+    term at unit constants is the activation bytes plus 0.3 x the weight bytes."""
+    from workloads import costmodel
+    from workloads.config import load_model
+    from workloads.layouts import PhaseLayout, forward_collectives
+
+    model, topo, layout = load_model("calib"), (1, 2, 2), PhaseLayout("wg_xy", "head")
+    call = costmodel.PhaseCall(model=model, chips=4, batch=8, phase="prefill", input_len=64,
+                               context=64, layout=layout, weights="bf16", topology=topo, one_d=False)
+    ops = forward_collectives(model, topo, layout, 8, 64, "bf16")
+    weights = sum(c.bytes_per_chip for c in ops if c.what.startswith("weights."))
+    rest = sum(c.bytes_per_chip * costmodel.collective_factor(c.kind) for c in ops
+               if not c.what.startswith("weights."))
+    sheet = calfit.unit_terms(call, ("all-gather",))[2]
+    host = calfit.unit_terms(call, ("all-gather",), measured=True)[2]
+    assert sheet == pytest.approx(rest + weights, rel=1e-12)
+    assert host == pytest.approx(rest + 0.3 * weights, rel=1e-12)
+    host_profile = dataclasses.replace(calfit._UNIT, measured=True, ici_bandwidth=1e10)
+    assert call.predict(host_profile).comm_s == pytest.approx(host / 1e10, rel=1e-9)

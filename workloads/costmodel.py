@@ -15,7 +15,9 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
   memory_s  = (weights read + KV cache read) per chip / hbm_bandwidth          (§2.1)
   comm_s    = sum over collectives of bytes * factor / ici_bandwidth           (§3.1)
               factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
-              like the paper we drop the ring's (K-1)/K; plus hw.collective_latency_s per op
+              like the paper we drop the ring's (K-1)/K; plus hw.collective_latency_s per op;
+              on a measured host profile (emulated mesh) only, a weight all-gather of more
+              than one group x HOST_MULTIGROUP_GATHER_SCALE (`multigroup_gather_scale`)
   latency_s = (1 - overlap) * (compute + memory + comm bytes) + overlap * max(...)
               + collective start-up latencies (per op; + hw.collective_latency_s_per_device
                 * (group size - 1) + hw.collective_rendezvous_s * g * (g - 1) per op of
@@ -281,18 +283,42 @@ def collective_factor(kind: str) -> float:
     return 2.0 if kind == "all-reduce" else 1.0
 
 
+# Emulated mesh only (a `measured` host profile): inside the engine's weight-gathered prefill,
+# a weight all-gather that runs in more than one replica group (wg_xy with z > 1: one group
+# per z slice) costs this fraction of what one group's gather costs per byte: measured, the
+# prefill's weight gathers cost about 0.3x per byte in several groups what they cost in one
+# (what an all-gather costs alone, whatever its groups, while one group's gathers inside the
+# program cost about 3x that; benchmarks/results/collectives.md, docs/calibration.md
+# "All-gathers of several groups"). A real interconnect prices a chip's bytes, whatever the
+# groups: never applied there.
+HOST_MULTIGROUP_GATHER_SCALE = 0.3
+
+
+def multigroup_gather_scale(c: Collective, hw: HardwareProfile,
+                            topology: tuple[int, int, int] | None) -> float:
+    """HOST_MULTIGROUP_GATHER_SCALE for a weight all-gather of more than one group on a
+    measured (emulated-mesh) host profile; 1 otherwise."""
+    if (not hw.measured or topology is None or c.kind != "all-gather"
+            or not c.what.startswith("weights.")):
+        return 1.0
+    groups = math.prod(topology) // collective_group_size(c, topology)
+    return HOST_MULTIGROUP_GATHER_SCALE if groups > 1 else 1.0
+
+
 def comm_time_s(collectives: list[Collective], hw: HardwareProfile,
                 topology: tuple[int, int, int] | None = None) -> float:
     """Bytes * factor / interconnect bandwidth, plus a fixed latency per collective op; a
     collective whose kind the profile measured by group size (`sweeper profile`) is priced
-    from that measurement instead."""
+    from that measurement instead. On an emulated mesh a weight gather of several groups
+    moves its bytes at `multigroup_gather_scale` of the cost."""
     seconds = 0.0
     for c in collectives:
         profiled = _profiled_op_s(c, hw, topology)
         if profiled is not None:
             seconds += c.count * profiled
             continue
-        seconds += c.bytes_per_chip * collective_factor(c.kind) / hw.ici_bandwidth
+        seconds += (c.bytes_per_chip * collective_factor(c.kind) / hw.ici_bandwidth
+                    * multigroup_gather_scale(c, hw, topology))
         # per-kind fitted latency where calibrate.py set one (HardwareProfile field)
         seconds += c.count * hw.collective_latency_s_by_kind.get(c.kind, hw.collective_latency_s)
     return seconds

@@ -240,23 +240,28 @@ def _sigmoid(x: float) -> float:
 # ----------------------------------------------------------------------------- fast terms
 
 
+_UNIT_HOST = dataclasses.replace(_UNIT, measured=True)
+
+
 @functools.lru_cache(maxsize=65536)
-def at_unit(call: costmodel.PhaseCall) -> Any:
+def at_unit(call: costmodel.PhaseCall, measured: bool = False) -> Any:
     """`call.predict` at unit constants, cached (each fold's `default_space` reads its
-    collectives, `unit_terms` its terms)."""
-    return call.predict(_UNIT)
+    collectives, `unit_terms` its terms). `measured`: as a measured host profile (the
+    emulated mesh's own terms, e.g. costmodel.multigroup_gather_scale, apply)."""
+    return call.predict(_UNIT_HOST if measured else _UNIT)
 
 
 @functools.lru_cache(maxsize=65536)
-def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...]) -> tuple:
+def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...], measured: bool = False) -> tuple:
     """One call's latency terms at unit constants: compute, memory, comm, per-kind collective
     counts, per-device group latency, launches, per-layer overhead — each read off
     `predict_phase` by probing one constant at a time. Cached: the hold-out schemes and the
     nested term selection fit the same calls many times."""
-    base = at_unit(call)
+    base = at_unit(call, measured)
+    unit = _UNIT_HOST if measured else _UNIT
 
     def probe(**fields) -> Any:
-        return call.predict(dataclasses.replace(_UNIT, **fields))
+        return call.predict(dataclasses.replace(unit, **fields))
 
     counts = []
     for kind in kinds:
@@ -298,9 +303,11 @@ class PhaseTerms:
     n_obs: int
 
     @classmethod
-    def of(cls, observations: list[Observation], kinds: tuple[str, ...]) -> "PhaseTerms":
+    def of(cls, observations: list[Observation], kinds: tuple[str, ...],
+           measured: bool = False) -> "PhaseTerms":
+        """`measured`: the profile fitted is a measured host's (its emulated-mesh terms apply)."""
         calls = [(i, c, o.scale) for i, o in enumerate(observations) for c in o.calls]
-        rows = [unit_terms(c.call, kinds) for _, c, _ in calls]
+        rows = [unit_terms(c.call, kinds, measured) for _, c, _ in calls]
         col = lambda i: np.array([r[i] for r in rows], dtype=float)  # noqa: E731
         return cls(col(0), col(1), col(2),
                    np.array([r[3] for r in rows], dtype=float).reshape(len(rows), len(kinds)),
@@ -412,7 +419,7 @@ def fit_profile(points: list[Observation], base: HardwareProfile, space: ParamSp
     mfu_numerator = np.array([p.flops / (p.chips * p.published_peak) if p.metric == "mfu" else 1.0
                               for p in points])
     weights = point_weights(points) if weighted else np.ones(len(points))
-    terms = PhaseTerms.of(points, space.kinds)
+    terms = PhaseTerms.of(points, space.kinds, base.measured)
     exact = _fast_path_agrees(points, terms, space, space.start(base, 1e-5, 0.5), base)
     anchor = prior_anchor(base)
 
