@@ -377,3 +377,23 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
     assert hardware.serving_prefill_wake_s == pytest.approx(costs["prefill_wake_s"])
     assert hardware.serving_prefill_first_overhead_s == pytest.approx(costs["prefill_first_overhead_s"])
     assert hardware.peak_flops == HARDWARE["peak_flops"]
+
+
+def test_serve_says_when_a_host_profiles_prediction_lacks_serving_host_costs(tmp_path):
+    """A measured (host) profile without serving host costs: `sweeper serve` prints how to
+    measure them; a profile with them, or an accelerator preset, gets no such line."""
+    import dataclasses
+
+    from sweeper.cli.serve import host_costs_hint
+    from workloads.config import HARDWARE_PRESETS
+    from workloads.deployment import load_plan
+
+    deployment = load_plan(plan_file(tmp_path, "aggregated"))
+    host = dataclasses.replace(HARDWARE_PRESETS["tpu-v4"], name="host", measured=True)
+    bare = dataclasses.replace(deployment, hardware=host)
+    hint = host_costs_hint(bare, "plan.json")
+    assert hint and "--measure-overheads" in hint and "plan.json" in hint and "`host`" in hint
+    measured = dataclasses.replace(host, serving_step_overhead_s=0.0004)
+    assert host_costs_hint(dataclasses.replace(deployment, hardware=measured), "plan.json") is None
+    preset = dataclasses.replace(deployment, hardware=HARDWARE_PRESETS["tpu-v4"])
+    assert host_costs_hint(preset, "plan.json") is None

@@ -131,6 +131,22 @@ def cmd_measure_overheads(args) -> int:
     return 0
 
 
+def host_costs_hint(deployment, plan_path: str) -> str | None:
+    """One line when a measured (emulated host) profile has none of the serving host costs:
+    its prediction is the cost model's engine calls alone, which on this host's small models
+    are a fraction of what a serving loop's host work adds (docs/serving.md "Serving host
+    costs")."""
+    from sweeper.serving.overheads import FIELDS
+
+    hw = deployment.hardware
+    if not hw.measured or any(getattr(hw, name) for name in FIELDS):
+        return None
+    return (f"note: the plan's profile `{hw.name}` has no serving host costs, so the prediction "
+            f"leaves out the serving loop's own work; `sweeper serve --plan {plan_path} "
+            "--measure-overheads host-serving.yaml` measures them into a profile to plan and "
+            "serve with (docs/serving.md \"Serving host costs\")")
+
+
 def cmd_serve(args) -> int:
     if args.measure_overheads:
         return cmd_measure_overheads(args)
@@ -156,6 +172,9 @@ def cmd_serve(args) -> int:
     print("predicted: the serving model with the plan's hardware profile (cost model); "
           "warm-up model: the same simulation on step times the workers measured before the "
           "stream (a diagnostic). Timings on an emulated mesh are this host's (`host`).")
+    hint = host_costs_hint(deployment, args.plan)
+    if hint:
+        print(hint)
     if run_id:
         print(f"MLflow run {run_id} (experiment sweeper/serve)")
     return 0
