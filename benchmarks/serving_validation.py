@@ -300,9 +300,12 @@ def handover_s(per_request: list[dict]) -> float | None:
 
 
 def run(n_requests: int, calibration: dict, names: list[str] | None = None,
-        loads: list[float] | None = None) -> dict:
+        loads: list[float] | None = None, remeasure: bool = False) -> dict:
     """Serve every deployment at every load (default) or the given subset (a quick check of
-    one deployment: `--deployments`, `--loads`)."""
+    one deployment: `--deployments`, `--loads`). `remeasure`: the host costs measured again
+    on the same workers right before each stream too (`host_costs_stream` in its row; the
+    predictions keep the deployment's first measurement, the loads its capacity), so the
+    stream's calls can be set against a closed loop seconds before them (`duration_analysis`)."""
     from sweeper.serving.overheads import duration_spread, measure_session, with_deployment_overheads
     from sweeper.serving.serve import ServingSession, relative_errors
     from workloads.servingmodel import capacity_rps
@@ -342,6 +345,7 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
                 rate = load * capacity
                 for seed in SEEDS:
                     reqs = stream(rate, n_requests, seed)
+                    near = measure_session(session, INPUT_LEN, OUTPUT_LEN) if remeasure else None
                     result = session.run(reqs, seed)
                     replay = result.replayed      # the model on the stream's own call log
                     rows.append({
@@ -357,6 +361,7 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
                         # each worker's call log (server.py `last_calls`): the stream's calls
                         # per kind, beside the closed loop's in `host_costs`
                         "calls": result.calls,
+                        **({"host_costs_stream": near} if near is not None else {}),
                         "wall_s": result.wall_s, "setup_s": setup_s,
                         "load_average": common.load_average()})
                     print(f"{name} load {load:.2f} ({rate:.2f} req/s) seed {seed}: " + ", ".join(
@@ -371,7 +376,8 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
             "command": "python -m benchmarks.serving_validation"
                        + (f" --requests {n_requests}" if n_requests != DEFAULT_REQUESTS else "")
                        + (f" --deployments {','.join(names)}" if names != list(DEPLOYMENTS) else "")
-                       + (f" --loads {','.join(str(x) for x in loads)}" if loads != list(LOADS) else "")}
+                       + (f" --loads {','.join(str(x) for x in loads)}" if loads != list(LOADS) else "")
+                       + (" --remeasure" if remeasure else "")}
 
 
 def groups(rows: list[dict]) -> list[dict]:
@@ -457,6 +463,294 @@ def deployment_steps(rows: list[dict]) -> list[dict]:
                     "handover_spread": float((max(hand) - min(hand)) / np.mean(hand))
                     if len(hand) > 1 and np.mean(hand) > 0 else None})
     return out
+
+
+# ------------------------------------------------------------ what the 85% misses are made of
+# The replay (the model on a stream's own calls) meets the targets where the loop model (the
+# model on the closed loop's calls measured before the streams) misses: the difference is in
+# the call durations. Per stream, each kind of call the stream made against what the loop
+# model charged for the same calls, and the loop model again with its times scaled by the
+# stream/closed-loop ratio per kind: the TTFT error the durations alone explain, by the
+# model's own sensitivity (docs/serving.md "Validation on this host").
+
+CALL_KINDS = ("prefill_first", "prefill_after", "decode_step", "handover_insert")
+
+
+def stream_calls(deployment, calls: dict, requests, costs: dict) -> dict[str, dict]:
+    """Per call kind: the stream's own durations (`calls`, server.py `last_calls`) and, for
+    the same calls, what the loop model charges (`loop_step_times` on the closed loop's
+    `costs`), seconds. prefill_first: a prefill call's start to its first tokens, plus its
+    idle wake (serve.py `idle_wakes`) where it found the loop idle; prefill_after: its host
+    work after them (aggregated: its rows' inserts; a prefill slice: the KV's export and send);
+    decode_step: a step with its bookkeeping; handover_insert (disaggregated): a decode loop's
+    insert of a handed-over KV."""
+    from sweeper.serving.serve import aggregated_names, disaggregated_names, idle_wakes, route
+
+    times = loop_step_times(deployment, costs)
+    engine = times.prefill_s(deployment.prefill.batch, INPUT_LEN)
+    out = {k: {"stream": [], "loop": []} for k in CALL_KINDS}
+    if deployment.mode == "aggregated":
+        names = aggregated_names(deployment.decode.replicas)
+        pre_names, dec_names = names, names
+    else:
+        names = disaggregated_names(deployment.prefill.replicas, deployment.decode.replicas)
+        pre_names = [n for n in names if n.startswith("prefill")]
+        dec_names = [n for n in names if n.startswith("decode")]
+    for name, ids in zip(pre_names, route(requests, len(pre_names))):
+        log = calls[name]
+        prefills = [c for c in log if c[0] == "prefill"]
+        wakes = idle_wakes(log, [requests[i].arrival_s for i in ids])
+        sends = [c for c in log if c[0] == "send"]
+        for k, (call, wake) in enumerate(zip(prefills, wakes)):
+            idle = wake > 0
+            before, after = times.prefill_host_s(len(call[3]), idle)
+            out["prefill_first"]["stream"].append(call[2] - call[1] + wake)
+            out["prefill_first"]["loop"].append(engine + before)
+            done = (call[4] - call[2] if len(call) == 5 else
+                    sends[k][2] - sends[k][1] if k < len(sends) else None)
+            if done is not None:
+                out["prefill_after"]["stream"].append(done)
+                out["prefill_after"]["loop"].append(after)
+    step = times.decode_step_s(deployment.decode.batch, INPUT_LEN + OUTPUT_LEN / 2)
+    for name in dec_names:
+        for c in calls[name]:
+            if c[0] == "step":
+                out["decode_step"]["stream"].append(c[4] - c[1])
+                out["decode_step"]["loop"].append(step)
+            elif c[0] == "insert":
+                out["handover_insert"]["stream"].append(c[2] - c[1])
+                out["handover_insert"]["loop"].append(times.handover_overhead_s)
+    return {k: v for k, v in out.items() if v["stream"]}
+
+
+def scaled_step_times(times, ratio: dict[str, float], prompts_per_call: float = 1.0):
+    """The loop model's StepTimes with each kind of call scaled by `ratio` (stream over closed
+    loop, `stream_calls`' kinds; 1 where absent): the engine's prefill, the host work before
+    the first tokens and the idle wake by prefill_first; the host work after them by
+    prefill_after (at the stream's mean prompts per call); the step by decode_step; the
+    decode loop's handover charge by handover_insert."""
+    first, after = ratio.get("prefill_first", 1.0), ratio.get("prefill_after", 1.0)
+    step, insert = ratio.get("decode_step", 1.0), ratio.get("handover_insert", 1.0)
+    engine = times.prefill_s(1, INPUT_LEN)
+    step_s = times.decode_step_s(1, INPUT_LEN + OUTPUT_LEN / 2)
+    before = times.prefill_first_overhead_s
+    # per call after the first tokens: prompts x per-prompt - before -> scaled by `after`,
+    # while `before` is scaled by `first`
+    per_prompt = (after * times.prefill_overhead_per_prompt_s
+                  + (first - after) * before / max(prompts_per_call, 1.0))
+    return dataclasses.replace(
+        times, prefill_s=lambda b, n: engine * first, decode_step_s=lambda b, c: step_s * step,
+        decode_affine=None, prefill_first_overhead_s=before * first,
+        prefill_wake_s=times.prefill_wake_s * first,
+        prefill_overhead_per_prompt_s=max(per_prompt, 0.0),
+        prefill_idle_after_s=times.prefill_idle_after_s * after,
+        handover_overhead_s=times.handover_overhead_s * insert, source="serving loop, scaled")
+
+
+def block_drift(detail: dict) -> dict[str, float]:
+    """Within one closed-loop measurement: (max - min) / mean of its blocks' mean durations
+    (prefill to first tokens, decode step): how much the loop's own calls move in seconds."""
+    out = {}
+    for kind, key in (("prefill_first", "loop_prefill_first_block_means_s"),
+                      ("decode_step", "loop_step_block_means_s")):
+        for part in detail.values():
+            values = np.asarray(part.get(key) or [], dtype=float) if isinstance(part, dict) else []
+            if len(values) > 1 and values.mean() > 0:
+                out[kind] = float((values.max() - values.min()) / values.mean())
+                break
+    return out
+
+
+def row_durations(row: dict, profile: Path, costs: dict | None = None) -> dict:
+    """One stream's call durations against one closed-loop measurement (`costs`; default
+    the row's own, `host_costs`): per kind the stream's and the loop model's mean and median
+    and their ratio; the utilisation the loads assumed (rate / the closed loop's capacity) and
+    the one the stream's calls imply (rate / the capacity at the scaled times); the loop
+    model's TTFT p50 and p99 simulated again at the scaled times."""
+    from sweeper.serving.overheads import with_deployment_overheads
+    from workloads.hostcosts import duration_spread
+    from workloads.servingmodel import capacity_rps, simulate
+
+    costs = costs or row["host_costs"]
+    d = with_deployment_overheads(deployment(row["deployment"], profile), costs)
+    requests = stream(row["rate_rps"], row["requests"], row["seed"])
+    spread = duration_spread(costs)
+    times = dataclasses.replace(loop_step_times(d, costs), prefill_spread=spread[0],
+                                step_spread=spread[1])
+    kinds = stream_calls(d, row["calls"], requests, costs)
+    ratio = {k: float(np.sum(v["stream"]) / np.sum(v["loop"])) for k, v in kinds.items()
+             if np.sum(v["loop"]) > 0}
+    pre = [c for name, log in row["calls"].items() if not name.startswith("decode")
+           for c in log if c[0] == "prefill"]
+    prompts = float(np.mean([len(c[3]) for c in pre])) if pre else 1.0
+    scaled = scaled_step_times(times, ratio, prompts)
+    loop = simulate(d, requests, times).summary()
+    again = simulate(d, requests, scaled).summary()
+    # one kind at a time: how much of the change each kind's difference makes on its own
+    alone = {k: simulate(d, requests, scaled_step_times(times, {k: ratio[k]}, prompts)).summary()
+             for k in ratio}
+    return {"kinds": {k: {"stream_mean_s": float(np.mean(v["stream"])),
+                          "stream_median_s": float(np.median(v["stream"])),
+                          "loop_mean_s": float(np.mean(v["loop"])),
+                          "loop_median_s": float(np.median(v["loop"])),
+                          "calls": len(v["stream"]), "ratio": ratio.get(k)}
+                      for k, v in kinds.items()},
+            "utilisation_assumed": row["rate_rps"] / capacity_rps(d, times, INPUT_LEN, OUTPUT_LEN)["rps"],
+            "utilisation_stream": row["rate_rps"] / capacity_rps(d, scaled, INPUT_LEN, OUTPUT_LEN)["rps"],
+            "loop_model": {m: loop[m] for m in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s")},
+            "scaled_loop_model": {m: again[m] for m in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s")},
+            "scaled_alone": {k: {m: v[m] for m in ("ttft_p50_s", "tpot_p50_s")} for k, v in alone.items()},
+            "block_drift": block_drift(costs["detail"])}
+
+
+def duration_analysis(r: dict, loads: tuple[float, ...] = (0.85,)) -> list[dict]:
+    """Per deployment at each of `loads` (a results file's rows): `row_durations` per stream,
+    then over the replicates: mean stream/closed-loop ratio and stream mean per kind, its
+    replicate spread ((max - min) / mean of the streams' means), the utilisations, and the
+    TTFT p50 errors of the loop model and of the loop model at the stream's durations (the
+    difference: what the durations explain). Rows re-measured right before their stream
+    (`host_costs_stream`, `--remeasure`) are analysed against that measurement too
+    (`*_near`) and give the run-to-run drift: the closed loop before one stream vs the
+    next."""
+    profile = common.ROOT / r["profile"]
+    out = []
+    keys = sorted({(x["deployment"], x["load"]) for x in r["rows"] if x["load"] in loads and x.get("calls")},
+                  key=lambda k: (list(DEPLOYMENTS).index(k[0]), k[1]))
+    for name, load in keys:
+        reps = [x for x in r["rows"] if (x["deployment"], x["load"]) == (name, load)]
+        per = [row_durations(x, profile) for x in reps]
+        near = [row_durations(x, profile, x["host_costs_stream"]) for x in reps if x.get("host_costs_stream")]
+        measured = np.array([x["measured"]["ttft_p50_s"] for x in reps])
+
+        def kinds(results):
+            out_ = {}
+            for k in CALL_KINDS:
+                have = [p["kinds"][k] for p in results if k in p["kinds"]]
+                if not have:
+                    continue
+                means = np.array([h["stream_mean_s"] for h in have])
+                out_[k] = {"stream_mean_s": float(means.mean()),
+                           "stream_median_s": float(np.mean([h["stream_median_s"] for h in have])),
+                           "loop_mean_s": float(np.mean([h["loop_mean_s"] for h in have])),
+                           "ratio": float(np.mean([h["ratio"] for h in have if h["ratio"] is not None])),
+                           "replicate_spread": float((means.max() - means.min()) / means.mean())
+                           if len(means) > 1 and means.mean() > 0 else None,
+                           "calls": int(sum(h["calls"] for h in have))}
+            return out_
+
+        tpot = np.array([x["measured"]["tpot_p50_s"] for x in reps])
+
+        def errors(results, key, metric="ttft_p50_s"):
+            base = measured if metric == "ttft_p50_s" else tpot
+            return float(np.mean(np.array([p[key][metric] for p in results]) / base[:len(results)] - 1))
+
+        def alone(metric):     # per kind: the loop model's error change at that kind's ratio alone
+            base = measured if metric == "ttft_p50_s" else tpot
+            return {k: float(np.mean([(p["loop_model"][metric] - p["scaled_alone"][k][metric]) / b
+                                      for p, b in zip(per, base) if k in p["scaled_alone"]]))
+                    for k in CALL_KINDS if any(k in p["scaled_alone"] for p in per)}
+
+        entry = {"deployment": name, "load": load, "replicates": len(reps), "kinds": kinds(per),
+                 "utilisation_assumed": float(np.mean([p["utilisation_assumed"] for p in per])),
+                 "utilisation_stream": float(np.mean([p["utilisation_stream"] for p in per])),
+                 "ttft_p50_error_loop": errors(per, "loop_model"),
+                 "ttft_p50_error_scaled": errors(per, "scaled_loop_model"),
+                 "ttft_p50_explained_by": alone("ttft_p50_s"),
+                 "tpot_p50_error_loop": errors(per, "loop_model", "tpot_p50_s"),
+                 "tpot_p50_error_scaled": errors(per, "scaled_loop_model", "tpot_p50_s"),
+                 "tpot_p50_explained_by": alone("tpot_p50_s"),
+                 "block_drift": per[0]["block_drift"]}
+        if near:
+            entry["kinds_near"] = kinds(near)
+            entry["ttft_p50_error_loop_near"] = errors(near, "loop_model")
+            # the closed loop right before one stream vs the one before the next (and the
+            # deployment's first, before them all), per kind: max - min over their mean
+            loops = {k: [p["kinds"][k]["loop_mean_s"] for p in [per[0]] + near if k in p["kinds"]]
+                     for k in CALL_KINDS}
+            entry["run_drift"] = {k: float((max(v) - min(v)) / np.mean(v)) for k, v in loops.items()
+                                  if len(v) > 1 and np.mean(v) > 0}
+        out.append(entry)
+    return out
+
+
+def _durations_lines(analysis: list[dict]) -> list[str]:
+    """The rendered section of `duration_analysis` (render)."""
+    if not analysis:
+        return []
+    label = {"prefill_first": "prefill to first tokens", "prefill_after": "prefill after them",
+             "decode_step": "decode step", "handover_insert": "handover insert"}
+    lines = ["", "#### What the 85% misses are made of: the stream's calls vs the closed loop's", "",
+             "Per stream, each kind of call the stream made (its call log) against what the loop "
+             "model charged for the same calls (the closed loop measured before the deployment's "
+             "streams); `stream / loop` is the ratio of their sums, the mean over the replicates; "
+             "`spread`: (max - min) / mean of the replicates' stream means (seed to seed). "
+             "Utilisation: the rate over the capacity at the closed loop's times (what the load "
+             "assumed) and at those times scaled by the stream's ratios (what the stream's calls "
+             "imply). Explained: the loop model simulated again with its times scaled per kind by "
+             "those ratios (the model's own sensitivity, same arrivals and spread draws); its TTFT "
+             "p50 error is what remains once the durations are the stream's. Drift within the "
+             "closed loop: (max - min) / mean of its five blocks' means (prefill to first tokens, "
+             "decode step)."
+             + (" Near: the same against a closed loop re-measured right before each stream "
+                "(`--remeasure`); run-to-run drift: (max - min) / mean of the closed loops' "
+                "charges (the deployment's first and each stream's)." if any("kinds_near" in a for a in analysis)
+                else ""), ""]
+    rows = []
+    for a in analysis:
+        cells = []
+        for k in CALL_KINDS:
+            v = a["kinds"].get(k)
+            if v:
+                near = a.get("kinds_near", {}).get(k)
+                cells.append(f"{label[k]} {common.ms(v['stream_mean_s'])} (median "
+                             f"{common.ms(v['stream_median_s'])}) vs {common.ms(v['loop_mean_s'])}: "
+                             f"{common.pct(v['ratio'] - 1, 0)}, spread {common.pct(v['replicate_spread'], 0)}"
+                             + (f"; near {common.pct(near['ratio'] - 1, 0)}" if near else "")
+                             + (f", drift {common.pct(a['run_drift'][k], 0)}"
+                                if k in a.get("run_drift", {}) else ""))
+        drift = " / ".join(common.pct(a["block_drift"].get(k), 0) for k in ("prefill_first", "decode_step"))
+        rows.append([a["deployment"], f"{a['load']:.0%}", "; ".join(cells),
+                     f"{a['utilisation_assumed']:.0%} / {a['utilisation_stream']:.0%}",
+                     common.pct(a["ttft_p50_error_loop"], 0), common.pct(a["ttft_p50_error_scaled"], 0),
+                     common.pct(a["ttft_p50_error_loop"] - a["ttft_p50_error_scaled"], 0), drift]
+                    + ([common.pct(a["ttft_p50_error_loop_near"], 0) if "ttft_p50_error_loop_near" in a else "-"]
+                       if any("kinds_near" in x for x in analysis) else []))
+    lines += common.table(["deployment", "load", "stream vs loop model, per call kind (mean)",
+                           "utilisation assumed / stream's", "loop model TTFT p50 error",
+                           "at the stream's durations", "explained by the durations",
+                           "drift within the closed loop (prefill / step)"]
+                          + (["loop model TTFT p50 error, near"] if any("kinds_near" in x for x in analysis) else []),
+                          rows)
+    lines.append("")
+    for a in analysis:
+        lines.append(f"- {a['deployment']} at {a['load']:.0%}: {duration_sentence(a)}")
+    return lines
+
+
+def duration_sentence(a: dict) -> str:
+    """One sentence per case: the call kind whose stream/closed-loop ratio alone moves the
+    loop model's TTFT p50 (and TPOT p50) most, measured (its ratio and seed-to-seed spread),
+    and how much of the loop model's error the durations of every kind explain."""
+    kinds = a["kinds"]
+    label = {"prefill_first": "prefill calls to their first tokens", "prefill_after":
+             "prefill host work after the first tokens", "decode_step": "decode steps",
+             "handover_insert": "handover inserts"}
+    parts = []
+    for metric in ("ttft_p50", "tpot_p50"):
+        by = a.get(f"{metric}_explained_by") or {}
+        if not by:
+            continue
+        big = max(by, key=lambda k: abs(by[k]))
+        k = kinds[big]
+        explained = a[f"{metric}_error_loop"] - a[f"{metric}_error_scaled"]
+        parts.append(
+            f"{metric.replace('_', ' ').replace('ttft', 'TTFT').replace('tpot', 'TPOT')}: loop model {common.pct(a[f'{metric}_error_loop'], 0)}, "
+            f"{common.pct(a[f'{metric}_error_scaled'], 0)} at the stream's durations (explained "
+            f"{common.pct(explained, 0)}), most of it ({common.pct(by[big], 0)}) the {label[big]}, "
+            f"{common.pct(abs(k['ratio'] - 1), 0)} {'longer' if k['ratio'] > 1 else 'shorter'} in the "
+            f"stream than in the closed loop (seed-to-seed spread {common.pct(k['replicate_spread'], 0)})")
+    return ("; ".join(parts) + f"; utilisation {a['utilisation_assumed']:.0%} assumed, "
+            f"{a['utilisation_stream']:.0%} at the stream's calls.")
 
 
 def summarize(groups_: list[dict]) -> dict:
@@ -610,6 +904,8 @@ def render(r: dict) -> str:
                            + (" / idle prefill's wake" if wake else "")
                            + (" / before the first tokens" if first else ""), "handover predicted",
                            "handover measured"], rows)
+    if (common.ROOT / r["profile"]).exists():    # the deployments' profile: the analysis simulates
+        lines += _durations_lines(duration_analysis(r))
     return "\n".join(lines) + "\n"
 
 
@@ -632,6 +928,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", metavar="FRACTION,...",
                         help="only these loads, fractions of capacity (default "
                              + ",".join(str(x) for x in LOADS) + ")")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="also measure the host costs right before each stream (a diagnostic: "
+                             "the stream's calls against a closed loop seconds before them)")
     parser.add_argument("--render", metavar="RESULTS.json",
                         help="only re-render the Markdown of a recorded results file")
     args = parser.parse_args(argv)
@@ -672,7 +971,7 @@ def main(argv: list[str] | None = None) -> int:
         calibration = calibrate(Path(args.keep_calibration).resolve() if args.keep_calibration else None)
     print(f"calibration: {calibration['used']} ({calibration['why']}); held-out MAPE "
           f"{calibration.get('heldout_mape')}, terms {calibration.get('terms')}", flush=True)
-    result = run(args.requests, calibration, names, loads)
+    result = run(args.requests, calibration, names, loads, args.remeasure)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)    # the numbers first: nothing measured is lost
     (out / "serving_validation.json").write_text(json.dumps(common.clean(result), indent=2))

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+import pytest
+
 import yaml
 
 from benchmarks import serving_validation as sv
@@ -34,3 +37,96 @@ def test_the_fit_resolves_host_in_the_sweeps_home(tmp_path, monkeypatch):
     assert os.environ["SWEEPER_HOME"] == str(mine)     # restored after the block
     with sv._sweeper_home(None):
         assert cal.study_base_profile(attrs).hbm_bandwidth == 8.6e9
+
+
+# --------------------------------------------- the stream's calls vs the closed loop's (issue 19)
+
+PROFILE = "benchmarks/results/serving_validation.fitted.yaml"   # the committed fitted profile
+COSTS = {"serving_step_overhead_s": 0.0005, "serving_prefill_overhead_s": 0.001,
+         "handover_overhead_s": 0.0, "prefill_wake_s": 0.002, "prefill_first_overhead_s": 0.0005,
+         "detail": {"aggregated": {"engine_prefill_s": 0.008, "engine_step_s": 0.0045,
+                                   "loop_step_mean_s": 0.005, "loop_step_s": 0.005,
+                                   "loop_prefill_first_block_means_s": [0.0085, 0.0095],
+                                   "loop_step_block_means_s": [0.005, 0.005]}}}
+
+
+def _row(factor: float, seed: int = 1) -> dict:
+    """One aggregated stream of 4 requests far apart (every prefill call finds the loop idle)
+    whose every call lasts `factor` times what the loop model charges for it (COSTS): each
+    prefill call starts 1 ms after its arrival (its wake), reaches its first tokens at the
+    engine's call + the idle wake (2 ms, larger than the 0.5 ms before the first tokens),
+    inserts its row in 0.5 ms (1 prompt x 1 ms - 0.5 ms), then 15 steps of 5 ms."""
+    requests = sv.stream(0.5, 4, seed)
+    log, wake = [], 0.001
+    for i, r in enumerate(requests):
+        start = r.arrival_s + wake
+        first = start + factor * (0.008 + 0.002) - wake
+        end = first + factor * 0.0005
+        log.append(["prefill", start, first, [i], end])
+        t = end
+        for _ in range(15):
+            log.append(["step", t, t + factor * 0.005 - 1e-5, 1, t + factor * 0.005])
+            t += factor * 0.005
+    return {"deployment": "agg-1chip-4slots", "mode": "aggregated", "load": 0.85, "rate_rps": 0.5,
+            "requests": 4, "seed": seed, "host_costs": COSTS, "calls": {"aggregated": log},
+            "measured": {"ttft_p50_s": 0.012, "tpot_p50_s": 0.005}}
+
+
+def test_stream_calls_sets_each_call_against_the_loop_models_charge():
+    d = sv.deployment("agg-1chip-4slots", sv.common.ROOT / PROFILE)
+    row = _row(1.2)
+    kinds = sv.stream_calls(d, row["calls"], sv.stream(0.5, 4, 1), COSTS)
+    assert set(kinds) == {"prefill_first", "prefill_after", "decode_step"}
+    assert len(kinds["prefill_first"]["stream"]) == 4 and len(kinds["decode_step"]["stream"]) == 60
+    # idle calls: the engine's call + the wake (larger than the part before the first tokens)
+    assert kinds["prefill_first"]["loop"] == pytest.approx([0.010] * 4)
+    assert kinds["prefill_first"]["stream"] == pytest.approx([0.012] * 4)
+    assert kinds["prefill_after"]["loop"] == pytest.approx([0.0005] * 4)
+    assert kinds["decode_step"]["stream"] == pytest.approx([0.006] * 60)
+    assert kinds["decode_step"]["loop"] == pytest.approx([0.005] * 60)
+
+
+def test_scaled_step_times_scale_each_kind_alone():
+    d = sv.deployment("agg-1chip-4slots", sv.common.ROOT / PROFILE)
+    times = sv.loop_step_times(d, COSTS)
+    same = sv.scaled_step_times(times, {})
+    assert same.prefill_s(1, 32) == times.prefill_s(1, 32)
+    assert same.prefill_overhead_per_prompt_s == pytest.approx(times.prefill_overhead_per_prompt_s)
+    slower = sv.scaled_step_times(times, {"prefill_first": 1.5})
+    assert slower.prefill_s(1, 32) == pytest.approx(1.5 * 0.008)
+    assert slower.prefill_first_overhead_s == pytest.approx(1.5 * 0.0005)
+    assert slower.decode_step_s(4, 40) == times.decode_step_s(4, 40)
+    # the host work after the first tokens of a 1-prompt call stays what it was
+    assert (slower.prefill_overhead_per_prompt_s - slower.prefill_first_overhead_s
+            == pytest.approx(times.prefill_overhead_per_prompt_s - times.prefill_first_overhead_s))
+    assert sv.scaled_step_times(times, {"decode_step": 0.9}).decode_step_s(4, 40) == pytest.approx(0.0045)
+
+
+def test_duration_analysis_finds_the_streams_longer_calls():
+    r = {"profile": PROFILE, "rows": [_row(1.0, 1), _row(1.0, 2)]}
+    even = sv.duration_analysis(r)[0]
+    assert even["kinds"]["prefill_first"]["ratio"] == pytest.approx(1.0)
+    assert even["ttft_p50_error_scaled"] == pytest.approx(even["ttft_p50_error_loop"])
+    r = {"profile": PROFILE, "rows": [_row(1.2, 1), _row(1.2, 2)]}
+    longer = sv.duration_analysis(r)[0]
+    for kind in ("prefill_first", "prefill_after", "decode_step"):
+        assert longer["kinds"][kind]["ratio"] == pytest.approx(1.2)
+        assert longer["kinds"][kind]["replicate_spread"] == pytest.approx(0.0, abs=1e-9)
+    # at the stream's (longer) calls the loop model's TTFT and TPOT grow: errors go up
+    assert longer["ttft_p50_error_scaled"] > longer["ttft_p50_error_loop"] + 0.1
+    assert longer["tpot_p50_error_scaled"] > longer["tpot_p50_error_loop"] + 0.1
+    assert longer["utilisation_stream"] == pytest.approx(1.2 * longer["utilisation_assumed"], rel=0.05)
+    assert longer["block_drift"]["prefill_first"] == pytest.approx(0.001 / 0.009)
+    lines = "\n".join(sv._durations_lines([longer]))
+    assert "agg-1chip-4slots at 85%" in lines and "20% longer" in lines
+
+
+def test_duration_analysis_uses_a_remeasured_closed_loop_and_its_drift():
+    rows = [_row(1.2, 1), _row(1.2, 2)]
+    for row, step in zip(rows, (0.006, 0.0054)):     # re-measured before each stream
+        row["host_costs_stream"] = {**COSTS, "detail": {"aggregated": {
+            **COSTS["detail"]["aggregated"], "loop_step_mean_s": step}}}
+    a = sv.duration_analysis({"profile": PROFILE, "rows": rows})[0]
+    assert a["kinds_near"]["decode_step"]["ratio"] == pytest.approx((1.0 + 0.006 / 0.0054) / 2)
+    assert a["run_drift"]["decode_step"] == pytest.approx((0.006 - 0.005) / np.mean([0.005, 0.006, 0.0054]))
+    assert "near" in "\n".join(sv._durations_lines([a]))
