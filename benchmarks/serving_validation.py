@@ -5,6 +5,8 @@ serving runs on this host's emulated meshes.
     python -m benchmarks.serving_validation --requests 10 --out /tmp/sv
     python -m benchmarks.serving_validation --profile benchmarks/results/serving_validation.fitted.yaml \
         --deployments dis-1+1chip-4slots --loads 0.85 --out /tmp/sv    # one deployment, one load
+    python -m benchmarks.serving_validation --profile benchmarks/results/serving_validation.fitted.yaml \
+        --deployments agg-1chip-4slots --loads 0.85 --remeasure --out /tmp/sv   # closed loop before each stream too
 
 Six deployments of the `calib` model (three aggregated, three disaggregated; on 1-2 emulated
 chips per worker, since this host has 2 cores), each served at two loads (35% and 85% of its
@@ -682,7 +684,8 @@ def _durations_lines(analysis: list[dict]) -> list[str]:
     lines = ["", "#### What the 85% misses are made of: the stream's calls vs the closed loop's", "",
              "Per stream, each kind of call the stream made (its call log) against what the loop "
              "model charged for the same calls (the closed loop measured before the deployment's "
-             "streams); `stream / loop` is the ratio of their sums, the mean over the replicates; "
+             "streams): the stream's mean (median) vs the loop model's mean, then the stream's sum over "
+             "the loop model's - 1, the mean over the replicates; "
              "`spread`: (max - min) / mean of the replicates' stream means (seed to seed). "
              "Utilisation: the rate over the capacity at the closed loop's times (what the load "
              "assumed) and at those times scaled by the stream's ratios (what the stream's calls "
