@@ -508,6 +508,7 @@ def stream_calls(deployment, calls: dict, requests, costs: dict) -> dict[str, di
             before, after = times.prefill_host_s(len(call[3]), idle)
             out["prefill_first"]["stream"].append(call[2] - call[1] + wake)
             out["prefill_first"]["loop"].append(engine + before)
+            out["prefill_first"].setdefault("idle", []).append(idle)
             done = (call[4] - call[2] if len(call) == 5 else
                     sends[k][2] - sends[k][1] if k < len(sends) else None)
             if done is not None:
@@ -591,11 +592,18 @@ def row_durations(row: dict, profile: Path, costs: dict | None = None) -> dict:
     # one kind at a time: how much of the change each kind's difference makes on its own
     alone = {k: simulate(d, requests, scaled_step_times(times, {k: ratio[k]}, prompts)).summary()
              for k in ratio}
+    def split(v: dict, idle: bool) -> float | None:   # prefill calls after idle time or not
+        pick = [i for i, x in enumerate(v.get("idle", [])) if x == idle]
+        loop_s = sum(v["loop"][i] for i in pick)
+        return sum(v["stream"][i] for i in pick) / loop_s if pick and loop_s > 0 else None
+
     return {"kinds": {k: {"stream_mean_s": float(np.mean(v["stream"])),
                           "stream_median_s": float(np.median(v["stream"])),
                           "loop_mean_s": float(np.mean(v["loop"])),
                           "loop_median_s": float(np.median(v["loop"])),
-                          "calls": len(v["stream"]), "ratio": ratio.get(k)}
+                          "calls": len(v["stream"]), "ratio": ratio.get(k),
+                          **({"ratio_busy": split(v, False), "ratio_idle": split(v, True),
+                              "idle_calls": int(sum(v["idle"]))} if "idle" in v else {})}
                       for k, v in kinds.items()},
             "utilisation_assumed": row["rate_rps"] / capacity_rps(d, times, INPUT_LEN, OUTPUT_LEN)["rps"],
             "utilisation_stream": row["rate_rps"] / capacity_rps(d, scaled, INPUT_LEN, OUTPUT_LEN)["rps"],
@@ -638,6 +646,12 @@ def duration_analysis(r: dict, loads: tuple[float, ...] = (0.85,)) -> list[dict]
                            "replicate_spread": float((means.max() - means.min()) / means.mean())
                            if len(means) > 1 and means.mean() > 0 else None,
                            "calls": int(sum(h["calls"] for h in have))}
+                for part in ("busy", "idle"):    # prefill calls right after other work, after idle time
+                    values = [h[f"ratio_{part}"] for h in have if h.get(f"ratio_{part}") is not None]
+                    if values:
+                        out_[k][f"ratio_{part}"] = float(np.mean(values))
+                if any("idle_calls" in h for h in have):
+                    out_[k]["idle_calls"] = int(sum(h.get("idle_calls", 0) for h in have))
             return out_
 
         tpot = np.array([x["measured"]["tpot_p50_s"] for x in reps])
@@ -693,7 +707,8 @@ def _durations_lines(analysis: list[dict]) -> list[str]:
              "those ratios (the model's own sensitivity, same arrivals and spread draws); its TTFT "
              "p50 error is what remains once the durations are the stream's. Drift within the "
              "closed loop: (max - min) / mean of its five blocks' means (prefill to first tokens, "
-             "decode step)."
+             "decode step). Prefill to first tokens is split too: calls right after other work "
+             "(back-to-back) and calls that found the loop idle (after idle, with their wake)."
              + (" Near: the same against a closed loop re-measured right before each stream "
                 "(`--remeasure`); run-to-run drift: (max - min) / mean of the closed loops' "
                 "charges (the deployment's first and each stream's)." if any("kinds_near" in a for a in analysis)
@@ -707,7 +722,12 @@ def _durations_lines(analysis: list[dict]) -> list[str]:
                 near = a.get("kinds_near", {}).get(k)
                 cells.append(f"{label[k]} {common.ms(v['stream_mean_s'])} (median "
                              f"{common.ms(v['stream_median_s'])}) vs {common.ms(v['loop_mean_s'])}: "
-                             f"{common.pct(v['ratio'] - 1, 0)}, spread {common.pct(v['replicate_spread'], 0)}"
+                             f"{common.pct(v['ratio'] - 1, 0)}"
+                             + (f" (back-to-back {common.pct(v['ratio_busy'] - 1, 0)} in "
+                                f"{v['calls'] - v['idle_calls']} calls, after idle "
+                                f"{common.pct(v['ratio_idle'] - 1, 0)} in {v['idle_calls']})"
+                                if "ratio_busy" in v and "ratio_idle" in v else "")
+                             + f", spread {common.pct(v['replicate_spread'], 0)}"
                              + (f"; near {common.pct(near['ratio'] - 1, 0)}" if near else "")
                              + (f", drift {common.pct(a['run_drift'][k], 0)}"
                                 if k in a.get("run_drift", {}) else ""))

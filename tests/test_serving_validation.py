@@ -112,6 +112,10 @@ def test_duration_analysis_finds_the_streams_longer_calls():
     for kind in ("prefill_first", "prefill_after", "decode_step"):
         assert longer["kinds"][kind]["ratio"] == pytest.approx(1.2)
         assert longer["kinds"][kind]["replicate_spread"] == pytest.approx(0.0, abs=1e-9)
+    # every call found the loop idle: none back to back
+    assert longer["kinds"]["prefill_first"]["ratio_idle"] == pytest.approx(1.2)
+    assert longer["kinds"]["prefill_first"]["idle_calls"] == 8
+    assert "ratio_busy" not in longer["kinds"]["prefill_first"]
     # at the stream's (longer) calls the loop model's TTFT and TPOT grow: errors go up
     assert longer["ttft_p50_error_scaled"] > longer["ttft_p50_error_loop"] + 0.1
     assert longer["tpot_p50_error_scaled"] > longer["tpot_p50_error_loop"] + 0.1
