@@ -467,7 +467,7 @@ def deployment_steps(rows: list[dict]) -> list[dict]:
     return out
 
 
-# ------------------------------------------------------------ what the 85% misses are made of
+# ------------------------------------------------------------------ what the misses are made of
 # The replay (the model on a stream's own calls) meets the targets where the loop model (the
 # model on the closed loop's calls measured before the streams) misses: the difference is in
 # the call durations. Per stream, each kind of call the stream made against what the loop
@@ -613,8 +613,9 @@ def row_durations(row: dict, profile: Path, costs: dict | None = None) -> dict:
             "block_drift": block_drift(costs["detail"])}
 
 
-def duration_analysis(r: dict, loads: tuple[float, ...] = (0.85,)) -> list[dict]:
-    """Per deployment at each of `loads` (a results file's rows): `row_durations` per stream,
+def duration_analysis(r: dict, loads: tuple[float, ...] | None = None) -> list[dict]:
+    """Per deployment at each of `loads` (default: every load of a results file's rows):
+    `row_durations` per stream,
     then over the replicates: mean stream/closed-loop ratio and stream mean per kind, its
     replicate spread ((max - min) / mean of the streams' means), the utilisations, and the
     TTFT p50 errors of the loop model and of the loop model at the stream's durations (the
@@ -624,7 +625,8 @@ def duration_analysis(r: dict, loads: tuple[float, ...] = (0.85,)) -> list[dict]
     next."""
     profile = common.ROOT / r["profile"]
     out = []
-    keys = sorted({(x["deployment"], x["load"]) for x in r["rows"] if x["load"] in loads and x.get("calls")},
+    keys = sorted({(x["deployment"], x["load"]) for x in r["rows"]
+                   if (loads is None or x["load"] in loads) and x.get("calls")},
                   key=lambda k: (list(DEPLOYMENTS).index(k[0]), k[1]))
     for name, load in keys:
         reps = [x for x in r["rows"] if (x["deployment"], x["load"]) == (name, load)]
@@ -689,13 +691,14 @@ def duration_analysis(r: dict, loads: tuple[float, ...] = (0.85,)) -> list[dict]
     return out
 
 
-def _durations_lines(analysis: list[dict]) -> list[str]:
-    """The rendered section of `duration_analysis` (render)."""
+def _durations_lines(analysis: list[dict], groups_: list[dict] | None = None) -> list[str]:
+    """The rendered section of `duration_analysis` (render): the table, then one sentence
+    per case with a TTFT or TPOT p50 miss in `groups_` (every case without them)."""
     if not analysis:
         return []
     label = {"prefill_first": "prefill to first tokens", "prefill_after": "prefill after them",
              "decode_step": "decode step", "handover_insert": "handover insert"}
-    lines = ["", "#### What the 85% misses are made of: the stream's calls vs the closed loop's", "",
+    lines = ["", "#### What the misses are made of: the stream's calls vs the closed loop's", "",
              "Per stream, each kind of call the stream made (its call log) against what the loop "
              "model charged for the same calls (the closed loop measured before the deployment's "
              "streams): the stream's mean (median) vs the loop model's mean, then the stream's sum over "
@@ -745,8 +748,19 @@ def _durations_lines(analysis: list[dict]) -> list[str]:
                           + (["loop model TTFT p50 error, near"] if any("kinds_near" in x for x in analysis) else []),
                           rows)
     lines.append("")
+    missed: dict | None = None
+    if groups_ is not None:
+        missed = {}
+        for g in groups_:
+            if g["metric"] in ("ttft_p50_s", "tpot_p50_s") and g["within_target"] is False:
+                missed.setdefault((g["deployment"], g["load"]), []).append(
+                    f"{g['metric'][:4].upper()} p50 {common.pct(g['error'], 0)}, "
+                    f"{g.get('responsible') or 'responsible unknown'}")
     for a in analysis:
-        lines.append(f"- {a['deployment']} at {a['load']:.0%}: {duration_sentence(a)}")
+        key = (a["deployment"], a["load"])
+        if missed is None or key in missed:
+            why = f" ({'; '.join(missed[key])})" if missed else ""
+            lines.append(f"- {a['deployment']} at {a['load']:.0%}{why}: {duration_sentence(a)}")
     return lines
 
 
@@ -928,7 +942,7 @@ def render(r: dict) -> str:
                            + (" / before the first tokens" if first else ""), "handover predicted",
                            "handover measured"], rows)
     if (common.ROOT / r["profile"]).exists():    # the deployments' profile: the analysis simulates
-        lines += _durations_lines(duration_analysis(r))
+        lines += _durations_lines(duration_analysis(r), r.get("groups"))
     return "\n".join(lines) + "\n"
 
 

@@ -122,7 +122,7 @@ def test_duration_analysis_finds_the_streams_longer_calls():
     assert longer["utilisation_stream"] == pytest.approx(1.2 * longer["utilisation_assumed"], rel=0.05)
     assert longer["block_drift"]["prefill_first"] == pytest.approx(0.001 / 0.009)
     lines = "\n".join(sv._durations_lines([longer]))
-    assert "agg-1chip-4slots at 85%" in lines and "20% longer" in lines
+    assert "agg-1chip-4slots at 85%: " in lines and "20% longer" in lines
 
 
 def test_duration_analysis_uses_a_remeasured_closed_loop_and_its_drift():
