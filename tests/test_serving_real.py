@@ -397,3 +397,32 @@ def test_serve_says_when_a_host_profiles_prediction_lacks_serving_host_costs(tmp
     assert host_costs_hint(dataclasses.replace(deployment, hardware=measured), "plan.json") is None
     preset = dataclasses.replace(deployment, hardware=HARDWARE_PRESETS["tpu-v4"])
     assert host_costs_hint(preset, "plan.json") is None
+
+
+def test_decode_beside_steps_until_told_to_stop(tmp_path):
+    """server.py `decode_beside`: the decode slice's loop stepping beside the prefill slice's
+    closed loop (overheads.py `measure_session`, docs/serving.md "Serving host costs") runs
+    real decode steps until `stop_decode_beside` with its token, on another thread, and a
+    stop that comes first ends it before any step. No timing asserted (the bound only
+    catches a loop that ignores the stop)."""
+    import threading
+
+    from sweeper.serving.serve import slot_specs
+    from sweeper.serving.server import ServingWorker
+    from workloads.deployment import load_plan
+
+    deployment = load_plan(plan_file(tmp_path, "disaggregated", chips=1))
+    worker = ServingWorker(None)
+    worker.setup(slot_specs(deployment, context_len=16, seed=1)["decode"], [8])
+    cache = worker.server.cache
+    steps: list[int] = []
+    runner = threading.Thread(target=lambda: steps.append(worker.decode_beside(7, max_s=600.0)))
+    runner.start()
+    while worker.server.cache is cache and runner.is_alive():   # a step replaces the cache
+        runner.join(0.01)
+    worker.stop_decode_beside(7)
+    runner.join(120.0)
+    assert not runner.is_alive() and steps and steps[0] >= 1
+    worker.stop_decode_beside(8)               # told before it starts: no step
+    assert worker.decode_beside(8, max_s=30.0) == 0
+    assert not worker.server.active.any()      # no slot taken: the next stream's are free

@@ -110,12 +110,22 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     if session.deployment.mode == "aggregated":
         worker = ray.get(actors["aggregated"].measure_host_costs.remote(*how))   # replica 0
         return combine(worker, worker)
-    # one worker after the other: run together, their closed loops (each saturating its
-    # own loop) contend more than a stream does, whose prefill slice mostly waits
     # the prefill slice's closed loop sends each call's KV to the decode worker (as a
     # stream's does): the Ray submission and what it leaves on the prefill core are in
-    # its prefill cost
-    pre = ray.get(actors["prefill"].measure_host_costs.remote(*how, decode=actors["decode"]))
+    # its prefill cost; and it runs while the decode slice steps (server.py
+    # `decode_beside`, on the decode worker's core): in a stream the decode loop is
+    # stepping during most prefill calls, and the two cores' work slows each other's
+    # calls (measured in the commit that added this; docs/serving.md "Serving host
+    # costs"). The decode slice's own closed loop runs after it, alone: run together, the
+    # two saturated loops contend more than a stream's decode loop sees, whose prefill
+    # slice mostly waits
+    token = time.monotonic_ns()
+    beside = actors["decode"].decode_beside.remote(token)
+    try:
+        pre = ray.get(actors["prefill"].measure_host_costs.remote(*how, decode=actors["decode"]))
+    finally:
+        ray.get(actors["decode"].stop_decode_beside.remote(token))
+    pre["decode_beside_steps"] = ray.get(beside)
     dec = ray.get(actors["decode"].measure_host_costs.remote(*how))
     lengths = sorted({max(input_len // 2, 1), input_len})
     samples = []

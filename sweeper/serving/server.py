@@ -17,7 +17,8 @@ charges each `handover_overhead_s` of the decode loop's time, docs/serving.md).
 Serving host costs (`measure_host_costs`, `handover_receive`; sweeper/serving/overheads.py):
 a worker times its own serving loop's work against the engine's timed calls of the same
 shape, outside any served stream, with workloads/hostcosts.py (the code a serving trial's
-worker runs too).
+worker runs too); a decode worker steps beside the prefill worker's measurement
+(`decode_beside`), as its loop does during a stream's prefill calls.
 
 Arrivals are wall-clock: every worker waits for a shared start time and then for each
 request's `arrival_s` after it. Times are `time.time()` (one host: the same clock in every
@@ -61,6 +62,7 @@ class ServingWorker:
         self.server = None
         self.inbox: queue.Queue = queue.Queue()
         self.calls: list = []            # the last stream's call log (`last_calls`)
+        self._stopped: set[int] = set()  # `decode_beside` runs told to stop
 
     def where(self) -> dict[str, Any]:
         return {**where_am_i(), "cores": self.cores}
@@ -206,6 +208,24 @@ class ServingWorker:
             return lambda: ray.get(ref)
 
         return handover_send(self.server, input_len, receive, repeats)
+
+    def decode_beside(self, token: int, max_s: float = 60.0) -> int:
+        """Decode steps of every slot, back to back, until `stop_decode_beside(token)` (or
+        `max_s`): the decode slice's loop running beside the prefill slice's closed loop, as
+        it runs during most of a stream's prefill calls (overheads.py `measure_session`;
+        docs/serving.md "Serving host costs"). Runs on one of the decode worker's two
+        threads; the closed loop's handovers (`sink`) arrive on the other. The steps made."""
+        stop = time.time() + max_s
+        steps = 0
+        while token not in self._stopped and time.time() < stop:
+            self.server.step()
+            steps += 1
+        self._stopped.discard(token)
+        return steps
+
+    def stop_decode_beside(self, token: int) -> None:
+        """End `decode_beside(token)` (before or after it started)."""
+        self._stopped.add(token)
 
     def sink(self, handover: list[dict]) -> int:
         """Receive a closed loop's handover and drop it (`measure_host_costs` with `decode`)."""
