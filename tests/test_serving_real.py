@@ -355,6 +355,12 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
             extras = detail.pop("loop_prefill_first_paired_block_extra_s")
             assert len(extras) == 5 and all(abs(x) < 5.0 for x in extras)
             assert detail.pop("loop_prefill_first_paired_extra_s") == pytest.approx(float(np.median(extras)))
+            # its whole host work per call, paired by block as well (noise: one may be < 0)
+            extras = detail.pop("loop_prefill_paired_block_extra_s")
+            assert len(extras) == 5 and all(abs(x) < 5.0 for x in extras)
+            assert detail.pop("loop_prefill_paired_extra_s") == pytest.approx(float(np.median(extras)))
+            # measured as a stream runs it: the decode slice stepping beside (a count)
+            assert detail.pop("decode_beside_steps") > 0
         else:                     # paired with the engine's calls: noise may make one < 0
             extras = detail.pop("loop_step_paired_block_extra_s")
             assert len(extras) == 5 and all(abs(x) < 5.0 for x in extras)
