@@ -119,6 +119,16 @@ def route(requests: list[Request], replicas: int) -> list[list[int]]:
     return [order[r::replicas] for r in range(replicas)]
 
 
+def in_stream_order(routed: list[list[int]], parts: list[list[dict]], n: int) -> list[dict]:
+    """The replicas' per-request records (each in its share's order, `route`) as one list in
+    the stream's order."""
+    per_request: list[dict] = [{}] * n
+    for ids, part in zip(routed, parts):
+        for i, served in zip(ids, part):
+            per_request[i] = served
+    return per_request
+
+
 def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str, dict]:
     """The SlotSpec (as plain data) of each worker: {"aggregated": ...} or {"prefill", "decode"};
     validated here, before Ray or JAX start (ConfigError names the plan field)."""
@@ -265,29 +275,22 @@ class ServingSession:
             parts = ray.get([self.actors[n].serve_aggregated.remote([plain[i] for i in ids],
                                                                     start_at, seed, ids)
                              for n, ids in zip(self.names, routed)])
-            per_request = [{}] * len(requests)
-            for ids, part in zip(routed, parts):
-                for i, served in zip(ids, part):
-                    per_request[i] = served
+            per_request = in_stream_order(routed, parts, len(requests))
         else:
             from workloads.servingmodel import decode_route
 
             d = self.deployment
             prefills = [n for n in self.names if n.startswith("prefill")]
             decodes = [self.actors[n] for n in self.names if n.startswith("decode")]
-            target = {}                      # request -> its decode replica
-            for r, ids in enumerate(decode_route(requests, d.decode.replicas)):
-                target.update(dict.fromkeys(ids, r))
-            decoded_refs = [actor.serve_decode.remote(sum(t == r for t in target.values()), start_at)
-                            for r, actor in enumerate(decodes)]
+            decoded_ids = decode_route(requests, d.decode.replicas)
+            target = {i: r for r, ids in enumerate(decoded_ids) for i in ids}   # its decode replica
+            decoded_refs = [actor.serve_decode.remote(len(ids), start_at)
+                            for actor, ids in zip(decodes, decoded_ids)]
             routed = route(requests, d.prefill.replicas)
             parts = ray.get([self.actors[n].serve_prefill.remote(
                 [plain[i] for i in ids], start_at, seed, decodes, ids,
                 [target.get(i, 0) for i in ids]) for n, ids in zip(prefills, routed)])
-            per_request = [{}] * len(requests)
-            for ids, part in zip(routed, parts):
-                for i, served in zip(ids, part):
-                    per_request[i] = served
+            per_request = in_stream_order(routed, parts, len(requests))
             for decoded in ray.get(decoded_refs):        # its finish, its KV's times
                 merge_decoded(per_request, decoded)
         wall = time.time() - begin - START_MARGIN_S
@@ -405,28 +408,28 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list],
         durations = [c[2] - c[1] for c in log if c[0] == "prefill"]
         return durations if wakes is None else [d + w for d, w in zip(durations, wakes)]
 
-    if deployment.mode == "aggregated":
-        # replicas' logs one after the other, replica 0 first: the order `simulate` asks
-        # for them (one replica after the other); a replica simulated with more calls than
-        # it made takes the next replica's first durations (docs/serving.md); a replica's
-        # log names its requests by their index in its share (`route`)
-        names = aggregated_names(deployment.decode.replicas)
+    def replicas_prefills(names: list[str]) -> list[float]:
+        """The prefill replicas' logs one after the other, replica 0 first: the order
+        `simulate` asks for them; a replica simulated with more calls than it made takes
+        the next replica's first durations (docs/serving.md); a replica's log names its
+        requests by their index in its share (`route`)."""
         routed = route(requests, len(names)) if requests is not None else [None] * len(names)
-        prefill = [d for name, ids in zip(names, routed) for d in prefills(
+        return [d for name, ids in zip(names, routed) for d in prefills(
             calls[name], None if ids is None else [requests[i].arrival_s for i in ids])]
+
+    if deployment.mode == "aggregated":
+        names = aggregated_names(deployment.decode.replicas)
+        prefill = replicas_prefills(names)
         log = [c for name in names for c in calls[name]]
         after = [(c[4] - c[2]) / len(c[3]) for c in log if c[0] == "prefill"]
         steps = [c[4] - c[1] for c in log if c[0] == "step"]
         return StepTimes(replay(prefill), replay(steps), source="replay",
                          prefill_overhead_per_prompt_s=float(np.mean(after)) if after else 0.0)
-    # replicas' logs one after the other, replica 0 first, as for aggregated: `simulate`
-    # asks for one prefill (decode) replica's calls after the other
+    # each phase's replicas' logs one after the other, replica 0 first, as `simulate`
+    # asks for them
     names = disaggregated_names(deployment.prefill.replicas, deployment.decode.replicas)
     pre_names = [n for n in names if n.startswith("prefill")]
-    routed = (route(requests, len(pre_names)) if requests is not None
-              else [None] * len(pre_names))
-    prefill = [d for name, ids in zip(pre_names, routed) for d in prefills(
-        calls[name], None if ids is None else [requests[i].arrival_s for i in ids])]
+    prefill = replicas_prefills(pre_names)
     pre = [c for name in pre_names for c in calls[name]]
     dec = [c for name in names if name.startswith("decode") for c in calls[name]]
     sends = [(c[2] - c[1]) / len(c[3]) for c in pre if c[0] == "send" for _ in c[3]]
