@@ -4,7 +4,11 @@ Each benchmark writes `benchmarks/results/<name>.json` (the numbers) and `<name>
 readable summary), and logs one MLflow run (experiment `sweeper/benchmarks`, run name =
 the benchmark) with its headline metrics and both files as artifacts. Every result carries
 the machine context: CPU count and the load average before and after, because on a shared
-machine emulated-mesh timings move with the load.
+machine emulated-mesh timings move with the load; and the host's CPU time counters
+(`cpu_times`), so that the context taken at the end of a run (`machine_context(since=start)`)
+states how much of the CPUs' time over the run the hypervisor gave to other guests (steal)
+and how much waited on I/O (iowait): a virtual machine's timings move with its steal too,
+which the load average does not show.
 """
 
 from __future__ import annotations
@@ -29,14 +33,66 @@ def load_average() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
-def machine_context() -> dict[str, Any]:
-    """Where and when: the load average is part of every emulated-mesh number."""
+# The CPU states of the `cpu` line of /proc/stat, in its order (proc(5)); guest time is
+# already counted in user and nice, so these eight sum to all the CPUs' time.
+CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times(stat: Path | str = "/proc/stat") -> dict[str, int] | None:
+    """The host's cumulative CPU time per state, all CPUs together, in clock ticks (the
+    `cpu` line of /proc/stat); None where there is no such file (not Linux)."""
+    try:
+        text = Path(stat).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            values = [int(v) for v in fields[1:1 + len(CPU_STATES)]]
+            values += [0] * (len(CPU_STATES) - len(values))    # old kernels: no steal column
+            return dict(zip(CPU_STATES, values))
+    return None
+
+
+def cpu_time_shares(before: Mapping[str, int] | None, after: Mapping[str, int] | None,
+                    ticks_per_s: float | None = None) -> dict[str, float | None]:
+    """Over the window between two `cpu_times` snapshots: the percent of all CPUs' time that
+    was stolen by the hypervisor (`steal_pct`: the virtual CPUs were runnable but other
+    guests ran) and that waited on I/O (`iowait_pct`), and the window's CPU-seconds
+    (`cpu_s`, all CPUs together). None where a snapshot is missing or nothing elapsed."""
+    none = {"steal_pct": None, "iowait_pct": None, "cpu_s": None}
+    if not before or not after:
+        return none
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in CPU_STATES}
+    total = sum(delta.values())
+    if total <= 0:
+        return none
+    ticks = ticks_per_s or os.sysconf("SC_CLK_TCK")
+    return {"steal_pct": 100.0 * delta["steal"] / total,
+            "iowait_pct": 100.0 * delta["iowait"] / total, "cpu_s": total / ticks}
+
+
+def machine_context(since: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Where and when: the load average is part of every emulated-mesh number. `cpu_times`:
+    the CPU time counters now. `since`: a context taken earlier (the run's start): then also
+    `steal_pct` and `iowait_pct` of all CPUs' time between the two (`cpu_time_shares`)."""
     import jax
 
-    return {"hostname": socket.gethostname(), "cpus": os.cpu_count(),
-            "machine": platform.machine(), "python": platform.python_version(),
-            "jax": jax.__version__, "load_average": load_average(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    context = {"hostname": socket.gethostname(), "cpus": os.cpu_count(),
+               "machine": platform.machine(), "python": platform.python_version(),
+               "jax": jax.__version__, "load_average": load_average(),
+               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu_times": cpu_times()}
+    if since is not None:
+        context.update(cpu_time_shares(since.get("cpu_times"), context["cpu_times"]))
+    return context
+
+
+def steal_text(context: Mapping[str, Any] | None) -> str:
+    """`hypervisor steal S%, iowait W% of the CPUs' time` of a context with them, else ''."""
+    if not context or context.get("steal_pct") is None:
+        return ""
+    return (f"hypervisor steal {context['steal_pct']:.1f}%, iowait "
+            f"{context.get('iowait_pct') or 0.0:.1f}% of the CPUs' time")
 
 
 def clean(value: Any) -> Any:
