@@ -125,19 +125,20 @@ DEPLOYMENTS = {
 }
 
 
-def calibrate(keep: Path | None = None) -> dict:
+def calibrate(keep: Path | None = None, fitted_yaml: Path = FITTED_PROFILE) -> dict:
     """The calibration sweep and fit (module docstring): which profile the plans use, and why.
     `keep`: the sweep's SWEEPER_HOME (study, MLflow runs, host profile) is this folder, kept
-    for inspection (`--keep-calibration`); default a temporary one."""
+    for inspection (`--keep-calibration`); default a temporary one. `fitted_yaml`: where the
+    fitted profile goes (the results folder's; `--out` elsewhere leaves the committed one)."""
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
-        return _calibrate(keep)
+        return _calibrate(keep, fitted_yaml)
     with tempfile.TemporaryDirectory(prefix="sweeper-sv-") as home:
-        return _calibrate(Path(home))
+        return _calibrate(Path(home), fitted_yaml)
 
 
-def _calibrate(home: Path) -> dict:
-    started, load = time.time(), common.load_average()
+def _calibrate(home: Path, fitted_yaml: Path = FITTED_PROFILE) -> dict:
+    started, load, cpu = time.time(), common.load_average(), common.cpu_times()
     study = "serving-validation-calibration"
     space = home / "space.yaml"
     space.write_text(yaml.safe_dump(CALIBRATION_SPACE, sort_keys=False))
@@ -147,13 +148,15 @@ def _calibrate(home: Path) -> dict:
                          capture_output=True, text=True)
     sweep_s = time.time() - started
     out = {"space": CALIBRATION_SPACE, "sweep_wall_s": sweep_s, "load_average_before": load,
-           "load_average_after_sweep": common.load_average()}
+           "load_average_after_sweep": common.load_average(),
+           # the sweep's trials run two at once, one per core: the steal over it (docs/serving.md)
+           **{f"sweep_{k}": v for k, v in common.cpu_time_shares(cpu, common.cpu_times()).items()}}
     if run.returncode != 0:
         out.update(used=str(FALLBACK_PROFILE.relative_to(common.ROOT)),
                    why=f"the calibration sweep failed (exit {run.returncode}): "
                        f"{run.stderr.strip()[-300:]}")
         return out
-    out.update(fit(study, f"sqlite:///{home}/optuna.db", home / "fit", sweeper_home=home))
+    out.update(fit(study, f"sqlite:///{home}/optuna.db", home / "fit", fitted_yaml, sweeper_home=home))
     out["fit_wall_s"] = time.time() - started - sweep_s
     return out
 
@@ -313,7 +316,8 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
     from workloads.servingmodel import capacity_rps
 
     rows, started = [], time.time()
-    load_before = common.load_average()
+    start = common.machine_context()       # its CPU time counters: the steal over serving
+    load_before = start["load_average"]
     context = INPUT_LEN + OUTPUT_LEN + 1
     profile = common.ROOT / calibration["used"]
     names = list(names or DEPLOYMENTS)
@@ -371,7 +375,7 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
                         for k in METRICS), flush=True)
     return {"rows": rows, "groups": groups(rows), "summary": summarize(groups(rows)),
             "steps": deployment_steps(rows),
-            "context": {**common.machine_context(), "load_average_before": load_before},
+            "context": {**common.machine_context(since=start), "load_average_before": load_before},
             "wall_s": time.time() - started, "model": MODEL, "input_len": INPUT_LEN,
             "output_len": OUTPUT_LEN, "loads": loads, "seeds": list(SEEDS),
             "profile": calibration["used"], "calibration": calibration, "target": TARGET,
@@ -821,7 +825,8 @@ def render(r: dict) -> str:
              f"{', '.join(map(str, r['seeds']))}) each. Emulated meshes on this host (`host` "
              f"timings): {c['cpus']} CPUs, load average {cal['load_average_before']} before the "
              f"calibration, {c['load_average_before']} before serving and {c['load_average']} "
-             f"after; serving wall {r['wall_s'] / 60:.1f} min.",
+             f"after" + (f"; {common.steal_text(c)} over serving" if common.steal_text(c) else "")
+             + f"; serving wall {r['wall_s'] / 60:.1f} min.",
              "",
              "#### Calibration (before serving, on this host, no serving run in it)",
              ""]
@@ -833,8 +838,10 @@ def render(r: dict) -> str:
         f"{sp['input_len']} tokens, decode_steps {sp['decode_steps']}: one synchronised step per "
         f"timed call, as the server steps; repeats as search_spaces/calibration.yaml) in "
         f"{cal['sweep_wall_s'] / 60:.1f} min, load average {cal['load_average_before']} before and "
-        f"{cal['load_average_after_sweep']} after; then the `sweeper fit` pipeline with the extra "
-        f"terms chosen by nested cross-validation.")
+        f"{cal['load_average_after_sweep']} after"
+        + (f" ({common.steal_text({'steal_pct': cal['sweep_steal_pct'], 'iowait_pct': cal.get('sweep_iowait_pct')})}"
+           " over the sweep)" if cal.get("sweep_steal_pct") is not None else "")
+        + "; then the `sweeper fit` pipeline with the extra terms chosen by nested cross-validation.")
     if "heldout_mape" in cal:
         by_phase = ", ".join(f"{ph} {common.pct(v, 0)}" for ph, v in cal["heldout_mape_by_phase"].items())
         fitted = cal["fitted"]
@@ -946,6 +953,143 @@ def render(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------ several runs (--runs N)
+# One run's counts move with the host (load, hypervisor steal): the same code read 14/24 and
+# 19/24 (p50) minutes apart. N whole runs, one after another, each with its own calibration
+# and host costs, and per case the median error over the runs and how far the runs spread
+# (docs/serving.md, "Validation on this host").
+
+
+def over_runs(runs: list[dict]) -> dict:
+    """Over N results of `run`: per run its within-target counts with its load and steal;
+    per case (deployment, load, metric) the runs' errors, their median and spread (max - min,
+    in error units), in how many runs it is within target, and the pooled error (the mean
+    prediction over every run's replicates against the mean measurement over them); per
+    statistic the counts of every run, their median, and the counts of the median errors."""
+    per_run = []
+    for i, r in enumerate(runs, 1):
+        c, cal = r["context"], r["calibration"]
+        per_run.append({"run": i, "time": c.get("time"),
+                        "within_target": {k: v["within_target"] for k, v in r["summary"].items()},
+                        "median_abs_error": {k: v["median_abs_error"] for k, v in r["summary"].items()},
+                        "cases": {k: v["cases"] for k, v in r["summary"].items()},
+                        "load_average_before": c.get("load_average_before"),
+                        "load_average_after": c.get("load_average"),
+                        "steal_pct": c.get("steal_pct"), "iowait_pct": c.get("iowait_pct"),
+                        "calibration_load_average_before": cal.get("load_average_before"),
+                        "calibration_steal_pct": cal.get("sweep_steal_pct"),
+                        "profile": r.get("profile"), "wall_s": r.get("wall_s")})
+    cases: dict[tuple, list] = {}
+    for r in runs:
+        for g in r["groups"]:
+            cases.setdefault((g["deployment"], g["load"], g["metric"]), []).append(g)
+    out_cases = []
+    for (name, load, metric), gs in cases.items():
+        errors = np.array([g["error"] for g in gs], dtype=float)
+        median = float(np.median(errors))
+        measured = float(np.mean([g["measured_mean_s"] for g in gs]))
+        predicted = float(np.mean([g["predicted_mean_s"] for g in gs]))
+        out_cases.append({"deployment": name, "load": load, "metric": metric, "runs": len(gs),
+                          "target": gs[0]["target"], "errors": errors.tolist(),
+                          "median_error": median,
+                          "median_within_target": bool(abs(median) <= gs[0]["target"]),
+                          "error_spread": float(errors.max() - errors.min()),
+                          "runs_within_target": int(sum(bool(g["within_target"]) for g in gs)),
+                          "pooled_error": predicted / measured - 1 if measured > 0 else None})
+    summary = {}
+    for stat in TARGET:
+        part = [c for c in out_cases if stat in c["metric"]]
+        counts = [p["within_target"][stat] for p in per_run]
+        spreads = [r["summary"][stat]["median_replicate_spread"] for r in runs
+                   if r["summary"][stat].get("median_replicate_spread") is not None]
+        summary[stat] = {
+            "cases": len(part), "target": TARGET[stat], "runs": len(runs),
+            "within_target_runs": counts,
+            # benchmarks/readme_numbers.py reads these keys: the median run, never the best
+            "within_target": float(np.median(counts)) if counts else None,
+            "median_abs_error": float(np.median([abs(c["median_error"]) for c in part])) if part else None,
+            "median_replicate_spread": float(np.median(spreads)) if spreads else None,
+            "median_error_within_target": int(sum(c["median_within_target"] for c in part)),
+            "pooled_within_target": int(sum(c["pooled_error"] is not None
+                                            and abs(c["pooled_error"]) <= TARGET[stat] for c in part)),
+            "median_error_spread": float(np.median([c["error_spread"] for c in part])) if part else None}
+    return {"per_run": per_run, "cases": out_cases, "summary": summary}
+
+
+def runs_result(runs: list[dict], command: str, start: dict) -> dict:
+    """The results file of several runs: each run's result as `run` returns it, the summary
+    over them (`over_runs`; its `summary` where a single run's is), the whole window's
+    context (its steal)."""
+    over = over_runs(runs)
+    return {"runs": runs, "over_runs": over, "summary": over["summary"], "command": command,
+            "context": {**common.machine_context(since=start),
+                        "load_average_before": start["load_average"]},
+            "wall_s": sum(r["wall_s"] for r in runs), "model": MODEL, "target": TARGET}
+
+
+def _count(value: float) -> str:
+    return f"{value:g}"
+
+
+def render_runs(r: dict) -> str:
+    """The Markdown of a results file of several runs: the counts of every run and their
+    median, per case the median error and the runs' spread, then each run as one run renders."""
+    over, n = r["over_runs"], len(r["runs"])
+    c = r["context"]
+    lines = ["# Serving validation: measured vs predicted TTFT and TPOT", "",
+             f"Command: `{r['command']}`: {n} whole runs one after another, each with its own "
+             "calibration sweep and fit (or the given profile) and its own host costs measured "
+             "before its streams. Over all of them: load average "
+             f"{c.get('load_average_before')} before and {c.get('load_average')} after"
+             + (f"; {common.steal_text(c)}" if common.steal_text(c) else "")
+             + f"; serving wall {r['wall_s'] / 60:.1f} min in all.", "",
+             "#### Over the runs", ""]
+    for stat, s in over["summary"].items():
+        counts = ", ".join(f"{k}/{s['cases']}" for k in s["within_target_runs"])
+        lines.append(
+            f"- **{stat}** (target within {s['target']:.0%}): prediction within target in {counts} "
+            f"cases (runs 1-{n}; median {_count(s['within_target'])}/{s['cases']}); the median "
+            f"error over the runs within target in {s['median_error_within_target']}/{s['cases']}, "
+            f"median |median error| {common.pct(s['median_abs_error'], 0)}; the pooled error (mean "
+            f"prediction over every run's replicates against their mean measurement) within target "
+            f"in {s['pooled_within_target']}/{s['cases']}; the runs' errors of a case spread "
+            f"(max - min) by a median of {common.pct(s['median_error_spread'], 0)}; median "
+            f"replicate spread {common.pct(s['median_replicate_spread'], 0)}.")
+    lines += ["", "Per run: its counts, the host's load average before and after serving and the "
+              "hypervisor steal and iowait over its serving (percent of all CPUs' time; /proc/stat) "
+              "and over its calibration sweep.", ""]
+    rows = []
+    for p in over["per_run"]:
+        rows.append([p["run"], p["time"] or "-",
+                     f"{p['within_target']['p50']}/{p['cases']['p50']}",
+                     f"{p['within_target']['p99']}/{p['cases']['p99']}",
+                     f"{common.pct(p['median_abs_error']['p50'], 0)} / {common.pct(p['median_abs_error']['p99'], 0)}",
+                     f"{p['load_average_before']} / {p['load_average_after']}",
+                     "-" if p["steal_pct"] is None else f"{p['steal_pct']:.1f}% / {p['iowait_pct']:.1f}%",
+                     "-" if p["calibration_steal_pct"] is None else f"{p['calibration_steal_pct']:.1f}%"])
+    lines += common.table(["run", "ended", "p50 within target", "p99 within target",
+                           "median abs error p50 / p99", "load average before / after serving",
+                           "steal / iowait over serving", "steal over the calibration"], rows)
+    lines += ["", "Per case: each run's error (predicted / measured - 1, the mean over its "
+              "replicates), their median, their spread (max - min), in how many runs the case was "
+              "within target, and the pooled error.", ""]
+    rows = [[x["deployment"], f"{x['load']:.0%}", x["metric"],
+             ", ".join(common.pct(e, 0) for e in x["errors"]), common.pct(x["median_error"], 0),
+             common.pct(x["error_spread"], 0), f"{x['runs_within_target']}/{x['runs']}",
+             common.pct(x["pooled_error"], 0)] for x in over["cases"]]
+    lines += common.table(["deployment", "load", "metric", "errors (runs 1-%d)" % n, "median error",
+                           "spread", "within target", "pooled error"], rows)
+    for i, run_ in enumerate(r["runs"], 1):
+        body = render(run_).rstrip().splitlines()
+        lines += ["", f"## Run {i} of {n}", ""] + body[2:]     # without the title
+    return "\n".join(lines) + "\n"
+
+
+def render_any(r: dict) -> str:
+    """A results file of one run (`render`) or of several (`render_runs`)."""
+    return render_runs(r) if "runs" in r else render(r)
+
+
 DEFAULT_REQUESTS = 40
 
 
@@ -968,6 +1112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remeasure", action="store_true",
                         help="also measure the host costs right before each stream (a diagnostic: "
                              "the stream's calls against a closed loop seconds before them)")
+    parser.add_argument("--runs", type=int, default=1, metavar="N",
+                        help="N whole runs one after another, each with its own calibration and "
+                             "host costs; the results add the summary over the runs (default 1)")
     parser.add_argument("--render", metavar="RESULTS.json",
                         help="only re-render the Markdown of a recorded results file")
     args = parser.parse_args(argv)
@@ -992,27 +1139,48 @@ def main(argv: list[str] | None = None) -> int:
         print("serving_validation: --out: required with --deployments or --loads (a subset must "
               f"not replace the full set in {common.RESULTS})", file=sys.stderr)
         return 2
+    if args.runs < 1:
+        print(f"serving_validation: --runs: {args.runs} is not a number of runs; accepted: an "
+              "integer >= 1", file=sys.stderr)
+        return 2
     args.out = args.out or str(common.RESULTS)
     if args.render:
         result = json.loads(Path(args.render).read_text())
-        common.write("serving_validation", result, render(result), Path(args.out))
+        common.write("serving_validation", result, render_any(result), Path(args.out))
         return 0
-    if args.profile:
-        path = Path(args.profile).resolve()
-        calibration = {"used": str(path.relative_to(common.ROOT)) if path.is_relative_to(common.ROOT)
-                       else str(path), "why": "given with --profile: no calibration this run",
-                       "space": CALIBRATION_SPACE, "sweep_wall_s": 0.0,
-                       "load_average_before": common.load_average(),
-                       "load_average_after_sweep": common.load_average()}
-    else:
-        calibration = calibrate(Path(args.keep_calibration).resolve() if args.keep_calibration else None)
-    print(f"calibration: {calibration['used']} ({calibration['why']}); held-out MAPE "
-          f"{calibration.get('heldout_mape')}, terms {calibration.get('terms')}", flush=True)
-    result = run(args.requests, calibration, names, loads, args.remeasure)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)    # the numbers first: nothing measured is lost
-    (out / "serving_validation.json").write_text(json.dumps(common.clean(result), indent=2))
-    common.publish("serving_validation", result, render, Path(args.out))
+    out.mkdir(parents=True, exist_ok=True)
+    start, runs = common.machine_context(), []
+    for i in range(1, args.runs + 1):
+        if args.profile:
+            path = Path(args.profile).resolve()
+            calibration = {"used": str(path.relative_to(common.ROOT)) if path.is_relative_to(common.ROOT)
+                           else str(path), "why": "given with --profile: no calibration this run",
+                           "space": CALIBRATION_SPACE, "sweep_wall_s": 0.0,
+                           "load_average_before": common.load_average(),
+                           "load_average_after_sweep": common.load_average()}
+        else:
+            # each run's own fit: run 1's where a single run writes it, run i's beside it
+            fitted = out.resolve() / (FITTED_PROFILE.name if i == 1 else
+                                      FITTED_PROFILE.name.replace(".fitted.", f".fitted.run{i}."))
+            keep = Path(args.keep_calibration).resolve() if args.keep_calibration else None
+            calibration = calibrate(keep if keep is None or args.runs == 1 else keep / f"run{i}", fitted)
+        print(f"calibration{f' (run {i} of {args.runs})' if args.runs > 1 else ''}: "
+              f"{calibration['used']} ({calibration['why']}); held-out MAPE "
+              f"{calibration.get('heldout_mape')}, terms {calibration.get('terms')}", flush=True)
+        runs.append(run(args.requests, calibration, names, loads, args.remeasure))
+        if args.runs == 1:
+            result = runs[0]
+        else:
+            result = runs_result(runs, runs[0]["command"] + f" --runs {args.runs}", start)
+            if len(runs) < args.runs:
+                print(f"run {i} of {args.runs}: p50 within target in "
+                      f"{runs[-1]['summary']['p50']['within_target']}/{runs[-1]['summary']['p50']['cases']}, "
+                      f"p99 in {runs[-1]['summary']['p99']['within_target']}/"
+                      f"{runs[-1]['summary']['p99']['cases']}", flush=True)
+        # the numbers first, after every run: nothing measured is lost
+        (out / "serving_validation.json").write_text(json.dumps(common.clean(result), indent=2))
+    common.publish("serving_validation", result, render_any, out)
     return 0
 
 

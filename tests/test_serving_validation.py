@@ -134,3 +134,87 @@ def test_duration_analysis_uses_a_remeasured_closed_loop_and_its_drift():
     assert a["kinds_near"]["decode_step"]["ratio"] == pytest.approx((1.0 + 0.006 / 0.0054) / 2)
     assert a["run_drift"]["decode_step"] == pytest.approx((0.006 - 0.005) / np.mean([0.005, 0.006, 0.0054]))
     assert "near" in "\n".join(sv._durations_lines([a]))
+
+
+# --------------------------------------------- several runs (--runs N) and the steal (issue 19)
+
+import copy
+import json
+
+COMMITTED = sv.common.RESULTS / "serving_validation.json"
+
+
+def _one_run() -> dict:
+    """The committed results' first run (a single-run file is one run)."""
+    r = json.loads(COMMITTED.read_text())
+    return r["runs"][0] if "runs" in r else r
+
+
+def _shifted(run: dict, by: float, steal: float) -> dict:
+    """`run` with every case's prediction `by` further from its measurement, its summary
+    recomputed, and `steal` percent stolen over its serving."""
+    out = copy.deepcopy(run)
+    for g in out["groups"]:
+        g["error"] += by
+        g["predicted_mean_s"] = g["measured_mean_s"] * (1 + g["error"])
+        g["within_target"] = abs(g["error"]) <= g["target"]
+    out["summary"] = sv.summarize(out["groups"])
+    out["context"]["steal_pct"], out["context"]["iowait_pct"] = steal, 0.1
+    return out
+
+
+def test_over_runs_states_every_run_and_the_median_never_the_best():
+    base = _one_run()
+    runs = [_shifted(base, 0.0, 1.0), _shifted(base, 0.5, 6.0), _shifted(base, 0.01, 2.0)]
+    over = sv.over_runs(runs)
+    counts = [r["summary"]["p50"]["within_target"] for r in runs]
+    assert counts[1] < counts[0]                     # run 2 is the bad one
+    p50 = over["summary"]["p50"]
+    assert p50["within_target_runs"] == counts
+    assert p50["within_target"] == sorted(counts)[1]  # the median run, not the best
+    assert [p["steal_pct"] for p in over["per_run"]] == [1.0, 6.0, 2.0]
+    case = over["cases"][0]
+    first = base["groups"][0]
+    assert case["errors"] == pytest.approx([first["error"], first["error"] + 0.5, first["error"] + 0.01])
+    assert case["median_error"] == pytest.approx(first["error"] + 0.01)
+    assert case["error_spread"] == pytest.approx(0.5)
+    # the median errors are run 3's here: its count is theirs
+    assert p50["median_error_within_target"] == counts[2]
+    assert p50["median_error_spread"] == pytest.approx(0.5)
+
+
+def test_a_results_file_of_several_runs_renders_each_run(tmp_path):
+    base = _one_run()
+    runs = [_shifted(base, 0.0, 1.0), _shifted(base, 0.5, 6.0)]
+    result = sv.runs_result(runs, "python -m benchmarks.serving_validation --runs 2",
+                            sv.common.machine_context())
+    path = tmp_path / "serving_validation.json"
+    path.write_text(json.dumps(sv.common.clean(result)))
+    assert sv.main(["--render", str(path), "--out", str(tmp_path / "md")]) == 0
+    text = (tmp_path / "md" / "serving_validation.md").read_text()
+    counts = [r["summary"]["p50"]["within_target"] for r in runs]
+    cases = runs[0]["summary"]["p50"]["cases"]
+    assert f"prediction within target in {counts[0]}/{cases}, {counts[1]}/{cases} cases" in text
+    assert "## Run 1 of 2" in text and "## Run 2 of 2" in text
+    assert "6.0% / 0.1%" in text                      # run 2's steal / iowait over serving
+    assert result["context"]["steal_pct"] is not None  # the whole window's
+
+
+def test_a_single_run_file_still_renders(tmp_path):
+    """--render of a results file of one run (every file before --runs) is one run's
+    Markdown, with the steal over serving where the file has it."""
+    run = _one_run()
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(run))
+    assert sv.main(["--render", str(path), "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "serving_validation.md").read_text()
+    assert text == sv.render(run) and "## Run" not in text
+    assert "prediction within target in" in text
+    run["context"].update(steal_pct=2.5, iowait_pct=0.25)
+    assert "hypervisor steal 2.5%, iowait 0.2% of the CPUs' time over serving" in sv.render(run)
+
+
+def test_runs_must_be_a_positive_count(capsys):
+    assert sv.main(["--runs", "0", "--render", str(COMMITTED)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--runs: 0" in err[0] and "integer >= 1" in err[0]
