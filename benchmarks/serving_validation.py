@@ -7,6 +7,7 @@ serving runs on this host's emulated meshes.
         --deployments dis-1+1chip-4slots --loads 0.85 --out /tmp/sv    # one deployment, one load
     python -m benchmarks.serving_validation --profile benchmarks/results/serving_validation.fitted.yaml \
         --deployments agg-1chip-4slots --loads 0.85 --remeasure --out /tmp/sv   # closed loop before each stream too
+    python -m benchmarks.serving_validation --runs 3   # three whole runs, each with its own calibration
 
 Six deployments of the `calib` model (three aggregated, three disaggregated; on 1-2 emulated
 chips per worker, since this host has 2 cores), each served at two loads (35% and 85% of its
@@ -59,8 +60,17 @@ prefill and decode never share one), the share the calibration sweep's trials ra
 predictions scale the fitted profile to that share; the host costs are measured on the same
 cores.
 Targets: p50 within 15%, p99 within 30% (issue 19). The host's load average is
-recorded before and after: other processes share its cores, and on a loaded host the
-measured latencies include their interference.
+recorded before and after, and the hypervisor steal and iowait over the serving and over the
+calibration sweep (percent of all CPUs' time, /proc/stat: benchmarks/common.py): other
+processes and other guests share its cores, and on a loaded host the measured latencies
+include their interference.
+
+Several runs (`--runs N`): N whole runs one after another, each with its own calibration
+(run i > 1 fits `serving_validation.fitted.run<i>.yaml` beside the first's; with
+`--keep-calibration DIR`, in DIR/run<i>) and its own host costs. The results keep every run
+and add the summary over them (`over_runs`): every run's counts with its load and steal, the
+median of the counts (never the best run), and per case the median error over the runs, the
+runs' spread and the pooled error (docs/serving.md, "Validation on this host").
 """
 
 from __future__ import annotations
@@ -1103,7 +1113,8 @@ def main(argv: list[str] | None = None) -> int:
                              "results say so)")
     parser.add_argument("--keep-calibration", metavar="DIR",
                         help="run the calibration sweep with SWEEPER_HOME=DIR and keep it (its "
-                             "study, MLflow runs and host profile), for inspecting the fit")
+                             "study, MLflow runs and host profile), for inspecting the fit "
+                             "(with --runs N > 1: DIR/run1 ... DIR/runN)")
     parser.add_argument("--deployments", metavar="NAME,...",
                         help="only these deployments (default all: " + ",".join(DEPLOYMENTS) + ")")
     parser.add_argument("--loads", metavar="FRACTION,...",
