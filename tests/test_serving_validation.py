@@ -195,7 +195,8 @@ def test_a_results_file_of_several_runs_renders_each_run(tmp_path):
     counts = [r["summary"]["p50"]["within_target"] for r in runs]
     cases = runs[0]["summary"]["p50"]["cases"]
     assert f"prediction within target in {counts[0]}/{cases}, {counts[1]}/{cases} cases" in text
-    assert "## Run 1 of 2" in text and "## Run 2 of 2" in text
+    assert "\n#### Run 1 of 2\n" in text and "\n#### Run 2 of 2\n" in text
+    assert "\n##### Results\n" in text and "\n## " not in text    # under docs/serving.md's ###
     assert "6.0% / 0.1%" in text                      # run 2's steal / iowait over serving
     assert result["context"]["steal_pct"] is not None  # the whole window's
 
@@ -208,7 +209,7 @@ def test_a_single_run_file_still_renders(tmp_path):
     path.write_text(json.dumps(run))
     assert sv.main(["--render", str(path), "--out", str(tmp_path)]) == 0
     text = (tmp_path / "serving_validation.md").read_text()
-    assert text == sv.render(run) and "## Run" not in text
+    assert text == sv.render(run) and "#### Run" not in text
     assert "prediction within target in" in text
     run["context"].update(steal_pct=2.5, iowait_pct=0.25)
     assert "hypervisor steal 2.5%, iowait 0.2% of the CPUs' time over serving" in sv.render(run)
