@@ -210,7 +210,14 @@ def fit(study: str, storage: str, artifacts: Path, fitted_yaml: Path = FITTED_PR
     result = holdout.calibrate(points, swept, ("kfold",), study, terms=holdout.SELECT)
     cal.write_outputs(result, artifacts, None if result.refused else fitted_yaml)
     main = result.main
-    out = {"base_profile": {k: getattr(swept, k) for k in ("name", "peak_flops", "hbm_bandwidth",
+    # each trial's measured medians and its host's state while it ran (docs/serving.md,
+    # "Validation on this host": the deployments' engine calls beside them)
+    cols = ("number", "chips", "batch", "prefill_ffn", "prefill_attn", "decode_ffn", "decode_attn",
+            "prefill_s", "decode_step_s", "decode_step_s_min", "decode_spread", "decode_repeats",
+            "host_load_avg_1m", "host_busy_frac", "host_steal_frac")
+    trials_measured = [{c: row.get(c) for c in cols}
+                       for row in data.frame.to_dict("records") if row.get("state") == "COMPLETE"]
+    out = {"trials_measured": trials_measured, "base_profile": {k: getattr(swept, k) for k in ("name", "peak_flops", "hbm_bandwidth",
                                                            "ici_bandwidth")},
            "trials": len({p.trial for p in points}), "points": len(points),
            "terms": list(result.terms), "heldout_mape": main.mape,
@@ -824,6 +831,18 @@ def summarize(groups_: list[dict]) -> dict:
     return out
 
 
+def calibration_trial(calibration: dict, deployment_name: str, phase: str = "decode") -> dict | None:
+    """The calibration trial of the deployment's decode (or prefill) shape: chips, batch and
+    layout (`trials_measured`, recorded since the several-runs change; None before)."""
+    _, prefill, decode = DEPLOYMENTS[deployment_name]
+    part = decode if phase == "decode" else prefill
+    for t in calibration.get("trials_measured") or []:
+        if (t["chips"], t["batch"], t[f"{phase}_ffn"], t[f"{phase}_attn"]) == (
+                part["chips"], part["batch"], part["ffn"], part["attn"]):
+            return t
+    return None
+
+
 def render(r: dict) -> str:
     c, cal = r["context"], r["calibration"]
     lines = ["# Serving validation: measured vs predicted TTFT and TPOT",
@@ -932,15 +951,24 @@ def render(r: dict) -> str:
         lines[-1:] = ["Before the first tokens: of a prefill call's host work, the part before its "
                       "first tokens (closed loop, paired with the engine's calls; the prediction "
                       "delays every call's first tokens by it, the rest after them).", ""]
+    trials = bool(cal.get("trials_measured"))
+    if trials:
+        lines[-1:] = ["Calibration trial: the calibration sweep's trial of the deployment's decode "
+                      "shape (chips, batch, layout), its median step (one synchronised step per "
+                      "timed call, as the engine's) and the share of the CPUs busy while it ran "
+                      "(its neighbour trial on the other core included): the point the fit saw.", ""]
     rows = []
     for s in r["steps"]:
         hc = s.get("host_costs", {})
+        t = calibration_trial(cal, s["deployment"]) if trials else None
         rows.append([
             s["deployment"], common.ms(s["prefill_predicted_s"]), common.ms(s.get("prefill_engine_s")),
             common.ms(s.get("prefill_loop_s")),
             common.pct(s["prefill_predicted_s"] / s["prefill_loop_s"] - 1, 0)
             if s.get("prefill_loop_s") else "-",
             common.ms(s["decode_step_predicted_s"]), common.ms(s.get("decode_step_engine_s")),
+            *([f"{common.ms(t['decode_step_s'])} (busy {common.pct(t.get('host_busy_frac'), 0)})"
+               if t else "-"] if trials else []),
             common.ms(s.get("decode_step_loop_s")),
             common.pct(s["decode_step_predicted_s"] / s["decode_step_loop_s"] - 1, 0)
             if s.get("decode_step_loop_s") else "-",
@@ -953,7 +981,8 @@ def render(r: dict) -> str:
             (f"{common.ms(s['handover_measured_s'])} (spread {common.pct(s['handover_spread'], 0)})"
              if s["handover_measured_s"] is not None else "-")])
     lines += common.table(["deployment", "prefill predicted", "engine", "loop", "error",
-                           "decode step predicted", "engine", "loop", "error",
+                           "decode step predicted", "engine",
+                           *(["calibration trial"] if trials else []), "loop", "error",
                            "host costs step / prefill / handover"
                            + (" / idle prefill's wake" if wake else "")
                            + (" / before the first tokens" if first else ""), "handover predicted",
