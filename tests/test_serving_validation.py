@@ -172,6 +172,8 @@ def test_over_runs_states_every_run_and_the_median_never_the_best():
     p50 = over["summary"]["p50"]
     assert p50["within_target_runs"] == counts
     assert p50["within_target"] == sorted(counts)[1]  # the median run, not the best
+    assert isinstance(p50["within_target"], int)      # "17/24" where readme_numbers quotes it
+    assert sv._median_count([14, 19]) == 16.5
     assert [p["steal_pct"] for p in over["per_run"]] == [1.0, 6.0, 2.0]
     case = over["cases"][0]
     first = base["groups"][0]
