@@ -217,7 +217,8 @@ def fit(study: str, storage: str, artifacts: Path, fitted_yaml: Path = FITTED_PR
             "host_load_avg_1m", "host_busy_frac", "host_steal_frac")
     trials_measured = [{c: row.get(c) for c in cols}
                        for row in data.frame.to_dict("records") if row.get("state") == "COMPLETE"]
-    out = {"trials_measured": trials_measured, "base_profile": {k: getattr(swept, k) for k in ("name", "peak_flops", "hbm_bandwidth",
+    out = {"trials_measured": trials_measured,
+           "base_profile": {k: getattr(swept, k) for k in ("name", "peak_flops", "hbm_bandwidth",
                                                            "ici_bandwidth")},
            "trials": len({p.trial for p in points}), "points": len(points),
            "terms": list(result.terms), "heldout_mape": main.mape,
