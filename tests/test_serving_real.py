@@ -372,6 +372,15 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
     assert costs["serving_step_overhead_s"] >= 0 and costs["serving_prefill_overhead_s"] >= 0
     assert 0 < costs["handover_overhead_s"] < 5.0       # a Ray call and an insert: never free
     assert costs["detail"]["handover"]["samples"] >= 8
+    # the decode loop stepping with the prefill worker's handovers at a stream's rate: its
+    # figure is the charge, at least its inserts (docs/serving.md "What a handover costs a
+    # stepping decode loop")
+    stepping = costs["detail"]["stepping_handovers"]
+    assert stepping["rate_rps"] > 0 and sum(stepping["sent_per_window"]) > 0
+    assert any(kind == "insert" for kind, _, _ in stepping["calls"])
+    if stepping["handovers"]:
+        assert costs["handover_overhead_s"] == pytest.approx(
+            max(stepping["handover_overhead_s"], stepping["insert_s"], 0.0))
     assert 0 <= costs["prefill_wake_s"] == costs["detail"]["prefill"]["prefill_wake_s"]
     # of a prefill call's host work, the part before its first tokens: at most all of it
     pre = costs["detail"]["prefill"]
@@ -432,3 +441,52 @@ def test_decode_beside_steps_until_told_to_stop(tmp_path):
     worker.stop_decode_beside(8)               # told before it starts: no step
     assert worker.decode_beside(8, max_s=30.0) == 0
     assert not worker.server.active.any()      # no slot taken: the next stream's are free
+
+
+def test_stepping_decode_loop_inserts_real_handovers_in_their_windows(tmp_path):
+    """workloads/hostcosts.py `stepping_send` -> server.py `deliver` -> `stepping_decode_loop`
+    on real slot servers of the tiny model (two threads, no Ray; overheads.py
+    `measure_stepping_handovers` runs the same across two workers): every handover sent is
+    inserted, only in the windows with handovers (`stepping_with`, plus the KV's way to the
+    next step), the loop steps in every window, its slots are freed after, and
+    `stepping_handover_costs` reads the log (docs/serving.md "What a handover costs a
+    stepping decode loop"). No timing asserted."""
+    import math
+    import threading
+    import time
+
+    from sweeper.serving.serve import slot_specs
+    from sweeper.serving.server import ServingWorker
+    from workloads import hostcosts
+    from workloads.deployment import load_plan
+
+    deployment = load_plan(plan_file(tmp_path, "disaggregated", chips=1))
+    specs = slot_specs(deployment, context_len=16, seed=1)
+    prefill, decode = ServingWorker(None), ServingWorker(None)
+    prefill.setup(specs["prefill"], [8])
+    decode.setup(specs["decode"], [8])
+    windows, window_s = 8, 0.3
+    start_at = time.time() + 0.5
+    log: list = []
+    loop = threading.Thread(target=lambda: log.extend(
+        decode.stepping_decode(start_at, windows, window_s)))
+    loop.start()
+    per_window, _ = hostcosts.stepping_send(prefill.server, 8, 4, start_at, 20.0, decode.deliver,
+                                            windows, window_s)
+    loop.join(120.0)
+    assert not loop.is_alive()
+    assert sum(per_window) > 0
+    assert all(n == 0 for k, n in enumerate(per_window) if not hostcosts.stepping_with(k))
+    inserts = [c for c in log if c[0] == "insert"]
+    steps = [c for c in log if c[0] == "step"]
+    assert len(inserts) <= sum(per_window) and inserts     # the last ones may come too late
+    for _, began, _ in inserts:        # a window with handovers, or just after one
+        k = int((began - start_at) // window_s)
+        assert hostcosts.stepping_with(k) or hostcosts.stepping_with(k - 1), k
+    assert {int((c[1] - start_at) // window_s) for c in steps} >= set(range(windows))
+    assert not decode.server.active.any() and decode.inbox.empty()
+    out = hostcosts.stepping_handover_costs(log, start_at, windows, window_s)
+    if out["handovers"]:
+        assert all(math.isfinite(out[k]) for k in ("handover_overhead_s", "insert_s",
+                                                     "step_after_s", "window_paired_s"))
+        assert out["insert_s"] > 0

@@ -43,24 +43,72 @@ def _spaced(n, gap, input_len=128, output_len=10):
     return [Request(i * gap, input_len, output_len) for i in range(n)]
 
 
-def test_handover_charge_at_least_the_decode_cpu():
-    """workloads/hostcosts.py `combine`: the decode loop's charge per handover is the idle
-    loop's median insert, but at least the decode process's CPU per handover (the KV's
-    receipt on its second thread takes the same pinned core); the detail keeps both."""
-    from workloads.hostcosts import combine
+def test_handover_charge_is_the_decode_loops_insert():
+    """workloads/hostcosts.py `handover_costs` and `combine`: the decode loop's charge per
+    handover is its insert (the closed loop's insert mean; where the stepping loop was
+    measured, its figure, at least its inserts), never the decode process's CPU per
+    handover nor the idle loop's insert, which stay in the detail (docs/serving.md "What a
+    handover costs a stepping decode loop")."""
+    from workloads.hostcosts import combine, handover_costs
 
     pre = {"engine_prefill_s": 0.009, "loop_prefill_mean_s": 0.011, "loop_prefill_prompts": 1.0}
     dec = {"engine_step_s": 0.005, "loop_step_mean_s": 0.006, "loop_step_paired_extra_s": 0.0006}
     served = [{"first_token_s": k - 0.001, "sent_s": float(k), "insert_start_s": k + 0.003,
                "kv_ready_s": k + 0.003 + ins, "finish_s": k + 0.004 + ins + 7 * 0.0056,
                "tokens": [0] * 8} for k, ins in enumerate([0.0012, 0.0013, 0.0014])]
-    for cpu, charged in ((0.0019, 0.0019), (0.0005, 0.0013)):
-        costs = combine(pre, dec, (cpu, {"decode_cpu_s": cpu, "insert_mean_s": 0.0007}), served)
+    samples = [{"bytes": 1000, "start": 0.0, "exported": 0.001, "submitted": 0.0015,
+                "in_slot": 0.004, "insert_s": ins} for ins in (0.0006, 0.0008)]
+    charge, detail = handover_costs(samples, decode_cpu_s=0.0019)
+    assert charge == pytest.approx(0.0007) and detail["decode_cpu_s"] == 0.0019
+    costs = combine(pre, dec, (charge, detail), served)
+    assert costs["handover_overhead_s"] == pytest.approx(0.0007)
+    assert costs["detail"]["idle_handovers"]["handover_overhead_s"] == pytest.approx(0.0013)
+    assert costs["handover_latency_s"] == pytest.approx(0.003)
+    for figure, inserts, charged in ((0.0009, 0.0008, 0.0009), (0.0005, 0.0008, 0.0008)):
+        stepping = {"handovers": 10, "handover_overhead_s": figure, "insert_s": inserts}
+        costs = combine(pre, dec, (charge, detail), served, stepping)
         assert costs["handover_overhead_s"] == pytest.approx(charged)
-        assert costs["detail"]["idle_handovers"]["handover_overhead_s"] == pytest.approx(0.0013)
-        assert costs["detail"]["handover"]["decode_cpu_s"] == cpu
-    # without the idle handovers: the closed loop's figure, as before
-    assert combine(pre, dec, (0.0019, {"decode_cpu_s": 0.0019}))["handover_overhead_s"] == 0.0019
+        assert costs["detail"]["stepping_handovers"] is stepping
+    # a stepping measurement without handovers (none arrived in time) changes nothing
+    costs = combine(pre, dec, (charge, detail), served, {"handovers": 0, "windows": []})
+    assert costs["handover_overhead_s"] == pytest.approx(0.0007)
+
+
+def test_stepping_handover_costs_closed_form():
+    """workloads/hostcosts.py `stepping_handover_costs` on a made-up call log: windows N W W
+    N ..., 5 ms steps; in the windows with handovers each insert takes 0.6 ms and the step
+    right after it 1 ms more; one step in a window with handovers is interrupted for 40 ms
+    (another process), which the medians keep out of the charge: 0.6 + 1.0 ms per handover,
+    where the windows' loop times paired (a diagnostic) read it in."""
+    from workloads.hostcosts import stepping_handover_costs, stepping_partner, stepping_with
+
+    windows, window_s = 8, 0.2
+    assert [stepping_with(k) for k in range(8)] == [False, True, True, False] * 2
+    assert [stepping_partner(k) for k in (1, 2, 5, 6)] == [0, 3, 4, 7]
+    calls, t = [], 0.0
+    for k in range(windows):
+        n = 0
+        while t < (k + 1) * window_s - 0.012:
+            step = 0.005
+            if stepping_with(k) and n % 5 == 2:          # a handover before this step
+                calls.append(("insert", t, t + 0.0006))
+                t += 0.0006
+                step += 0.001
+            if k == 1 and n == 7:
+                step += 0.040
+            calls.append(("step", t, t + step))
+            t += step
+            n += 1
+        t = (k + 1) * window_s
+    out = stepping_handover_costs(calls, 0.0, windows, window_s)
+    assert out["handover_overhead_s"] == pytest.approx(0.0016)
+    assert out["insert_s"] == pytest.approx(0.0006) and out["step_after_s"] == pytest.approx(0.001)
+    assert len(out["pairs"]) == 4 and out["handovers"] == sum(p["handovers"] for p in out["pairs"])
+    window_1 = next(p for p in out["pairs"] if p["window"] == 1)
+    assert window_1["window_paired_s"] > 0.0016 + 0.030 / window_1["handovers"]
+    # no handovers at all: nothing to charge
+    plain = [c for c in calls if c[0] == "step"]
+    assert stepping_handover_costs(plain, 0.0, windows, window_s)["handovers"] == 0
 
 
 @pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])

@@ -153,7 +153,32 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     served = ray.get(actors["prefill"].serve_prefill.remote(reqs, start_at, IDLE_HANDOVER_SEED,
                                                             actors["decode"]))
     merge_decoded(served, ray.get(decoded))
-    return combine(pre, dec, handover_costs(samples, decode_cpu), served)
+    # what a handover costs the decode loop while it steps, as in a stream: the loop
+    # stepping with the prefill worker's handovers arriving at a stream's rate, paired by
+    # window with the same loop without them (workloads/hostcosts.py `stepping_decode_loop`)
+    stepping = measure_stepping_handovers(session, pre, dec, input_len, output_len)
+    return combine(pre, dec, handover_costs(samples, decode_cpu), served, stepping)
+
+
+def measure_stepping_handovers(session, pre: dict, dec: dict, input_len: int, output_len: int,
+                               windows: int = hostcosts.STEPPING_WINDOWS,
+                               window_s: float = hostcosts.STEPPING_WINDOW_S,
+                               load: float = hostcosts.STEPPING_LOAD) -> dict[str, Any]:
+    """A disaggregated session's decode loop stepping with handovers from its prefill worker
+    at `load` of its closed loop's capacity, against itself without them
+    (`hostcosts.stepping_handover_costs`'s dict, with the rate)."""
+    ray = session.ray
+    actors = session.actors
+    rate = hostcosts.stepping_rate(pre, dec, session.deployment.decode.batch, output_len, load)
+    start_at = time.time() + IDLE_HANDOVER_MARGIN_S
+    calls = actors["decode"].stepping_decode.remote(start_at, windows, window_s)
+    sent = ray.get(actors["prefill"].stepping_send.remote(
+        input_len, output_len, start_at, rate, actors["decode"], windows, window_s))
+    log = ray.get(calls)
+    out = hostcosts.stepping_handover_costs(log, start_at, windows, window_s)
+    out["rate_rps"], out["sent_per_window"] = rate, sent
+    out["calls"] = [(kind, a - start_at, b - start_at) for kind, a, b in log]   # its log
+    return out
 
 
 def measure(deployment: Deployment, input_len: int, output_len: int, seed: int = 0,

@@ -223,6 +223,27 @@ class ServingWorker:
         self._stopped.discard(token)
         return steps
 
+    def stepping_decode(self, start_at: float, windows: int, window_s: float) -> list[tuple]:
+        """The decode loop stepping from `start_at`, the handovers `deliver` receives on the
+        other thread inserted before its steps (workloads/hostcosts.py
+        `stepping_decode_loop`): its call log."""
+        from workloads.hostcosts import stepping_decode_loop   # lazy: imports JAX
+
+        return stepping_decode_loop(self.server, self.inbox, start_at, windows, window_s)
+
+    def stepping_send(self, input_len: int, output_len: int, start_at: float, rate: float,
+                      decode, windows: int, window_s: float) -> list[int]:
+        """Prompts prefilled at `rate` from `start_at`, their KV sent to `decode`'s `deliver`
+        in the windows with handovers (workloads/hostcosts.py `stepping_send`); the
+        handovers sent per window, after their calls are done."""
+        import ray   # lazy: only inside a Ray worker
+        from workloads.hostcosts import stepping_send   # lazy: imports JAX
+
+        per_window, sent = stepping_send(self.server, input_len, output_len, start_at, rate,
+                                         decode.deliver.remote, windows, window_s)
+        ray.get(sent)
+        return per_window
+
     def stop_decode_beside(self, token: int) -> None:
         """End `decode_beside(token)` (before or after it started)."""
         self._stopped.add(token)
