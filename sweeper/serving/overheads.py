@@ -30,10 +30,15 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   the prefill worker, paired by block (each block's mean call against the engine's blocks
   beside it, the median over blocks, as the aggregated step);
 - `handover_overhead_s` (disaggregated): what one KV handover costs the decode slice's
-  loop: the decode worker process's CPU seconds per handover (Ray receiving and unpickling
-  the KV, the call, the insert into a slot; at least the insert's wall clock), over
-  handovers at two KV sizes (the prompt and half of it): the worker is pinned to its core,
-  so its loop loses that time. The prefill slice's share, the Ray call after the export
+  loop, measured on that loop STEPPING with the prefill worker's handovers arriving at a
+  stream's rate (`measure_stepping_handovers`, workloads/hostcosts.py
+  `stepping_handover_costs`): its insert, and the step right after it where slower, per
+  handover, at least the insert. Not the decode worker process's CPU per handover (Ray
+  receiving and unpickling the KV, the call, the insert; `decode_cpu_s`, over handovers at
+  two KV sizes, `handover_send`), charged before: 1.85 ms in the committed validation's
+  dis-1+1chip-4slots, whose streams' inserts took 0.57-0.72 ms with the steps no longer
+  than the closed loop's (TPOT p50 over-predicted 20-41%; the worker's Ray threads are
+  not on its pinned core). The prefill slice's share, the Ray call after the export
   (its submission and the Ray work it leaves on the prefill core), is in
   `serving_prefill_overhead_s`: the prefill slice's closed loop sends its KV to the decode
   worker as a stream does (server.py `measure_host_costs(decode=...)`); the rest of the
@@ -42,13 +47,12 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   handovers' wall clock from export to slot, is in the detail, `fixed_s`); the bytes' part
   is the link the cost model prices. Then requests one at a time through the two workers'
   own serving loops, the decode loop idle at each (workloads/hostcosts.py
-  `idle_handover_costs`), give the handover as a stream pays it: its median insert on the
-  decode loop replaces the CPU per handover as `handover_overhead_s`, but not below it (the
-  KV's receipt on the decode worker's second thread takes the loop's core; both figures
-  stay in the detail), `handover_latency_s` (send to insert: the KV's transport and the idle
-  loop's poll, charged to neither loop), `decode_wake_s` (an idle decode loop's first
-  step, beyond the model's) and `prefill_idle_after_s` (an idle prefill loop's export and
-  send after its first tokens, per prompt); docs/serving.md "Serving host costs".
+  `idle_handover_costs`), give `handover_latency_s` (send to insert: the KV's transport and
+  the idle loop's poll, charged to neither loop), `decode_wake_s` (an idle decode loop's
+  first step, beyond the model's) and `prefill_idle_after_s` (an idle prefill loop's export
+  and send after its first tokens, per prompt); their median insert (an idle loop's, longer
+  than a stepping one's) stays in the detail; docs/serving.md "Serving host costs", "What a
+  handover costs a stepping decode loop".
 
 The mean is a robust one (workloads/hostcosts.py `measure_loop`, run by server.py
 `measure_host_costs` and by a serving trial's worker): the closed loop runs in `BLOCKS`
@@ -136,16 +140,14 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     # call, the insert (the decode loop's core pays all of it, not the insert alone)
     decode_cpu = (ray.get(actors["decode"].cpu_seconds.remote()) - cpu_before) / len(samples)
     # What each loop's core pays (docs/serving.md "Checking the model against the
-    # server"): the decode loop the decode process's CPU per handover (receiving, the
-    # call, the insert; at least the insert), not the handover's whole wall clock, part
-    # of which is the prefill process's and waiting between the two; the prefill loop
-    # the export and the Ray call (both in its closed loop's prefill cost, per prompt;
-    # `submit_mean_s`, the submission alone, is a diagnostic).
-    # the handover as a stream pays it: requests one at a time through the two workers'
-    # own serving loops, the decode loop idle at each (workloads/hostcosts.py
-    # `idle_handover_costs`: the KV's latency to the decode loop, its insert there, the
-    # decode loop's wake); it replaces the decode CPU per handover above as the decode
-    # loop's charge, but not below it (the KV's receipt takes the same core; both kept)
+    # server"): the decode loop its insert (the stepping loop's, below), not the
+    # handover's whole wall clock, part of which is the prefill process's and waiting
+    # between the two; the prefill loop the export and the Ray call (both in its closed
+    # loop's prefill cost, per prompt; `submit_mean_s`, the submission alone, is a
+    # diagnostic). The decode CPU per handover stays in the detail.
+    # the handover on an idle loop: requests one at a time through the two workers' own
+    # serving loops (workloads/hostcosts.py `idle_handover_costs`: the KV's latency to the
+    # decode loop, its insert there, the decode loop's wake)
     reqs = hostcosts.idle_handover_requests(
         input_len, output_len, hostcosts.idle_handover_gap_s(pre, dec, output_len))
     start_at = time.time() + IDLE_HANDOVER_MARGIN_S
