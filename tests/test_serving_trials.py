@@ -514,3 +514,104 @@ def test_a_host_trials_measurement_before_its_stream_is_cached_per_deployment_sh
     assert times.decode_step_s(2, 100.0) == loop["engine_step_s"]
     assert times.step_overhead_s == first["serving_step_overhead_s"]
     assert times.prefill_wake_s == first["prefill_wake_s"] and times.step_spread
+
+
+class _DecodeSliceHere:
+    """A disaggregated trial's decode slice in this process (threads, no Ray), with
+    sweeper/sweep/meshworker.py `DecodeSlice`'s interface (workloads/servingtrial.py
+    `run_serving_trial`) over a real slot server; `beside`: it offers `begin_beside` /
+    `end_beside` (workloads/hostcosts.py `step_beside`)."""
+
+    def __init__(self, spec, lengths, beside: bool):
+        import queue
+        import threading
+
+        from workloads.serving import SlotServer
+
+        self.server = SlotServer(spec)
+        for length in lengths:
+            self.server.warm_up(length)
+        self.inbox, self.stopped, self.threads = queue.Queue(), set(), {}
+        self.result: dict = {}
+        self._threading = threading
+        if beside:
+            self.begin_beside, self.end_beside = self._begin_beside, self._end_beside
+
+    def _run(self, name, target):
+        thread = self._threading.Thread(target=lambda: self.result.__setitem__(name, target()))
+        thread.start()
+        self.threads[name] = thread
+
+    def measure_loop(self, input_len, output_len, how):
+        from workloads.hostcosts import measure_loop
+        return measure_loop(self.server, input_len, output_len, **how)
+
+    def sink(self, handover):
+        return len(handover)
+
+    def wait(self, sent):
+        return None
+
+    def receive(self, handover):
+        from workloads.hostcosts import handover_receive
+        answer = handover_receive(self.server, handover)
+        return lambda: answer
+
+    def cpu_seconds(self):
+        import time
+        return time.process_time()
+
+    def begin(self, expected, start_at):
+        from workloads.serving import serve_decode_slice
+        self._run("serve", lambda: serve_decode_slice(self.server, self.inbox, expected, start_at))
+
+    def send(self, handover):
+        for item in handover:
+            self.inbox.put(item)
+
+    def finish(self, sent):
+        self.threads["serve"].join(120.0)
+        return self.result["serve"]
+
+    def _begin_beside(self):
+        from workloads.hostcosts import step_beside
+        self._run("beside", lambda: step_beside(self.server, self.stopped, 1, max_s=300.0))
+        return 1
+
+    def _end_beside(self, token):
+        self.stopped.add(token)
+        self.threads["beside"].join(120.0)
+        return self.result["beside"]
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_a_disaggregated_trials_prefill_closed_loop_runs_beside_a_stepping_decode_slice(beside):
+    """workloads/servingtrial.py `measure_before_stream`, disaggregated, on real slot servers
+    (the decode slice in this process, `_DecodeSliceHere`): where the decode slice offers
+    `begin_beside`, it steps while the prefill slice's closed loop runs (as `sweeper serve
+    --measure-overheads`, docs/serving.md "The prefill slice beside a stepping decode
+    slice") and is stopped after it (its steps in the prefill's detail); without, the
+    closed loop runs alone. The handover's charge is the closed loop's insert mean. No
+    timing asserted."""
+    from workloads.serving import SlotServer
+    from workloads.servingprofile import context_len
+    from workloads.servingtrial import measure_before_stream, slice_specs
+
+    trial = load_space({**DISAGGREGATED, "serving": {**DISAGGREGATED["serving"],
+                                                     "input_len": 8 + beside}}).trial_config({})
+    reqs = trial_requests(trial)
+    lengths = sorted({r.input_len for r in reqs})
+    prefill_spec, decode_spec = slice_specs(trial, context_len(reqs))
+    server = SlotServer(prefill_spec)
+    for length in lengths:
+        server.warm_up(length)
+    decode = _DecodeSliceHere(decode_spec, lengths, beside)
+    costs = measure_before_stream(trial, server, reqs, decode)
+    assert not costs["cached"]
+    pre = costs["detail"]["prefill"]
+    if beside:
+        assert pre["decode_beside_steps"] > 0 and not decode.threads["beside"].is_alive()
+    else:
+        assert "decode_beside_steps" not in pre
+    assert costs["handover_overhead_s"] == pytest.approx(costs["detail"]["handover"]["insert_mean_s"])
+    assert costs["detail"]["idle_handovers"]["requests"] > 0

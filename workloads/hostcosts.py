@@ -400,6 +400,21 @@ def saturated_aggregated(srv, input_len: int, output_len: int, n: int,
     return timings["step_s"], timings["prefill_s"], float(np.mean(prompts))
 
 
+def step_beside(srv, stopped: set, token: int, max_s: float = 60.0) -> int:
+    """Decode steps of every slot of `srv`, back to back, until `token` is in `stopped` (put
+    there by another thread; removed here) or `max_s`: a decode slice's loop running beside
+    the prefill slice's closed loop, as it runs during most of a stream's prefill calls
+    (docs/serving.md "The prefill slice beside a stepping decode slice"; sweeper/serving/
+    server.py `decode_beside`, a serving trial's decode slice). The steps made."""
+    stop = time.time() + max_s
+    steps = 0
+    while token not in stopped and time.time() < stop:
+        srv.step()
+        steps += 1
+    stopped.discard(token)
+    return steps
+
+
 def handover_send(srv, input_len: int, receive: Callable[[list[dict]], dict],
                   repeats: int = 8) -> list[dict]:
     """KV handovers of `input_len` tokens from a prefill slot server, as a stream's prefill

@@ -155,8 +155,18 @@ def measure_before_stream(trial: TrialConfig, server, reqs: list[Request], decod
         return {**_MEASURED[key], "cached": True}
     began = time.perf_counter()
     if trial.serving_mode == "disaggregated":
-        pre = hostcosts.measure_loop(server, input_len, output_len, **TRIAL_MEASURE,
-                                     send=decode_slice.sink, wait=decode_slice.wait)
+        # the decode slice steps beside the prefill slice's closed loop where it offers to
+        # (`begin_beside`/`end_beside`), as in a stream and as `sweeper serve
+        # --measure-overheads` measures it (docs/serving.md "The prefill slice beside a
+        # stepping decode slice"); without, the prefill slice's closed loop runs alone
+        beside = decode_slice.begin_beside() if hasattr(decode_slice, "begin_beside") else None
+        try:
+            pre = hostcosts.measure_loop(server, input_len, output_len, **TRIAL_MEASURE,
+                                         send=decode_slice.sink, wait=decode_slice.wait)
+        finally:
+            steps = decode_slice.end_beside(beside) if beside is not None else None
+        if steps is not None:
+            pre["decode_beside_steps"] = steps
         dec = decode_slice.measure_loop(input_len, output_len, TRIAL_MEASURE)
         samples: list[dict] = []
         cpu_before = decode_slice.cpu_seconds()
@@ -308,7 +318,10 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     (`measure_before_stream`), `measure_loop(input_len, output_len, how)` (its closed loop,
     workloads/hostcosts.py), `sink(handover)` and `wait(sent)` (the prefill closed loop's
     handovers, dropped), `receive(handover)` (one timed handover: a call that returns its
-    `handover_receive` answer) and `cpu_seconds()`."""
+    `handover_receive` answer) and `cpu_seconds()`; and, where it offers them,
+    `begin_beside()` (start stepping every slot back to back, workloads/hostcosts.py
+    `step_beside`; a token) and `end_beside(token)` (stop; the steps made): the prefill
+    slice's closed loop then runs beside a stepping decode slice."""
     from workloads.hoststate import HostSampler
     from workloads.measure import hardware_label
     from workloads.model import prompt_tokens

@@ -215,13 +215,9 @@ class ServingWorker:
         it runs during most of a stream's prefill calls (overheads.py `measure_session`;
         docs/serving.md "Serving host costs"). Runs on one of the decode worker's two
         threads; the closed loop's handovers (`sink`) arrive on the other. The steps made."""
-        stop = time.time() + max_s
-        steps = 0
-        while token not in self._stopped and time.time() < stop:
-            self.server.step()
-            steps += 1
-        self._stopped.discard(token)
-        return steps
+        from workloads.hostcosts import step_beside   # lazy: as the worker's other measures
+
+        return step_beside(self.server, self._stopped, token, max_s)
 
     def stepping_decode(self, start_at: float, windows: int, window_s: float) -> list[tuple]:
         """The decode loop stepping from `start_at`, the handovers `deliver` receives on the
