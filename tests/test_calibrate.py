@@ -371,3 +371,17 @@ def test_a_start_profile_with_group_measurements_keeps_the_fast_path(synthetic):
         fit = calfit.fit_profile(points[:40], profiled)
     assert fit.profile.collective_bandwidth_by_group == {}
     assert fit.profile.peak_flops == pytest.approx(calfit.fit_profile(points[:40], START).profile.peak_flops)
+
+
+def test_a_measured_hosts_collective_latencies_are_bounded_by_a_whole_collective():
+    """On a measured host (the emulated mesh) every per-op collective latency's upper bound is
+    fit.HOST_COLLECTIVE_LATENCY_MAX_S (one whole small all-gather on this host); a sheet
+    profile keeps LATENCY_BOUNDS; op_overhead_s keeps LATENCY_BOUNDS on both."""
+    space = calfit.ParamSpace(("all-gather", "reduce-scatter"), ("launch_overhead_s",))
+    host = dataclasses.replace(START, measured=True)
+    for base, cap in ((host, calfit.HOST_COLLECTIVE_LATENCY_MAX_S), (START, calfit.LATENCY_BOUNDS[1])):
+        assert calfit.collective_latency_max_s(base) == cap
+        _, highs = space.bounds(base)
+        assert np.exp(highs[3:5]) == pytest.approx([cap, cap])
+        assert np.exp(highs[-2]) == pytest.approx(calfit.LATENCY_BOUNDS[1])     # op_overhead_s
+    assert calfit.HOST_COLLECTIVE_LATENCY_MAX_S < calfit.LATENCY_BOUNDS[1]

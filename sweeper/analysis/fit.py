@@ -67,6 +67,16 @@ LATENCY_BOUNDS = (1e-12, 1.0)   # overheads: >= 0 (1e-12 s is 0 on any measured 
 # Rates are bounded by what the hardware can do: never above the sheet or measured peak
 # (the start profile), at most RATE_FLOOR times below it (an efficiency of 1/RATE_FLOOR).
 RATE_FLOOR = 1e3
+# On a measured host (the emulated mesh) a collective's fixed start-up latency is part of a
+# collective, never more than a whole one: the upper bound of the per-op latencies
+# (collective_latency_s, per kind) is what one whole all-gather of a 2.36 MB shard per device
+# on 2 emulated devices took on this host, 1.05 ms (benchmarks/results/collectives.md, (a)
+# 1x2). Why it is needed (issue 20, docs/calibration.md "The 1-chip fold"): every multi-chip
+# decode step of the calibration sweep has the same collectives per layer, so a fit without
+# 1-chip points can move the whole per-layer cost (op_overhead_s, the one term a 1-chip step
+# has) into one kind's latency (op_overhead_s 0, reduce-scatter 2.4 ms per op) and predict a
+# 1-chip decode 37% too fast; a latency above a whole collective is not physical.
+HOST_COLLECTIVE_LATENCY_MAX_S = 1.05e-3
 
 # The study's and the CSV's observations are one type (observations.py); these names stay
 # for the callers that read a study.
@@ -194,12 +204,14 @@ class ParamSpace:
 
     def bounds(self, base: HardwareProfile) -> tuple[np.ndarray, np.ndarray]:
         """Rates in [sheet / RATE_FLOOR, sheet]: never faster than the hardware can go;
-        latencies and overheads in LATENCY_BOUNDS (>= 0); overlap in [0, 1]."""
+        latencies and overheads in LATENCY_BOUNDS (>= 0), a measured host's per-op collective
+        latencies at most HOST_COLLECTIVE_LATENCY_MAX_S; overlap in [0, 1]."""
         ceiling = prior_anchor(base)
         lo_lat, hi_lat = (math.log(b) for b in LATENCY_BOUNDS)
+        hi_op = math.log(collective_latency_max_s(base))
         lows = [*(ceiling - math.log(RATE_FLOOR))] + [lo_lat] * len(self.kinds) \
             + [math.log(EXTRA_BOUNDS[t][0]) for t in self.terms] + [lo_lat, -12.0]
-        highs = [*ceiling] + [hi_lat] * len(self.kinds) \
+        highs = [*ceiling] + [hi_op] * len(self.kinds) \
             + [math.log(EXTRA_BOUNDS[t][1]) for t in self.terms] + [hi_lat, 12.0]
         return np.array(lows), np.array(highs)
 
@@ -226,6 +238,12 @@ class ParamSpace:
             values["collective_latency_s"] = float(np.median(lat)) if lat else 0.0
             values["collective_latency_s_by_kind"] = dict(zip(self.kinds, lat))
         return dataclasses.replace(base, **values)
+
+
+def collective_latency_max_s(base: HardwareProfile) -> float:
+    """The upper bound of a fitted per-op collective latency: HOST_COLLECTIVE_LATENCY_MAX_S
+    on a measured host profile (the emulated mesh), LATENCY_BOUNDS' otherwise."""
+    return HOST_COLLECTIVE_LATENCY_MAX_S if base.measured else LATENCY_BOUNDS[1]
 
 
 def _logit(p: float) -> float:
