@@ -22,7 +22,8 @@ serving loop's own host work is ~0.5-1 ms per call; the serving host costs
 (sweeper/serving/overheads.py: per decode step, per prefill call, per KV handover) are
 measured on each deployment's own workers BEFORE its streams, outside them (a closed loop
 with every slot full and no arrivals, the engine's timed calls of the same shapes, KV
-handovers of two sizes), and written into the deployment's profile (`with_overheads`). The
+handovers of two sizes, and the decode loop stepping with handovers arriving at a stream's
+rate: the charge per handover), and written into the deployment's profile (`with_overheads`). The
 loads are fractions of the capacity those closed-loop measurements give (`capacity_rps` on
 the loop's mean step, prefill and handover times: interruptions by other processes
 included): the experiment's design, measured outside the streams, never a served request.
@@ -286,6 +287,16 @@ def step_times(d, session, costs: dict) -> dict:
                                                  "prefill_first_overhead_s") if k in costs}}
 
 
+def without_stepping_calls(costs: dict) -> dict:
+    """`costs` without the stepping handovers' call log (overheads.py
+    `measure_stepping_handovers`; kept in the deployment's first row)."""
+    stepping = costs.get("detail", {}).get("stepping_handovers")
+    if not stepping or "calls" not in stepping:
+        return costs
+    stepping = {k: v for k, v in stepping.items() if k != "calls"}
+    return {**costs, "detail": {**costs["detail"], "stepping_handovers": stepping}}
+
+
 def loop_step_times(d, costs: dict, statistic: str = "mean"):
     """StepTimes of the serving loop as measured before the streams (closed loop: its step;
     its prefill, the engine's call and the loop's host work per prompt after it; the
@@ -368,13 +379,16 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
             for load in loads:
                 rate = load * capacity
                 for seed in SEEDS:
+                    # the stepping handovers' call log (~600 calls) once per deployment
+                    row_costs = costs if load == loads[0] and seed == SEEDS[0] else \
+                        without_stepping_calls(costs)
                     reqs = stream(rate, n_requests, seed)
                     near = measure_session(session, INPUT_LEN, OUTPUT_LEN) if remeasure else None
                     result = session.run(reqs, seed)
                     replay = result.replayed      # the model on the stream's own call log
                     rows.append({
                         "deployment": name, "mode": d.mode, "load": load, "rate_rps": rate,
-                        "capacity_rps_loop": capacity, "host_costs": costs, "seed": seed, "requests": n_requests,
+                        "capacity_rps_loop": capacity, "host_costs": row_costs, "seed": seed, "requests": n_requests,
                         "measured": result.measured, "predicted": result.predicted,
                         "warmup_model": result.calibrated,
                         "error": relative_errors(result.measured, result.predicted),

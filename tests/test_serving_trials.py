@@ -268,6 +268,8 @@ def test_a_disaggregated_trials_worker_serves_the_references_tokens(session_swee
     assert costs["detail"]["prefill"]["engine_prefill_s"] > 0
     assert costs["detail"]["decode"]["engine_step_s"] > 0
     assert costs["detail"]["handover"]["samples"] > 0 and costs["handover_overhead_s"] > 0
+    # the prefill slice's closed loop ran beside the real decode worker stepping its slots
+    assert costs["detail"]["prefill"]["decode_beside_steps"] > 0
     assert serving["prediction"]["step_times"].startswith("measured before the stream")
     assert math.isfinite(measurement.pred_ttft_p50_s) and math.isfinite(measurement.pred_tpot_p50_s)
     assert serving["deployment"] == "disaggregated" and measurement.completed == 4
@@ -585,7 +587,8 @@ class _DecodeSliceHere:
 
 
 @pytest.mark.parametrize("beside", [True, False])
-def test_a_disaggregated_trials_prefill_closed_loop_runs_beside_a_stepping_decode_slice(beside):
+def test_a_disaggregated_trials_prefill_closed_loop_runs_beside_a_stepping_decode_slice(
+        beside, monkeypatch):
     """workloads/servingtrial.py `measure_before_stream`, disaggregated, on real slot servers
     (the decode slice in this process, `_DecodeSliceHere`): where the decode slice offers
     `begin_beside`, it steps while the prefill slice's closed loop runs (as `sweeper serve
@@ -595,8 +598,11 @@ def test_a_disaggregated_trials_prefill_closed_loop_runs_beside_a_stepping_decod
     timing asserted."""
     from workloads.serving import SlotServer
     from workloads.servingprofile import context_len
+    from workloads import servingtrial
     from workloads.servingtrial import measure_before_stream, slice_specs
 
+    # a fresh per-process cache: another test of this process may have measured the shape
+    monkeypatch.setattr(servingtrial, "_MEASURED", {})
     trial = load_space({**DISAGGREGATED, "serving": {**DISAGGREGATED["serving"],
                                                      "input_len": 8 + beside}}).trial_config({})
     reqs = trial_requests(trial)

@@ -134,6 +134,7 @@ class DecodeSliceWorker:
                 os.sched_setaffinity(0, wanted)
         self.inbox: queue.Queue = queue.Queue()
         self.server = None
+        self._stopped: set[int] = set()   # `decode_beside` runs told to stop
 
     def setup(self, spec, prompt_lens: list[int]) -> dict[str, float]:
         """Build the decode slot server (a workloads.serving.SlotSpec) and warm it up."""
@@ -163,6 +164,18 @@ class DecodeSliceWorker:
         from workloads.hostcosts import measure_loop   # lazy: imports JAX
 
         return measure_loop(self.server, input_len, output_len, **how)
+
+    def decode_beside(self, token: int, max_s: float = 60.0) -> int:
+        """Every slot stepping back to back until `stop_decode_beside(token)` (or `max_s`):
+        the decode loop beside the prefill slice's closed loop, as during a stream's prefill
+        calls (docs/serving.md "Serving host costs"); the closed loop's handovers (`sink`)
+        arrive on this actor's other thread. The steps made."""
+        from workloads.hostcosts import step_beside   # lazy: imports JAX
+
+        return step_beside(self.server, self._stopped, token, max_s)
+
+    def stop_decode_beside(self, token: int) -> None:
+        self._stopped.add(token)
 
     def sink(self, handover: list[dict]) -> int:
         """Receive a closed loop's handover and drop it."""
@@ -224,6 +237,18 @@ class DecodeSlice:
 
     def wait(self, sent: list) -> None:
         self.ray.get(sent)
+
+    def begin_beside(self) -> tuple[int, Any]:
+        """Start the decode slice stepping beside the prefill slice's closed loop
+        (`DecodeSliceWorker.decode_beside`); the token `end_beside` takes."""
+        token = time.monotonic_ns()
+        return token, self.actor.decode_beside.remote(token)
+
+    def end_beside(self, beside: tuple[int, Any]) -> int:
+        """Stop it; the steps it made."""
+        token, steps = beside
+        self.ray.get(self.actor.stop_decode_beside.remote(token))
+        return self.ray.get(steps)
 
     def receive(self, handover: list[dict]):
         """One timed handover (workloads/hostcosts.py `handover_send`): sent now, its answer
