@@ -535,10 +535,13 @@ def _one_chip_lines(o: dict | None) -> list[str]:
              "| per-op latency bound | fit | terms kept (nested selection) | op_overhead_s | "
              "latency per kind | fixed cost of a 1-chip step | decode x1 signed median |",
              "|---|---|---|---|---|---|---|"]
+    def ms(seconds: float) -> str:     # a constant at its 0 bound (1e-12 s) reads 0
+        return "0" if seconds < 1e-9 else f"{seconds * 1e3:.3g} ms"
+
     for r in o["rows"]:
-        kinds = ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in r["latency_by_kind"].items())
+        kinds = ", ".join(f"{k} {ms(v)}" for k, v in r["latency_by_kind"].items())
         lines.append(f"| {r['cap']} | {r['fit']} | {', '.join(r['terms']) or 'none'} | "
-                     f"{r['op_overhead_s'] * 1e3:.3g} ms | {kinds} | {r['fixed_1chip_step_s'] * 1e3:.2f} ms | "
+                     f"{ms(r['op_overhead_s'])} | {kinds} | {r['fixed_1chip_step_s'] * 1e3:.2f} ms | "
                      f"{100 * r['decode_x1_signed_median']:+.1f}% |")
     return lines
 

@@ -244,3 +244,19 @@ def test_without_one_chip_points_the_per_layer_cost_stays_where_a_one_chip_step_
     one = [calfit.predict_point(p, fitted) / p.measured - 1
            for p in points if p.chips == 1 and p.phase == "decode"]
     assert abs(float(np.median(one))) < 0.15
+
+
+def test_the_committed_one_chip_fold_table_is_what_its_json_renders():
+    """benchmarks/results/calibration.{json,md}: the 1-chip fold's rows (each latency bound,
+    the fold and every point) render as committed, constants at their 0 bound read 0."""
+    import json
+
+    from benchmarks import calibration as bench
+
+    result = json.loads((bench.common.RESULTS / "calibration.json").read_text())
+    fold = result["one_chip_fold"]
+    assert fold["cap_s"] == calfit.HOST_COLLECTIVE_LATENCY_MAX_S
+    assert len(fold["rows"]) == 2 * (1 + len(bench.ONE_CHIP_CAPS))
+    lines = bench._one_chip_lines(fold)
+    assert "\n".join(lines) in (bench.common.RESULTS / "calibration.md").read_text()
+    assert "1e-09 ms" not in "\n".join(lines)
