@@ -20,7 +20,8 @@ relative error pred/measured - 1 in its own metric (seconds, or MFU against the 
 peak), weighted by its measured uncertainty (`point_weights`), minimised by
 `scipy.optimize.least_squares` over log-parameters (positive constants) and a logistic
 overlap, with every constant bounded by what the hardware can do (rates never above the
-start profile's sheet or measured peak, overheads >= 0) and a weak prior toward the start
+start profile's sheet or measured peak, overheads >= 0, a measured host's per-op collective
+latency at most one whole small collective: HOST_COLLECTIVE_LATENCY_MAX_S) and a weak prior toward the start
 whose strength is stated at PRIOR_WEIGHT.
 
 Speed: a point's latency is linear in 1/peak, 1/bandwidths, the latencies and the matmul
