@@ -43,12 +43,12 @@ def _spaced(n, gap, input_len=128, output_len=10):
     return [Request(i * gap, input_len, output_len) for i in range(n)]
 
 
-def test_handover_charge_is_the_decode_loops_insert():
+def test_handover_charge_is_the_decode_process_cpu_or_the_loops_own_figure_if_more():
     """workloads/hostcosts.py `handover_costs` and `combine`: the decode loop's charge per
-    handover is its insert (the closed loop's insert mean; where the stepping loop was
-    measured, its figure, at least its inserts), never the decode process's CPU per
-    handover nor the idle loop's insert, which stay in the detail (docs/serving.md "What a
-    handover costs a stepping decode loop")."""
+    handover is the decode process's CPU per handover, or, where more, the loop's own
+    figure (the closed loop's insert mean; where the stepping loop was measured, its
+    figure, at least its inserts); never the idle loop's insert, which stays in the detail
+    (docs/serving.md "What a handover costs a stepping decode loop")."""
     from workloads.hostcosts import combine, handover_costs
 
     pre = {"engine_prefill_s": 0.009, "loop_prefill_mean_s": 0.011, "loop_prefill_prompts": 1.0}
@@ -59,19 +59,21 @@ def test_handover_charge_is_the_decode_loops_insert():
     samples = [{"bytes": 1000, "start": 0.0, "exported": 0.001, "submitted": 0.0015,
                 "in_slot": 0.004, "insert_s": ins} for ins in (0.0006, 0.0008)]
     charge, detail = handover_costs(samples, decode_cpu_s=0.0019)
-    assert charge == pytest.approx(0.0007) and detail["decode_cpu_s"] == 0.0019
+    assert charge == pytest.approx(0.0019) and detail["insert_mean_s"] == pytest.approx(0.0007)
+    assert handover_costs(samples, decode_cpu_s=0.0002)[0] == pytest.approx(0.0007)
     costs = combine(pre, dec, (charge, detail), served)
-    assert costs["handover_overhead_s"] == pytest.approx(0.0007)
+    assert costs["handover_overhead_s"] == pytest.approx(0.0019)
     assert costs["detail"]["idle_handovers"]["handover_overhead_s"] == pytest.approx(0.0013)
     assert costs["handover_latency_s"] == pytest.approx(0.003)
-    for figure, inserts, charged in ((0.0009, 0.0008, 0.0009), (0.0005, 0.0008, 0.0008)):
+    for figure, inserts, charged in ((0.0025, 0.0008, 0.0025), (0.0005, 0.0021, 0.0021),
+                                     (0.0009, 0.0008, 0.0019)):
         stepping = {"handovers": 10, "handover_overhead_s": figure, "insert_s": inserts}
         costs = combine(pre, dec, (charge, detail), served, stepping)
         assert costs["handover_overhead_s"] == pytest.approx(charged)
         assert costs["detail"]["stepping_handovers"] is stepping
     # a stepping measurement without handovers (none arrived in time) changes nothing
     costs = combine(pre, dec, (charge, detail), served, {"handovers": 0, "windows": []})
-    assert costs["handover_overhead_s"] == pytest.approx(0.0007)
+    assert costs["handover_overhead_s"] == pytest.approx(0.0019)
 
 
 def test_stepping_handover_costs_closed_form():

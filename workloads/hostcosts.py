@@ -457,11 +457,12 @@ def handover_receive(srv, handover: list[dict]) -> dict[str, float]:
 
 def handover_costs(samples: list[dict], decode_cpu_s: float) -> tuple[float, dict]:
     """(`handover_overhead_s`, its detail) from `handover_send`'s samples and the decode
-    process's CPU seconds per handover: the inserts' mean (what the decode loop's clock
-    pays per handover: the committed validation streams' inserts took 0.57-0.72 ms where
-    these took 0.67 ms, dis-1+1chip-4slots), not the decode CPU per handover (1.85 ms
-    there: over-predicted TPOT p50 by 20-41%; kept in the detail) nor the handover's whole
-    wall clock (sweeper/serving/overheads.py's docstring)."""
+    process's CPU seconds per handover: that CPU, at least the inserts' mean. The receipt
+    (Ray receiving and unpickling the KV) runs on the decode worker's Ray threads, which
+    are not pinned with its loop, so whether it lands on the loop's core depends on the
+    other core's load; in the validation runs it did more often than not (docs/serving.md
+    "What a handover costs a stepping decode loop"). Not the handover's whole wall clock
+    (sweeper/serving/overheads.py's docstring)."""
     size = np.array([s["bytes"] for s in samples], dtype=float)
     seconds = np.array([s["in_slot"] - s["start"] for s in samples])
     if len(set(size)) > 1:
@@ -475,7 +476,7 @@ def handover_costs(samples: list[dict], decode_cpu_s: float) -> tuple[float, dic
               "fixed_s": max(float(intercept), 0.0), "insert_mean_s": insert,
               "decode_cpu_s": decode_cpu_s, "submit_mean_s": submit,
               "seconds_per_byte": float(slope), "samples": len(samples)}
-    return insert, detail
+    return max(decode_cpu_s, insert), detail
 
 
 IDLE_HANDOVERS = 8      # requests through the slices' loops, each on an idle decode loop
@@ -595,11 +596,11 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
     and their `detail`, from the prefill side's and the decode side's `measure_loop` (the
     same answer twice for an aggregated server) and, for a disaggregated deployment,
     `handover_costs`, the served `idle_handover_requests` (`idle_handover_costs`) and
-    `stepping_handover_costs`. `handover_overhead_s`: the stepping loop's figure (at least
-    its inserts) where measured, else `handover_costs`' insert mean: the decode loop's
-    insert, what the validation streams' decode loops paid per handover (docs/serving.md
-    "What a handover costs a stepping decode loop"); the decode CPU per handover and the
-    idle loop's insert stay in the detail."""
+    `stepping_handover_costs`. `handover_overhead_s`: the decode process's CPU per
+    handover, or the stepping loop's figure (its inserts, and the step after each when
+    slower) where that is more (`handover_costs`' insert mean where the stepping loop was
+    not measured; docs/serving.md "What a handover costs a stepping decode loop"); the
+    idle loop's insert stays in the detail."""
     out: dict[str, Any] = {**host_costs(prefill, decode), "handover_overhead_s": 0.0,
                            # a prefill call on an idle loop: its extra seconds (StepTimes
                            # `prefill_wake_s`)
@@ -617,8 +618,8 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
                                    decode["engine_step_s"] + out["serving_step_overhead_s"])
         if idle["requests"]:
             # the idle loop's insert median stays in the detail, not charged: an idle
-            # loop's insert took ~1.0 ms where a stepping stream's took 0.57-0.72 ms
-            # (docs/serving.md "What a handover costs a stepping decode loop")
+            # loop's insert is longer than a stepping one's (docs/serving.md "What a
+            # handover costs a stepping decode loop")
             for name in ("handover_latency_s", "decode_wake_s", "prefill_idle_after_s"):
                 out[name] = idle[name]
         detail["idle_handovers"] = idle
@@ -626,9 +627,11 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
         detail["stepping_handovers"] = stepping
         if stepping.get("handovers"):
             # measured on the loop it is charged to, stepping, with handovers at a
-            # stream's rate: its inserts, and the step after each when that is slower
+            # stream's rate: its inserts, and the step after each when that is slower;
+            # at least the decode process's CPU per handover (`handover_costs`)
+            cpu = detail.get("handover", {}).get("decode_cpu_s", 0.0)
             out["handover_overhead_s"] = max(stepping["handover_overhead_s"],
-                                             stepping["insert_s"], 0.0)
+                                             stepping["insert_s"], cpu, 0.0)
     out["detail"] = detail
     return out
 

@@ -30,15 +30,16 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   the prefill worker, paired by block (each block's mean call against the engine's blocks
   beside it, the median over blocks, as the aggregated step);
 - `handover_overhead_s` (disaggregated): what one KV handover costs the decode slice's
-  loop, measured on that loop STEPPING with the prefill worker's handovers arriving at a
-  stream's rate (`measure_stepping_handovers`, workloads/hostcosts.py
-  `stepping_handover_costs`): its insert, and the step right after it where slower, per
-  handover, at least the insert. Not the decode worker process's CPU per handover (Ray
-  receiving and unpickling the KV, the call, the insert; `decode_cpu_s`, over handovers at
-  two KV sizes, `handover_send`), charged before: 1.85 ms in the committed validation's
-  dis-1+1chip-4slots, whose streams' inserts took 0.57-0.72 ms with the steps no longer
-  than the closed loop's (TPOT p50 over-predicted 20-41%; the worker's Ray threads are
-  not on its pinned core). The prefill slice's share, the Ray call after the export
+  loop: the decode worker process's CPU per handover (Ray receiving and unpickling the KV,
+  the call, the insert; `decode_cpu_s`, over handovers at two KV sizes, `handover_send`),
+  or, where more, the figure measured on that loop STEPPING with the prefill worker's
+  handovers arriving at a stream's rate (`measure_stepping_handovers`,
+  workloads/hostcosts.py `stepping_handover_costs`: its insert, and the step right after
+  it where slower, per handover, at least the insert). The worker's Ray threads are not on
+  its pinned core, so the receipt's share of that CPU lands on the loop's core only as
+  far as the other core is busy; the validation runs matched the CPU per handover better
+  than the inserts alone (docs/serving.md "What a handover costs a stepping decode
+  loop"). The prefill slice's share, the Ray call after the export
   (its submission and the Ray work it leaves on the prefill core), is in
   `serving_prefill_overhead_s`: the prefill slice's closed loop sends its KV to the decode
   worker as a stream does (server.py `measure_host_costs(decode=...)`); the rest of the
@@ -140,11 +141,11 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     # call, the insert (the decode loop's core pays all of it, not the insert alone)
     decode_cpu = (ray.get(actors["decode"].cpu_seconds.remote()) - cpu_before) / len(samples)
     # What each loop's core pays (docs/serving.md "Checking the model against the
-    # server"): the decode loop its insert (the stepping loop's, below), not the
-    # handover's whole wall clock, part of which is the prefill process's and waiting
-    # between the two; the prefill loop the export and the Ray call (both in its closed
-    # loop's prefill cost, per prompt; `submit_mean_s`, the submission alone, is a
-    # diagnostic). The decode CPU per handover stays in the detail.
+    # server"): the decode loop the decode process's CPU per handover (or the stepping
+    # loop's figure, below, where more), not the handover's whole wall clock, part of
+    # which is the prefill process's and waiting between the two; the prefill loop the
+    # export and the Ray call (both in its closed loop's prefill cost, per prompt;
+    # `submit_mean_s`, the submission alone, is a diagnostic).
     # the handover on an idle loop: requests one at a time through the two workers' own
     # serving loops (workloads/hostcosts.py `idle_handover_costs`: the KV's latency to the
     # decode loop, its insert there, the decode loop's wake)
