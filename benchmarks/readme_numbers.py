@@ -285,12 +285,20 @@ BLOCKS["performance"] = lambda results: generate(results)
 
 
 def serving_validation_block(results: Path) -> str:
-    """benchmarks/results/serving_validation.md without its title (docs/serving.md quotes it)."""
+    """benchmarks/results/serving_validation.md without its title (docs/serving.md quotes it);
+    of a several-run file, the summary over the runs and the last run (each run renders
+    alike: the others stay in the results file)."""
     md = results / "serving_validation.md"
     if not md.is_file():
         raise Stale(f"no results file {md}")
     lines = md.read_text().rstrip().splitlines()
-    return "\n".join(lines[1:] if lines and lines[0].startswith("# ") else lines).strip() + "\n"
+    lines = lines[1:] if lines and lines[0].startswith("# ") else lines
+    runs = [i for i, line in enumerate(lines) if line.startswith("#### Run ")]
+    if len(runs) > 1:
+        note = (f"Runs 1 to {len(runs) - 1} are rendered alike in "
+                "`benchmarks/results/serving_validation.md`; the last run:")
+        lines = [*lines[:runs[0]], note, "", *lines[runs[-1]:]]
+    return "\n".join(lines).strip() + "\n"
 
 
 BLOCKS["serving_validation"] = serving_validation_block
