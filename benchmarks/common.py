@@ -95,6 +95,13 @@ def steal_text(context: Mapping[str, Any] | None) -> str:
             f"{context.get('iowait_pct') or 0.0:.1f}% of the CPUs' time")
 
 
+def steal_clause(context: Mapping[str, Any] | None) -> str:
+    """`steal_text` as a clause to append after a load average (`; hypervisor steal ...`),
+    '' for a context without it (results files from before it render as they did)."""
+    text = steal_text(context)
+    return f"; {text}" if text else ""
+
+
 def clean(value: Any) -> Any:
     """JSON-safe: NaN/inf -> None, tuples -> lists, numpy scalars -> floats."""
     if isinstance(value, Mapping):

@@ -575,7 +575,8 @@ def markdown(r: dict) -> str:
         f"them), read bandwidth {h['hbm_bandwidth'] / 1e9:.1f} GB/s, copy bandwidth "
         f"{h['ici_bandwidth'] / 1e9:.1f} GB/s; {r['context']['cpus']} CPUs; load average "
         f"{r['context']['load_average']} at the start, {r['context_end']['load_average']} at the "
-        "end (other jobs share this machine; every number here moves with them). "
+        f"end{common.steal_clause(r['context_end'])} (other jobs share this machine; every number "
+        "here moves with them). "
         f"Model `{BENCH_MODEL['name']}`: E {BENCH_MODEL['d_model']}, F {BENCH_MODEL['d_ff']}, "
         f"{BENCH_MODEL['n_layers']} layers, {BENCH_MODEL['n_heads']} heads x {BENCH_MODEL['d_head']}, "
         f"multiquery, bf16 weights; prefill batch {BATCH}. 8 chips = topology 2x2x2. "
@@ -805,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(profile.to_dict(), notes, results)
     summary["small_row_matmul"] = {"one_core": run_small_row_child(True),
                                    "all_cores": run_small_row_child(False)}
-    summary.update(context=context, context_end=common.machine_context(),
+    summary.update(context=context, context_end=common.machine_context(since=context),
                    elapsed_s=time.perf_counter() - start, model=BENCH_MODEL)
     text = markdown(summary)
     files = common.write(NAME, summary, text, Path(args.out))

@@ -411,7 +411,8 @@ def compare(grid: Grid, sampler: str, seeds: list[int]) -> dict:
 def markdown(r: dict) -> str:
     lines = ["# Search efficiency: trials to reach 95% of the full grid's hypervolume", "",
              f"Seeds per sampler: {r['seeds']}; load average {r['context']['load_average']} at the "
-             f"start, {r['context_end']['load_average']} at the end. GP: {r['gp_note']}. "
+             f"start, {r['context_end']['load_average']} at the end"
+             f"{common.steal_clause(r['context_end'])}. GP: {r['gp_note']}. "
              f"guided+fit: {r['fit_note'] or 'not run (no --fit-study)'}. Took "
              f"{r['elapsed_s']:.0f} s.", ""]
     for name, block in r["spaces"].items():
@@ -537,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         block["verdict"] = compare_verdict(block["samplers"], grid.dispatchable)
         block["seeds"] = seed_descriptions(grid, [s for s in block["samplers"] if s.startswith("guided")])
         out["spaces"][name] = block
-    out["context_end"] = common.machine_context()
+    out["context_end"] = common.machine_context(since=context)
     out["elapsed_s"] = time.perf_counter() - start
     text = markdown(out)
     files = common.write(NAME, out, text, Path(args.out))

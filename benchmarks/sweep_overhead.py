@@ -314,7 +314,7 @@ def sweep_section(space, storage: str, tracking_uri: str, parallel: int,
            **common.orchestration(result.study, wall, parallel=parallel),
            **reuse_counts(result.study),
            "timeline_s": dict(getattr(controller, "TIMELINE", {})),
-           "context": context, "context_end": common.machine_context()}
+           "context": context, "context_end": common.machine_context(since=context)}
     if analysis_s is not None:
         out["analysis_s"] = analysis_s
     out["cpu_s"] = cpu.totals()
@@ -429,7 +429,7 @@ def cache_section(pairs: int = CACHE_PAIRS) -> dict:
     return {"trial": "calibration model, 2 chips, batch 8, ws2d / ws1d / head",
             "cold": c, "from_cache": w, "saved_s": c["mean_s"] - w["mean_s"],
             "saved_frac": 1 - w["mean_s"] / c["mean_s"], "context": context,
-            "context_end": common.machine_context()}
+            "context_end": common.machine_context(since=context)}
 
 
 def _host_hardware() -> dict:
@@ -476,7 +476,7 @@ def markdown(r: dict) -> str:
         "one at a time, same TPE seed, same trial function (`run_trial` with a per-process "
         "engine cache), Ray start-up included in both. Measured on this host; load average "
         f"{r['context']['load_average']} at the start, {r['context_end']['load_average']} at the "
-        f"end. Took {r['elapsed_s']:.0f} s.",
+        f"end{common.steal_clause(r['context_end'])}. Took {r['elapsed_s']:.0f} s.",
         "",
         *common.table(["framework", "trials", "wall", "sum of trial run times",
                        "overhead per trial", "start-up (until the first trial runs)",
@@ -721,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
                             **{k: old[k] for k in ("quickstart", "grid", "calibration")
                                if old.get(k) and old[k].get("worker_processes") is not None}}
     if "tiny" in run:
-        result.update(context=context, context_end=common.machine_context(),
+        result.update(context=context, context_end=common.machine_context(since=context),
                       elapsed_s=time.perf_counter() - start)
     else:
         result.update(context=previous.get("context", context),

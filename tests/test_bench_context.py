@@ -51,3 +51,12 @@ def test_machine_context_states_the_steal_over_its_window():
     assert all(end["cpu_times"][k] >= start["cpu_times"][k] for k in common.CPU_STATES)
     assert end["cpu_s"] > 0
     assert 0.0 <= end["steal_pct"] <= 100.0 and 0.0 <= end["iowait_pct"] <= 100.0
+
+
+def test_a_results_header_gets_the_steal_clause_only_where_the_context_has_it():
+    """common.steal_clause: appended after a load average by the engine-efficiency, search-
+    efficiency and sweep-overhead headers; '' for a context from before steal was recorded."""
+    assert common.steal_clause({"load_average": [1.0, 1.0, 1.0]}) == ""
+    assert common.steal_clause(None) == ""
+    clause = common.steal_clause({"steal_pct": 2.5, "iowait_pct": 0.25})
+    assert clause == "; hypervisor steal 2.5%, iowait 0.2% of the CPUs' time"
