@@ -79,12 +79,28 @@ def machine_context(since: Mapping[str, Any] | None = None) -> dict[str, Any]:
     import jax
 
     context = {"hostname": socket.gethostname(), "cpus": os.cpu_count(),
-               "machine": platform.machine(), "python": platform.python_version(),
+               "machine": platform.machine(), "cpu": cpu_model(),
+               "python": platform.python_version(),
                "jax": jax.__version__, "load_average": load_average(),
                "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu_times": cpu_times()}
     if since is not None:
         context.update(cpu_time_shares(since.get("cpu_times"), context["cpu_times"]))
     return context
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's model name (/proc/cpuinfo; None where there is none), with `avx512_bf16`
+    appended where the CPU has it: the VM behind 'this host' changes between sessions, and
+    XLA CPU's bf16 matmuls, most of an emulated trial, depend on that instruction set."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith("model name")), None)
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])
+    return None if name is None else name + (", avx512_bf16" if "avx512_bf16" in flags else "")
 
 
 def steal_text(context: Mapping[str, Any] | None) -> str:

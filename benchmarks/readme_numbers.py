@@ -371,24 +371,34 @@ def overhead_rows(ovh: dict) -> list[list]:
         rows.append(["sweep overhead", f"the quickstart <= {t['quickstart_wall_s_max']:.0f} s end to end on 2 cores",
                      f"{q['wall_s']:.1f} s (one run, load {q['context']['load_average'][0]:.1f})",
                      common.met(q["wall_s"] <= t["quickstart_wall_s_max"])])
-    for name in ("quickstart", "grid", "calibration"):
+    for name in ("quickstart", "grid", "calibration", "calibration_full"):
         r = ovh.get(name)
         if not r or "span_share" not in r or "span_share_max" not in t:
             continue
-        rows.append(["sweep overhead", f"{name}: slots' time outside trials <= "
+        runs = r.get("earlier_runs", []) + [r]      # a section rerun keeps its earlier runs
+        measured = ", ".join(f"{common.pct(x['span_share'])} / {common.pct(x['orchestration_share'])}"
+                             for x in runs)
+        counted = "one run" if len(runs) == 1 else f"{len(runs)} runs"
+        rows.append(["sweep overhead", f"{_SWEEP_NAMES.get(name, name)}: slots' time outside trials <= "
                      f"{common.pct(t['span_share_max'], 0)} within the span, <= "
                      f"{common.pct(t['wall_share_max'], 0)} over the command",
-                     f"{common.pct(r['span_share'])} / {common.pct(r['orchestration_share'])} "
-                     f"({r['trials']} trials, {r['worker_processes']} worker processes, one run)",
-                     common.met(r["span_share"] <= t["span_share_max"]
-                                and r["orchestration_share"] <= t["wall_share_max"])])
-    c = ovh.get("calibration")
-    if c and "calibration_reuse_min" in t:
-        rows.append(["sweep overhead", f"calibration: compiled programs reused in >= "
-                     f"{common.pct(t['calibration_reuse_min'], 0)} of trials",
-                     f"{common.pct(c['reuse_rate'])} of {c['trials']} trials",
-                     common.met(c["reuse_rate"] >= t["calibration_reuse_min"])])
+                     f"{measured} ({r['trials']} trials, {r['worker_processes']} worker processes, {counted})",
+                     common.met(all(x["span_share"] <= t["span_share_max"]
+                                    and x["orchestration_share"] <= t["wall_share_max"] for x in runs))])
+    for name in ("calibration", "calibration_full"):
+        c = ovh.get(name)
+        if c and "calibration_reuse_min" in t:
+            runs = c.get("earlier_runs", []) + [c]
+            rows.append(["sweep overhead", f"{_SWEEP_NAMES[name]}: compiled programs reused in >= "
+                         f"{common.pct(t['calibration_reuse_min'], 0)} of trials",
+                         ", ".join(common.pct(x["reuse_rate"]) for x in runs) + f" of {c['trials']} trials"
+                         + ("" if len(runs) == 1 else f" ({len(runs)} runs)"),
+                         common.met(all(x["reuse_rate"] >= t["calibration_reuse_min"] for x in runs))])
     return rows
+
+
+# the summary's names of sweep_overhead's sweep sections
+_SWEEP_NAMES = {"calibration": "calibration subset", "calibration_full": "calibration sweep (all 192 trials)"}
 
 
 def paper_and_serving_rows(results: Path) -> list[list]:

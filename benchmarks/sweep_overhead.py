@@ -12,6 +12,10 @@ each section with its own load average and time):
   by the grid sampler, each configuration twice (seed 0, 1);
 - `calibration`: a representative 32-trial subset of `search_spaces/calibration.yaml` (chips
   1/2/4/8 interleaved, the calibration model, batch 8, attention `head`, both seeds);
+- `calibration_full`: the whole calibration sweep, `search_spaces/calibration.yaml` as it
+  ships (192 trials, about 20 minutes on 2 cores): issue 22's targets are stated on it, and
+  the recorded sweep of `benchmarks/data/` (the code before the dispatch and cache changes)
+  stands beside it (`--only calibration_full`; not in a default run);
 - `cache`: the compile time the persistent compilation cache saves: one calibration-model
   trial compiled in a fresh process with an empty cache folder, then in another fresh
   process reading it (`CACHE_PAIRS` pairs).
@@ -70,7 +74,13 @@ TARGET_REUSE = 0.5              # trials that compiled nothing, on the calibrati
 GRID_SPACE = common.DATA / "interleaved-grid.yaml"
 CALIBRATION_SUBSET = {"batch": [8], "attn": ["head"], "prefill_ffn": ["ws2d", "wg_xyz"]}
 CACHE_PAIRS = 3
-SECTIONS = ("tiny", "tune", "quickstart", "grid", "calibration", "cache")
+SECTIONS = ("tiny", "tune", "quickstart", "grid", "calibration", "calibration_full", "cache")
+SWEEPS = ("quickstart", "grid", "calibration", "calibration_full")   # the sections that are sweeps
+CALIBRATION_SPACE = common.ROOT / "search_spaces" / "calibration.yaml"
+SWEEP_LABELS = {"quickstart": "quickstart (TPE, 20 trials)",
+                "grid": "interleaved grid (24 trials, chips 1/2/4)",
+                "calibration": "calibration subset (32 trials, chips 1/2/4/8)",
+                "calibration_full": "calibration sweep (192 trials, chips 1/2/4/8)"}
 OBJECTIVES = [{"metric": "decode_step_s", "direction": "minimize"},
               {"metric": "decode_cost_chip_s_per_token", "direction": "minimize"}]
 TINY_SPACE = {
@@ -512,7 +522,7 @@ def calibration_subset():
 
     from sweeper.sweep.space import load_space
 
-    path = common.ROOT / "search_spaces" / "calibration.yaml"
+    path = CALIBRATION_SPACE
     data = yaml.safe_load(path.read_text())
     data["params"] = {**data["params"], **CALIBRATION_SUBSET}
     data["trials"] = 1
@@ -522,10 +532,27 @@ def calibration_subset():
     return load_space(data, source=str(path))
 
 
+def run_figures(section: dict) -> dict:
+    """A sweep section's headline figures (what `earlier_runs` keeps of a run)."""
+    keys = ("study", "wall_s", "worker_processes", "reuse_rate", "span_share",
+            "orchestration_share", "replicate_pairs_same_process", "replicate_pairs")
+    return {**{k: section.get(k) for k in keys}, "context": section.get("context")}
+
+
+def recorded_calibration() -> dict | None:
+    """How the recorded calibration sweep (benchmarks/data/, run with the code before the
+    dispatch and cache changes) ran: calibration.json's `recorded` (study, orchestration)."""
+    path = common.RESULTS / "calibration.json"
+    if not path.is_file():
+        return None
+    recorded = json.loads(path.read_text()).get("recorded") or {}
+    return {"study": recorded.get("study"), **(recorded.get("orchestration") or {})}
+
+
 def issue22_targets(r: dict) -> dict:
     """Each issue-22 target with its measured value (None: the section was not run)."""
     out = {}
-    for key in ("quickstart", "grid", "calibration"):
+    for key in SWEEPS:
         b = r.get(key)
         if not b:
             continue
@@ -538,9 +565,10 @@ def issue22_targets(r: dict) -> dict:
     if r.get("quickstart"):
         out["quickstart"]["wall_s"] = r["quickstart"]["wall_s"]
         out["quickstart"]["meets_wall_s"] = r["quickstart"]["wall_s"] <= TARGET_QUICKSTART_WALL_S
-    if r.get("calibration"):
-        out["calibration"]["reuse_rate"] = r["calibration"].get("reuse_rate")
-        out["calibration"]["meets_reuse"] = (r["calibration"].get("reuse_rate") or 0) >= TARGET_REUSE
+    for key in ("calibration", "calibration_full"):
+        if r.get(key):
+            out[key]["reuse_rate"] = r[key].get("reuse_rate")
+            out[key]["meets_reuse"] = (r[key].get("reuse_rate") or 0) >= TARGET_REUSE
     return out
 
 
@@ -550,9 +578,7 @@ def markdown_issue22(r: dict) -> str:
              "Each sweep starts with an empty compilation cache. Counts (processes, reuse, "
              "replicates) do not depend on the host's load; shares and seconds do.", ""]
     rows = []
-    for key, label in (("quickstart", "quickstart (TPE, 20 trials)"),
-                       ("grid", "interleaved grid (24 trials, chips 1/2/4)"),
-                       ("calibration", "calibration subset (32 trials, chips 1/2/4/8)")):
+    for key, label in SWEEP_LABELS.items():
         b = r.get(key)
         if not b:
             continue
@@ -583,6 +609,30 @@ def markdown_issue22(r: dict) -> str:
                          f"after: {a['worker_processes']}, {a.get('reused')}, "
                          f"{a.get('replicate_pairs_same_process')} of {a.get('replicate_pairs')}, "
                          f"{common.pct(a.get('span_share'))}, {common.pct(a.get('orchestration_share'))}")
+    recorded = (r.get("calibration_full") or {}).get("recorded")
+    if recorded and r.get("calibration_full"):
+        a = r["calibration_full"]
+        lines.append(f"- the whole calibration sweep against its recording in benchmarks/data "
+                     f"(study {recorded.get('study')}, the code before the dispatch and cache "
+                     f"changes; calibration.md): {recorded.get('worker_processes')} worker "
+                     f"processes for {recorded.get('ran')} trials, "
+                     f"{common.pct(recorded.get('compile_cache_hit_rate'))} of trials reusing "
+                     f"compiled programs, {common.pct(recorded.get('orchestration_share'))} of the "
+                     f"slots' time outside trials over the sweep; now: {a['worker_processes']} "
+                     f"for {a['ran']}, {common.pct(a.get('reuse_rate'))}, "
+                     f"{common.pct(a.get('orchestration_share'))} over the whole command "
+                     f"({common.pct(a.get('span_share'))} within the trials' span)")
+    runs = (r.get("calibration_full") or {}).get("earlier_runs")
+    if runs:
+        every = runs + [run_figures(r["calibration_full"])]
+        lines.append(f"- the whole calibration sweep, every run ({len(every)}; the table shows the "
+                     "last): " + "; ".join(
+                         f"{(f.get('context') or {}).get('time')} (load "
+                         f"{(f.get('context') or {}).get('load_average')}): {f['worker_processes']} "
+                         f"processes, {common.pct(f.get('reuse_rate'))} reused, "
+                         f"{common.pct(f.get('span_share'))} within the span, "
+                         f"{common.pct(f.get('orchestration_share'))} over the command, "
+                         f"{f['wall_s']:.0f} s" for f in every))
     t = r.get("issue22_targets") or {}
     lines.append("")
     for key, b in t.items():
@@ -601,7 +651,7 @@ def markdown_issue22(r: dict) -> str:
             parts.append(f"trials reusing compiled programs >= {common.pct(TARGET_REUSE, 0)}: "
                          f"{common.pct(b['reuse_rate'])} {common.met(b['meets_reuse'])}")
         lines.append(f"- {key} (one run): " + "; ".join(parts))
-    for key in ("quickstart", "grid", "calibration"):
+    for key in SWEEPS:
         b = r.get(key)
         cpu = (b or {}).get("cpu_s")
         if cpu:
@@ -668,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--only: unknown sections {sorted(unknown)}; one of {SECTIONS}")
     else:
-        run = set(SECTIONS) - ({"tune"} if args.no_tune else set()) - \
+        run = set(SECTIONS) - {"calibration_full"} - ({"tune"} if args.no_tune else set()) - \
             ({"quickstart"} if args.no_quickstart else set())
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("ray").setLevel(logging.WARNING)
@@ -693,13 +743,24 @@ def main(argv: list[str] | None = None) -> int:
         print("sweep overhead: the quickstart", file=sys.stderr)
         quick = sweep_section(str(common.ROOT / "search_spaces" / "quickstart.yaml"), storage,
                               tracking, parallel=2, analysis=True)
-    sections = {key: previous.get(key) for key in ("grid", "calibration", "cache")}
+    sections = {key: previous.get(key) for key in ("grid", "calibration", "calibration_full", "cache")}
     if "grid" in run:
         print("sweep overhead: the interleaved grid", file=sys.stderr)
         sections["grid"] = sweep_section(str(GRID_SPACE), storage, tracking, parallel=2)
     if "calibration" in run:
         print("sweep overhead: the calibration subset", file=sys.stderr)
         sections["calibration"] = sweep_section(calibration_subset(), storage, tracking, parallel=2)
+    if "calibration_full" in run:
+        print("sweep overhead: the whole calibration sweep (about 20 minutes)", file=sys.stderr)
+        sections["calibration_full"] = sweep_section(str(CALIBRATION_SPACE), storage, tracking,
+                                                     parallel=2)
+        sections["calibration_full"]["recorded"] = recorded_calibration()
+        # the shares move with the host: each rerun keeps the runs before it (their headline
+        # figures), so the results give every run, not only the last
+        earlier = previous.get("calibration_full")
+        if earlier:
+            sections["calibration_full"]["earlier_runs"] = (
+                earlier.get("earlier_runs", []) + [run_figures(earlier)])
     if "cache" in run:
         print("sweep overhead: compile time from the cache", file=sys.stderr)
         sections["cache"] = cache_section()
@@ -738,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics.update(quickstart_wall_s=quick["wall_s"],
                        quickstart_cache_hit_rate=quick["compile_cache_hit_rate"],
                        quickstart_overhead_share=result["quickstart_overhead_share"])
-    for key in ("grid", "calibration"):
+    for key in ("grid", "calibration", "calibration_full"):
         if sections[key]:
             metrics[f"{key}_worker_processes"] = sections[key]["worker_processes"]
             metrics[f"{key}_orchestration_share"] = sections[key]["orchestration_share"]

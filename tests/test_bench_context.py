@@ -60,3 +60,17 @@ def test_a_results_header_gets_the_steal_clause_only_where_the_context_has_it():
     assert common.steal_clause(None) == ""
     clause = common.steal_clause({"steal_pct": 2.5, "iowait_pct": 0.25})
     assert clause == "; hypervisor steal 2.5%, iowait 0.2% of the CPUs' time"
+
+
+def test_cpu_model_names_the_cpu_and_its_bf16_instructions(tmp_path):
+    """The VM behind 'this host' changes between sessions: every context names its CPU, and
+    whether it has AVX-512 BF16 (XLA CPU's bf16 matmuls, most of an emulated trial)."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n"
+                    "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert common.cpu_model(info) == "AMD EPYC, avx512_bf16"
+    info.write_text("model name\t: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz\nflags\t: fpu avx2 avx512f\n")
+    assert common.cpu_model(info) == "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"
+    assert common.cpu_model(tmp_path / "missing") is None
+    info.write_text("processor\t: 0\n")          # no model name line (some ARM kernels)
+    assert common.cpu_model(info) is None
