@@ -50,6 +50,13 @@ QUICKSTART_FLOOR_RATIO = 2.0
 # The same 4 configurations x 3 seeds of the calibration sweep, run with 1 and with 2 workers
 # (`--set parallel=1|2`, docs/calibration.md "The calibration sweep"): which noise the sweep adds itself.
 NOISE_RUNS = {1: DATA / "noise-parallel-1.csv", 2: DATA / "noise-parallel-2.csv"}
+# The same sweep recorded on a second host (another VM this project ran on, a CPU with
+# AVX-512 BF16) by `python -m benchmarks.sweep_overhead --only calibration_full`, exported
+# with `--record-second-host STUDY`: does the fit's accuracy carry over to another CPU?
+# (measured and shown beside the targets, which stay on the recording above)
+SECOND_HOST = DATA / "calibration-host2-trials.csv"
+SECOND_HOST_BASE = DATA / "calibration-host2.yaml"
+SECOND_HOST_META = DATA / "calibration-host2-sweep.json"
 TARGET_MAPE = 0.10
 TARGET_MEDIAN = 0.05
 TARGET_TOP1 = 0.90
@@ -185,9 +192,77 @@ def record(study: str, storage: str | None, wall_s: float | None, load: str | No
     meta = {"study": study, "space": "search_spaces/calibration.yaml", "trials": states,
             "wall_s": wall_s, "load_average": load,
             "host_load_avg_1m_median": _median(data.frame.get("host_load_avg_1m")),
-            "orchestration": overhead, "note": note}
+            "orchestration": overhead, "note": note, "cpu": common.cpu_model(),
+            "caches_bytes": sysfs_caches()}
     RECORDED_META.write_text(json.dumps(common.clean(meta), indent=2))
     return meta
+
+
+def record_second_host(study: str, storage: str | None, note: str) -> dict:
+    """Export a calibration sweep run on another host (its trial table, the profile it
+    predicted with, the CPU) to benchmarks/data/ as the second host's recording."""
+    from sweeper.analysis import calibrate as cal
+
+    data = cal.load_study_data(study, storage)
+    data.frame.to_csv(SECOND_HOST, index=False)
+    cal.write_profile(cal.study_base_profile(data.attrs), SECOND_HOST_BASE,
+                      note=f"the profile study {study} predicted with, recorded by benchmarks.calibration")
+    meta = {"study": study, "space": "search_spaces/calibration.yaml", "cpu": common.cpu_model(),
+            "host_load_avg_1m_median": _median(data.frame.get("host_load_avg_1m")), "note": note}
+    SECOND_HOST_META.write_text(json.dumps(common.clean(meta), indent=2))
+    return meta
+
+
+def second_host(csv: Path = SECOND_HOST, base_yaml: Path = SECOND_HOST_BASE) -> dict | None:
+    """Issue 20's figures on the second host's recording, by the same pipeline as the
+    recording's (statistic chosen by its noise floor, terms by nested cross-validation), and
+    how fast its trials ran against the recording's (the same configurations)."""
+    from sweeper.analysis import fit as calfit
+    from sweeper.analysis import holdout as calho
+    from workloads.hardware import load_hardware
+
+    if not csv.is_file():
+        return None
+    frame = pd.read_csv(csv)
+    base = load_hardware(str(base_yaml), field="hardware")
+    floors = {stat: calho.noise_floor(calfit.points_from_frame(frame, base, statistic=stat)).mape
+              for stat in STATISTICS}
+    statistic = min(STATISTICS, key=lambda st: floors[st])
+    points = calfit.points_from_frame(frame, base, statistic=statistic)
+    result = calho.calibrate(points, base, TARGET_SCHEMES, csv.stem, terms=calho.SELECT)
+    recorded = pd.read_csv(RECORDED)
+    speed = {ph: _median(recorded[col]) / _median(frame[col])
+             for ph, col in (("prefill", "prefill_s"), ("decode", "decode_step_s"))}
+    meta = json.loads(SECOND_HOST_META.read_text()) if SECOND_HOST_META.is_file() else {}
+    return {"recorded": meta, "trials": int(len(frame)), "statistic": statistic,
+            "noise_floor_mape": floors, "terms_selected": list(result.terms),
+            "start": {k: getattr(base, k) for k in ("peak_flops", "hbm_bandwidth", "ici_bandwidth")},
+            "faster_than_recording": speed,
+            "holdouts": {name: issue20_targets(ho) for name, ho in result.holdouts.items()
+                         if not ho.skipped}}
+
+
+def _second_host_lines(h: dict | None) -> list[str]:
+    if not h:
+        return []
+    pct, meta = common.pct, h["recorded"]
+    lines = ["", "## The same sweep on a second host", "",
+             f"`search_spaces/calibration.yaml` run again on another VM of this project "
+             f"(CPU: {meta.get('cpu')}; study {meta.get('study')}, {h['trials']} trials, median 1-min "
+             f"load during its timed runs {meta.get('host_load_avg_1m_median')}; {meta.get('note')}), "
+             f"fitted by the same pipeline: statistic **{h['statistic']}** (one measurement's error: "
+             f"median {pct(h['noise_floor_mape']['median'])}, min {pct(h['noise_floor_mape']['min'])}), "
+             f"terms {', '.join(h['terms_selected']) or 'none'}. Its trials' median prefill ran "
+             f"{h['faster_than_recording']['prefill']:.1f}x and median decode step "
+             f"{h['faster_than_recording']['decode']:.1f}x faster than the recording's (the same "
+             "configurations). Issue 20's figures on it (measured, not the targets' data):", "",
+             "| hold-out | configurations | MAPE vs replicate mean | floor (one measurement / sqrt n) "
+             "| signed median per (phase, chips) |", "|---|---|---|---|---|"]
+    for name, t in h["holdouts"].items():
+        cells = ", ".join(f"{c['phase']} x{c['chips']} {100 * c['signed_median']:+.1f}%" for c in t["cells"])
+        lines.append(f"| {name} | {t['configurations']} | {pct(t['mape_vs_mean'])} | "
+                     f"{pct(t['floor_vs_mean'])} | {cells} |")
+    return lines
 
 
 def _median(series) -> float | None:
@@ -349,6 +424,7 @@ def evaluate(csv: Path = RECORDED, base_yaml: Path = RECORDED_BASE, seed: int = 
         "multigroup_gathers": multigroup_gathers(points, base, tuple(result.terms), frame),
         "one_chip_fold": one_chip_fold(points, base),
         "quickstart": quickstart_closing(),
+        "second_host": second_host(),
     }
 
 
@@ -356,8 +432,16 @@ GATHER_LAYOUTS = ("wg_xy", "wg_xyz", "ws2d")   # the sweep's prefill layouts; ws
 
 
 def host_caches() -> dict[str, int]:
-    """This host's data caches (Linux sysfs, read when the benchmark scores): level -> bytes
-    per instance (empty where sysfs has none). The recorded sweep ran on this VM."""
+    """The recording host's data caches: level -> bytes per instance, as `record` wrote them
+    into the recording's notes (RECORDED_META `caches_bytes`); where they are not there, this
+    host's (Linux sysfs; empty where it has none). The VM behind "this host" changes between
+    sessions, so the scoring host's caches are not the recording's."""
+    meta = json.loads(RECORDED_META.read_text()) if RECORDED_META.is_file() else {}
+    return meta.get("caches_bytes") or sysfs_caches()
+
+
+def sysfs_caches() -> dict[str, int]:
+    """This host's data caches (Linux sysfs): level -> bytes per instance."""
     out = {}
     root = Path("/sys/devices/system/cpu/cpu0/cache")
     for index in sorted(root.glob("index*")) if root.is_dir() else []:
@@ -626,7 +710,7 @@ def gather_verdict(g: dict) -> str:
     cache = ", ".join(f"{k} {v / 2 ** 20:.0f} MiB" if v >= 2 ** 20 else f"{k} {v // 1024} KiB"
                       for k, v in g["caches_bytes"].items()) or "unknown"
     sizes = " and ".join(f"{b / 1e6:.1f} MB" for b in g["device_sizes_bytes"])
-    parts = [f"Caches on this host (sysfs, per instance; the sweep's 2 workers share the L3): {cache}. "
+    parts = [f"Caches of the host that recorded the sweep (sysfs, per instance; the sweep's 2 workers share the L3): {cache}. "
              f"A device gathers {sizes} of weights per layer; "
              + ("no cache level lies between them" if not g["cache_levels_between_device_sizes"] else
                 f"{', '.join(g['cache_levels_between_device_sizes'])} lies between them") + "."]
@@ -646,7 +730,7 @@ def gather_verdict(g: dict) -> str:
     parts.append("Verdict: " + (
         "the gathered bytes against the caches could order the error; a cache term is worth testing."
         if g["cache_could_explain"] else
-        "the gathered bytes against this host's caches do not order the error (equal bytes, errors more "
+        "the gathered bytes against that host's caches do not order the error (equal bytes, errors more "
         f"than the ±{100 * TARGET_CELL_BIAS:.0f}% cell target apart; no cache level between the per-device "
         "sizes), so no cache term was added; what separates the cells is the gather's structure (more than one "
         "group, the weights left split over z), not its bytes: an engine question (how the emulated "
@@ -843,6 +927,7 @@ def markdown(r: dict) -> str:
                      f"{pct(h['noise_floor_mape'])} | {pct(h['top1_agreement'])} [{pct(tc[0])}, {pct(tc[1])}] | "
                      f"{h['ranking_groups']} | {h['verdict_text']} |")
     lines += _issue20_lines(r)
+    lines += _second_host_lines(r.get("second_host"))
     lines += _gather_lines(r.get("gather_residuals"))
     lines += _multigroup_lines(r.get("multigroup_gathers"))
     lines += _one_chip_lines(r.get("one_chip_fold"))
@@ -1106,6 +1191,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --record: how the host was while it ran")
     parser.add_argument("--record-quickstart", metavar="STUDY",
                         help="export this finished quickstart study to benchmarks/data/ first")
+    parser.add_argument("--record-second-host", metavar="STUDY",
+                        help="export this finished calibration sweep, run on another host, to "
+                        "benchmarks/data/ as the second host's recording first")
     parser.add_argument("--csv", default=str(RECORDED), help="recorded trial table")
     parser.add_argument("--out", default=str(common.RESULTS), help="folder for calibration.{json,md}")
     args = parser.parse_args(argv)
@@ -1117,6 +1205,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.record_quickstart:
             print(json.dumps(record_quickstart(args.record_quickstart, args.storage, args.wall_s,
                                                args.note)), file=sys.stderr)
+        if args.record_second_host:
+            print(json.dumps(record_second_host(args.record_second_host, args.storage, args.note)),
+                  file=sys.stderr)
         result = evaluate(Path(args.csv))
     except ConfigError as err:
         print(f"benchmarks.calibration: error: {err}", file=sys.stderr)

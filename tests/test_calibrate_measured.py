@@ -6,6 +6,7 @@ no synthetic oracle produced (tests/test_calibrate.py covers the same code on sy
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -174,7 +175,9 @@ def test_gather_residuals_split_the_prefill_error_by_weights_gathered(recorded):
         assert r["gathered_per_device_layer_bytes"] == pytest.approx(per_layer)
         assert r["gathered_by_mesh_layer_bytes"] == pytest.approx(per_layer * chips)
         assert r["group"] * r["groups"] == chips and r["n"] > 0
-    assert g["text"].startswith("Caches on this host")
+    # the recording host's caches (its notes), not those of the host scoring it
+    assert g["text"].startswith("Caches of the host that recorded the sweep")
+    assert g["caches_bytes"] == json.loads(bench.RECORDED_META.read_text())["caches_bytes"]
     perfect = kfold.assign(predicted_s=kfold["measured_s"])
     ideal = bench.gather_residuals(perfect, points)
     assert all(r["signed_median"] == pytest.approx(0.0) for r in ideal["rows"])
@@ -260,3 +263,22 @@ def test_the_committed_one_chip_fold_table_is_what_its_json_renders():
     lines = bench._one_chip_lines(fold)
     assert "\n".join(lines) in (bench.common.RESULTS / "calibration.md").read_text()
     assert "1e-09 ms" not in "\n".join(lines)
+
+
+def test_the_second_hosts_recording_renders_beside_the_targets(tmp_path):
+    """benchmarks.calibration `second_host`: the calibration sweep recorded on another VM
+    (benchmarks/data/calibration-host2-*), scored by the same pipeline; its section names the
+    CPU and every scheme's error against its own floor. Absent data: no section."""
+    from benchmarks import calibration as bench
+
+    assert bench.second_host(tmp_path / "missing.csv") is None
+    assert bench._second_host_lines(None) == []
+    meta = json.loads(bench.SECOND_HOST_META.read_text())
+    assert meta["cpu"] and meta["study"]
+    committed = json.loads((ROOT / "benchmarks" / "results" / "calibration.json").read_text())["second_host"]
+    assert committed["recorded"]["study"] == meta["study"]
+    assert set(committed["holdouts"]) == set(bench.TARGET_SCHEMES)
+    text = "\n".join(bench._second_host_lines(committed))
+    assert meta["cpu"] in text and "## The same sweep on a second host" in text
+    for name, t in committed["holdouts"].items():
+        assert f"| {name} | {t['configurations']} |" in text
