@@ -74,14 +74,21 @@ TARGET_OVERHEAD_SHARE = 0.05   # issue 14: orchestration share of the calibratio
 # ----------------------------------------------------------------------------- record
 
 
-def record_quickstart(study: str, storage: str | None, wall_s: float | None, note: str) -> dict:
-    """Export a finished quickstart study's trial table and base profile to benchmarks/data/."""
+def _export_study(study: str, storage: str | None, csv: Path, base_yaml: Path):
+    """Write a finished study's trial table to `csv` and the profile it predicted with to
+    `base_yaml`; its `StudyData`."""
     from sweeper.analysis import calibrate as cal
 
     data = cal.load_study_data(study, storage)
-    data.frame.to_csv(QUICKSTART, index=False)
-    cal.write_profile(cal.study_base_profile(data.attrs), QUICKSTART_BASE,
+    data.frame.to_csv(csv, index=False)
+    cal.write_profile(cal.study_base_profile(data.attrs), base_yaml,
                       note=f"the profile study {study} predicted with, recorded by benchmarks.calibration")
+    return data
+
+
+def record_quickstart(study: str, storage: str | None, wall_s: float | None, note: str) -> dict:
+    """Export a finished quickstart study's trial table and base profile to benchmarks/data/."""
+    data = _export_study(study, storage, QUICKSTART, QUICKSTART_BASE)
     meta = {"study": study, "space": "search_spaces/quickstart.yaml", "wall_s": wall_s,
             "host_load_avg_1m_median": _median(data.frame.get("host_load_avg_1m")),
             "host_load_avg_1m_max": float(data.frame["host_load_avg_1m"].max())
@@ -201,12 +208,7 @@ def record(study: str, storage: str | None, wall_s: float | None, load: str | No
 def record_second_host(study: str, storage: str | None, note: str) -> dict:
     """Export a calibration sweep run on another host (its trial table, the profile it
     predicted with, the CPU) to benchmarks/data/ as the second host's recording."""
-    from sweeper.analysis import calibrate as cal
-
-    data = cal.load_study_data(study, storage)
-    data.frame.to_csv(SECOND_HOST, index=False)
-    cal.write_profile(cal.study_base_profile(data.attrs), SECOND_HOST_BASE,
-                      note=f"the profile study {study} predicted with, recorded by benchmarks.calibration")
+    data = _export_study(study, storage, SECOND_HOST, SECOND_HOST_BASE)
     meta = {"study": study, "space": "search_spaces/calibration.yaml", "cpu": common.cpu_model(),
             "host_load_avg_1m_median": _median(data.frame.get("host_load_avg_1m")), "note": note}
     SECOND_HOST_META.write_text(json.dumps(common.clean(meta), indent=2))
@@ -225,9 +227,7 @@ def second_host(csv: Path = SECOND_HOST, base_yaml: Path = SECOND_HOST_BASE) -> 
         return None
     frame = pd.read_csv(csv)
     base = load_hardware(str(base_yaml), field="hardware")
-    floors = {stat: calho.noise_floor(calfit.points_from_frame(frame, base, statistic=stat)).mape
-              for stat in STATISTICS}
-    statistic = min(STATISTICS, key=lambda st: floors[st])
+    statistic, floors = choose_statistic(frame, base)
     points = calfit.points_from_frame(frame, base, statistic=statistic)
     result = calho.calibrate(points, base, TARGET_SCHEMES, csv.stem, terms=calho.SELECT)
     recorded = pd.read_csv(RECORDED)
@@ -235,7 +235,8 @@ def second_host(csv: Path = SECOND_HOST, base_yaml: Path = SECOND_HOST_BASE) -> 
              for ph, col in (("prefill", "prefill_s"), ("decode", "decode_step_s"))}
     meta = json.loads(SECOND_HOST_META.read_text()) if SECOND_HOST_META.is_file() else {}
     return {"recorded": meta, "trials": int(len(frame)), "statistic": statistic,
-            "noise_floor_mape": floors, "terms_selected": list(result.terms),
+            "noise_floor_mape": {st: floors[st].mape for st in STATISTICS},
+            "terms_selected": list(result.terms),
             "start": {k: getattr(base, k) for k in ("peak_flops", "hbm_bandwidth", "ici_bandwidth")},
             "faster_than_recording": speed,
             "holdouts": {name: issue20_targets(ho) for name, ho in result.holdouts.items()
@@ -263,6 +264,18 @@ def _second_host_lines(h: dict | None) -> list[str]:
         lines.append(f"| {name} | {t['configurations']} | {pct(t['mape_vs_mean'])} | "
                      f"{pct(t['floor_vs_mean'])} | {cells} |")
     return lines
+
+
+def choose_statistic(frame: pd.DataFrame, base) -> tuple[str, dict]:
+    """The trial statistic, chosen by measurement: of STATISTICS, the one whose
+    single-measurement error (noise floor from the replicates) is lower; and every
+    statistic's noise floor."""
+    from sweeper.analysis import fit as calfit
+    from sweeper.analysis import holdout as calho
+
+    floors = {stat: calho.noise_floor(calfit.points_from_frame(frame, base, statistic=stat))
+              for stat in STATISTICS}
+    return min(STATISTICS, key=lambda st: floors[st].mape), floors
 
 
 def _median(series) -> float | None:
@@ -359,11 +372,7 @@ def evaluate(csv: Path = RECORDED, base_yaml: Path = RECORDED_BASE, seed: int = 
 
     frame = pd.read_csv(csv)
     base = load_hardware(str(base_yaml), field="hardware")
-    # The trial statistic, chosen by measurement: the one whose single-measurement error
-    # (noise floor from the replicates) is lower.
-    floors = {stat: calho.noise_floor(calfit.points_from_frame(frame, base, statistic=stat))
-              for stat in STATISTICS}
-    statistic = min(STATISTICS, key=lambda st: floors[st].mape)
+    statistic, floors = choose_statistic(frame, base)
     points = calfit.points_from_frame(frame, base, statistic=statistic)
     result = calho.calibrate(points, base, calho.HOLDOUTS, csv.stem, terms=calho.SELECT)
     unweighted = calho.calibrate(points, base, ("kfold",), csv.stem, weighted=False,

@@ -96,10 +96,9 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
         text = Path(cpuinfo).read_text()
     except OSError:
         return None
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines()
-                 if line.startswith("model name")), None)
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
+    fields = [line.split(":", 1) for line in text.splitlines() if ":" in line]
+    name = next((value.strip() for key, value in fields if key.strip() == "model name"), None)
+    flags = next((value.split() for key, value in fields if key.strip() == "flags"), [])
     return None if name is None else name + (", avx512_bf16" if "avx512_bf16" in flags else "")
 
 

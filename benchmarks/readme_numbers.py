@@ -375,7 +375,7 @@ def overhead_rows(ovh: dict) -> list[list]:
         r = ovh.get(name)
         if not r or "span_share" not in r or "span_share_max" not in t:
             continue
-        runs = r.get("earlier_runs", []) + [r]      # a section rerun keeps its earlier runs
+        runs = _every_run(r)
         measured = ", ".join(f"{common.pct(x['span_share'])} / {common.pct(x['orchestration_share'])}"
                              for x in runs)
         counted = "one run" if len(runs) == 1 else f"{len(runs)} runs"
@@ -388,13 +388,18 @@ def overhead_rows(ovh: dict) -> list[list]:
     for name in ("calibration", "calibration_full"):
         c = ovh.get(name)
         if c and "calibration_reuse_min" in t:
-            runs = c.get("earlier_runs", []) + [c]
+            runs = _every_run(c)
             rows.append(["sweep overhead", f"{_SWEEP_NAMES[name]}: compiled programs reused in >= "
                          f"{common.pct(t['calibration_reuse_min'], 0)} of trials",
                          ", ".join(common.pct(x["reuse_rate"]) for x in runs) + f" of {c['trials']} trials"
                          + ("" if len(runs) == 1 else f" ({len(runs)} runs)"),
                          common.met(all(x["reuse_rate"] >= t["calibration_reuse_min"] for x in runs))])
     return rows
+
+
+def _every_run(section: dict) -> list[dict]:
+    """A sweep section's runs: a rerun section keeps its earlier runs (`earlier_runs`)."""
+    return section.get("earlier_runs", []) + [section]
 
 
 # the summary's names of sweep_overhead's sweep sections

@@ -75,12 +75,13 @@ GRID_SPACE = common.DATA / "interleaved-grid.yaml"
 CALIBRATION_SUBSET = {"batch": [8], "attn": ["head"], "prefill_ffn": ["ws2d", "wg_xyz"]}
 CACHE_PAIRS = 3
 SECTIONS = ("tiny", "tune", "quickstart", "grid", "calibration", "calibration_full", "cache")
-SWEEPS = ("quickstart", "grid", "calibration", "calibration_full")   # the sections that are sweeps
 CALIBRATION_SPACE = common.ROOT / "search_spaces" / "calibration.yaml"
+# the sections that are sweeps, with their results' labels
 SWEEP_LABELS = {"quickstart": "quickstart (TPE, 20 trials)",
                 "grid": "interleaved grid (24 trials, chips 1/2/4)",
                 "calibration": "calibration subset (32 trials, chips 1/2/4/8)",
                 "calibration_full": "calibration sweep (192 trials, chips 1/2/4/8)"}
+SWEEPS = tuple(SWEEP_LABELS)
 OBJECTIVES = [{"metric": "decode_step_s", "direction": "minimize"},
               {"metric": "decode_cost_chip_s_per_token", "direction": "minimize"}]
 TINY_SPACE = {
@@ -522,14 +523,13 @@ def calibration_subset():
 
     from sweeper.sweep.space import load_space
 
-    path = CALIBRATION_SPACE
-    data = yaml.safe_load(path.read_text())
+    data = yaml.safe_load(CALIBRATION_SPACE.read_text())
     data["params"] = {**data["params"], **CALIBRATION_SUBSET}
     data["trials"] = 1
     for values in data["params"].values():
         data["trials"] *= len(values)
     data["name"] = "bench-calibration-subset"
-    return load_space(data, source=str(path))
+    return load_space(data, source=str(CALIBRATION_SPACE))
 
 
 def run_figures(section: dict) -> dict:
