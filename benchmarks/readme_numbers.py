@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -368,9 +369,15 @@ def overhead_rows(ovh: dict) -> list[list]:
     t, rows = ovh.get("targets") or {}, []
     q = ovh.get("quickstart")
     if q and t.get("quickstart_wall_s_max"):
-        rows.append(["sweep overhead", f"the quickstart <= {t['quickstart_wall_s_max']:.0f} s end to end on 2 cores",
-                     f"{q['wall_s']:.1f} s (one run, load {q['context']['load_average'][0]:.1f})",
-                     common.met(q["wall_s"] <= t["quickstart_wall_s_max"])])
+        runs, limit = _every_run(q), t["quickstart_wall_s_max"]
+        walls = sorted(x["wall_s"] for x in runs)
+        median = statistics.median(walls)
+        measured = (f"{q['wall_s']:.1f} s (one run, load {q['context']['load_average'][0]:.1f})"
+                    if len(runs) == 1 else
+                    f"median {median:.1f} s over {len(runs)} runs (range {walls[0]:.1f}-{walls[-1]:.1f} s, "
+                    f"{sum(w <= limit for w in walls)} of {len(runs)} within)")
+        rows.append(["sweep overhead", f"the quickstart <= {limit:.0f} s end to end on 2 cores",
+                     measured, common.met(median <= limit)])
     for name in ("quickstart", "grid", "calibration", "calibration_full"):
         r = ovh.get(name)
         if not r or "span_share" not in r or "span_share_max" not in t:
@@ -398,8 +405,9 @@ def overhead_rows(ovh: dict) -> list[list]:
 
 
 def _every_run(section: dict) -> list[dict]:
-    """A sweep section's runs: a rerun section keeps its earlier runs (`earlier_runs`)."""
-    return section.get("earlier_runs", []) + [section]
+    """A sweep section's runs: a rerun section keeps its earlier runs (`earlier_runs`), a
+    repeated quickstart every run (`runs`)."""
+    return section.get("runs") or section.get("earlier_runs", []) + [section]
 
 
 # the summary's names of sweep_overhead's sweep sections
