@@ -46,7 +46,10 @@ Both start from Ray not running (Ray start-up is part of both), run one trial at
 (the formula assumes serial trials) and get the same host share for MFU. A trial's run
 time is the wall time of its `run_trial` call on the worker (compile included, when a
 shape is new). Then the shipped quickstart (`sweeper run search_spaces/quickstart.yaml`, 20
-trials, 2 workers) is run once, timed end to end; its compile-cache hit rate is reported,
+trials, 2 workers) is run once (`--quickstart-runs N`: N times, judged on the median),
+timed end to end with the host profile already cached under SWEEPER_HOME (a first run on
+a new machine measures it as well, in the controller's `profile` phase: not in these times
+unless the benchmark's own home has none); its compile-cache hit rate is reported,
 then the end-of-sweep analysis the command runs after the sweep (`analysis_s`, timed apart:
 the 30 s target is the sweep's), and its study is what `benchmarks.calibration` then fits (run_all passes it on). Target:
 sweeper overhead <= Ray Tune's, and overhead x quickstart trials < 5% of the quickstart's
