@@ -548,11 +548,12 @@ def run_figures(section: dict) -> dict:
             "context": section.get("context")}
 
 
-def quickstart_runs(section: dict | None) -> list[dict]:
-    """Every run of a repeated quickstart (`--quickstart-runs`), else the one run."""
+def every_run(section: dict | None) -> list[dict]:
+    """A sweep section's runs, each as `run_figures`: a repeated quickstart keeps every run
+    (`runs`), a rerun section its earlier runs (`earlier_runs`) before the last."""
     if not section:
         return []
-    return section.get("runs") or [run_figures(section)]
+    return section.get("runs") or [*section.get("earlier_runs", []), run_figures(section)]
 
 
 def median_of(runs: list[dict], key: str) -> float | None:
@@ -586,7 +587,7 @@ def issue22_targets(r: dict) -> dict:
     if r.get("quickstart"):
         # TPE's draws follow the measured values, so which shapes a run compiles (and its
         # wall time) differ from run to run: a repeated quickstart is judged on its median
-        runs = quickstart_runs(r["quickstart"])
+        runs = every_run(r["quickstart"])
         q = out["quickstart"]
         q["runs"] = len(runs)
         if len(runs) > 1:
@@ -655,9 +656,8 @@ def markdown_issue22(r: dict) -> str:
                      f"for {a['ran']}, {common.pct(a.get('reuse_rate'))}, "
                      f"{common.pct(a.get('orchestration_share'))} over the whole command "
                      f"({common.pct(a.get('span_share'))} within the trials' span)")
-    runs = (r.get("calibration_full") or {}).get("earlier_runs")
-    if runs:
-        every = runs + [run_figures(r["calibration_full"])]
+    if (r.get("calibration_full") or {}).get("earlier_runs"):
+        every = every_run(r["calibration_full"])
         lines.append(f"- the whole calibration sweep, every run ({len(every)}; the table shows the "
                      "last): " + "; ".join(
                          f"{(f.get('context') or {}).get('time')} (load "
@@ -686,7 +686,7 @@ def markdown_issue22(r: dict) -> str:
         n = b.get("runs", 1)
         lines.append(f"- {key} ({'one run' if n == 1 else f'median of {n} runs'}): "
                      + "; ".join(parts))
-    every = quickstart_runs(r.get("quickstart"))
+    every = every_run(r.get("quickstart"))
     if len(every) > 1:
         t_q = t.get("quickstart") or {}
         lines.append(
