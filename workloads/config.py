@@ -349,6 +349,17 @@ class HardwareProfile:
     serving_handover_latency_s: float = 0.0
     serving_decode_wake_s: float = 0.0
     serving_prefill_idle_after_s: float = 0.0
+    # Where a measured profile came from (`sweeper calibrate`, docs/host-calibration.md): the
+    # host it describes (`host_key`), when, how long it took, the probes' held-out error.
+    # Plain data, never used to predict; empty for presets and hand-written profiles.
+    calibration: dict = dataclasses.field(default_factory=dict, hash=False)
+    # A calibrated host's cost model (workloads/hostmodel.py HostModel.to_dict(): fitted costs
+    # per phase, the worker share they were measured at, the cache): when present,
+    # costmodel.predict_phase takes each call's latency from it. Empty = the paper's model.
+    host_model: dict = dataclasses.field(default_factory=dict, hash=False)
+    # The share of the whole profile this one is (HardwareProfile.scaled multiplies it): a
+    # host model's counts need the worker's share of the host, share x chips.
+    host_share: float = 1.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -362,7 +373,8 @@ class HardwareProfile:
         if fraction == 1.0:
             return self
         return dataclasses.replace(
-            self, peak_flops=self.peak_flops * fraction, hbm_bandwidth=self.hbm_bandwidth * fraction,
+            self, host_share=self.host_share * fraction,
+            peak_flops=self.peak_flops * fraction, hbm_bandwidth=self.hbm_bandwidth * fraction,
             ici_bandwidth=self.ici_bandwidth * fraction,
             hbm_bytes=self.hbm_bytes * fraction if memory else self.hbm_bytes,
             collective_bandwidth_by_group={kind: {g: bw * fraction for g, bw in groups.items()}
@@ -410,6 +422,20 @@ class HardwareProfile:
             values[key] = _by_group(data.get(key) or {}, f"{prefix}{key}", what,
                                     positive=key.startswith("collective_bandwidth"), source=source)
         values.update(_serving_fields(data, source, prefix))
+        calibration = data.get("calibration") or {}
+        if not isinstance(calibration, Mapping):
+            raise ConfigError(f"{prefix}calibration", calibration,
+                              "a mapping (written by `sweeper calibrate`)", source)
+        values["calibration"] = dict(calibration)
+        host_model = data.get("host_model") or {}
+        if not isinstance(host_model, Mapping) or (host_model and not isinstance(
+                host_model.get("costs"), Mapping)):
+            raise ConfigError(f"{prefix}host_model", host_model,
+                              "a mapping {share, cache_bytes, costs: {prefill: {...}, decode: {...}}} "
+                              "(written by `sweeper calibrate`)", source)
+        values["host_model"] = dict(host_model)
+        if "host_share" in data:
+            values["host_share"] = parse_quantity(data["host_share"], f"{prefix}host_share", source)
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
 
