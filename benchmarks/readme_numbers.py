@@ -30,7 +30,7 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks import common, sweep_overhead
+from benchmarks import common, figures, sweep_overhead
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("engine_efficiency", "sweep_overhead", "calibration", "profile_predict", "search_efficiency")
@@ -96,7 +96,7 @@ def overhead_section(r: dict) -> list[str]:
                  f"({common.met(r['meets_tune_target'])}, one run each);")
     if q:
         lines.append(f"- overhead < {common.pct(r['targets']['quickstart_overhead_share_max'], 0)} of the "
-                     f"quickstart's wall time: {common.pct(r['quickstart_overhead_share'])} of "
+                     f"quickstart's in-process wall time: {common.pct(r['quickstart_overhead_share'])} of "
                      f"{q['wall_s']:.1f} s ({q['trials']} trials, compile-cache hit rate "
                      f"{common.pct(q['compile_cache_hit_rate'])}): {common.met(r['meets_quickstart_target'])}.")
     return lines
@@ -263,11 +263,21 @@ def number(results: Path, file: str, path: str, fmt: str) -> str:
     return FORMATS[fmt](value)
 
 
-def paper_fit_block(results: Path) -> str:
-    md = results / "paper_fit.md"
+def _results_md(results: Path, name: str) -> list[str]:
+    md = results / f"{name}.md"
     if not md.is_file():
         raise Stale(f"no results file {md}")
-    return md.read_text().rstrip() + "\n"
+    lines = md.read_text().rstrip().splitlines()
+    return lines[1:] if lines and lines[0].startswith("# ") else lines
+
+
+def paper_fit_block(results: Path) -> str:
+    """benchmarks/results/paper_fit.md's headline paragraphs (docs/cost-model.md quotes
+    them); its tables of every row and every partial fit stay in the results file."""
+    lines = _results_md(results, "paper_fit")
+    cut = next((i for i, line in enumerate(lines) if line.startswith("The same leave-one-out")),
+               len(lines))
+    return "\n".join(lines[:cut]).strip() + "\n"
 
 
 def one_section(name: str):
@@ -285,22 +295,57 @@ BLOCKS["performance"] = lambda results: generate(results)
 
 
 def serving_validation_block(results: Path) -> str:
-    """benchmarks/results/serving_validation.md without its title (docs/serving.md quotes it);
-    of a several-run file, the summary over the runs and the last run (each run renders
-    alike: the others stay in the results file)."""
-    md = results / "serving_validation.md"
-    if not md.is_file():
-        raise Stale(f"no results file {md}")
-    lines = md.read_text().rstrip().splitlines()
-    lines = lines[1:] if lines and lines[0].startswith("# ") else lines
-    runs = [i for i, line in enumerate(lines) if line.startswith("#### Run ")]
-    if len(runs) > 1:
-        note = (f"Runs 1 to {len(runs) - 1} are rendered alike in "
-                "`benchmarks/results/serving_validation.md`; the last run:")
-        lines = [*lines[:runs[0]], note, "", *lines[runs[-1]:]]
-    return "\n".join(lines).strip() + "\n"
+    """benchmarks/results/serving_validation.md's summary (docs/serving-validation.md quotes
+    it): its header and, of a several-run file, the summary over the runs and the table of
+    the runs; the per-case tables stay in the results file."""
+    lines = _results_md(results, "serving_validation")
+    cut = next((i for i, line in enumerate(lines)
+                if line.startswith("Per case:") or line.startswith("| deployment |")), len(lines))
+    return "\n".join(lines[:cut]).strip() + "\n"
 
 
+def serving_validation_summary_block(results: Path) -> str:
+    """The within-target counts alone (docs/serving.md): the summary's bullets."""
+    data = _load(results, "serving_validation")
+    if data is None:
+        raise Stale(f"no results file {results / 'serving_validation.json'}")
+    each = data.get("runs") or [data]
+    lines = []
+    for stat, s in data["summary"].items():
+        def counts(key: str) -> str:
+            return ", ".join(f"{r['summary'][stat][key]}/{s['cases']}" for r in each
+                             if r["summary"][stat].get(key) is not None)
+        of = f" ({len(each)} runs)" if len(each) > 1 else ""
+        lines.append(f"- **{stat}** (target: within {common.pct(s['target'], 0)}): the prediction "
+                     f"within target in {counts('within_target')} cases{of}; the replay (the "
+                     f"model's rules on the streams' own calls) in {counts('replay_within_target')}.")
+    return "\n".join(lines) + "\n"
+
+
+BLOCKS["serving_validation_summary"] = serving_validation_summary_block
+
+
+def example_block(name: str):
+    def render(results: Path) -> str:
+        from benchmarks import examples
+        from benchmarks.render import examples as render
+
+        data = _load(results, "examples")
+        if data is None or name not in data.get("examples", {}):
+            raise Stale(f"no recorded example {name!r} in {results / 'examples.json'} "
+                        f"(python -m benchmarks.examples --only {name})")
+        return render.block(data, name, examples.view(name))
+    return render
+
+
+def _example_names() -> tuple[str, ...]:
+    from benchmarks import examples
+
+    return tuple(examples.EXAMPLES)
+
+
+BLOCKS.update({f"example-{name}": example_block(name) for name in _example_names()})
+BLOCKS["plan_speed"] = lambda results: "\n".join(_results_md(results, "plan_speed")).strip() + "\n"
 BLOCKS["serving_validation"] = serving_validation_block
 
 
@@ -341,27 +386,6 @@ def fill(text: str, results: Path, where: str) -> tuple[str, list[str]]:
     return BLOCK.sub(block, current[0]), problems
 
 
-# Pages that report measurements: there a rate or a ratio in prose must come from a marker
-# (the stale "429-445 GFLOP/s" and "18x at batch 1" of issue 21 were such hand-typed text).
-MEASURED_PAGES = ("README.md", "docs/performance.md", "docs/calibration.md", "docs/measurement.md")
-MEASURED_NUMBER = re.compile(r"(?<![\w.])\d[\d.,]*\s?(?:[GT]FLOP/s|[GT]B/s)"
-                             r"|(?<![\w.])\d+(?:\.\d+)?[×x](?![\w×]|\s*\d)")   # 18x, 2.37×; not 2x2x1
-
-
-def unmarked_numbers(text: str, where: str) -> list[str]:
-    """Rates and ratios in prose (outside code blocks, blocks and spans) of a measured page."""
-    bare = BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), SPAN.sub("", text))
-    found, fenced = [], False
-    for number, line in enumerate(bare.split("\n"), 1):
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-            continue
-        if not fenced:
-            found += [f"{where}:{number}: {m.group(0)!r} is typed by hand; quote it from a results "
-                      "file (an n: marker)" for m in MEASURED_NUMBER.finditer(line)]
-    return found
-
-
 def overhead_rows(ovh: dict) -> list[list]:
     """Issue 22's targets: the quickstart's wall time, the slots' time outside trials (within
     the trials' span and over the command) per sweep, compiled programs reused."""
@@ -374,7 +398,8 @@ def overhead_rows(ovh: dict) -> list[list]:
                     if judged["runs"] == 1 else
                     f"median {judged['wall_s']:.1f} s over {judged['runs']} runs (range {low:.1f}-{high:.1f} s, "
                     f"{judged['runs_meeting_wall_s']} of {judged['runs']} within)")
-        rows.append(["sweep overhead", f"the quickstart <= {t['quickstart_wall_s_max']:.0f} s end to end on 2 cores",
+        rows.append(["sweep overhead", f"the quickstart <= {t['quickstart_wall_s_max']:.0f} s on 2 cores "
+                     "(in-process: from the sweep's call to its return)",
                      measured, common.met(judged["meets_wall_s"])])
     for name in ("quickstart", "grid", "calibration", "calibration_full"):
         r = ovh.get(name)
@@ -424,13 +449,19 @@ def paper_and_serving_rows(results: Path) -> list[list]:
         for stat, v in serving["summary"].items():
             # several runs (serving_validation --runs N): the median run's count, every run's
             runs = v.get("within_target_runs")
-            of_runs = (f" (median of {len(runs)} runs: {', '.join(str(n) for n in runs)})"
-                       if runs and len(runs) > 1 else "")
+            several = bool(runs and len(runs) > 1)
+            of_runs = f" (median of {len(runs)} runs: {', '.join(str(n) for n in runs)})" if several else ""
+            # of several runs, the summary's error is a median over the cases of each case's
+            # median over the runs, smaller than any run's own median error: named as such
+            error = (f"median over the cases of each case's absolute median error over the runs "
+                     f"{common.pct(v['median_abs_error'])} (each run's own median absolute error: " + ", ".join(
+                         common.pct(r["summary"][stat]["median_abs_error"], 0) for r in serving["runs"]) + ")"
+                     if several and serving.get("runs") else
+                     f"median absolute error over the cases {common.pct(v['median_abs_error'])}")
             rows.append(["serving", f"predicted {stat} TTFT/TPOT within {common.pct(v['target'], 0)} of "
                          "real serving runs",
-                         f"{v['within_target']}/{v['cases']} cases{of_runs}, median absolute error "
-                         f"{common.pct(v['median_abs_error'])} (replicate spread "
-                         f"{common.pct(v['median_replicate_spread'])})",
+                         f"{v['within_target']}/{v['cases']} cases{of_runs}, {error}; median replicate "
+                         f"spread {common.pct(v['median_replicate_spread'])}",
                          common.met(v["within_target"] == v["cases"])])
     speed = _load(results, "plan_speed")
     if speed:
@@ -571,8 +602,14 @@ def main(argv: list[str] | None = None) -> int:
         where = str(path.relative_to(root))
         new, found = fill(text, results, where)
         problems += found
-        if where in MEASURED_PAGES:
-            problems += unmarked_numbers(text, where)
+        bare = figures.bare_figures(text, where, BLOCK, SPAN, readme=where == "README.md")
+        if where in figures.PENDING:
+            if bare:      # listed, not failed: figures.PENDING says why
+                print(f"{where}: {len(bare)} figures typed by hand, pending: "
+                      f"{figures.PENDING[where]}", file=sys.stderr)
+                print("\n".join(f"  pending {line}" for line in bare), file=sys.stderr)
+        else:
+            problems += bare
         if new != text:
             changed.append(path)
             if not args.check:

@@ -100,10 +100,11 @@ def test_summary_is_generated_from_the_results_files(tmp_path):
     assert text == (common.RESULTS / "summary.md").read_text()
 
 
-def test_hand_typed_rates_and_ratios_in_a_measured_page_fail_the_check(tmp_path, capsys):
+def test_hand_typed_figures_fail_the_check_on_every_page(tmp_path, capsys):
     """Issue 21's stale numbers ("429-445 GFLOP/s", "18x at batch 1") were typed by hand in
-    prose; a measured page now fails the check on such text, and only there: code blocks,
-    markers and shapes like 2x2x1 or 8 x 64 are not numbers to quote."""
+    prose; since issue 37 every page is checked, for every unit (tests/test_figures.py has
+    the units): rewriting fills the markers and reports the typed text, `--check` fails on it,
+    naming file and line; code blocks, markers and shapes like 2x2x1 or 8 x 64 are not."""
     root = tmp_path / "repo"
     (root / "docs").mkdir(parents=True)
     (root / "README.md").write_text("topology 2x2x1, 8 x 64 tokens, bf16×bf16\n")
@@ -112,7 +113,7 @@ def test_hand_typed_rates_and_ratios_in_a_measured_page_fail_the_check(tmp_path,
         "```\npeak_flops 63.6 GFLOP/s (an example output)\n```\n"
         "Decode is 18x its bound at batch 1, 1.5× at batch 8.\n"
         "Read at <!-- n:engine_efficiency:host_profile.hbm_bandwidth:gbs1 -->X<!-- /n -->.\n")
-    (root / "docs" / "engine.md").write_text("not a measured page: 28.5 ms, 275 TFLOP/s\n")
+    (root / "docs" / "engine.md").write_text("a step of 28.5 ms, 275 TFLOP/s\n")
     argv = ["--results", str(common.RESULTS), "--root", str(root)]
     assert readme_numbers.main(argv) == 1          # fills the marker, reports the typed text
     engine = json.loads((common.RESULTS / "engine_efficiency.json").read_text())
@@ -122,8 +123,10 @@ def test_hand_typed_rates_and_ratios_in_a_measured_page_fail_the_check(tmp_path,
     assert readme_numbers.main(argv + ["--check"]) == 1
     err = capsys.readouterr().err
     flagged = [line for line in err.splitlines() if "typed by hand" in line]
-    assert [re.search(r"'([^']*)' is typed", line)[1] for line in flagged] == ["445 GFLOP/s", "18x", "1.5×"]
-    assert flagged[0].startswith("docs/performance.md:1:") and flagged[1].startswith("docs/performance.md:5:")
+    assert [re.search(r"'([^']*)' is typed", line)[1] for line in flagged] == [
+        "28.5 ms", "275 TFLOP/s", "429-445 GFLOP/s", "18x", "1.5×"]
+    assert flagged[0].startswith("docs/engine.md:1:") and flagged[2].startswith("docs/performance.md:1:")
+    assert flagged[3].startswith("docs/performance.md:5:")
 
 
 def test_a_rerun_sweep_section_is_judged_on_every_run():
@@ -173,12 +176,12 @@ def test_a_repeated_quickstart_is_judged_on_its_median():
     assert targets["wall_s_range"] == [28.0, 36.0] and targets["runs_meeting_wall_s"] == 2
     assert targets["span_share"] == 0.07 and targets["runs"] == 3
     ovh = {"targets": {"quickstart_wall_s_max": 30.0}, "quickstart": quick}
-    [row] = [r for r in readme_numbers.overhead_rows(ovh) if "end to end" in r[1]]
+    [row] = [r for r in readme_numbers.overhead_rows(ovh) if "in-process" in r[1]]
     assert row[2] == "median 29.0 s over 3 runs (range 28.0-36.0 s, 2 of 3 within)"
     assert row[3] == common.met(True)
     quick["runs"][1]["wall_s"] = 31.0                                      # median 31 s: missed
     assert not sweep_overhead.issue22_targets({"quickstart": quick})["quickstart"]["meets_wall_s"]
-    [row] = [r for r in readme_numbers.overhead_rows(ovh) if "end to end" in r[1]]
+    [row] = [r for r in readme_numbers.overhead_rows(ovh) if "in-process" in r[1]]
     assert row[3] == common.met(False)
     # one run (no `runs`): judged as before
     one = sweep_overhead.issue22_targets({"quickstart": run(31.0, 0.07)})["quickstart"]
