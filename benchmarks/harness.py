@@ -13,7 +13,8 @@ pieces of `benchmarks/report.py`. The harness gives every benchmark the same ste
 2. `analyse(raw, args)`: the figures and the verdicts against the targets (by default the
    measurement is the result);
 3. write `NAME.json`: the result, JSON-safe (`common.clean`). Keys named in `raw_keys`
-   (bulky raw logs, found anywhere in the result) go to `NAME.raw.json.gz` beside it, so the
+   (bulky raw logs: dicts or lists under those keys anywhere in the result) go to
+   `NAME.raw.json.gz` beside it, so the
    results file stays small enough to read; `load` puts them back;
 4. render `NAME.md` (`render/<name>.py`), print it, and log one MLflow run (experiment
    `sweeper/benchmarks`) with `metrics(result)` and both files.
@@ -48,7 +49,7 @@ class Benchmark:
     metrics: Callable[[dict], dict] = lambda result: {}
     params: Callable[[argparse.Namespace], dict] = lambda args: {}
     raw_keys: tuple[str, ...] = ()                     # split off to NAME.raw.json.gz
-    log: bool = True                                   # an MLflow run per measurement
+    log: bool = False                                  # an MLflow run per measurement
     extra_files: Callable[[dict, Path], list[Path]] = field(default=lambda result, out: [])
 
 
@@ -65,7 +66,7 @@ def _split(value: Any, keys: tuple[str, ...], raw: list) -> Any:
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            if k in keys and v is not None:
+            if k in keys and isinstance(v, (dict, list)):     # a log, not a count named alike
                 raw.append(v)
                 out[k] = {"raw": len(raw) - 1}
             else:
@@ -85,20 +86,27 @@ def _join(value: Any, keys: tuple[str, ...], raw: list) -> Any:
     return value
 
 
-def write(name: str, result: dict, text: str, out: Path, raw_keys: tuple[str, ...] = ()) -> list[Path]:
-    """NAME.json (and NAME.raw.json.gz with the `raw_keys` entries) and NAME.md in `out`."""
+def write_json(name: str, result: dict, out: Path, raw_keys: tuple[str, ...] = ()) -> list[Path]:
+    """NAME.json in `out`, its `raw_keys` entries in NAME.raw.json.gz beside it. A benchmark
+    that measures for long calls it after each part: nothing measured is lost."""
     out.mkdir(parents=True, exist_ok=True)
     raw: list = []
     data = _split(common.clean(result), raw_keys, raw) if raw_keys else common.clean(result)
-    files = [out / f"{name}.json", out / f"{name}.md"]
+    files = [out / f"{name}.json"]
     files[0].write_text(json.dumps(data, indent=1))
-    files[1].write_text(text)
     if raw:
         files.append(out / f"{name}{RAW_SUFFIX}")
         # mtime 0: the same logs give the same bytes
-        with gzip.GzipFile(files[2], "wb", mtime=0) as f:
+        with gzip.GzipFile(files[1], "wb", mtime=0) as f:
             f.write(json.dumps(raw, separators=(",", ":")).encode())
     return files
+
+
+def write(name: str, result: dict, text: str, out: Path, raw_keys: tuple[str, ...] = ()) -> list[Path]:
+    """NAME.json (and NAME.raw.json.gz with the `raw_keys` entries) and NAME.md in `out`."""
+    files = write_json(name, result, out, raw_keys)
+    (out / f"{name}.md").write_text(text)
+    return [files[0], out / f"{name}.md", *files[1:]]
 
 
 def load(name: str, out: Path = common.RESULTS, raw_keys: tuple[str, ...] = ()) -> dict | None:

@@ -31,7 +31,7 @@ def trimmed(example: dict, run: dict) -> list[str]:
 
 
 def caption(run: dict) -> str:
-    c, e = run.get("context") or {}, run.get("context_end") or {}
+    c = run.get("context") or {}
     load = (c.get("load_average") or [None])[0]
     return (f"_Recorded by `python -m benchmarks.examples` on {run['started']}"
             + (f" (commit {run['commit']})" if run.get("commit") else "")
