@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from sweeper.analysis import hostfit
 from sweeper.analysis.observations import (PHASE_METRIC, UNIT as _UNIT, Observation,  # noqa: F401
                                            from_frame, metric_of, predict_latency)
 from workloads import costmodel
@@ -428,6 +429,9 @@ def fit_profile(points: list[Observation], base: HardwareProfile, space: ParamSp
     a few starts, the best kept. `weighted`: each relative error times `point_weights`."""
     if not points:
         raise CalibrationError("points", 0, "at least one measured point to fit")
+    if base.host_model:   # a calibrated host: corrections to its measured costs (hostfit.py)
+        weights = point_weights(points) if weighted else None
+        return Fit(*hostfit.fit(points, base, name, weights))
     # A profile's measured times by kind and group size (`sweeper profile`) would override
     # the fitted bandwidth and latencies for those collectives, leaving them unfittable and
     # breaking PhaseTerms's linear terms: the fit starts from the profile's scalar constants.
