@@ -38,8 +38,20 @@ MIN_CONFIGURATIONS = 4       # enough to hold one out and still fit
 
 
 def observations_of(path: str | Path, base: HardwareProfile):
-    """The CSV's rows as observations, MFU read against `base`'s (published) peak."""
-    return from_measurements(load_measurements(path), base.peak_flops)
+    """The CSV's rows as observations, MFU read against `base`'s (published) peak. A row
+    that names its chip (`hardware`) is kept only on `base`'s chip (its name, or the datasheet
+    of a preset fitted to published rows), and a row that needs a behaviour the model lacks
+    (`needs`) never: neither can calibrate `base`."""
+    from workloads.config import WORLD_CALIBRATION
+
+    chips = {base.name, WORLD_CALIBRATION.get(base.name, {}).get("datasheet")}
+    rows = load_measurements(path)
+    kept = [p for p in rows if (p.hardware is None or p.hardware in chips) and not p.needs]
+    if not kept:
+        raise CalibrationError("measurements", str(path), f"rows measured on {base.name} that "
+                               f"need no behaviour the model lacks (its {len(rows)} rows are "
+                               f"on {sorted({p.hardware for p in rows if p.hardware})})")
+    return from_measurements(kept, base.peak_flops)
 
 
 def calibrate_measurements(path: str | Path, base: HardwareProfile, holdouts=("loo",),
