@@ -281,6 +281,20 @@ def one_section(name: str):
 
 BLOCKS = {name: one_section(name) for name in NAMES}
 BLOCKS["paper_fit"] = paper_fit_block
+
+
+WORLD_EVERY_ROW = "## Every row"   # benchmarks/world.py EVERY_ROW (not imported: it fits)
+
+
+def world_block(results: Path) -> str:
+    """benchmarks/results/world.md up to its every-row table (docs/world.md quotes it)."""
+    md = results / "world.md"
+    if not md.is_file():
+        raise Stale(f"no results file {md}")
+    return md.read_text().split(WORLD_EVERY_ROW)[0].rstrip() + "\n"
+
+
+BLOCKS["world"] = world_block
 BLOCKS["performance"] = lambda results: generate(results)
 
 

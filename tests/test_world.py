@@ -189,3 +189,11 @@ def test_the_measurements_fit_keeps_only_its_chips_rows(tmp_path):
     data = yaml.safe_load(WORLD_PRESETS_FILE.read_text())
     assert set(data) == set(WORLD_CALIBRATION)
     assert dataclasses.asdict(HARDWARE_PRESETS["a100-80g-world"])["name"] == "a100-80g-world"
+
+
+def test_the_docs_block_is_the_results_up_to_every_row():
+    from benchmarks import readme_numbers
+
+    assert readme_numbers.WORLD_EVERY_ROW == world.EVERY_ROW
+    block = readme_numbers.world_block(ROOT / "benchmarks" / "results")
+    assert "fitted, source held out" in block and world.EVERY_ROW not in block
