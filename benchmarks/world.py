@@ -31,10 +31,11 @@ import yaml
 
 from benchmarks.common import DATA, ROOT, clean, pct, table, write
 from sweeper.analysis import external
-from sweeper.analysis.observations import metric_of
-from workloads.config import HARDWARE_PRESETS, load_hardware
-from workloads.measurements import (MeasuredPoint, load_measurements, predict_point,
-                                    published_from_latency)
+from sweeper.analysis.holdout import heldout
+from sweeper.analysis.observations import metric_of, predict_latency
+from workloads.config import load_hardware
+from workloads.measurements import (MeasuredPoint, configuration_key, load_measurements,
+                                    predict_point, published_from_latency)
 
 SERVING = DATA / "published-serving.csv"
 PAPER = DATA / "paper-tpu-v4.csv"
@@ -83,6 +84,7 @@ def score(rows: list[MeasuredPoint], sheets: dict) -> list[dict]:
     out = []
     for p in rows:
         h = held[id(p)]
+        # the sheet's latency (an MFU row asked as a latency row), then in the row's metric
         sheet_latency = predict_point(dataclasses.replace(p, mfu=None, latency_s=1.0), sheets[p.hardware])
         value, sheet, fitted = published(p), in_metric(p, sheet_latency, sheets), in_metric(p, h["latency_s"], sheets)
         out.append({"row": p.row, "source_id": p.source_id, "hardware": p.hardware,
@@ -170,8 +172,6 @@ def variants(rows: list[MeasuredPoint], sheets: dict) -> dict:
     """The held-out median per metric with other pooling rules, measured beside the
     headline's (the family, else every chip): each chip alone (a source whose chip no other
     source measured is then not predicted), and every chip pooled."""
-    from sweeper.analysis.observations import predict_latency
-
     rules = {"chip_only": lambda chip, q: q.hardware == chip, "all_chips": lambda chip, q: True}
     out = {}
     for name, same in rules.items():
@@ -202,14 +202,11 @@ def within_source(rows: list[MeasuredPoint], chip: str, sheets: dict) -> dict:
     row predicted by a fit on its own source's other runs (its family's only source: the
     error without the transfer from other chips), and the headline without the rows read
     off a figure."""
-    from sweeper.analysis.holdout import heldout
-
     mine = [p for p in rows if p.hardware == chip and not p.needs]
     obs = [dataclasses.replace(external.world_observation(p, sheets, sheets[chip]), group=i)
            for i, p in enumerate(mine)]
     configurations = {}
     for i, p in enumerate(mine):   # a run's latency and MFU rows held out together
-        from workloads.measurements import configuration_key
         obs[i] = dataclasses.replace(obs[i], group=configurations.setdefault(configuration_key(p), i))
     h = heldout(obs, sheets[chip], "loo", None, external.WORLD_LOSS, weighted=False,
                 terms=external.WORLD_TERMS)

@@ -62,8 +62,8 @@ from pathlib import Path
 
 from workloads import costmodel
 from workloads.csv_input import read_csv
-from workloads.config import (BLOCKS, ConfigError, HardwareProfile, ModelConfig, load_model,
-                              parse_topology)
+from workloads.config import (BLOCKS, ConfigError, HardwareProfile, ModelConfig, load_hardware,
+                              load_model, parse_topology)
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout,
                                resolve_padding, stores_1d, validate_layouts)
 from workloads.trial import parse_pad_heads
@@ -278,8 +278,7 @@ def _serving_cells(r: _Row) -> dict:
     implied = (("fp8",) if precision == "fp8" else ()) + (("pipeline-stages",) if pp > 1 else ())
     needs = needs + tuple(n for n in implied if n not in needs)
     figure = r.choice("from_figure", ("yes", "no"))
-    if r.get("hardware"):
-        from workloads.config import load_hardware   # presets and YAML: checked, not kept
+    if r.get("hardware"):      # a preset or YAML: checked here, loaded by the caller
         try:
             load_hardware(r.get("hardware"), field="hardware")
         except ConfigError as err:

@@ -18,16 +18,17 @@ configurations.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from sweeper.analysis.fit import CalibrationError
+from sweeper.analysis.fit import CalibrationError, default_space, fit_profile
 from sweeper.analysis.holdout import K_FOLDS, Calibration, calibrate, point_frame
 from sweeper.analysis.observations import from_measurements, predict_latency
-from workloads.config import ConfigError, HardwareProfile
-from workloads.measurements import load_measurements
+from workloads.config import WORLD_CALIBRATION, ConfigError, HardwareProfile
+from workloads.measurements import load_measurements, row_calls
 
 EXTERNAL_HOLDOUTS = ("loo", "kfold")
 EXTERNAL_HOLDOUT_TEXT = {
@@ -42,8 +43,6 @@ def observations_of(path: str | Path, base: HardwareProfile):
     that names its chip (`hardware`) is kept only on `base`'s chip (its name, or the datasheet
     of a preset fitted to published rows), and a row that needs a behaviour the model lacks
     (`needs`) never: neither can calibrate `base`."""
-    from workloads.config import WORLD_CALIBRATION
-
     chips = {base.name, WORLD_CALIBRATION.get(base.name, {}).get("datasheet")}
     rows = load_measurements(path)
     kept = [p for p in rows if (p.hardware is None or p.hardware in chips) and not p.needs]
@@ -112,8 +111,6 @@ def sheet_ratios(sheet: HardwareProfile, target: HardwareProfile) -> tuple[float
 def world_observation(point, sheets: dict[str, HardwareProfile], target: HardwareProfile):
     """A published row as an observation of `target`'s profile (module section above): its
     group is its source (leave-one-source-out), MFU read against its own chip's sheet."""
-    import dataclasses
-
     sheet = sheets[point.hardware]
     (obs,) = from_measurements([point], sheet.peak_flops)
     info = {**obs.info, "hardware": point.hardware, "source_id": point.source_id,
@@ -125,8 +122,6 @@ def world_observation(point, sheets: dict[str, HardwareProfile], target: Hardwar
 def fit_world(points, target: HardwareProfile, sheets: dict[str, HardwareProfile],
               loss: str = WORLD_LOSS, terms: tuple[str, ...] = WORLD_TERMS, name: str | None = None):
     """`target`'s constants fitted to the rows (those needing no missing behaviour)."""
-    from sweeper.analysis.fit import default_space, fit_profile
-
     obs = [world_observation(p, sheets, target) for p in points if not p.needs]
     if not obs:
         raise CalibrationError("rows", 0, "at least one row to fit (rows that need a missing "
@@ -164,8 +159,6 @@ def leave_one_source_out(points, sheets: dict[str, HardwareProfile], loss: str =
 def residual_phase(point, profile: HardwareProfile) -> str:
     """The phase a row's error is a step-time error of: its own, or for a prefill + decode
     row the one that takes most of its predicted time (an error band scales one phase)."""
-    from workloads.measurements import row_calls
-
     if point.phase in ("prefill", "decode"):
         return point.phase
     time = {"prefill": 0.0, "decode": 0.0}
