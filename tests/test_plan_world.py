@@ -71,9 +71,11 @@ def test_a_phase_with_too_few_residuals_takes_both_phases():
     b = bands.profile_bands(hw)
     assert b["decode"].status == "calibrated" and b["decode"].points == 20
     assert b["prefill"].status == "calibrated (both phases)" and b["prefill"].points == 25
-    none = load_hardware({**{k: 1e10 for k in ("peak_flops", "hbm_bandwidth", "hbm_bytes",
-                                               "ici_bandwidth")}, "heldout_residuals": {"decode": [0.1] * 5}})
-    assert not bands.profile_bands(none)["prefill"].known      # 5 points: no band is invented
+    sheet = {k: 1e10 for k in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "ici_bandwidth")}
+    five = load_hardware({**sheet, "heldout_residuals": {"decode": [0.1] * 5}})
+    assert not bands.profile_bands(five)["decode"].known      # 5 points: no band is invented
+    one_phase = load_hardware({**sheet, "heldout_residuals": {"decode": [0.1] * 30}})
+    assert bands.profile_bands(one_phase)["prefill"].status == "uncalibrated"   # none: none borrowed
 
 
 def test_several_chips_in_one_call_with_their_prices_and_the_files(tmp_path):

@@ -14,8 +14,8 @@ ends (prefill by the prefill ratio, decode by the decode ratio): queueing amplif
 step-time error, and the band says by how much. A profile without residuals (a preset) is
 "uncalibrated": no band is invented.
 
-A phase with fewer residuals than its band needs, when the two phases together have enough,
-takes both phases' residuals (status "calibrated (both phases)"): the presets fitted to
+A phase with some residuals but fewer than its band needs, when the two phases together have
+enough, takes both phases' residuals (status "calibrated (both phases)"): the presets fitted to
 published measurements (`<chip>-world`, docs/world.md) have few held-out TTFT rows beside many
 TPOT rows. `calibration_text` says what such a preset's residuals come from.
 """
@@ -68,13 +68,13 @@ def conformal_ratio_band(residuals: list[float], coverage: float = DEFAULT_COVER
 
 def profile_bands(hw: HardwareProfile, coverage: float = DEFAULT_COVERAGE) -> dict[str, RatioBand]:
     """{prefill: RatioBand, decode: RatioBand} of a profile's held-out residuals; a phase
-    with too few takes both phases' (module doc)."""
+    with too few (but some) takes both phases' (module doc); one with none stays uncalibrated."""
     residuals = hw.heldout_residuals or {}
     both = [r for phase in ("prefill", "decode") for r in residuals.get(phase, [])]
     out = {}
     for phase in ("prefill", "decode"):
         band = conformal_ratio_band(list(residuals.get(phase, [])), coverage, phase)
-        if not band.known and len(both) >= minimum_points(coverage):
+        if band.points and not band.known and len(both) >= minimum_points(coverage):
             band = conformal_ratio_band(both, coverage, phase)
             band.status = "calibrated (both phases)"
         out[phase] = band
