@@ -21,9 +21,9 @@ from workloads.measurements import (NEEDS, load_measurements, predict_point,
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVING = ROOT / "benchmarks" / "data" / "published-serving.csv"
-HEADER = ("source_id,model,hardware,tp,pp,precision,framework,batch,input_len,output_len,metric,"
-          "value,unit,from_figure,needs,source,url,note")
-GOOD = dict(source_id="s", model="llama2-70b", hardware="a100-80g", tp="4", pp="1",
+HEADER = ("source_id,model,hardware,tp,pp,chips,precision,framework,batch,input_len,output_len,"
+          "metric,value,unit,from_figure,needs,source,url,note")
+GOOD = dict(source_id="s", model="llama2-70b", hardware="a100-80g", tp="4", pp="1", chips="",
             precision="fp16", framework="an engine", batch="8", input_len="128", output_len="20",
             metric="e2e", value="250", unit="ms", from_figure="no", needs="", source="a table",
             url="https://example.org", note="")
@@ -94,6 +94,7 @@ def test_tensor_parallel_rows_run_megatrons_layout_and_fp8_needs_a_missing_behav
     (row(precision="fp4"), "precision", "'bf16'"),
     (row(tp="three"), "tp", "an integer >= 1"),
     (row(tp="3"), "ffn/attn", "a layout that runs this row"),
+    (row(chips="8"), "chips", "tp x pp = 4"),
 ])
 def test_a_bad_serving_row_is_one_line_naming_row_column_and_accepted(tmp_path, bad, column, accepted):
     path = write(tmp_path, row(), bad)

@@ -231,6 +231,8 @@ def _parse_row(row: dict, number: int, source: str) -> MeasuredPoint:
     serving = _serving_cells(r)
     chips = r.integer("chips") if r.get("chips") or serving["tp"] is None else \
         serving["tp"] * serving["pp"]
+    if serving["tp"] is not None and chips != serving["tp"] * serving["pp"]:
+        raise r.bad("chips", f"tp x pp = {serving['tp'] * serving['pp']} (or empty)")
     topology = None
     if r.get("topology"):
         try:
