@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes, trials and seeds")
     parser.add_argument("--skip", default="", help="comma-separated steps to skip, keeping their "
                         "results from an earlier run (engine_efficiency, sweep_overhead, calibration, "
-                        "profile_predict, search_efficiency, paper_fit, plan_speed, "
+                        "profile_predict, search_efficiency, paper_fit, world, plan_speed, "
                         "serving_validation, examples)")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     # the cost model on the paper's published numbers (no measurement), the planner's speed,
     # and the serving model against real serving runs of the engine on this host (~5 min)
     step("paper_fit", ["--out", str(out)])
+    # the presets on real engines' published numbers; writes the fitted presets it ships
+    step("world", ["--out", str(out)])
     step("plan_speed", ["--out", str(out)] + (["--repeats", "2"] if args.quick else []))
     step("serving_validation", ["--out", str(out)])
     # the example outputs README.md and docs/ show: each command run as a user types it

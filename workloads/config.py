@@ -509,8 +509,10 @@ GiB = 2**30
 #   A100 (DGX A100 datasheet) = 2.5e10 B/s. NVSwitch is all-to-all: any logical 3-D mesh.
 # - Prices: on-demand list prices per chip-hour, US regions, as published in 2024 (Google
 #   Cloud TPU pricing: v4 $3.22, v5e $1.20; Google Cloud GPU VM pricing: a3-highgpu-8g
-#   ~$88.49/h / 8 = $11.06 per H100, a2-ultragpu-1g ~$5.07/h per A100 80GB). H200: none
-#   published for on-demand at the time; None (cost per token is then not reported).
+#   ~$88.49/h / 8 = $11.06 per H100, a2-ultragpu-1g ~$5.07/h per A100 80GB). H200: no
+#   hyperscaler list price at the time; E2E Networks' on-demand H200 (INR 300/h, $3.37, 2025).
+#   PRICE_SOURCES says where each default comes from; `sweeper plan --price chip=DOLLARS`
+#   overrides it.
 _TPU_V4 = dict(domain_chips=4096, inter_domain_bandwidth=6.25e9, torus_dims=3)
 _TPU_V5E = dict(domain_chips=256, inter_domain_bandwidth=6.25e9, torus_dims=2)
 HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
@@ -545,8 +547,36 @@ HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
                     inter_domain_bandwidth=5e10, price_per_chip_hour=11.06),
     # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 4.
     HardwareProfile("h200", 989e12, 4.8e12, 141e9, 450e9, domain_chips=8,
-                    inter_domain_bandwidth=5e10),
+                    inter_domain_bandwidth=5e10, price_per_chip_hour=3.37),
 ]}
+PRICE_SOURCES = {
+    "tpu-v4": "Google Cloud TPU pricing, on-demand v4, US regions (2024)",
+    "tpu-v4-fitted": "as tpu-v4",
+    "tpu-v5e": "Google Cloud TPU pricing, on-demand v5e, US regions (2024)",
+    "a100-80g": "Google Cloud a2-ultragpu-1g on-demand, US regions (2024)",
+    "h100": "Google Cloud a3-highgpu-8g on-demand / 8, US regions (2024)",
+    "h200": "E2E Networks on-demand H200, INR 300/h (2025)",
+}
+
+# Presets fitted to published measurements of real engines (`python -m benchmarks.world`
+# writes workloads/presets/world.yaml; docs/world.md): `<chip>-world`, each with its
+# datasheet named and the held-out residuals its error bands come from. WORLD_CALIBRATION
+# says what each was fitted to: {name: {datasheet, sources, points, points_on_chip, heldout}}.
+WORLD_PRESETS_FILE = Path(__file__).resolve().parent / "presets" / "world.yaml"
+WORLD_CALIBRATION: dict[str, dict] = {}
+
+
+def _load_world_presets(path: Path = WORLD_PRESETS_FILE) -> None:
+    if not path.is_file():
+        return
+    for name, entry in (parse_yaml(read_text(path), str(path)) or {}).items():
+        HARDWARE_PRESETS[name] = HardwareProfile.from_dict(entry["profile"], source=str(path),
+                                                           prefix=f"{name}.profile.")
+        WORLD_CALIBRATION[name] = {k: v for k, v in entry.items() if k != "profile"}
+        PRICE_SOURCES.setdefault(name, f"as {entry['datasheet']}")
+
+
+_load_world_presets()
 
 
 # --------------------------------------------------------------------------- loading
