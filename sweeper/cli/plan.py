@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from sweeper.cli.output import print_json
+from sweeper.cli.output import print_json, say_profile
 from workloads import servingprofile as workload
 from workloads.deployment import MODES
 from workloads.config import PRICE_SOURCES, WORLD_CALIBRATION, ConfigError, read_yaml
@@ -105,6 +105,7 @@ def question_from_args(args: argparse.Namespace):
     model = load_model(model_spec, args.space, "--model" if args.model else "model")
     hardware = load_hardware(hardware_spec, args.space,
                              "--hardware" if args.hardware else "hardware")
+    say_profile(hardware)
     max_chips = None if args.max_chips is None else _int_flag(args.max_chips, "--max-chips")
     coverage = workload._share(args.coverage, "--coverage", None)
     if coverage >= 1:
