@@ -43,7 +43,7 @@ def sweeps(session_sweeper_home, tmp_path_factory):
     os.environ["SWEEPER_HOME"] = str(session_sweeper_home)     # host profile measured once
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     space, analytical = root / "feat.yaml", root / "feat-an.yaml"
     space.write_text(yaml.safe_dump(SPACE, sort_keys=False))
     analytical.write_text(yaml.safe_dump(ANALYTICAL, sort_keys=False))

@@ -40,7 +40,7 @@ def ray_session(session_sweeper_home):
     os.environ["SWEEPER_HOME"] = str(session_sweeper_home)
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()

@@ -44,13 +44,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag}", value, "a positive integer")
-    if space.hardware.kind == "host":     # which host profile the predictions use
-        say_profile(space.hardware.resolve())
-    # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts)
+    # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts,
+    # then names the host profile the predictions use)
+    named = (lambda: say_profile(space.hardware.resolve())) if space.hardware.kind == "host" \
+        else None
     result = run_sweep(space, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study, resume=args.resume, trials=args.trials,
                        parallel=args.parallel, address=args.address, progress=True,
-                       after_trials=None if args.no_analysis else import_analysis)
+                       after_trials=None if args.no_analysis else import_analysis,
+                       on_start=named)
     summary = None
     if not args.no_analysis:
         summary = end_of_sweep_analysis(result)

@@ -60,7 +60,6 @@ def stream_of(args):
     seed = int(_positive(args.seed, "--seed", True, 0))
     deployment = load_plan(args.plan)
     profile = load_plan_profile(args.plan)
-    say_profile(deployment.hardware)
     lengths = {}
     for key, flag in (("input_len", "--input-len"), ("output_len", "--output-len")):
         value = getattr(args, key)
@@ -157,6 +156,7 @@ def cmd_serve(args) -> int:
     from workloads.servingprofile import context_len
 
     slot_specs(deployment, context_len(reqs), seed)           # every layout check before Ray and JAX
+    say_profile(deployment.hardware)                          # checks passed: name the profile
     result = serve(deployment, reqs, seed=seed)
     run_id = None
     if not args.no_mlflow:

@@ -612,14 +612,17 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
               tracking_uri: str | None = None, study_name: str | None = None, resume: bool = False,
               trials: int | None = None, parallel: int | None = None, address: str | None = None,
               progress: bool = True, on_trial: Callable[[dict], None] | None = None,
-              after_trials: Callable[[], None] | None = None) -> SweepResult:
+              after_trials: Callable[[], None] | None = None,
+              on_start: Callable[[], None] | None = None) -> SweepResult:
     """Run (or resume) a sweep; returns counts, the Pareto trials and where everything is.
 
     Bad input (space file, arguments, store URLs, a Ray address nothing answers at, a study
     name clash, a study another live controller runs) raises ConfigError before Ray,
     Optuna's storage or MLflow are touched, apart from listing the studies that exist;
     nothing is created on disk before that. `after_trials` runs in a thread once every
-    trial is done, while the sweep shuts down (the CLI imports its analysis there).
+    trial is done, while the sweep shuts down (the CLI imports its analysis there);
+    `on_start` runs once every check has passed, before Ray starts (the CLI names the
+    hardware profile there, so a rejected command prints its one error line only).
     """
     began = time.monotonic()
     space = load_space(space if not isinstance(space, os.PathLike) else str(space))
@@ -627,6 +630,8 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
         space, storage=storage, tracking_uri=tracking_uri, study_name=study_name, trials=trials,
         parallel=parallel, address=address)
     name, exists = choose_study(space, storage, study_name, resume)
+    if on_start is not None:
+        on_start()
     # The claim is atomic before Ray starts: a lock file held for the whole run, then the
     # lease attr checked again under it (sweeper/sweep/lease.py).
     lock = lease.lock(storage, name) if exists else None
