@@ -235,7 +235,7 @@ def test_a_truncated_mlflow_db_stops_run_before_a_study_is_created(finished_home
     truncate(home / "mlflow.db")
     before = (home / "optuna.db").read_bytes()
     one_line_error(sweeper("run", finished_home[1], "--study", "second", home=home),
-                   "--tracking-uri", "mlflow.db", "malformed", "sweeper sync --study second")
+                   "--tracking-uri", "mlflow.db", "malformed", "sweeper sync --study done")
     import optuna
     names = [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{home / 'optuna.db'}")]
     assert names == ["done"]
