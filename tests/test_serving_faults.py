@@ -170,6 +170,35 @@ def test_json_depth_counts_brackets_outside_strings():
     assert json_depth("[" * 100_000 + "]" * 100_000) == 100_000
 
 
+def test_a_stream_cut_short_is_compared_on_the_requests_that_completed(tmp_path):
+    """`compare` of a stream whose last requests never completed (no worker reported them):
+    measured, predicted and warm-up columns are all of the same completed requests, and the
+    result says so (`percentiles_of`, `status`, `stop`, the table's label)."""
+    from sweeper.serving.serve import ServeResult, Stop, compare, table
+    from workloads.deployment import load_plan
+    from workloads.servingprofile import AppProfile, Length, requests
+
+    deployment = load_plan(plan(tmp_path))
+    reqs = requests(AppProfile(rate=RATE, input_len=Length("fixed", 8, 8, 8),
+                               output_len=Length("fixed", 6, 6, 6)), 10, 0)
+    per_request = [{"tokens": [1] * 6, "first_token_s": r.arrival_s + 0.01,
+                    "finish_s": r.arrival_s + 0.06} for r in reqs[:7]]
+    per_request += [{"tokens": [1], "first_token_s": reqs[7].arrival_s + 0.01}, {"tokens": []},
+                    {"tokens": []}]       # 7 completed; one only prefilled; two never started
+    warmup = {"aggregated": {"prefill_s@8": 0.002, "decode_step_s": 0.001}}
+    measured, predicted, calibrated = compare(deployment, reqs, per_request, warmup, 1.0)
+    assert measured["completed"] == predicted["completed"] == calibrated["completed"] == 7
+    assert measured["ttft_p50_s"] == pytest.approx(0.01)
+    stop = Stop("worker_lost", "the aggregated worker 'aggregated' (pid 1) was lost mid-stream",
+                worker="aggregated", phase="aggregated", pid=1)
+    result = ServeResult(deployment, reqs, measured, predicted, calibrated, per_request, warmup,
+                         stop=stop.to_dict())
+    data = result.to_json()
+    assert data["status"] == "worker_lost" and data["stop"]["pid"] == 1
+    assert data["percentiles_of"] == "7 completed of 10 requests" and data["completed"] == 7
+    assert "(percentiles of 7 completed of 10 requests)" in table(result)
+
+
 # ----------------------------------------------------------------------------- real faults
 
 

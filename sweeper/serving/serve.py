@@ -366,9 +366,13 @@ class ServingSession:
                 self.actors[name] = remote.options(**actor_options(chips, mine, threads, env)).remote(mine)
             # where each worker runs (its pid: a lost worker is named by it), before the
             # warm-up, so that a worker lost while it compiles is named too
-            self.workers = dict(zip(self.names, ray.get([self.actors[n].where.remote()
-                                                         for n in self.names],
-                                                        timeout=SETUP_TIMEOUT_S)))
+            wheres = {n: self.actors[n].where.remote() for n in self.names}
+            try:
+                self.workers = dict(zip(self.names, ray.get(list(wheres.values()),
+                                                            timeout=SETUP_TIMEOUT_S)))
+            except ray.exceptions.RayError as err:
+                raise WorkerLost(self._stop_for(err, {ref: n for n, ref in wheres.items()},
+                                                "as it started")) from None
             self.workers["emulated"] = emulated
             setups = {n: self.actors[n].setup.remote(specs[n], sorted(set(prompt_lens)))
                       for n in self.names}
@@ -490,6 +494,13 @@ class ServingSession:
         worker that raised."""
         ray = self.ray
         failed = next(iter(calls.values()))
+        for ref, name in calls.items() if len(calls) > 1 else ():   # which call failed
+            if ray.wait([ref], timeout=0)[0]:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as one:
+                    err, failed = one, name
+                    break
         lost = [failed] if isinstance(err, ray.exceptions.RayActorError) else \
             [n for n, ok in self._alive().items() if ok is False]
         if lost:
