@@ -199,6 +199,22 @@ def test_a_stream_cut_short_is_compared_on_the_requests_that_completed(tmp_path)
     assert "(percentiles of 7 completed of 10 requests)" in table(result)
 
 
+def test_the_raylets_messages_are_kept_off_stdout(capsys):
+    """Ray's driver prints the raylet's messages (a lost worker's paragraph) on stdout with
+    `print_to_stdstream`; after `quiet_raylet_messages` they are kept, not printed (`--json`
+    stays one JSON object)."""
+    import ray._private.worker as ray_worker
+
+    from sweeper.sweep import session
+
+    session.quiet_raylet_messages()
+    ray_worker.print_to_stdstream({"lines": ["A worker died or was killed while executing "
+                                             "a task"], "pid": "raylet", "is_err": False},
+                                  ignore_prefix=False)
+    assert capsys.readouterr().out == ""
+    assert session.raylet_messages[-1].startswith("A worker died")
+
+
 # ----------------------------------------------------------------------------- real faults
 
 
@@ -317,6 +333,7 @@ def test_a_killed_aggregated_worker_is_one_line_and_what_completed_is_kept(tmp_p
                           "completed of 80 requests kept in MLflow run")
     completed = int(re.search(r"(\d+) completed of 80", last).group(1))
     assert 0 < completed < REQUESTS
+    assert "(raylet)" not in out and "A worker died" not in out, out[:3000]
     assert f"percentiles of {completed} completed of {REQUESTS} requests" in out
     run_id = re.search(r"MLflow run (\w+)", last).group(1)
     tags = check_kept(home, run_id, "FAILED", completed, "worker_lost")
