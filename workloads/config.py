@@ -349,6 +349,17 @@ class HardwareProfile:
     serving_handover_latency_s: float = 0.0
     serving_decode_wake_s: float = 0.0
     serving_prefill_idle_after_s: float = 0.0
+    # Where a measured profile came from (`sweeper calibrate`, docs/host-calibration.md): the
+    # host it describes (`host_key`), when, how long it took, the probes' held-out error.
+    # Plain data, never used to predict; empty for presets and hand-written profiles.
+    calibration: dict = dataclasses.field(default_factory=dict, hash=False)
+    # A calibrated host's cost model (workloads/hostmodel.py HostModel.to_dict(): fitted costs
+    # per phase, the worker share they were measured at, the cache): when present,
+    # costmodel.predict_phase takes each call's latency from it. Empty = the paper's model.
+    host_model: dict = dataclasses.field(default_factory=dict, hash=False)
+    # The share of the whole profile this one is (HardwareProfile.scaled multiplies it): a
+    # host model's counts need the worker's share of the host, share x chips.
+    host_share: float = 1.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -362,7 +373,8 @@ class HardwareProfile:
         if fraction == 1.0:
             return self
         return dataclasses.replace(
-            self, peak_flops=self.peak_flops * fraction, hbm_bandwidth=self.hbm_bandwidth * fraction,
+            self, host_share=self.host_share * fraction,
+            peak_flops=self.peak_flops * fraction, hbm_bandwidth=self.hbm_bandwidth * fraction,
             ici_bandwidth=self.ici_bandwidth * fraction,
             hbm_bytes=self.hbm_bytes * fraction if memory else self.hbm_bytes,
             collective_bandwidth_by_group={kind: {g: bw * fraction for g, bw in groups.items()}
@@ -410,6 +422,20 @@ class HardwareProfile:
             values[key] = _by_group(data.get(key) or {}, f"{prefix}{key}", what,
                                     positive=key.startswith("collective_bandwidth"), source=source)
         values.update(_serving_fields(data, source, prefix))
+        calibration = data.get("calibration") or {}
+        if not isinstance(calibration, Mapping):
+            raise ConfigError(f"{prefix}calibration", calibration,
+                              "a mapping (written by `sweeper calibrate`)", source)
+        values["calibration"] = dict(calibration)
+        host_model = data.get("host_model") or {}
+        if not isinstance(host_model, Mapping) or (host_model and not isinstance(
+                host_model.get("costs"), Mapping)):
+            raise ConfigError(f"{prefix}host_model", host_model,
+                              "a mapping {share, cache_bytes, costs: {prefill: {...}, decode: {...}}} "
+                              "(written by `sweeper calibrate`)", source)
+        values["host_model"] = dict(host_model)
+        if "host_share" in data:
+            values["host_share"] = parse_quantity(data["host_share"], f"{prefix}host_share", source)
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
 
@@ -483,8 +509,10 @@ GiB = 2**30
 #   A100 (DGX A100 datasheet) = 2.5e10 B/s. NVSwitch is all-to-all: any logical 3-D mesh.
 # - Prices: on-demand list prices per chip-hour, US regions, as published in 2024 (Google
 #   Cloud TPU pricing: v4 $3.22, v5e $1.20; Google Cloud GPU VM pricing: a3-highgpu-8g
-#   ~$88.49/h / 8 = $11.06 per H100, a2-ultragpu-1g ~$5.07/h per A100 80GB). H200: none
-#   published for on-demand at the time; None (cost per token is then not reported).
+#   ~$88.49/h / 8 = $11.06 per H100, a2-ultragpu-1g ~$5.07/h per A100 80GB). H200: no
+#   hyperscaler list price at the time; E2E Networks' on-demand H200 (INR 300/h, $3.37, 2025).
+#   PRICE_SOURCES says where each default comes from; `sweeper plan --price chip=DOLLARS`
+#   overrides it.
 _TPU_V4 = dict(domain_chips=4096, inter_domain_bandwidth=6.25e9, torus_dims=3)
 _TPU_V5E = dict(domain_chips=256, inter_domain_bandwidth=6.25e9, torus_dims=2)
 HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
@@ -519,8 +547,36 @@ HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
                     inter_domain_bandwidth=5e10, price_per_chip_hour=11.06),
     # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 4.
     HardwareProfile("h200", 989e12, 4.8e12, 141e9, 450e9, domain_chips=8,
-                    inter_domain_bandwidth=5e10),
+                    inter_domain_bandwidth=5e10, price_per_chip_hour=3.37),
 ]}
+PRICE_SOURCES = {
+    "tpu-v4": "Google Cloud TPU pricing, on-demand v4, US regions (2024)",
+    "tpu-v4-fitted": "as tpu-v4",
+    "tpu-v5e": "Google Cloud TPU pricing, on-demand v5e, US regions (2024)",
+    "a100-80g": "Google Cloud a2-ultragpu-1g on-demand, US regions (2024)",
+    "h100": "Google Cloud a3-highgpu-8g on-demand / 8, US regions (2024)",
+    "h200": "E2E Networks on-demand H200, INR 300/h (2025)",
+}
+
+# Presets fitted to published measurements of real engines (`python -m benchmarks.world`
+# writes workloads/presets/world.yaml; docs/world.md): `<chip>-world`, each with its
+# datasheet named and the held-out residuals its error bands come from. WORLD_CALIBRATION
+# says what each was fitted to: {name: {datasheet, sources, points, points_on_chip, heldout}}.
+WORLD_PRESETS_FILE = Path(__file__).resolve().parent / "presets" / "world.yaml"
+WORLD_CALIBRATION: dict[str, dict] = {}
+
+
+def _load_world_presets(path: Path = WORLD_PRESETS_FILE) -> None:
+    if not path.is_file():
+        return
+    for name, entry in (parse_yaml(read_text(path), str(path)) or {}).items():
+        HARDWARE_PRESETS[name] = HardwareProfile.from_dict(entry["profile"], source=str(path),
+                                                           prefix=f"{name}.profile.")
+        WORLD_CALIBRATION[name] = {k: v for k, v in entry.items() if k != "profile"}
+        PRICE_SOURCES.setdefault(name, f"as {entry['datasheet']}")
+
+
+_load_world_presets()
 
 
 # --------------------------------------------------------------------------- loading

@@ -441,7 +441,7 @@ def attend(q, kv, cache, layer: int, pos, prefill: bool):
     positions = pos + jnp.arange(lq)
     q = rope(q, positions)
     kv = jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2)
-    cache = jax.lax.dynamic_update_slice(cache, kv[None].astype(cache.dtype), (layer, 0, pos, 0, 0, 0))
+    cache = write_rows(cache, kv[None].astype(cache.dtype), (layer, 0, pos, 0, 0, 0))
     keys = kv if prefill else cache[layer]
     hk = keys.shape[3]
     key_pos = jnp.arange(keys.shape[1])
@@ -451,6 +451,28 @@ def attend(q, kv, cache, layer: int, pos, prefill: bool):
     probs = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
     out = jnp.einsum("bgrqk,bkgd->bqgrd", probs.astype(bf16), keys[:, :, 1], preferred_element_type=f32)
     return out.astype(bf16).reshape(b, lq, hq, d), cache
+
+
+def write_rows(cache, update, start):
+    """dynamic_update_slice of a bf16 cache, as the 16-bit integers it is made of: XLA CPU
+    runs a bf16 dynamic-update-slice in f32, converting the WHOLE cache to f32 and back to
+    write a few rows, on every layer of every decode step (a step then costs O(layers x
+    cache) instead of O(new rows); docs/performance.md "The KV-cache write"). A bitcast to
+    uint16 and back is free and keeps the write an in-place copy of the new rows."""
+    if cache.dtype != bf16:
+        return jax.lax.dynamic_update_slice(cache, update, start)
+    as_bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)  # noqa: E731
+    written = jax.lax.dynamic_update_slice(as_bits(cache), as_bits(update), start)
+    return jax.lax.bitcast_convert_type(written, bf16)
+
+
+def _scatter_rows(cache, index, update):
+    """`cache.at[index].set(update)`, on the cache's 16-bit integers for a bf16 cache (as
+    `write_rows`: XLA CPU would run the bf16 scatter in f32 over the whole cache)."""
+    if cache.dtype != bf16:
+        return cache.at[index].set(update)
+    as_bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)  # noqa: E731
+    return jax.lax.bitcast_convert_type(as_bits(cache).at[index].set(as_bits(update)), bf16)
 
 
 def attend_rows(q, kv, cache, layer: int, pos):
@@ -463,7 +485,7 @@ def attend_rows(q, kv, cache, layer: int, pos):
     kv = jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2)
     rows = jnp.arange(b)
     for i in range(lq):
-        cache = cache.at[layer, rows, positions[:, i]].set(kv[:, i].astype(cache.dtype))
+        cache = _scatter_rows(cache, (layer, rows, positions[:, i]), kv[:, i].astype(cache.dtype))
     keys = cache[layer]
     hk = keys.shape[3]
     key_pos = jnp.arange(keys.shape[1])
