@@ -22,8 +22,8 @@ from sweeper.cli import main  # noqa: E402
 from sweeper.tracking.results import COLUMNS, load_runs, load_trials  # noqa: E402
 from workloads import hoststate  # noqa: E402
 
-# slow: three real sweeps in one module fixture, about 90 s (`make test-all`; keeps `make test` under 10 minutes on 2 cores)
-pytestmark = pytest.mark.slow
+# ci_slow: three real sweeps in one module fixture, about 90 s (CI's second stage; keeps `make test` near 10 minutes on 2 cores)
+pytestmark = pytest.mark.ci_slow
 
 SPACE = {"name": "feat", "model": "tiny", "hardware": "host", "input_len": 8, "decode_steps": 2,
          "repeats": 2, "warmup": 1, "chips": 2, "parallel": 1, "timeout_s": 300,

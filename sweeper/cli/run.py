@@ -223,8 +223,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     uri = args.tracking_uri or paths.default_tracking_uri(create=False)
     db = paths.sqlite_path(uri)
     if db is not None and not db.is_file():
-        raise ConfigError("--tracking-uri", uri, "an MLflow store with runs (run `sweeper run "
-                          "quickstart` first, or set SWEEPER_HOME)")
+        raise ConfigError("--tracking-uri", uri, "an MLflow store with runs (no such file: no "
+                          "sweep has used it; set SWEEPER_HOME or --tracking-uri to the one a "
+                          "sweep used)")
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C to stop); runs of an "
           f"experiment: {experiment_url('<id>', args.host, args.port)}", file=sys.stderr)
     sys.stderr.flush()

@@ -29,6 +29,7 @@ listed in docs/architecture.md, "Reliability"; each case has a test that injects
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -269,6 +270,10 @@ class Controller:
                 self.recorder.record(trial, TrialOutcome("FAIL", reason, config,
                                                          config.flat_params(), interrupted=True))
             self.pending.clear()
+            # which study the failure left (None: none was created), for the CLI's advice
+            # (`--resume` or the same command again, sweeper/cli/__init__.py `store_failure`)
+            with contextlib.suppress(AttributeError, TypeError):
+                err.sweeper_study = self.study_name if self.study is not None else None
             if isinstance(err, StoreLost):
                 raise err from None
             raise
