@@ -364,8 +364,10 @@ class HardwareProfile:
     # latency may be fitted to (one whole small collective on that host: a start-up latency
     # above a whole collective is not physical; sweeper/analysis/fit.py), and what a weight
     # all-gather of more than one replica group costs per byte against one group's
-    # (costmodel.multigroup_gather_scale). benchmarks/calibration.py sets both from its
-    # recording host's measurement (benchmarks/results/collectives.md); no other profile has them.
+    # (costmodel.multigroup_gather_scale). `sweeper calibrate` measures the bound on the host
+    # it writes the profile of (sweeper/calibrate/fitting.py); the price is measured only by
+    # benchmarks/collectives.py inside the engine's prefill, so no written profile carries it.
+    # A value measured on one host never applies to another (issue 35).
     collective_latency_max_s: float = 0.0
     multigroup_gather_scale: float = 1.0
 

@@ -289,9 +289,8 @@ def multigroup_gather_scale(c: Collective, hw: HardwareProfile,
     """On a measured (emulated-mesh) profile that carries one, its measured per-byte price of a
     weight all-gather in more than one replica group against one group's
     (`HardwareProfile.multigroup_gather_scale`: inside the engine's weight-gathered prefill
-    such gathers cost about 0.3x per byte what one group's did on the calibration sweep's
-    host, benchmarks/results/collectives.md); 1 otherwise. A real interconnect prices a
-    chip's bytes whatever the groups."""
+    benchmarks/collectives.py measures it on its own host, benchmarks/results/collectives.md);
+    1 otherwise. A real interconnect prices a chip's bytes whatever the groups."""
     scale = hw.multigroup_gather_scale
     if (scale == 1.0 or not hw.measured or topology is None or c.kind != "all-gather"
             or not c.what.startswith("weights.")):
