@@ -232,21 +232,22 @@ def test_multigroup_gathers_holds_out_without_exactly_the_multi_group_weight_gat
     assert any("more than one group" in line for line in render._multigroup_lines(m))
 
 
-def test_without_one_chip_points_a_measured_bound_keeps_the_per_layer_cost_where_a_one_chip_step_has_it():
+def test_without_one_chip_points_a_bound_and_price_keep_the_per_layer_cost_where_a_one_chip_step_has_it():
     """Issue 20, the held-out 1-chip decode of leave-one-chip-count-out: fitted on 2-8 chips
     (every decode step has the same collectives per layer) with the fold's terms and the
-    latency bound measured on another host passed as the profile's `collective_latency_max_s`
-    (benchmarks.calibration's sensitivity), each per-op collective latency stays within it, so
-    the per-layer fixed cost stays in op_overhead_s and the unseen 1-chip decode is predicted
-    within 15%. The recorded profile itself carries no bound (issue 35: no other host's
-    constant applies): its latencies are bounded by LATENCY_BOUNDS alone."""
+    latency bound and gather price measured on another host passed as the profile's fields
+    (benchmarks.calibration's sensitivity, "both"), each per-op collective latency stays within
+    the bound, so the per-layer fixed cost stays in op_overhead_s and the unseen 1-chip decode
+    is predicted within 15%. The recorded profile itself carries neither (issue 35: no other
+    host's constant applies): its latencies are bounded by LATENCY_BOUNDS alone."""
     from benchmarks import calibration as bench
 
     frame = pd.read_csv(CSV)
     base = load_hardware(str(BASE), field="hardware")
     assert calfit.collective_latency_max_s(base) == calfit.LATENCY_BOUNDS[1]
     assert base.multigroup_gather_scale == 1.0
-    bounded = dataclasses.replace(base, collective_latency_max_s=bench.OTHER_HOST_COLLECTIVE_LATENCY_MAX_S)
+    bounded = dataclasses.replace(base, collective_latency_max_s=bench.OTHER_HOST_COLLECTIVE_LATENCY_MAX_S,
+                                  multigroup_gather_scale=bench.OTHER_HOST_MULTIGROUP_GATHER_SCALE)
     points = calfit.points_from_frame(frame, bounded, statistic="min")
     train = [p for p in points if p.chips != 1]
     terms = ("collective_rendezvous_s", "attention_half_rows")   # what the fold's selection kept
