@@ -319,8 +319,8 @@ def gather_costs(r: dict) -> dict:
         vals = [v[key] for v in engine.values() if (v["groups"] > 1) == several]
         return sum(vals) / len(vals) if vals else float("nan")
 
-    # several groups' cost per byte over one group's (mean over the programs of each): what
-    # costmodel.HOST_MULTIGROUP_GATHER_SCALE prices
+    # several groups' cost per byte over one group's (mean over the programs of each): what a
+    # profile measured on this host would carry as HardwareProfile.multigroup_gather_scale
     ratio = {key: mean(key, True) / mean(key, False) for key in ("wall_ms_per_mb", "cpu_ms_per_mb")}
     return {"micro": micro, "engine": engine, "several_over_one": ratio}
 

@@ -323,6 +323,33 @@ def test_fit_cli_terms_named_are_the_terms_freed(measured_study, capsys, monkeyp
         assert json.loads(capsys.readouterr().out)["terms"] == freed
 
 
+def test_fit_cli_on_a_measured_host_applies_no_other_hosts_bound_or_price(tmp_path, capsys, monkeypatch):
+    """Issue 35: `sweeper fit --study` of a sweep whose measured host profile carries no
+    collective latency bound and no multi-group gather price fits the per-op latencies within
+    LATENCY_BOUNDS alone (a 2 ms all-gather start-up, above the 1.05 ms another host measured,
+    is recovered) and writes a profile that carries neither field."""
+    from sweeper.cli import main
+
+    host_start = dataclasses.replace(START, name="host", measured=True)
+    truth = dataclasses.replace(TRUTH, measured=True, collective_latency_s_by_kind={
+        **TRUTH.collective_latency_s_by_kind, "all-gather": 2e-3})
+    configs = grid(chips=(2, 4), batches=(4, 16))
+    frame = synthetic_trials(configs, truth, host_start, noise=0.01, seed=3,
+                             scale_of=lambda c: 1.0 / c.chips)
+    storage, _, _ = store_measured_study(tmp_path / "host", frame, configs, name="host",
+                                         start=host_start)
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path / "home"))
+    out = tmp_path / "fitted.yaml"
+    assert main(["fit", "--study", "host", "--storage", storage, "--json", "--no-mlflow",
+                 "--terms", "none", "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    fitted = load_hardware(str(out))
+    assert fitted.measured and calfit.collective_latency_max_s(fitted) == calfit.LATENCY_BOUNDS[1]
+    assert (fitted.collective_latency_max_s, fitted.multigroup_gather_scale) == (0.0, 1.0)
+    assert fitted.collective_latency_s_by_kind["all-gather"] == pytest.approx(2e-3, rel=0.2)
+    assert summary["mape_heldout"] < 0.05
+
+
 def test_extra_terms_are_recovered_when_the_data_has_them():
     """A truth with a per-device collective latency: the fit that frees it predicts held-out
     points better than the paper's constants alone, and finds its value."""
@@ -373,15 +400,17 @@ def test_a_start_profile_with_group_measurements_keeps_the_fast_path(synthetic):
     assert fit.profile.peak_flops == pytest.approx(calfit.fit_profile(points[:40], START).profile.peak_flops)
 
 
-def test_a_measured_hosts_collective_latencies_are_bounded_by_a_whole_collective():
-    """On a measured host (the emulated mesh) every per-op collective latency's upper bound is
-    fit.HOST_COLLECTIVE_LATENCY_MAX_S (one whole small all-gather on this host); a sheet
-    profile keeps LATENCY_BOUNDS; op_overhead_s keeps LATENCY_BOUNDS on both."""
+def test_collective_latencies_are_bounded_by_a_whole_collective_only_where_one_was_measured():
+    """A profile that carries a measured `collective_latency_max_s` (one whole small collective
+    on its host) bounds every per-op collective latency by it; a measured host profile without
+    the field and a sheet profile keep LATENCY_BOUNDS (no other host's bound applies);
+    op_overhead_s keeps LATENCY_BOUNDS on all."""
     space = calfit.ParamSpace(("all-gather", "reduce-scatter"), ("launch_overhead_s",))
     host = dataclasses.replace(START, measured=True)
-    for base, cap in ((host, calfit.HOST_COLLECTIVE_LATENCY_MAX_S), (START, calfit.LATENCY_BOUNDS[1])):
+    bounded = dataclasses.replace(host, collective_latency_max_s=1.05e-3)
+    for base, cap in ((bounded, 1.05e-3), (host, calfit.LATENCY_BOUNDS[1]),
+                      (START, calfit.LATENCY_BOUNDS[1])):
         assert calfit.collective_latency_max_s(base) == cap
         _, highs = space.bounds(base)
         assert np.exp(highs[3:5]) == pytest.approx([cap, cap])
         assert np.exp(highs[-2]) == pytest.approx(calfit.LATENCY_BOUNDS[1])     # op_overhead_s
-    assert calfit.HOST_COLLECTIVE_LATENCY_MAX_S < calfit.LATENCY_BOUNDS[1]

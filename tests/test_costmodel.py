@@ -508,27 +508,33 @@ def test_collective_rendezvous_is_charged_per_op_times_g_times_g_minus_1():
         HardwareProfile.from_dict({**data, "collective_rendezvous_s": -1})
 
 
-def test_a_weight_gather_of_several_groups_is_discounted_on_the_emulated_mesh_only():
-    """HOST_MULTIGROUP_GATHER_SCALE (issue 20, benchmarks/results/collectives.md): on a measured
-    host profile, wg_xy on 1x2x2 gathers its weights over y in 2 groups (one per z slice) and
-    those bytes cost 0.3 of their time; activation collectives, one-group gathers (wg_xyz)
-    and any real-hardware profile are priced as before."""
+def test_a_weight_gather_of_several_groups_is_priced_only_where_the_profile_measured_it():
+    """HardwareProfile.multigroup_gather_scale (issue 20, issue 35): on a measured host profile
+    that carries a measured price (here 0.3, what benchmarks/results/collectives.md measured on
+    its host), wg_xy on 1x2x2 gathers its weights over y in 2 groups (one per z slice) and
+    those bytes cost 0.3 of their time; activation collectives, one-group gathers (wg_xyz),
+    a measured profile without the field and any real-hardware profile are priced as the paper
+    prices them."""
     layout, topo = PhaseLayout("wg_xy", "head"), (1, 2, 2)
     args = (MQ8, 4, 8, "prefill", 64, 64, layout, "bf16", topo)
     sheet = dataclasses.replace(TPU_V4, ici_bandwidth=1e10)
-    host = dataclasses.replace(sheet, measured=True)
+    plain_host = dataclasses.replace(sheet, measured=True)
+    host = dataclasses.replace(plain_host, multigroup_gather_scale=0.3)
     ops = forward_collectives(MQ8, topo, layout, 8, 64, "bf16")
     weight_bytes = sum(c.bytes_per_chip for c in ops if c.what.startswith("weights."))
     assert weight_bytes > 0 and {c.axes for c in ops if c.what.startswith("weights.")} == {("x", "y")}
     paper, emulated = cm.predict_phase(MQ8, sheet, *args[1:]), cm.predict_phase(MQ8, host, *args[1:])
     assert paper.comm_s - emulated.comm_s == pytest.approx(weight_bytes * 0.7 / 1e10, rel=1e-12)
     assert (emulated.compute_s, emulated.memory_s) == (paper.compute_s, paper.memory_s)
+    assert cm.predict_phase(MQ8, plain_host, *args[1:]).comm_s == paper.comm_s   # no price measured
     one_group = (MQ8, 4, 8, "prefill", 64, 64, PhaseLayout("wg_xyz", "head"), "bf16", topo)
     assert (cm.predict_phase(MQ8, host, *one_group[1:]).comm_s
             == cm.predict_phase(MQ8, sheet, *one_group[1:]).comm_s)
     activation = Collective("all-gather", ("y",), 1000, 2, 1, "ffn.in")
     assert cm.multigroup_gather_scale(activation, host, topo) == 1.0
     weight = Collective("all-gather", ("y",), 1000, 2, 1, "weights.W_in")
-    assert cm.multigroup_gather_scale(weight, host, topo) == cm.HOST_MULTIGROUP_GATHER_SCALE == 0.3
+    assert cm.multigroup_gather_scale(weight, host, topo) == 0.3
+    assert cm.multigroup_gather_scale(weight, plain_host, topo) == 1.0   # measured, no price
     assert cm.multigroup_gather_scale(weight, host, (1, 2, 1)) == 1.0     # one group: all chips
-    assert cm.multigroup_gather_scale(weight, sheet, topo) == 1.0         # real interconnect
+    assert cm.multigroup_gather_scale(weight, dataclasses.replace(sheet, multigroup_gather_scale=0.3),
+                                      topo) == 1.0                        # real interconnect

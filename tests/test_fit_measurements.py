@@ -227,10 +227,11 @@ def test_a_known_matmul_half_rows_is_recovered_from_its_own_predictions():
 
 
 def test_the_fit_prices_a_several_group_weight_gather_as_the_host_cost_model_does():
-    """The fit reads each call's terms at unit constants; for a measured host profile it reads
-    them as the host (costmodel.multigroup_gather_scale applies), so its fast path predicts
-    what `predict_phase` does: wg_xy on 1x2x2 gathers its weights in 2 groups, and its comm
-    term at unit constants is the activation bytes plus 0.3 x the weight bytes."""
+    """The fit reads each call's terms at unit constants; for a measured host profile with a
+    measured multi-group gather price it reads them at that price
+    (costmodel.multigroup_gather_scale applies), so its fast path predicts what `predict_phase`
+    does: wg_xy on 1x2x2 gathers its weights in 2 groups, and its comm term at unit constants
+    is the activation bytes plus the price (0.3 here) x the weight bytes."""
     from workloads import costmodel
     from workloads.config import load_model
     from workloads.layouts import PhaseLayout, forward_collectives
@@ -243,8 +244,11 @@ def test_the_fit_prices_a_several_group_weight_gather_as_the_host_cost_model_doe
     rest = sum(c.bytes_per_chip * costmodel.collective_factor(c.kind) for c in ops
                if not c.what.startswith("weights."))
     sheet = calfit.unit_terms(call, ("all-gather",))[2]
-    host = calfit.unit_terms(call, ("all-gather",), measured=True)[2]
+    host = calfit.unit_terms(call, ("all-gather",), gather_scale=0.3)[2]
     assert sheet == pytest.approx(rest + weights, rel=1e-12)
     assert host == pytest.approx(rest + 0.3 * weights, rel=1e-12)
-    host_profile = dataclasses.replace(calfit._UNIT, measured=True, ici_bandwidth=1e10)
+    host_profile = dataclasses.replace(calfit._UNIT, measured=True, ici_bandwidth=1e10,
+                                       multigroup_gather_scale=0.3)
     assert call.predict(host_profile).comm_s == pytest.approx(host / 1e10, rel=1e-9)
+    unpriced = dataclasses.replace(host_profile, multigroup_gather_scale=1.0)   # measured, no price
+    assert call.predict(unpriced).comm_s == pytest.approx(sheet / 1e10, rel=1e-9)

@@ -85,6 +85,24 @@ def test_prior_pulls_an_unconstrained_cost_toward_the_microbenchmark():
     assert hostmodel.fit_costs(rows, [1e-4] * 3)["dequant"] == 0.0
 
 
+def test_the_collective_latency_bound_is_the_slowest_kinds_smallest_whole_collective():
+    """Issue 35: `sweeper calibrate` measures the profile's `collective_latency_max_s` on the
+    host it describes: per kind, the whole op at the smallest payload, group and device count
+    measured; the slowest kind's. No collective measured: 0 (none)."""
+    from sweeper.calibrate import fitting
+
+    def rec(op, group, devices, nbytes, seconds):
+        return {"task": {"kind": "collective", "op": op, "group": group, "bytes": nbytes},
+                "devices": devices, "ok": True, "bytes_per_chip": nbytes, "seconds": seconds}
+
+    records = [rec("all-gather", 2, 2, 4096, 3e-4), rec("all-gather", 2, 2, 2**20, 9e-4),
+               rec("all-gather", 2, 4, 4096, 5e-4), rec("all-gather", 4, 4, 4096, 7e-4),
+               rec("reduce-scatter", 2, 2, 4096, 4e-4), rec("reduce-scatter", 2, 2, 2**20, 2e-3),
+               {"task": {"kind": "dispatch"}, "devices": 2, "ok": True, "call_s": 1e-4, "op_s": 1e-5}]
+    assert fitting.microbench(records).collective_latency_max_s() == 4e-4
+    assert fitting.microbench(records[-1:]).collective_latency_max_s() == 0.0
+
+
 def test_predict_phase_takes_a_calibrated_hosts_latency_from_its_model():
     """With a host_model, a trial's predicted latency is sum(count x cost) at its worker's
     share: a worker with twice the calibration's share runs the throughput terms twice as
@@ -233,6 +251,10 @@ def test_quick_calibration_runs_for_real_and_host_uses_it(tmp_path):
     assert profile["calibration"]["host_key"] and profile["host_model"]["costs"]["decode"]
     assert profile["heldout_residuals"]["prefill"] and profile["heldout_residuals"]["decode"]
     points = json.loads(Path(summary["points"]).read_text())
+    # issue 35: the collective latency bound is this host's measurement, the price is not measured
+    whole = [r["seconds"] for r in points["records"] if r["task"]["kind"] == "collective"]
+    assert 0 < profile["collective_latency_max_s"] <= max(whole)
+    assert profile["multigroup_gather_scale"] == 1.0
     kinds = {r["task"]["kind"] for r in points["records"]}
     assert {"dispatch", "matmul", "dequant", "memory", "collective", "trial"} <= kinds
     said = subprocess.run([sys.executable, "-m", "sweeper.cli", "predict", "--model", "tiny",

@@ -360,6 +360,16 @@ class HardwareProfile:
     # The share of the whole profile this one is (HardwareProfile.scaled multiplies it): a
     # host model's counts need the worker's share of the host, share x chips.
     host_share: float = 1.0
+    # Measured on an emulated mesh, when known (0 / 1 = none): the longest a per-op collective
+    # latency may be fitted to (one whole small collective on that host: a start-up latency
+    # above a whole collective is not physical; sweeper/analysis/fit.py), and what a weight
+    # all-gather of more than one replica group costs per byte against one group's
+    # (costmodel.multigroup_gather_scale). `sweeper calibrate` measures the bound on the host
+    # it writes the profile of (sweeper/calibrate/fitting.py); the price is measured only by
+    # benchmarks/collectives.py inside the engine's prefill, so no written profile carries it.
+    # A value measured on one host never applies to another (issue 35).
+    collective_latency_max_s: float = 0.0
+    multigroup_gather_scale: float = 1.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -434,6 +444,11 @@ class HardwareProfile:
                               "a mapping {share, cache_bytes, costs: {prefill: {...}, decode: {...}}} "
                               "(written by `sweeper calibrate`)", source)
         values["host_model"] = dict(host_model)
+        for key in ("collective_latency_max_s", "multigroup_gather_scale"):
+            if key in data:
+                values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
+                if not values[key] >= 0:
+                    raise ConfigError(f"{prefix}{key}", data[key], "a number >= 0", source)
         if "host_share" in data:
             values["host_share"] = parse_quantity(data["host_share"], f"{prefix}host_share", source)
         name = data.get("name", Path(source).stem if source else "custom")

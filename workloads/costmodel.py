@@ -16,8 +16,8 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
   comm_s    = sum over collectives of bytes * factor / ici_bandwidth           (§3.1)
               factor 2 for an all-reduce (= reduce-scatter + all-gather), 1 otherwise;
               like the paper we drop the ring's (K-1)/K; plus hw.collective_latency_s per op;
-              on a measured host profile (emulated mesh) only, a weight all-gather of more
-              than one group x HOST_MULTIGROUP_GATHER_SCALE (`multigroup_gather_scale`)
+              on a measured host profile that carries a measured multi-group gather price,
+              a weight all-gather of more than one group x that price (`multigroup_gather_scale`)
   latency_s = (1 - overlap) * (compute + memory + comm bytes) + overlap * max(...)
               + collective start-up latencies (per op; + hw.collective_latency_s_per_device
                 * (group size - 1) + hw.collective_rendezvous_s * g * (g - 1) per op of
@@ -284,26 +284,19 @@ def collective_factor(kind: str) -> float:
     return 2.0 if kind == "all-reduce" else 1.0
 
 
-# Emulated mesh only (a `measured` host profile): inside the engine's weight-gathered prefill,
-# a weight all-gather that runs in more than one replica group (wg_xy with z > 1: one group
-# per z slice) costs this fraction of what one group's gather costs per byte: measured, the
-# prefill's weight gathers cost about 0.3x per byte in several groups what they cost in one
-# (what an all-gather costs alone, whatever its groups, while one group's gathers inside the
-# program cost about 3x that; benchmarks/results/collectives.md, docs/calibration.md
-# "All-gathers of several groups"). A real interconnect prices a chip's bytes, whatever the
-# groups: never applied there.
-HOST_MULTIGROUP_GATHER_SCALE = 0.3
-
-
 def multigroup_gather_scale(c: Collective, hw: HardwareProfile,
                             topology: tuple[int, int, int] | None) -> float:
-    """HOST_MULTIGROUP_GATHER_SCALE for a weight all-gather of more than one group on a
-    measured (emulated-mesh) host profile; 1 otherwise."""
-    if (not hw.measured or topology is None or c.kind != "all-gather"
+    """On a measured (emulated-mesh) profile that carries one, its measured per-byte price of a
+    weight all-gather in more than one replica group against one group's
+    (`HardwareProfile.multigroup_gather_scale`: inside the engine's weight-gathered prefill
+    benchmarks/collectives.py measures it on its own host, benchmarks/results/collectives.md);
+    1 otherwise. A real interconnect prices a chip's bytes whatever the groups."""
+    scale = hw.multigroup_gather_scale
+    if (scale == 1.0 or not hw.measured or topology is None or c.kind != "all-gather"
             or not c.what.startswith("weights.")):
         return 1.0
     groups = math.prod(topology) // collective_group_size(c, topology)
-    return HOST_MULTIGROUP_GATHER_SCALE if groups > 1 else 1.0
+    return scale if groups > 1 else 1.0
 
 
 def comm_time_s(collectives: list[Collective], hw: HardwareProfile,

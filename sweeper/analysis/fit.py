@@ -21,7 +21,7 @@ peak), weighted by its measured uncertainty (`point_weights`), minimised by
 `scipy.optimize.least_squares` over log-parameters (positive constants) and a logistic
 overlap, with every constant bounded by what the hardware can do (rates never above the
 start profile's sheet or measured peak, overheads >= 0, a measured host's per-op collective
-latency at most one whole small collective: HOST_COLLECTIVE_LATENCY_MAX_S) and a weak prior toward the start
+latency at most one whole small collective where the profile measured one) and a weak prior toward the start
 whose strength is stated at PRIOR_WEIGHT.
 
 Speed: a point's latency is linear in 1/peak, 1/bandwidths, the latencies and the matmul
@@ -69,16 +69,12 @@ LATENCY_BOUNDS = (1e-12, 1.0)   # overheads: >= 0 (1e-12 s is 0 on any measured 
 # Rates are bounded by what the hardware can do: never above the sheet or measured peak
 # (the start profile), at most RATE_FLOOR times below it (an efficiency of 1/RATE_FLOOR).
 RATE_FLOOR = 1e3
-# On a measured host (the emulated mesh) a collective's fixed start-up latency is part of a
-# collective, never more than a whole one: the upper bound of the per-op latencies
-# (collective_latency_s, per kind) is what one whole all-gather of a 2.36 MB shard per device
-# on 2 emulated devices took on this host, 1.05 ms (benchmarks/results/collectives.md, (a)
-# 1x2). Why it is needed (issue 20, docs/calibration.md "The 1-chip fold"): every multi-chip
-# decode step of the calibration sweep has the same collectives per layer, so a fit without
-# 1-chip points can move the whole per-layer cost (op_overhead_s, the one term a 1-chip step
-# has) into one kind's latency (op_overhead_s 0, reduce-scatter 2.4 ms per op) and predict a
-# 1-chip decode 37% too fast; a latency above a whole collective is not physical.
-HOST_COLLECTIVE_LATENCY_MAX_S = 1.05e-3
+# A per-op collective latency is bounded by what one whole small collective took on the host
+# the points were measured on, where the profile carries that measurement
+# (`HardwareProfile.collective_latency_max_s`; issue 20, docs/calibration.md "The 1-chip
+# fold": without it a fit without 1-chip points can move the whole per-layer cost into one
+# kind's latency); otherwise by LATENCY_BOUNDS alone. No constant of one host is applied to
+# another: the bound travels with the measured profile.
 
 # The study's and the CSV's observations are one type (observations.py); these names stay
 # for the callers that read a study.
@@ -207,7 +203,7 @@ class ParamSpace:
     def bounds(self, base: HardwareProfile) -> tuple[np.ndarray, np.ndarray]:
         """Rates in [sheet / RATE_FLOOR, sheet]: never faster than the hardware can go;
         latencies and overheads in LATENCY_BOUNDS (>= 0), a measured host's per-op collective
-        latencies at most HOST_COLLECTIVE_LATENCY_MAX_S; overlap in [0, 1]."""
+        latencies at most `collective_latency_max_s(base)`; overlap in [0, 1]."""
         ceiling = prior_anchor(base)
         lo_lat, hi_lat = (math.log(b) for b in LATENCY_BOUNDS)
         hi_op = math.log(collective_latency_max_s(base))
@@ -243,9 +239,9 @@ class ParamSpace:
 
 
 def collective_latency_max_s(base: HardwareProfile) -> float:
-    """The upper bound of a fitted per-op collective latency: HOST_COLLECTIVE_LATENCY_MAX_S
-    on a measured host profile (the emulated mesh), LATENCY_BOUNDS' otherwise."""
-    return HOST_COLLECTIVE_LATENCY_MAX_S if base.measured else LATENCY_BOUNDS[1]
+    """The upper bound of a fitted per-op collective latency: the profile's measured
+    `collective_latency_max_s` where it has one, LATENCY_BOUNDS' otherwise."""
+    return base.collective_latency_max_s or LATENCY_BOUNDS[1]
 
 
 def _logit(p: float) -> float:
@@ -260,25 +256,29 @@ def _sigmoid(x: float) -> float:
 # ----------------------------------------------------------------------------- fast terms
 
 
-_UNIT_HOST = dataclasses.replace(_UNIT, measured=True)
+def _unit(gather_scale: float) -> HardwareProfile:
+    """Unit constants; with a measured host's multi-group gather price when it is not 1."""
+    if gather_scale == 1.0:
+        return _UNIT
+    return dataclasses.replace(_UNIT, measured=True, multigroup_gather_scale=gather_scale)
 
 
 @functools.lru_cache(maxsize=65536)
-def at_unit(call: costmodel.PhaseCall, measured: bool = False) -> Any:
+def at_unit(call: costmodel.PhaseCall, gather_scale: float = 1.0) -> Any:
     """`call.predict` at unit constants, cached (each fold's `default_space` reads its
-    collectives, `unit_terms` its terms). `measured`: as a measured host profile (the
-    emulated mesh's own terms, e.g. costmodel.multigroup_gather_scale, apply)."""
-    return call.predict(_UNIT_HOST if measured else _UNIT)
+    collectives, `unit_terms` its terms). `gather_scale`: a measured host's multi-group
+    gather price (costmodel.multigroup_gather_scale), 1 for none."""
+    return call.predict(_unit(gather_scale))
 
 
 @functools.lru_cache(maxsize=65536)
-def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...], measured: bool = False) -> tuple:
+def unit_terms(call: costmodel.PhaseCall, kinds: tuple[str, ...], gather_scale: float = 1.0) -> tuple:
     """One call's latency terms at unit constants: compute, memory, comm, per-kind collective
     counts, per-device group latency, launches, per-layer overhead — each read off
     `predict_phase` by probing one constant at a time. Cached: the hold-out schemes and the
     nested term selection fit the same calls many times."""
-    base = at_unit(call, measured)
-    unit = _UNIT_HOST if measured else _UNIT
+    base = at_unit(call, gather_scale)
+    unit = _unit(gather_scale)
 
     def probe(**fields) -> Any:
         return call.predict(dataclasses.replace(unit, **fields))
@@ -324,10 +324,10 @@ class PhaseTerms:
 
     @classmethod
     def of(cls, observations: list[Observation], kinds: tuple[str, ...],
-           measured: bool = False) -> "PhaseTerms":
-        """`measured`: the profile fitted is a measured host's (its emulated-mesh terms apply)."""
+           gather_scale: float = 1.0) -> "PhaseTerms":
+        """`gather_scale`: the fitted profile's measured multi-group gather price (1: none)."""
         calls = [(i, c, o.scale) for i, o in enumerate(observations) for c in o.calls]
-        rows = [unit_terms(c.call, kinds, measured) for _, c, _ in calls]
+        rows = [unit_terms(c.call, kinds, gather_scale) for _, c, _ in calls]
         col = lambda i: np.array([r[i] for r in rows], dtype=float)  # noqa: E731
         return cls(col(0), col(1), col(2),
                    np.array([r[3] for r in rows], dtype=float).reshape(len(rows), len(kinds)),
@@ -442,7 +442,8 @@ def fit_profile(points: list[Observation], base: HardwareProfile, space: ParamSp
     mfu_numerator = np.array([p.flops / (p.chips * p.published_peak) if p.metric == "mfu" else 1.0
                               for p in points])
     weights = point_weights(points) if weighted else np.ones(len(points))
-    terms = PhaseTerms.of(points, space.kinds, base.measured)
+    terms = PhaseTerms.of(points, space.kinds,
+                          base.multigroup_gather_scale if base.measured else 1.0)
     exact = _fast_path_agrees(points, terms, space, space.start(base, 1e-5, 0.5), base)
     anchor = prior_anchor(base)
 

@@ -99,6 +99,7 @@ def calibrate(plan: tasks.Plan = tasks.FULL, quick: bool = False, out: Path | No
     host_fit = fitting.fit(probes, micro.prior(), share, cache)
     profile = dataclasses.replace(
         base, name="host", host_model=host_fit.model.to_dict(),
+        collective_latency_max_s=micro.collective_latency_max_s(),
         heldout_residuals={ph: [round(e, 6) for e in errs] for ph, errs in host_fit.heldout.items()})
     path = Path(out) if out else hostprofile.calibration_path()
     notes = {

@@ -70,6 +70,22 @@ class Microbench:
             out["collective_op"] = statistics.median(ops)
         return out
 
+    def collective_latency_max_s(self) -> float:
+        """The profile's `collective_latency_max_s` (0: none measured): a per-op start-up
+        latency is part of a collective, never more than a whole one (docs/calibration.md
+        "How the fit works"). Per kind, the whole op at the smallest payload measured, on the
+        smallest group and device count (the least a collective of that kind took here); the
+        slowest kind's, so the bound holds for every kind the fit prices with one latency."""
+        smallest: dict[str, tuple[tuple[float, int, int], float]] = {}
+        for r in self.points:
+            task = r["task"]
+            if task["kind"] != "collective" or not r.get("ok", True) or not r.get("seconds"):
+                continue
+            key = (r["bytes_per_chip"], task["group"], r["devices"])
+            if task["op"] not in smallest or key < smallest[task["op"]][0]:
+                smallest[task["op"]] = (key, r["seconds"])
+        return max((s for _, s in smallest.values()), default=0.0)
+
 
 def microbench(records: Iterable[dict]) -> Microbench:
     """Summarise the microbenchmark records of workloads/hostcal.py (trial records ignored)."""
