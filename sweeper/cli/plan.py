@@ -12,9 +12,9 @@ import json
 import math
 from pathlib import Path
 
-from sweeper.cli.output import print_json
+from sweeper.cli.output import print_json, say_profile
 from workloads import servingprofile as workload
-from workloads.deployment import MODES
+from workloads.deployment import MAX_TOTAL_CHIPS, MODES
 from workloads.config import PRICE_SOURCES, WORLD_CALIBRATION, ConfigError, read_yaml
 
 
@@ -48,13 +48,18 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=cmd_plan)
 
 
-def _int_flag(value: str, flag: str, low: int = 1) -> int:
+MAX_REQUESTS = 20_000       # simulated per deployment (82 deployments x 100,000: ~2 min)
+MAX_SEED = 2**31 - 1
+
+
+def _int_flag(value: str, flag: str, low: int = 1, high: int | None = None) -> int:
+    accepted = f"an integer >= {low}" if high is None else f"an integer from {low} to {high:,}"
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise ConfigError(flag, value, f"an integer >= {low}") from None
-    if number < low:
-        raise ConfigError(flag, value, f"an integer >= {low}")
+        raise ConfigError(flag, value, accepted) from None
+    if number < low or (high is not None and number > high):
+        raise ConfigError(flag, value, accepted)
     return number
 
 
@@ -105,14 +110,16 @@ def question_from_args(args: argparse.Namespace):
     model = load_model(model_spec, args.space, "--model" if args.model else "model")
     hardware = load_hardware(hardware_spec, args.space,
                              "--hardware" if args.hardware else "hardware")
-    max_chips = None if args.max_chips is None else _int_flag(args.max_chips, "--max-chips")
+    say_profile(hardware)
+    max_chips = (None if args.max_chips is None
+                 else _int_flag(args.max_chips, "--max-chips", 1, MAX_TOTAL_CHIPS))
     coverage = workload._share(args.coverage, "--coverage", None)
     if coverage >= 1:
         raise ConfigError("--coverage", args.coverage, "a share in (0, 1), such as 0.9")
     modes = MODES if args.mode == "both" else (args.mode,)
     return PlanQuestion(model, hardware, profile, modes=modes, max_chips=max_chips,
-                        requests=_int_flag(args.requests, "--requests", 10),
-                        seed=_int_flag(args.seed, "--seed", 0), coverage=coverage)
+                        requests=_int_flag(args.requests, "--requests", 10, MAX_REQUESTS),
+                        seed=_int_flag(args.seed, "--seed", 0, MAX_SEED), coverage=coverage)
 
 
 def _space_hardware(spec, space: str):
