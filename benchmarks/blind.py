@@ -424,7 +424,8 @@ def calibrate(home: Path, skip: bool, quick: bool) -> dict:
                   "(run `sweeper calibrate` first, or drop --skip-calibrate)", file=sys.stderr)
             raise SystemExit(2)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(source, target)
+        if Path(source).resolve() != target.resolve():     # --home may be SWEEPER_HOME itself
+            shutil.copy(source, target)
         how, run = f"skipped: the calibrated profile at {source}", None
     else:
         run = run_cli(home, ["calibrate", "--json"] + (["--quick"] if quick else []))
