@@ -435,8 +435,12 @@ def calibrate(home: Path, skip: bool, quick: bool) -> dict:
     profile = hostprofile.calibrated_profile(target)
     if profile is None:
         raise RuntimeError(f"{target}: not a calibrated profile of this host")
+    from sweeper.calibrate import tasks
+
     notes = profile.calibration
-    return {"how": how, "quick": quick and not skip, "path": str(target), "describe": describe(profile),
+    if skip:    # a copied profile: quick where it probed fewer models than the full calibration
+        quick = int(notes.get("probe_models") or 0) < tasks.FULL.probe_models
+    return {"how": how, "quick": quick, "path": str(target), "describe": describe(profile),
             "elapsed_s": (run or {}).get("wall_s") if run else notes.get("elapsed_s"),
             "profile_elapsed_s": notes.get("elapsed_s"), "load_average": load,
             "notes": notes, "heldout_residuals_n": {k: len(v) for k, v in profile.heldout_residuals.items()},

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -245,21 +246,49 @@ def test_bad_flags_exit_2_in_one_line_before_any_work():
 # ----------------------------------------------------------------------------- the real path
 
 
+@pytest.mark.slow
 @pytest.mark.ci_slow    # `sweeper calibrate --quick` and a 4-trial sweep: minutes on 2 cores
 def test_tiny_blind_run_end_to_end(tmp_path):
+    """The measured path at its smallest: a quick calibration made here as a user makes it,
+    the benchmark on it (`--skip-calibrate`, the same SWEEPER_HOME), one model's sweep and a
+    replicate; then the scoring and the Markdown on those real outputs."""
     out, home = tmp_path / "out", tmp_path / "home"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.blind", "--quick-calibrate", "--seed", "4221",
+    env = {**os.environ, "SWEEPER_HOME": str(home)}
+    cal = subprocess.run([str(Path(sys.executable).parent / "sweeper"), "calibrate", "--quick"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert cal.returncode == 0, cal.stderr[-3000:]
+    done = subprocess.run([sys.executable, "-m", "benchmarks.blind", "--skip-calibrate", "--seed", "4221",
                            "--models", "1", "--trials", "4", "--replicates", "1", "--no-serve",
                            "--no-quickstart", "--out", str(out), "--home", str(home)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     result = harness.load(blind.NAME, out, blind.RAW_KEYS)
-    model = result["seeds"][0]["models"][0]
-    assert result["seeds"][0] == {**result["seeds"][0], "seed": 4221, "label": "blind"}
+    entry = result["seeds"][0]
+    model = entry["models"][0]
+    assert (entry["seed"], entry["label"]) == (4221, "blind")
+    # the trials' predictions were made from the calibrated profile, and recompute from it
     assert model["profile_check"]["ok"], model["profile_check"]
-    assert model["points"] and all(p["predicted_s"] > 0 and p["terms_s"] for p in model["points"])
-    assert (home / "calibration" / "host.yaml").is_file()
-    assert result["calibration"]["quick"] is True
-    assert result["summary"]["blind"]["profile"]["decode"]["n"] >= 1
-    assert result["git"]["commit"] and "verdicts" in result
-    assert (out / "blind.md").read_text().startswith("# Blind validation")
+    assert model["counts"]["COMPLETE"] >= 1
+    points = model["points"]
+    assert points and all(p["predicted_s"] > 0 and p["measured_s"] > 0 and p["terms_s"] for p in points)
+    assert {p["phase"] for p in points} == {"prefill", "decode"}
+    # the scores are those of the points themselves
+    blind_summary = result["summary"]["blind"]
+    for phase in ("prefill", "decode"):
+        errs = [abs(p["predicted_s"] / p["measured_s"] - 1) for p in points if p["phase"] == phase]
+        assert blind_summary["profile"][phase]["n"] == len(errs)
+        assert blind_summary["profile"][phase]["mape"] == pytest.approx(sum(errs) / len(errs))
+    assert model["replicates"]["matched"] >= 1 and model["replicates"]["pairs"]
+    assert result["calibration"]["quick"] is True and "skipped" in result["calibration"]["how"]
+    assert result["git"]["commit"] and result["context"] and result["wall_s"] > 0
+    verdicts = {v["target"]: v for v in result["verdicts"]}
+    assert verdicts["`sweeper calibrate` <= 5 minutes"]["met"] is None    # a quick one is not judged
+    assert verdicts["band coverage >= 85.0% (item 5)"]["met"] is None      # nothing served
+    text = (out / "blind.md").read_text()
+    assert text.startswith("# Blind validation") and "4221" in text
+    # --render gives the same page from the results file alone; the docs' block reads it
+    again = subprocess.run([sys.executable, "-m", "benchmarks.blind", "--render", "--out", str(out)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (out / "blind.md").read_text() == text
+    assert "4221" in readme_numbers.doc_block("blind")(out)
