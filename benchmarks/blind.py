@@ -148,7 +148,8 @@ def space_for(model, seed: int, index: int, trials: int = TRIALS) -> dict:
                    "weights": ["bf16", "int8"]},
         "objectives": [{"metric": "prefill_s", "direction": "minimize"},
                        {"metric": "decode_step_s", "direction": "minimize"}],
-        "sampler": {"type": "random", "seed": seed * 100 + index}, "trials": trials,
+        # Optuna's seeds are below 2**32; a clock seed x 100 may not be
+        "sampler": {"type": "random", "seed": (seed * 100 + index) % 2**32}, "trials": trials,
         "parallel": 2, "timeout_s": 240, "max_retries": 1, "memory_budget_bytes": "1GiB"}
 
 

@@ -69,6 +69,10 @@ def test_space_is_a_valid_sweep_of_the_model_on_host(tmp_path):
     assert data["sampler"] == {"type": "random", "seed": 7700}
     assert {"batch", "chips", "weights", "prefill_ffn", "decode_attn"} <= set(data["params"])
     assert data["model"]["d_model"] == model.d_model and data["repeats"] == 3
+    # a clock seed (up to 2**31) still gives a sampler seed Optuna takes
+    big = blind.space_for(model, 2**31 - 2, 1)
+    assert 0 <= big["sampler"]["seed"] < 2**32
+    load_space(big, "blind space")
 
 
 def test_fit_trials_draws_at_most_six_with_the_seed_and_keeps_two_to_score():
