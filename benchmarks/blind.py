@@ -472,7 +472,7 @@ def study_points(home: Path, study: str, calibrated, model_name: str, trial_offs
         points.append({"model": model_name, "trial": o.trial + trial_offset, "phase": o.phase,
                        "chips": int(o.chips), "measured_s": float(o.measured),
                        "predicted_s": float(recorded) if recorded is not None else None,
-                       "recomputed_s": float(again), "ci_rel": _finite(row.get(f"{o.phase}_ci_rel")),
+                       "recomputed_s": float(again), "ci_rel": _finite(o.ci_rel),
                        "config": f"{c.chips} chips b{c.batch} L{c.input_len} {c.weights} "
                                  f"{c.prefill.ffn}/{c.prefill.attn} {c.decode.ffn}/{c.decode.attn}",
                        "terms_s": term_seconds(o, calibrated)})
