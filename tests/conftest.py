@@ -6,6 +6,7 @@ emulated 8-chip mesh is requested here, before any test module imports JAX.
 
 import os
 import re
+import subprocess
 
 _FLAG = "--xla_force_host_platform_device_count"
 if not re.search(rf"{_FLAG}=\d+", os.environ.get("XLA_FLAGS", "")):
@@ -60,3 +61,25 @@ def pytest_collection_modifyitems(config, items):
 
 
 SLOW_ONLY = pytest.StashKey[list]()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (root only), a function leaving `free` bytes free on it, and the
+    filler file (unlink it: the user "fixes it")."""
+    from requires import require
+
+    require(os.geteuid() == 0, "mounting a tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    require(subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                           capture_output=True).returncode == 0, "mount -t tmpfs is not allowed here")
+    filler = mnt / "filler"
+
+    def leave(free: int) -> None:
+        filler.unlink(missing_ok=True)
+        st = os.statvfs(mnt)
+        filler.write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - free))
+
+    yield mnt, leave, filler
+    subprocess.run(["umount", "-l", str(mnt)], check=False)

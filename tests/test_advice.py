@@ -64,26 +64,6 @@ def trial_states(home: Path, study: str) -> list[str]:
     return [t.state.name for t in optuna.load_study(study_name=study, storage=storage).trials]
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 16 MiB tmpfs (root only); `leave(free)` fills it up to `free` bytes, `free_it()`
-    empties the filler (the user "fixes it")."""
-    require(os.geteuid() == 0, "mounting a tmpfs needs root (CI runs as root)")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    require(subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                           capture_output=True).returncode == 0, "mount -t tmpfs is not allowed here")
-    filler = mnt / "filler"
-
-    def leave(free: int) -> None:
-        filler.unlink(missing_ok=True)
-        st = os.statvfs(mnt)
-        filler.write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - free))
-
-    yield mnt, leave, lambda: filler.unlink(missing_ok=True)
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 @pytest.mark.ci_slow        # three `sweeper` processes on a full disk (~10 s each loaded)
 @pytest.mark.parametrize("free_kib,study_made", [(150, False), (700, True)])
 def test_the_full_disk_advice_of_run_works(small_disk, tmp_path, free_kib, study_made):
@@ -91,7 +71,7 @@ def test_the_full_disk_advice_of_run_works(small_disk, tmp_path, free_kib, study
     same command again; 700 KiB: the study exists, MLflow's schema could not be written, the
     line names `--study S --resume`. Either way the advised command, once the disk has room,
     finishes the sweep."""
-    mnt, leave, free_it = small_disk
+    mnt, leave, filler = small_disk
     home = mnt / "home"
     space = tmp_path / "an.yaml"
     space.write_text(yaml.safe_dump(ANALYTICAL))
@@ -102,7 +82,7 @@ def test_the_full_disk_advice_of_run_works(small_disk, tmp_path, free_kib, study
     assert full.returncode == 1 and "the disk is full" in line, full.stderr[-2000:]
     assert ("--resume" in line) == study_made, line
     assert ("no study was created" in line) == (not study_made), line
-    free_it()
+    filler.unlink(missing_ok=True)
     again = sweeper(advised(line, args), home)
     assert again.returncode == 0, again.stderr[-3000:]
     study = re.search(r"study\s+(\S+): 6 complete", again.stdout)
@@ -114,7 +94,7 @@ def test_the_full_disk_advice_of_run_works(small_disk, tmp_path, free_kib, study
 def test_the_full_disk_advice_of_another_command_works(small_disk, tmp_path):
     """`sweeper plan` logging to an MLflow store on a full disk: "run the same command
     again", which then moves the half-created store aside and logs the plan."""
-    mnt, leave, free_it = small_disk
+    mnt, leave, filler = small_disk
     args = ["plan", "--model", "tiny", "--hardware", "tpu-v4", "--rate", "4", "--input-len", "8",
             "--output-len", "4", "--ttft", "1", "--tpot", "0.2",
             "--tracking-uri", f"sqlite:///{mnt / 'mlflow.db'}"]
@@ -122,7 +102,7 @@ def test_the_full_disk_advice_of_another_command_works(small_disk, tmp_path):
     full = sweeper(args, tmp_path / "home")
     line = last_line(full)
     assert full.returncode == 1 and "the disk is full" in line, full.stderr[-2000:]
-    free_it()           # (the half-created mlflow.db is left: the command moves it aside)
+    filler.unlink(missing_ok=True)           # (the half-created mlflow.db is left: the command moves it aside)
     again = sweeper(advised(line, args), tmp_path / "home")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "logged to MLflow run" in again.stdout

@@ -133,7 +133,8 @@ def test_host_resolves_to_the_calibrated_profile_of_this_host_only(tmp_path, mon
     path.parent.mkdir(parents=True)
     calibrated = dataclasses.replace(
         HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict(),
-        calibration={"host_key": hostprofile.host_key(), "calibrated_at": "2026-12-05 10:00",
+        calibration={"host_key": hostprofile.host_key(), "terms_version": hostmodel.TERMS_VERSION,
+                     "calibrated_at": "2026-12-05 10:00",
                      "heldout_mape": {"prefill": 0.1, "decode": 0.2}, "path": str(path)})
     path.write_text(yaml.safe_dump(calibrated.to_dict()))
     got = load_hardware("host")
@@ -141,6 +142,10 @@ def test_host_resolves_to_the_calibrated_profile_of_this_host_only(tmp_path, mon
     assert "calibrated 2026-12-05 10:00" in describe(got) and "decode 20%" in describe(got)
     elsewhere = dataclasses.replace(calibrated, calibration={**calibrated.calibration, "host_key": "other|cpus=64"})
     path.write_text(yaml.safe_dump(elsewhere.to_dict()))
+    assert not load_hardware("host").host_model
+    # made with other terms (an older sweeper): stale, not used
+    stale = dataclasses.replace(calibrated, calibration={**calibrated.calibration, "terms_version": 1})
+    path.write_text(yaml.safe_dump(stale.to_dict()))
     assert not load_hardware("host").host_model
 
 

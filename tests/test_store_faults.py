@@ -177,25 +177,6 @@ def test_sync_says_in_one_line_when_neither_store_has_the_study(sweeper_home, ca
 # ----------------------------------------------------------------------------- full disk
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 16 MiB tmpfs (root only) and a function leaving `free` bytes free on it."""
-    require(os.geteuid() == 0, "mounting a tmpfs needs root (CI runs as root)")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    require(subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                           capture_output=True).returncode == 0, "mount -t tmpfs is not allowed here")
-    filler = mnt / "filler"
-
-    def leave(free: int) -> None:
-        filler.unlink(missing_ok=True)
-        st = os.statvfs(mnt)
-        filler.write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - free))
-
-    yield mnt, leave, filler
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def cli(*args: str) -> subprocess.CompletedProcess:
     """`sweeper ARGS` in its own process, as a user runs it (MLflow caches a store's engine
     per process: a file moved aside would still be open in this one)."""

@@ -758,9 +758,6 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]
     memory = p.memory_s * n                          # bytes read per chip (bandwidth 1) x chips
     beyond = max(0.0, 1.0 - cache_bytes / memory) if cache_bytes and memory > 0 else 0.0
     weights_streamed = weight_flops / weight_rows / 2.0
-    kv_elements = (model.n_layers * model.d_model * 2 * model.n_kv_heads * model.d_head
-                   / (m_rest if gathered else n))
-    one_row = (kv_elements + model.vocab * model.d_model / n) * n if weight_rows <= 1 else 0.0
     by_kind = {"all-gather": 0.0, "reduce-scatter": 0.0, "all-to-all": 0.0, "all-reduce": 0.0}
     ops = 0
     for c in p.collectives:
@@ -771,6 +768,9 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]
         "layer_device": float(model.n_layers * n),
         "collective_op": float(ops * n),
         "gather_bytes": by_kind["all-gather"] * n,
+        # a weight-gathered layout's gathered weights are written, then streamed by the
+        # matmuls, from DRAM once they outgrow the cache (docs/host-calibration.md)
+        "dram_gather": by_kind["all-gather"] * n * beyond,
         "scatter_bytes": by_kind["reduce-scatter"] * n,
         "exchange_bytes": (by_kind["all-to-all"] + by_kind["all-reduce"]) * n,
         "matmul_flops": weight_flops,
@@ -782,8 +782,6 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]
         "dram_weights": weights_streamed * beyond,
         "dequant": dequant,
         "dram_dequant": dequant * beyond,
-        "one_row": one_row,
-        "dram_one_row": one_row * beyond,
     }
 
 

@@ -14,6 +14,7 @@ overlap of compute, memory and communication does not happen on one core: the te
 | layer_device    | layers x devices                                              | s (per-layer dispatch) |
 | collective_op   | collective ops x devices                                      | s (rendezvous, launch) |
 | gather_bytes    | all-gather bytes per chip x devices                           | s per byte             |
+| dram_gather     | gather_bytes beyond the last-level cache (as dram_bytes)      | s per byte             |
 | scatter_bytes   | reduce-scatter bytes per chip x devices                       | s per byte             |
 | exchange_bytes  | all-to-all and all-reduce bytes x devices                     | s per byte             |
 | matmul_flops    | weight-matmul FLOPs (paper §2: 2 per multiply-add)            | s per FLOP             |
@@ -25,9 +26,6 @@ overlap of compute, memory and communication does not happen on one core: the te
 | dram_weights    | matmul_weights beyond the cache, the same fraction            | s per element          |
 | dequant         | int8 weight elements turned back into bf16 each call          | s per element          |
 | dram_dequant    | dequant elements beyond the cache, the same fraction          | s per element          |
-| one_row         | elements of einsums a 1-row batch runs as matrix-vector       | s per element          |
-|                 | products (the K/V projection and the unembedding, batch 1)    |                        |
-| dram_one_row    | one_row elements beyond the cache, the same fraction          | s per element          |
 
 Costs are fitted per phase (prefill and decode run different kernels) by non-negative
 least squares on relative error, over real trials of random probe models
@@ -44,20 +42,22 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 
-TERMS = ("launch", "layer_device", "collective_op", "gather_bytes", "scatter_bytes",
+TERMS = ("launch", "layer_device", "collective_op", "gather_bytes", "dram_gather", "scatter_bytes",
          "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops", "attention_rows",
-         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant", "one_row",
-         "dram_one_row")
+         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant")
 UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "gather_bytes": "s/B",
+         "dram_gather": "s/B",
          "scatter_bytes": "s/B", "exchange_bytes": "s/B", "matmul_flops": "s/FLOP",
          "matmul_weights": "s/element", "attention_flops": "s/FLOP", "attention_rows": "s/FLOP-row",
          "memory_bytes": "s/B", "dram_bytes": "s/B", "dram_weights": "s/element",
-         "dequant": "s/element", "dram_dequant": "s/element", "one_row": "s/element",
-         "dram_one_row": "s/element"}
+         "dequant": "s/element", "dram_dequant": "s/element"}
 # Terms whose count is work the devices share the cores for: a worker with more cores than
 # the calibration's runs them faster (`predict`'s share ratio); the dispatch terms do not.
 THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op"}
 PHASES = ("prefill", "decode")
+# Bumped whenever TERMS or a count changes: a calibration made with other terms is stale
+# (hostprofile.calibrated_profile ignores it; `sweeper calibrate` makes a new one).
+TERMS_VERSION = 2
 # The pull toward a microbenchmark's figure: a coefficient at 2x its microbenchmark costs as
 # much as one probe mispredicted by PRIOR_WEIGHT x ln 2 (3.5%); terms without one are free.
 PRIOR_WEIGHT = 0.05

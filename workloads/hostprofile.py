@@ -265,7 +265,11 @@ def calibrated_profile(path: Path | None = None) -> HardwareProfile | None:
         profile = HardwareProfile.from_dict(data, str(path))
     except (yaml.YAMLError, OSError, ValueError):
         return None
-    return profile if profile.calibration.get("host_key") == host_key() else None
+    from workloads.hostmodel import TERMS_VERSION
+
+    cal = profile.calibration
+    same = cal.get("host_key") == host_key() and cal.get("terms_version") == TERMS_VERSION
+    return profile if same else None
 
 
 def host_profile(refresh: bool = False, path: Path | None = None,

@@ -27,9 +27,8 @@ from workloads.hostmodel import THROUGHPUT_TERMS, HostModel
 
 GROUPS = {
     "dispatch": ("launch", "layer_device", "collective_op"),
-    "compute": ("matmul_flops", "matmul_weights", "attention_flops", "attention_rows", "dequant",
-                "one_row"),
-    "memory": ("memory_bytes", "dram_bytes", "dram_weights"),
+    "compute": ("matmul_flops", "matmul_weights", "attention_flops", "attention_rows", "dequant"),
+    "memory": ("memory_bytes", "dram_bytes", "dram_weights", "dram_dequant", "dram_gather"),
     "communication": ("gather_bytes", "scatter_bytes", "exchange_bytes"),
 }
 PHASES = ("prefill", "decode")

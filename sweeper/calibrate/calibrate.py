@@ -25,7 +25,7 @@ from typing import Callable
 import yaml
 
 from sweeper.calibrate import fitting, runner, tasks
-from workloads import hostprofile
+from workloads import hostmodel, hostprofile
 from workloads.config import HardwareProfile
 
 CALIBRATION_VERSION = 1
@@ -103,6 +103,7 @@ def calibrate(plan: tasks.Plan = tasks.FULL, quick: bool = False, out: Path | No
     path = Path(out) if out else hostprofile.calibration_path()
     notes = {
         "host_key": hostprofile.host_key(), "version": CALIBRATION_VERSION,
+        "terms_version": hostmodel.TERMS_VERSION,
         "calibrated_at": time.strftime("%Y-%m-%d %H:%M"), "path": str(path),
         "probe_seed": plan.seed, "probe_models": len({p.group for p in probes}),
         "probe_trials": len(probes), "chips": list(plan.chips), "worker_share": share,

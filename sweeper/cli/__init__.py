@@ -10,6 +10,7 @@ import argparse
 import errno
 import signal
 import sys
+import warnings
 from importlib import metadata
 from typing import Callable
 
@@ -287,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    # JAX warns at every fork once it is imported; the forks here are Ray's and the
+    # calibration's subprocesses, which exec at once (no JAX state is used in the child)
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler
