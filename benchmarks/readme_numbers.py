@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the blocks a page can quote: each benchmark's `doc_block` (benchmarks/render/<name>.py),
 # rendered from its results file
 DOC_BLOCKS = ("engine_efficiency", "sweep_overhead", "calibration", "profile_predict",
-              "search_efficiency", "paper_fit", "plan_speed", "serving_validation")
+              "search_efficiency", "paper_fit", "plan_speed", "serving_validation", "blind")
 # summary.md: the benchmarks whose render module gives `summary_rows`, in its order
 SUMMARY_ORDER = ("engine_efficiency", "sweep_overhead", "calibration", "search_efficiency",
                  "paper_fit", "serving_validation", "plan_speed")

@@ -145,6 +145,11 @@ def test_error_band_marks_a_plan_at_risk():
     assert best["band"].startswith("calibrated")
     low, high = best["tpot_p99_band_s"]
     assert low <= best["tpot_p99_s"] <= high and high > low
+    # every percentile's band, from the same two simulations (benchmarks/blind.py checks a
+    # served stream's p50 and p99 against them)
+    assert best["bands_s"]["tpot_p99"] == [low, high]
+    for metric, (lo, hi) in best["bands_s"].items():
+        assert lo <= best[f"{metric}_s"] <= hi, metric
     # the plan meets the SLO as predicted; at 2x slower steps it could not
     assert best["at_risk"] is True and result.settle and "sweeper serve" in result.settle
     # the band's upper end is the same plan simulated with every step time x 2

@@ -50,6 +50,7 @@ WEIGHTS = ("int8", "bf16")
 MAX_SLICE_CHIPS = 256          # the search's largest slice (a TPU v4 4x8x8)
 DEFAULT_CHIP_CAP = 4096        # total chips searched without --max-chips (a TPU v4 pod)
 FRONTIER_FACTOR = 2.0          # the frontier is searched up to this x the cheapest plan
+BAND_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")   # Plan.band["bands_s"]
 
 
 @dataclass
@@ -535,7 +536,11 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
     at_risk = plan.meets_slo != ends["high"].meets_slo or plan.meets_slo != ends["low"].meets_slo
     plan.band = {"band": band_label(search.q.hardware, pre, dec),
                  "at_risk": at_risk, f"{ttft_name}_band_s": ttft_band,
-                 f"{tpot_name}_band_s": tpot_band}
+                 f"{tpot_name}_band_s": tpot_band,
+                 # every percentile's band from the same two simulations, so that a served
+                 # stream's p50 and p99 can both be checked against it (benchmarks/blind.py)
+                 "bands_s": {m: sorted([ends["low"].summary[f"{m}_s"], ends["high"].summary[f"{m}_s"]])
+                             for m in BAND_METRICS}}
 
 
 def band_label(hardware: HardwareProfile, pre, dec) -> str:

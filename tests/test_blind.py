@@ -1,0 +1,298 @@
+"""The blind validation benchmark (benchmarks/blind.py): its draws never repeat a calibration
+probe, its space files are valid sweeps, its scoring, the fit on at most 12 points, the
+serving cases and band coverage, the verdicts, the Markdown; and once, at a tiny size, the
+whole measured path (`sweeper calibrate --quick`, one model's sweep and replicates)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import blind, harness, readme_numbers
+from benchmarks.render import blind as render
+from sweeper.analysis.observations import from_config, predict_latency
+from sweeper.sweep.space import load_space
+from workloads import probes
+from workloads.config import HardwareProfile
+from workloads.trial import TrialConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+COSTS = {"launch": 2e-4, "layer_device": 3e-5, "collective_op": 5e-5, "matmul_flops": 2e-11,
+         "memory_bytes": 1e-10, "gather_bytes": 1e-10}
+PROFILE = HardwareProfile(
+    name="host", peak_flops=1e11, hbm_bandwidth=1e10, hbm_bytes=2**34, ici_bandwidth=1e10,
+    measured=True, calibration={"host_key": "test|cpus=2", "probe_seed": probes.CALIBRATION_SEED,
+                                "probe_models": 4, "calibrated_at": "2026-12-05 08:00"},
+    host_model={"share": 0.5, "cache_bytes": 0.0, "costs": {"prefill": COSTS, "decode": COSTS}})
+
+
+# ----------------------------------------------------------------------------- seeds and draws
+
+
+def test_fresh_seed_is_never_the_calibration_or_a_development_seed():
+    assert blind.fresh_seed(123_456_789_000) == 123_456_789
+    for now in (1000 * probes.CALIBRATION_SEED, 1000 * 2, 0):
+        seed = blind.fresh_seed(now)
+        assert seed != probes.CALIBRATION_SEED and seed not in blind.DEV_SEEDS
+
+
+def test_draw_avoids_every_calibration_probe_and_refuses_the_calibration_seed():
+    avoid = blind.calibration_keys(PROFILE.calibration)
+    # the full calibration's 12 probe models, whatever the quick one drew
+    assert len(avoid) == 12
+    first = probes.draw_models(probes.CALIBRATION_SEED, 1, "probe")[0]
+    assert probes.model_key(first) in avoid
+    for seed in (1, 2, 3, 77):
+        drawn = blind.draw(seed, 3, avoid)
+        assert len(drawn) == 3 and not {probes.model_key(m) for m in drawn} & avoid
+    # a probe's shape is skipped: the draw moves on to the next model of the seed
+    plain = blind.draw(77, 2, set())
+    skipped = blind.draw(77, 1, {probes.model_key(plain[0])})
+    assert probes.model_key(skipped[0]) == probes.model_key(plain[1])
+    with pytest.raises(ValueError):
+        blind.draw(probes.CALIBRATION_SEED, 1, avoid)
+
+
+def test_space_is_a_valid_sweep_of_the_model_on_host(tmp_path):
+    model = blind.draw(77, 1, set())[0]
+    data = blind.space_for(model, 77, 0, trials=12)
+    space = load_space(data, "blind space")
+    assert space.hardware.kind == "host" and space.trials == 12 and space.parallel == 2
+    assert data["sampler"] == {"type": "random", "seed": 7700}
+    assert {"batch", "chips", "weights", "prefill_ffn", "decode_attn"} <= set(data["params"])
+    assert data["model"]["d_model"] == model.d_model and data["repeats"] == 3
+    # a clock seed (up to 2**31) still gives a sampler seed Optuna takes
+    big = blind.space_for(model, 2**31 - 2, 1)
+    assert 0 <= big["sampler"]["seed"] < 2**32
+    load_space(big, "blind space")
+
+
+def test_fit_trials_draws_at_most_six_with_the_seed_and_keeps_two_to_score():
+    trials = list(range(12))
+    chosen = blind.fit_trials(trials, 5, 0)
+    assert len(chosen) == 6 and chosen == blind.fit_trials(reversed(trials), 5, 0)
+    assert chosen != blind.fit_trials(trials, 6, 0)
+    assert len(blind.fit_trials(range(5), 5, 0)) == 3
+    assert blind.fit_trials(range(2), 5, 0) == []
+
+
+def test_replicate_count_covers_the_first_complete_trials():
+    states = [(0, "PRUNED"), (1, "COMPLETE"), (2, "PRUNED"), (3, "COMPLETE"), (4, "COMPLETE")]
+    assert blind.replicate_count(states, 2) == 4
+    assert blind.replicate_count(states, 9) == 5
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def test_error_stats_and_score_per_phase_and_chips():
+    s = blind.error_stats([0.1, -0.2, 0.3, None, math.nan])
+    assert s["n"] == 3 and s["mape"] == pytest.approx(0.2) and s["median"] == pytest.approx(0.2)
+    assert s["worst"] == pytest.approx(0.3) and s["worst_signed"] == pytest.approx(0.3)
+    assert s["median_signed"] == pytest.approx(0.1)
+    points = [{"phase": "prefill", "chips": 1, "measured_s": 1.0, "predicted_s": 1.1},
+              {"phase": "prefill", "chips": 2, "measured_s": 2.0, "predicted_s": 1.0},
+              {"phase": "decode", "chips": 1, "measured_s": 1.0, "predicted_s": 1.0}]
+    out = blind.score(points)
+    assert out["prefill"]["n"] == 2 and out["prefill"]["mape"] == pytest.approx(0.3)
+    assert out["prefill"]["by_chips"]["2"]["worst_signed"] == pytest.approx(-0.5)
+    assert out["decode"]["mape"] == 0.0
+    assert blind.error_stats([])["mape"] is None
+
+
+def _trial(model, chips, batch, ffn="ws2d"):
+    return TrialConfig.from_dict(dict(model=model.to_dict(), chips=chips, batch=batch, input_len=32,
+                                      decode_steps=8, prefill=dict(ffn=ffn, attn="head"),
+                                      decode=dict(ffn=ffn, attn="head"))).resolved().validate()
+
+
+def test_fit_on_at_most_twelve_points_learns_a_slowdown_and_scores_the_rest():
+    model = blind.draw(3, 1, set())[0]
+    obs, number = [], 0
+    for chips in (1, 2, 4):
+        for batch in (4, 8, 16):
+            config = _trial(model, chips, batch)
+            for phase in ("prefill", "decode"):
+                o = from_config(config, phase, 1.0, trial=number, scale=0.5 / chips)
+                # measured: the profile's prediction x 1.4 (the compute x 1.8, the rest as priced)
+                terms = blind.term_seconds(o, PROFILE)
+                assert sum(terms.values()) == pytest.approx(predict_latency(o, PROFILE))
+                o.measured = sum(v * (1.8 if t == "matmul_flops" else 1.0) for t, v in terms.items())
+                obs.append(o)
+            number += 1
+    out = blind.fit_model(obs, PROFILE, 3, 0)
+    assert out["train_points"] == 12 and out["test_points"] == len(obs) - 12
+    assert {p["trial"] for p in out["points"]}.isdisjoint(out["train_trials"])
+    fit = blind.score(out["points"], "fit_s")
+    alone = blind.score(out["points"], "profile_s")
+    for phase in ("prefill", "decode"):
+        assert alone[phase]["median_signed"] < -0.05                 # the profile is too fast
+        assert fit[phase]["mape"] < 0.5 * alone[phase]["mape"]       # the fit learns it
+    assert out["corrections"]["prefill"]["compute"] > 1.2
+    diag = blind.diagnose(obs, PROFILE)
+    group = blind.responsible_group(diag, "prefill")
+    assert group["group"] == "compute" and "matmul_flops" in group["terms"]
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def _served(measured: dict, predicted: dict) -> dict:
+    return {"measured": {**measured, "completed": 40}, "predicted": predicted,
+            "calibrated": measured, "replayed": measured}
+
+
+def test_case_errors_and_band_coverage():
+    measured = {"ttft_p50_s": 0.010, "ttft_p99_s": 0.030, "tpot_p50_s": 0.002, "tpot_p99_s": 0.004}
+    predicted = {"ttft_p50_s": 0.011, "ttft_p99_s": 0.050, "tpot_p50_s": 0.002, "tpot_p99_s": 0.004}
+    plan = {"json": {"best": {"mode": "aggregated", **predicted, "bands_s": {
+        "ttft_p50": [0.008, 0.012], "ttft_p99": [0.040, 0.060], "tpot_p50": [0.001, 0.003],
+        "tpot_p99": [0.003, 0.005]}}}}
+    case = blind.case_of(plan, _served(measured, predicted), 0.35, {"served_rps": 10.0}, 3.5)
+    assert case["error"]["ttft_p50_s"] == pytest.approx(0.1)
+    assert case["error"]["ttft_p99_s"] == pytest.approx(2 / 3)
+    assert case["inside_band"] == {"ttft_p50_s": True, "ttft_p99_s": False, "tpot_p50_s": True,
+                                   "tpot_p99_s": True}
+    counts = blind.serving_counts([case])
+    assert counts["p50"] == {"target": 0.2, "cases": 2, "within": 2, "median_abs_error": pytest.approx(0.05),
+                             "worst_abs_error": pytest.approx(0.1)}
+    assert counts["p99"]["within"] == 1
+    cov = blind.band_coverage([case])
+    assert (cov["n"], cov["inside"], cov["coverage"]) == (4, 3, 0.75)
+    why, band = blind.serving_responsible([case])
+    assert "1 misses where the warm-up model" in why and "1 below the band, 0 above" in band
+    # an uncalibrated plan states no band: nothing to cover
+    plan["json"]["best"].pop("bands_s")
+    assert blind.band_coverage([blind.case_of(plan, _served(measured, predicted), 0.35, {}, 3.5)])["n"] == 0
+
+
+def test_last_json_reads_the_object_after_other_output():
+    assert blind.last_json('note: something\n{"a": {"b": 1}}\n') == {"a": {"b": 1}}
+    assert blind.last_json("no json here") is None
+
+
+# ----------------------------------------------------------------------------- verdicts, Markdown
+
+
+def _result(profile_mape: float, fit_mape: float, coverage_inside: int) -> dict:
+    point = lambda model, trial, phase, measured, predicted: {  # noqa: E731
+        "model": model, "trial": trial, "phase": phase, "chips": 1, "measured_s": measured,
+        "predicted_s": predicted, "ci_rel": 0.02, "config": "1 chips b4", "terms_s": {"launch": 0.001}}
+    points = [point("m", t, ph, 1.0, 1.0 + profile_mape) for t in range(4) for ph in ("prefill", "decode")]
+    fit_points = [{"trial": t, "phase": ph, "chips": 1, "measured_s": 1.0, "profile_s": 1.0 + profile_mape,
+                   "fit_s": 1.0 + fit_mape} for t in range(2) for ph in ("prefill", "decode")]
+    inside = {k: i < coverage_inside for i, k in enumerate(blind.SERVE_METRICS)}
+    case = {"load": 0.35, "rate_rps": 2.0, "measured": {k: 0.01 for k in blind.SERVE_METRICS},
+            "predicted": {k: 0.011 for k in blind.SERVE_METRICS},
+            "error": {k: 0.1 for k in blind.SERVE_METRICS}, "error_plan": {k: 0.1 for k in blind.SERVE_METRICS},
+            "error_warmup": {k: 0.0 for k in blind.SERVE_METRICS}, "error_replay": {k: 0.0 for k in blind.SERVE_METRICS},
+            "inside_band": inside, "bands_s": {k[:-2]: [0.0, 0.005] for k in blind.SERVE_METRICS},
+            "deployment": {}}
+    model = {"index": 0, "model": dict(probes.draw_models(9, 1, "blind")[0].to_dict()), "points": points,
+             "trials": [{"host_steal_frac": 0.01, "host_load_avg_1m": 1.5}], "profile_check": {"ok": True},
+             "counts": {"COMPLETE": 4}, "fit": {"points": fit_points},
+             "replicates": {"pairs": [{"phase": "prefill", "chips": 1, "first_s": 1.0, "again_s": 1.02}]},
+             "serving": {"modes": {"aggregated": {"cases": [case]}}}}
+    raw = {"command": "python -m benchmarks.blind", "git": {"commit": "abc", "dirty": False},
+           "context": {"cpus": 2, "load_average": [1, 1, 1]}, "context_end": {"steal_pct": 1.0},
+           "calibration": {"elapsed_s": 250.0, "how": "run", "describe": "host, calibrated"},
+           "seeds": [{"seed": 77, "label": "blind", "models": [model]},
+                     {"seed": 1, "label": "development", "models": [model]}],
+           "quickstart": {"noise_floor": 0.02, "noise_floor_points": 8,
+                          "schemes": {"kfold": {"mape": 0.03, "ratio": 1.5}, "chips": {"mape": 0.05, "ratio": 2.5}}},
+           "wall_s": 60.0}
+    return blind.analyse(raw)
+
+
+def test_verdicts_met_and_missed_with_what_is_responsible():
+    good = {v["target"]: v for v in _result(0.05, 0.02, 4)["verdicts"]}
+    assert all(v["met"] for k, v in good.items() if "MAPE" in k or "coverage" in k or "served" in k)
+    assert good["`sweeper calibrate` <= 5 minutes"]["met"] is True
+    quick = good["quickstart's closing analysis: every scheme within 2x its noise floor"]
+    assert quick["met"] is False and "chips" in quick["responsible"]
+    bad = {v["target"]: v for v in _result(0.30, 0.12, 2)["verdicts"]}
+    prefill = bad["calibrated profile alone, prefill MAPE <= 15.0%"]
+    assert prefill["met"] is False and prefill["measured"] == "30.0%" and "largest term launch" in prefill["responsible"]
+    assert bad["after a fit on <= 12 points, decode MAPE on the rest <= 8.0%"]["met"] is False
+    cover = bad["band coverage >= 85.0% (item 5)"]
+    assert cover["met"] is False and cover["measured"].startswith("2/4") and "above" in cover["responsible"]
+
+
+def test_markdown_renders_both_labels_and_the_doc_block_is_registered(tmp_path):
+    result = _result(0.05, 0.02, 4)
+    text = render.markdown(result)
+    assert "| development | prefill |" in text and "| blind | decode |" in text
+    assert "Consistency check, not a prediction" in text and "**met**" in text
+    assert "blind" in readme_numbers.DOC_BLOCKS
+    harness.write(blind.NAME, result, text, tmp_path, blind.RAW_KEYS)
+    loaded = harness.load(blind.NAME, tmp_path, blind.RAW_KEYS)
+    assert render.markdown(json.loads(json.dumps(loaded))) == text
+    assert readme_numbers.doc_block("blind")(tmp_path) == render.doc_block(result)
+
+
+def test_bad_flags_exit_2_in_one_line_before_any_work():
+    for argv in (["--models", "0"], ["--seed", str(probes.CALIBRATION_SEED)], ["--seed", "2"],
+                 ["--requests", "1"]):
+        done = subprocess.run([sys.executable, "-m", "benchmarks.blind", *argv, "--out", "/nonexistent/x"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("blind: --")
+
+
+# ----------------------------------------------------------------------------- the real path
+
+
+@pytest.mark.slow
+@pytest.mark.ci_slow    # `sweeper calibrate --quick` and a 4-trial sweep: minutes on 2 cores
+def test_tiny_blind_run_end_to_end(tmp_path):
+    """The measured path at its smallest: a quick calibration made here as a user makes it,
+    the benchmark on it (`--skip-calibrate`, the same SWEEPER_HOME), one model's sweep and a
+    replicate; then the scoring and the Markdown on those real outputs."""
+    out, home = tmp_path / "out", tmp_path / "home"
+    env = {**os.environ, "SWEEPER_HOME": str(home)}
+    cal = subprocess.run([str(Path(sys.executable).parent / "sweeper"), "calibrate", "--quick"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert cal.returncode == 0, cal.stderr[-3000:]
+    done = subprocess.run([sys.executable, "-m", "benchmarks.blind", "--skip-calibrate", "--seed", "4221",
+                           "--models", "1", "--trials", "4", "--replicates", "1", "--no-serve",
+                           "--no-quickstart", "--out", str(out), "--home", str(home)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = harness.load(blind.NAME, out, blind.RAW_KEYS)
+    entry = result["seeds"][0]
+    model = entry["models"][0]
+    assert (entry["seed"], entry["label"]) == (4221, "blind")
+    # the trials' predictions were made from the calibrated profile, and recompute from it
+    assert model["profile_check"]["ok"], model["profile_check"]
+    assert model["counts"]["COMPLETE"] >= 1
+    points = model["points"]
+    assert points and all(p["predicted_s"] > 0 and p["measured_s"] > 0 and p["terms_s"] for p in points)
+    assert {p["phase"] for p in points} == {"prefill", "decode"}
+    # the scores are those of the points themselves
+    blind_summary = result["summary"]["blind"]
+    for phase in ("prefill", "decode"):
+        errs = [abs(p["predicted_s"] / p["measured_s"] - 1) for p in points if p["phase"] == phase]
+        assert blind_summary["profile"][phase]["n"] == len(errs)
+        assert blind_summary["profile"][phase]["mape"] == pytest.approx(sum(errs) / len(errs))
+    assert model["replicates"]["matched"] >= 1 and model["replicates"]["pairs"]
+    assert result["calibration"]["quick"] is True and "skipped" in result["calibration"]["how"]
+    assert result["git"]["commit"] and result["context"] and result["wall_s"] > 0
+    verdicts = {v["target"]: v for v in result["verdicts"]}
+    assert verdicts["`sweeper calibrate` <= 5 minutes"]["met"] is None    # a quick one is not judged
+    assert verdicts["band coverage >= 85.0% (item 5)"]["met"] is None      # nothing served
+    text = (out / "blind.md").read_text()
+    assert text.startswith("# Blind validation") and "4221" in text
+    # --render gives the same page from the results file alone; the docs' block reads it
+    again = subprocess.run([sys.executable, "-m", "benchmarks.blind", "--render", "--out", str(out)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (out / "blind.md").read_text() == text
+    assert "4221" in readme_numbers.doc_block("blind")(out)
