@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from workloads import hf_config
 # ConfigError and check_keys are used from here by most modules (workloads/validate.py)
 from workloads.validate import (ConfigError, boolean, bounded, check_keys, one_of,  # noqa: F401
                                 positive_int)
@@ -163,27 +164,42 @@ def _check_fields(cls, data: Any, kind: str, source: str | None, prefix: str) ->
 # --------------------------------------------------------------------------- model
 
 BLOCKS = ("parallel", "serial")
-MLPS = ("gelu", "swiglu")
+# gelu: W_in, W_out (the paper's); swiglu: silu(W_gate x) * W_up x (Llama, Mistral, Qwen,
+# Mixtral); geglu: gelu(W_gate x) * W_up x (Gemma). Both gated MLPs have three matrices.
+MLPS = ("gelu", "swiglu", "geglu")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only Transformer (paper §2 notation: E = d_model, F = d_ff, H, K = n_kv_heads)."""
+    """A decoder-only Transformer (paper §2 notation: E = d_model, F = d_ff, H, K = n_kv_heads).
+
+    Mixture-of-experts (docs/models.md): `n_experts` > 0 replaces every layer's MLP by that
+    many experts, each an MLP of width `d_ff`, of which the router picks `experts_per_token`
+    per token (top-k, GShard/Switch/Mixtral)."""
 
     name: str
     d_model: int
-    d_ff: int
+    d_ff: int                    # the MLP's width; of each expert in a mixture-of-experts model
     n_layers: int
     n_heads: int
     n_kv_heads: int
     d_head: int
     vocab: int
     block: str = "parallel"      # paper §3.4: attention and MLP read the same normed input
-    mlp: str = "gelu"            # gelu: W_in, W_out; swiglu: W_gate, W_up, W_out
+    mlp: str = "gelu"            # gelu: W_in, W_out; swiglu / geglu: W_gate, W_up, W_out
     tie_embeddings: bool = True
+    # The context window (prompt + generated tokens) the model was trained for; None: not
+    # stated (HF `max_position_embeddings`). Longer requests are refused (docs/models.md).
+    max_context: int | None = None
+    n_experts: int = 0           # 0: a dense MLP in every layer
+    experts_per_token: int = 0   # top-k: experts each token is routed to (MoE only)
     # Set on a head- or vocabulary-padded model (layouts.resolve_padding, paper §4): the model
     # before padding. Padded heads and tokens are zero; MFU counts the unpadded model's FLOPs.
     padded_from: "ModelConfig | None" = dataclasses.field(default=None, metadata={"internal": True})
+    # What a Hugging Face config.json said that this model approximates (workloads/hf_config.py),
+    # one line each; not part of the model's identity.
+    approximations: tuple[str, ...] = dataclasses.field(default=(), compare=False,
+                                                        metadata={"internal": True})
 
     @property
     def unpadded(self) -> "ModelConfig":
@@ -198,12 +214,33 @@ class ModelConfig:
 
     @property
     def mlp_matrices(self) -> int:
-        return 3 if self.mlp == "swiglu" else 2
+        return 3 if self.mlp in GATED_MLPS else 2
+
+    @property
+    def moe(self) -> bool:
+        """A mixture-of-experts model (n_experts > 0)."""
+        return self.n_experts > 0
+
+    @property
+    def experts(self) -> int:
+        """MLPs per layer: n_experts, or 1 for a dense model."""
+        return self.n_experts if self.moe else 1
+
+    @property
+    def active_experts(self) -> int:
+        """MLPs each token runs through per layer: experts_per_token, or 1 for a dense model."""
+        return self.experts_per_token if self.moe else 1
 
     def to_dict(self) -> dict:
-        """The unpadded model's fields (padding is a trial knob, `pad_heads`)."""
-        out = dataclasses.asdict(self.unpadded)
-        out.pop("padded_from")
+        """The unpadded model's fields (padding is a trial knob, `pad_heads`). Fields left at
+        their defaults since this file's first format (max_context, the MoE fields) are left
+        out, so a dense model's mapping, and what was recorded from it, stays as it was."""
+        base = self.unpadded
+        out = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
+               if not f.metadata.get("internal")}
+        for key in OPTIONAL_MODEL_FIELDS:
+            if out[key] == MODEL_FIELD_DEFAULTS[key]:
+                out.pop(key)
         return out
 
     @classmethod
@@ -223,14 +260,52 @@ class ModelConfig:
         values["mlp"] = one_of(f"{prefix}mlp", data.get("mlp", "gelu"), MLPS, source)
         values["tie_embeddings"] = boolean(f"{prefix}tie_embeddings", data.get("tie_embeddings", True),
                                            source)
+        if data.get("max_context") is not None:
+            values["max_context"] = positive_int(f"{prefix}max_context", data["max_context"], source)
+        values.update(_expert_fields(data, source, prefix))
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
 
 
+GATED_MLPS = ("swiglu", "geglu")
+# ModelConfig fields a mapping may leave out (their defaults), and left out by to_dict when
+# at their defaults.
+OPTIONAL_MODEL_FIELDS = ("max_context", "n_experts", "experts_per_token")
+MODEL_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                        if f.name in OPTIONAL_MODEL_FIELDS}
+
+
+def _expert_fields(data: Mapping, source: str | None, prefix: str) -> dict:
+    """n_experts and experts_per_token: both or neither, 1 <= top-k <= experts."""
+    experts = data.get("n_experts", 0) or 0
+    top_k = data.get("experts_per_token", 0) or 0
+    if not experts and not top_k:
+        return {}
+    experts = positive_int(f"{prefix}n_experts", experts, source)
+    if experts < 2:
+        raise ConfigError(f"{prefix}n_experts", experts, "0 (a dense MLP) or at least 2 experts",
+                          source)
+    if not top_k:
+        raise ConfigError(f"{prefix}experts_per_token", None, "the experts each token is routed "
+                          f"to (top-k, 1..n_experts={experts}) for a model with n_experts", source)
+    top_k = positive_int(f"{prefix}experts_per_token", top_k, source)
+    if top_k > experts:
+        raise ConfigError(f"{prefix}experts_per_token", top_k, f"at most n_experts={experts}", source)
+    return {"n_experts": experts, "experts_per_token": top_k}
+
+
 def _palm(name, e, layers, heads, kv=1, d_head=256):
     # PaLM (Chowdhery et al. 2022, Table 1): SwiGLU MLP with F = 4E, multiquery, parallel
-    # block, d_head 256, 256k vocabulary, shared input/output embeddings.
+    # block, d_head 256, 256k vocabulary, shared input/output embeddings. No context window:
+    # the paper (Table 1) studies contexts past PaLM's training length.
     return ModelConfig(name, e, 4 * e, layers, heads, kv, d_head, 256_000, "parallel", "swiglu", True)
+
+
+def _hf(name, e, f, layers, heads, kv, vocab, context, d_head=128, experts=0, top_k=0):
+    # A model released with a Hugging Face config.json (Llama, Mixtral, Qwen): serial block,
+    # SwiGLU MLP (hidden_act silu), untied embeddings; `context` = max_position_embeddings.
+    return ModelConfig(name, e, f, layers, heads, kv, d_head, vocab, "serial", "swiglu", False,
+                       max_context=context, n_experts=experts, experts_per_token=top_k)
 
 
 MODEL_PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
@@ -243,14 +318,30 @@ MODEL_PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
     _palm("palm-540b-multihead", 18432, 118, 64, kv=64, d_head=128),
     # MT-NLG 530B (Smith et al. 2022): E 20480, 105 layers, 128 heads, GPT-style serial block.
     ModelConfig("mt-nlg-530b", 20480, 81920, 105, 128, 128, 160, 51_200, "serial", "gelu", True),
-    # Llama 2 (Touvron et al. 2023, Table 1 and the released configs).
-    ModelConfig("llama2-13b", 5120, 13824, 40, 40, 40, 128, 32_000, "serial", "swiglu", False),
-    ModelConfig("llama2-70b", 8192, 28672, 80, 64, 8, 128, 32_000, "serial", "swiglu", False),
+    # Llama 2 (Touvron et al. 2023, Table 1 and the released configs): context 4096.
+    _hf("llama2-13b", 5120, 13824, 40, 40, 40, 32_000, 4096),
+    _hf("llama2-70b", 8192, 28672, 80, 64, 8, 32_000, 4096),
+    # Llama 3.1 (the released config.json of meta-llama/Llama-3.1-8B, -70B, -405B; Grattafiori
+    # et al. 2024, "The Llama 3 Herd of Models", Table 3): 128k context, 128256 tokens.
+    _hf("llama3.1-8b", 4096, 14336, 32, 32, 8, 128_256, 131_072),
+    _hf("llama3.1-70b", 8192, 28672, 80, 64, 8, 128_256, 131_072),
+    _hf("llama3.1-405b", 16384, 53248, 126, 128, 8, 128_256, 131_072),
+    # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; config.json of
+    # mistralai/Mixtral-8x7B-v0.1): 8 experts of F 14336, top-2, 32k context.
+    _hf("mixtral-8x7b", 4096, 14336, 32, 32, 8, 32_000, 32_768, experts=8, top_k=2),
+    # Qwen3 MoE (config.json of Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B; Qwen3 Technical
+    # Report 2025, Table 2): fine-grained experts, 128 of them, top-8, no shared expert.
+    _hf("qwen3-30b-a3b", 2048, 768, 48, 32, 4, 151_936, 40_960, experts=128, top_k=8),
+    _hf("qwen3-235b-a22b", 4096, 1536, 94, 64, 4, 151_936, 40_960, experts=128, top_k=8),
     # Tiny models for tests and the quickstart (E <= 256; 8 heads so 8-way head sharding works).
     ModelConfig("tiny", 128, 512, 2, 8, 1, 16, 256, "parallel", "gelu", True),
     ModelConfig("tiny-mha", 128, 512, 2, 8, 8, 16, 256, "parallel", "gelu", True),
     ModelConfig("tiny-gqa", 128, 512, 2, 8, 2, 16, 256, "parallel", "gelu", True),
     ModelConfig("tiny-serial", 128, 512, 2, 8, 2, 16, 256, "serial", "swiglu", False),
+    # A tiny Mixtral: 4 experts of F 256, top-2 (tests; search_spaces/moe.yaml reads the same
+    # shape from its Mixtral-style config.json).
+    ModelConfig("tiny-moe", 128, 256, 2, 8, 2, 16, 256, "serial", "swiglu", False,
+                max_context=512, n_experts=4, experts_per_token=2),
     ModelConfig("small", 256, 1024, 4, 8, 1, 32, 512, "parallel", "gelu", True),
     # The calibration sweep's model (search_spaces/calibration.yaml): big enough that on a
     # 2-core host one chip's prefill of 8 x 64 tokens takes >= 50 ms and a decode step
@@ -534,17 +625,44 @@ def _load(spec: Any, presets: Mapping, cls, kind: str, source: str | None, field
     if isinstance(spec, str):
         if spec in presets:
             return presets[spec]
+        spec = _beside(spec, source)
+        if cls is ModelConfig and hf_config.is_hf_config(spec):
+            return _load_hf_model(spec)
         if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
             data = read_yaml(spec)
             return cls.from_dict(data, source=spec)
         close = difflib.get_close_matches(spec, list(presets), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(field, spec, f"a {kind} preset {sorted(presets)}, or a YAML file{hint}", source)
+        files = "a Hugging Face config.json (or its directory) or a YAML file" if cls is ModelConfig \
+            else "or a YAML file"
+        raise ConfigError(field, spec, f"a {kind} preset {sorted(presets)}, {files}{hint}", source)
     raise ConfigError(field, spec, f"a {kind} preset name, a YAML path or a mapping", source)
 
 
+def _beside(spec: str, source: str | None) -> str:
+    """A relative path that is not there is looked up beside the file that names it (a
+    space file's `model: tiny-moe/config.json`)."""
+    path = Path(spec)
+    if path.is_absolute() or path.exists() or not source:
+        return spec
+    beside = Path(source).parent / path
+    return str(beside) if beside.exists() else spec
+
+
+def _load_hf_model(spec: str) -> ModelConfig:
+    """A Hugging Face config.json (workloads/hf_config.py); its approximations are warned."""
+    path = hf_config.config_path(spec)
+    source = str(path)
+    fields, approximations = hf_config.model_fields(read_text(path), source)
+    model = ModelConfig.from_dict({"name": hf_config.model_name(path), **fields}, source=source)
+    hf_config.warn(approximations, source)
+    return dataclasses.replace(model, approximations=approximations)
+
+
 def load_model(spec: Any, source: str | None = None, field: str = "model") -> ModelConfig:
-    """Preset name, path to a model YAML, or an inline mapping of model fields."""
+    """Preset name, path to a model YAML, a Hugging Face config.json (or the directory holding
+    one), or an inline mapping of model fields. A relative path is also looked up beside
+    `source` (the file that names it)."""
     return _load(spec, MODEL_PRESETS, ModelConfig, "model", source, field)
 
 

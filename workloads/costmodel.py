@@ -89,12 +89,18 @@ def check_topology(topology, chips: int) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- parameters
 
 
-def param_breakdown(model: ModelConfig) -> dict[str, int]:
-    """Matmul parameters by group (paper §2 notation: E, F, H heads, K KV heads, D head dim)."""
+def param_breakdown(model: ModelConfig, active: bool = False) -> dict[str, int]:
+    """Matmul parameters by group (paper §2 notation: E, F, H heads, K KV heads, D head dim).
+
+    A mixture-of-experts layer's `mlp` is every expert's (`active`: the experts_per_token a
+    token runs through), and its router (E x experts) is its own group."""
     e, f, h, k, d, layers = (model.d_model, model.d_ff, model.n_heads, model.n_kv_heads,
                              model.d_head, model.n_layers)
+    experts = model.active_experts if active else model.experts
     per_layer = {"W_q": e * h * d, "W_kv": 2 * e * k * d, "W_o": h * d * e,
-                 "mlp": model.mlp_matrices * e * f}
+                 "mlp": experts * model.mlp_matrices * e * f}
+    if model.moe:
+        per_layer["router"] = e * model.n_experts
     blocks = layers * sum(per_layer.values())
     embedding = model.vocab * e
     return {**{f"{name}_per_layer": v for name, v in per_layer.items()},
@@ -102,14 +108,15 @@ def param_breakdown(model: ModelConfig) -> dict[str, int]:
             "embedding": embedding, "unembedding": 0 if model.tie_embeddings else embedding}
 
 
-def block_params(model: ModelConfig) -> int:
+def block_params(model: ModelConfig, active: bool = False) -> int:
     """Parameters of the Transformer blocks only (no embeddings; norms are not matmuls)."""
-    return param_breakdown(model)["blocks"]
+    return param_breakdown(model, active)["blocks"]
 
 
-def param_count(model: ModelConfig) -> int:
-    """All matmul parameters including embeddings; tied input/output embeddings count once."""
-    parts = param_breakdown(model)
+def param_count(model: ModelConfig, active: bool = False) -> int:
+    """All matmul parameters including embeddings; tied input/output embeddings count once.
+    `active`: a mixture-of-experts model's parameters one token runs through."""
+    parts = param_breakdown(model, active)
     return parts["blocks"] + parts["embedding"] + parts["unembedding"]
 
 
@@ -117,8 +124,9 @@ def matmul_params(model: ModelConfig) -> int:
     """Parameters that take part in a matmul for every token: blocks + the unembedding.
 
     The unembedding is a V x E matmul whether or not it shares storage with the input
-    embedding, whose lookup is not a matmul (docs/architecture.md "Metrics")."""
-    return block_params(model) + model.vocab * model.d_model
+    embedding, whose lookup is not a matmul (docs/architecture.md "Metrics"). A
+    mixture-of-experts model counts the experts a token is routed to (its active ones)."""
+    return block_params(model, active=True) + model.vocab * model.d_model
 
 
 def model_flops_per_token(model: ModelConfig, keys_attended: float) -> float:

@@ -345,6 +345,9 @@ def validate_phase(model: ModelConfig, topology: tuple[int, int, int], layout: P
                    batch: int, phase: str, source: str | None = None) -> None:
     """Reject a layout that cannot run for this shape, naming the constraint (before compiling)."""
     field = f"{phase}"
+    if model.moe:
+        _reject("model.n_experts", model.n_experts, "0 for now: mixture-of-experts layouts are "
+                "not implemented yet", source)
     if layout.ffn not in FFN_LAYOUTS:
         _reject(f"{field}.ffn", layout.ffn, f"one of {list(FFN_LAYOUTS)}", source)
     if layout.attn not in ATTN_LAYOUTS:

@@ -10,6 +10,7 @@ import argparse
 import errno
 import signal
 import sys
+import warnings
 from importlib import metadata
 from typing import Callable
 
@@ -27,6 +28,7 @@ from sweeper.sweep import stopping as sweep_stopping
 from sweeper.sweep.workers import ClusterLost   # (imports no Ray: that is lazy)
 from sweeper.tracking.store_health import StoreLost   # (stdlib only)
 from workloads.config import ConfigError
+from workloads.hf_config import ModelApproximation
 
 
 class _Parser(argparse.ArgumentParser):
@@ -265,7 +267,17 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None,
+                  _default=warnings.showwarning):
+    """A model approximation (workloads/hf_config.py) is one stderr line; others as Python shows them."""
+    if issubclass(category, ModelApproximation):
+        print(f"warning: {message}", file=sys.stderr)
+        return
+    _default(message, category, filename, lineno, file, line)
+
+
 def _main(argv: list[str] | None) -> int:
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler
