@@ -267,6 +267,19 @@ class ModelConfig:
         return cls(name=str(name), **values)
 
 
+def check_context(model: ModelConfig, tokens: float, field: str, value: Any = None,
+                  source: str | None = None, what: str = "") -> None:
+    """ConfigError when `tokens` (prompt and answer together) exceed the model's context
+    window (`max_context`); `value` is what the user gave for `field` (default `tokens`),
+    `what` says how `tokens` was counted from it."""
+    window = model.unpadded.max_context
+    if window is not None and tokens > window:
+        counted = f" ({what})" if what else ""
+        raise ConfigError(field, tokens if value is None else value,
+                          f"prompt and answer within {model.unpadded.name}'s context window of "
+                          f"{window} tokens{counted}", source)
+
+
 GATED_MLPS = ("swiglu", "geglu")
 # ModelConfig fields a mapping may leave out (their defaults), and left out by to_dict when
 # at their defaults.
@@ -440,6 +453,19 @@ class HardwareProfile:
     serving_handover_latency_s: float = 0.0
     serving_decode_wake_s: float = 0.0
     serving_prefill_idle_after_s: float = 0.0
+    # Precision and memory (docs/models.md). FP8 matmul FLOP/s per chip (dense, W8A8 on FP8
+    # tensor cores); 0 = no FP8 units: FP8 weights are then stored in 8 bits and computed in
+    # bf16 (weight-only, as int8).
+    fp8_flops: float = 0.0
+    # Fraction of each chip's HBM held back for the runtime (CUDA context, library
+    # workspaces, compiled graphs) and fragmentation: a plan fills at most
+    # `usable_hbm_bytes` with weights, KV cache and working set (issue 39).
+    memory_reserve: float = 0.0
+
+    @property
+    def usable_hbm_bytes(self) -> float:
+        """HBM per chip a model may fill: hbm_bytes less the memory_reserve."""
+        return self.hbm_bytes * (1.0 - self.memory_reserve)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -476,11 +502,15 @@ class HardwareProfile:
                     "serving_step_overhead_s", "serving_prefill_overhead_s",
                     "handover_overhead_s", "serving_prefill_wake_s",
                     "serving_prefill_first_overhead_s", "serving_handover_latency_s",
-                    "serving_decode_wake_s", "serving_prefill_idle_after_s"):
+                    "serving_decode_wake_s", "serving_prefill_idle_after_s",
+                    "fp8_flops", "memory_reserve"):
             if key in data:
                 values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
-                if values[key] < 0 or (key == "overlap" and values[key] > 1):
-                    accepted = "a number in [0, 1]" if key == "overlap" else "a number >= 0"
+                if values[key] < 0 or (key == "overlap" and values[key] > 1) \
+                        or (key == "memory_reserve" and values[key] >= 1):
+                    accepted = {"overlap": "a number in [0, 1]",
+                                "memory_reserve": "a fraction in [0, 1) of each chip's HBM"
+                                }.get(key, "a number >= 0")
                     raise ConfigError(f"{prefix}{key}", data[key], accepted, source)
         values["measured"] = bool(data.get("measured", False))
         by_kind = data.get("collective_latency_s_by_kind") or {}
@@ -612,6 +642,28 @@ HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
     HardwareProfile("h200", 989e12, 4.8e12, 141e9, 450e9, domain_chips=8,
                     inter_domain_bandwidth=5e10),
 ]}
+
+
+# Precision and memory of the presets (issue 39, docs/models.md), kept apart from the
+# preset lines above:
+# - FP8: NVIDIA H100 SXM and H200 SXM datasheets, 1979 TFLOP/s dense FP8 (3958 with
+#   sparsity); B200 below. A100, TPU v4 and v5e have no FP8 units (0).
+# - Memory reserve: vLLM keeps its weights, activations and KV cache within
+#   gpu_memory_utilization = 0.9 of a GPU by default (vLLM engine arguments), leaving 10% to
+#   the CUDA context, library workspaces, CUDA graphs and fragmentation. No TPU serving
+#   engine publishes such a default; the same 10% is used for the TPU presets.
+# - B200: NVIDIA DGX B200 datasheet: 8 GPUs with 1,440 GB HBM3e in total (180 GB each) at
+#   64 TB/s (8 TB/s each), 72 PFLOP/s FP8 and 36 PFLOP/s FP16/BF16 with sparsity for the 8
+#   (dense: half, 4.5e15 FP8 and 2.25e15 BF16 per GPU), NVLink 5 at 1.8 TB/s bidirectional
+#   (900 GB/s each way), one 400 Gb/s ConnectX-7 port per GPU (5e10 B/s) between nodes. No
+#   on-demand price published at the time: None.
+HARDWARE_PRESETS["b200"] = HardwareProfile("b200", 2.25e15, 8e12, 180e9, 900e9, domain_chips=8,
+                                           inter_domain_bandwidth=5e10)
+_FP8_FLOPS = {"h100": 1979e12, "h200": 1979e12, "b200": 4.5e15}
+MEMORY_RESERVE = 0.1
+HARDWARE_PRESETS.update({name: dataclasses.replace(profile, fp8_flops=_FP8_FLOPS.get(name, 0.0),
+                                                   memory_reserve=MEMORY_RESERVE)
+                         for name, profile in HARDWARE_PRESETS.items()})
 
 
 # --------------------------------------------------------------------------- loading

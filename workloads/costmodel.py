@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from workloads.config import ConfigError, HardwareProfile, ModelConfig
+from workloads.config import ConfigError, HardwareProfile, ModelConfig, check_context
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS,
                                Collective, PhaseLayout, axis_sizes, canonical_layout,
                                forward_collectives,
@@ -237,8 +237,11 @@ def kv_bytes_per_chip(model: ModelConfig, chips: int, batch: int, context: int, 
 
 @dataclass(frozen=True)
 class MaxContext:
-    """The longest context that fits, and the per-chip KV accounting behind it (`analytical`)."""
+    """The longest context that fits, and the per-chip KV accounting behind it (`analytical`):
+    the KV budget's, or the model's context window where that is shorter (`limited_by`)."""
     max_context: int
+    limited_by: str                 # "memory" or "context window"
+    context_window: int | None      # the model's (ModelConfig.max_context); None: not stated
     kv_bytes_per_token_per_chip: float
     kv_budget_bytes_per_chip: float
     kv_fraction: float
@@ -270,8 +273,12 @@ def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int,
     place = kv_placement(model, chips, batch, attn, topology, ffn)
     per_token = kv_bytes_per_chip(model, chips, batch, 1, attn, topology, ffn)
     budget = kv_fraction * hw.hbm_bytes
+    fitting = int(budget // per_token)
+    window = model.unpadded.max_context
     return MaxContext(
-        max_context=int(budget // per_token),
+        max_context=fitting if window is None else min(fitting, window),
+        limited_by="memory" if window is None or fitting <= window else "context window",
+        context_window=window,
         kv_bytes_per_token_per_chip=per_token,
         kv_budget_bytes_per_chip=budget,
         kv_fraction=kv_fraction,
@@ -675,6 +682,7 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     layout = canonical_layout(layout, topology)   # a gather over size-1 axes is weight-stationary
     one_d = (layout.ffn == "ws1d") if one_d is None else one_d
     if validate:   # this phase's constraints first (so the message names it), then storage
+        check_context(model, context, "context")
         validate_phase(model, topology, layout, batch, phase)
         validate_layouts(model, topology, layout, layout, batch)
     seq_len = input_len if phase == "prefill" else 1
@@ -729,7 +737,7 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
         cost_chip_s_per_token=chips * latency_s / tokens,
         weight_bytes_per_chip=stored, kv_bytes_per_chip=kv, working_set_bytes_per_chip=working,
         peak_bytes_per_chip=peak, memory_read_bytes_per_chip=memory_read,
-        comm_bytes_per_chip=float(comm_bytes(collectives)), fits=peak <= hw.hbm_bytes,
+        comm_bytes_per_chip=float(comm_bytes(collectives)), fits=peak <= hw.usable_hbm_bytes,
         hbm_bytes=hw.hbm_bytes, collectives=collectives, executed_flops=executed_flops,
         heads=model.n_heads, unpadded_heads=model.unpadded.n_heads,
         padding_params=param_count(model) - param_count(model.unpadded))
@@ -829,7 +837,7 @@ def predict(trial, hw: HardwareProfile):
     m.decode_comm_bytes_per_chip = dec.comm_bytes_per_chip
     m.prefill_compute_s, m.prefill_memory_s, m.prefill_comm_s = pre.compute_s, pre.memory_s, pre.comm_s
     m.decode_compute_s, m.decode_memory_s, m.decode_comm_s = dec.compute_s, dec.memory_s, dec.comm_s
-    m.fits = peak <= hw.hbm_bytes
+    m.fits = peak <= hw.usable_hbm_bytes
     m.collectives = {"prefill": _collective_stats(pre.collectives),
                      "decode": _collective_stats(dec.collectives)}
     m.extra = {"topology": list(topology), "decode_context": ctx,
@@ -851,7 +859,7 @@ def slice_predictions(trial, hw: HardwareProfile) -> dict[str, Any]:
         m = predict(part, hw)
         working = phase_calls(part)[phase].predict(hw).working_set_bytes_per_chip
         m.peak_bytes_per_chip = m.weight_bytes_per_chip + m.kv_bytes_per_chip + working
-        m.fits = m.peak_bytes_per_chip <= hw.hbm_bytes
+        m.fits = m.peak_bytes_per_chip <= hw.usable_hbm_bytes
         out[phase] = m
     return out
 
@@ -918,7 +926,7 @@ def feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float | None = 
         validate_layouts(trial.run_model, topology, trial.prefill, trial.decode, trial.batch)
     except ConfigError as err:
         return str(err)
-    budget = hw.hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
+    budget = hw.usable_hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
     m = predict(trial, hw)
     if m.peak_bytes_per_chip > budget:
         working = m.peak_bytes_per_chip - m.weight_bytes_per_chip - m.kv_bytes_per_chip
@@ -935,7 +943,7 @@ def _slices_feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float |
         slices = slice_predictions(trial, hw)
     except ConfigError as err:
         return str(err)
-    budget = hw.hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
+    budget = hw.usable_hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
     phase = max(slices, key=lambda name: slices[name].peak_bytes_per_chip)
     m = slices[phase]
     if m.peak_bytes_per_chip <= budget:

@@ -193,7 +193,7 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
                 evaluated[key] = Candidate(layout.ffn, layout.attn, t, run_model.n_heads, prediction,
                                            [f] if f != layout.ffn else [])
                 if not prediction.fits:
-                    rejected.append(Rejected(layout.ffn, a, t, MEMORY, _memory_reason(prediction)))
+                    rejected.append(Rejected(layout.ffn, a, t, MEMORY, _memory_reason(prediction, hw)))
     if not evaluated:   # nothing can run: say why for each layout
         reasons = "; ".join(f"{r.ffn}/{r.attn} on {'x'.join(map(str, r.topology))}: {r.reason}"
                             for r in rejected)
@@ -211,8 +211,10 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
                           ws2d_crossover_chips=costmodel.ws2d_crossover_chips(model.unpadded))
 
 
-def _memory_reason(p: costmodel.PhasePrediction) -> str:
+def _memory_reason(p: costmodel.PhasePrediction, hw: HardwareProfile) -> str:
+    reserve = (f" less its {hw.memory_reserve:.0%} reserve ({costmodel.bytes_text(hw.usable_hbm_bytes)})"
+               if hw.memory_reserve else "")
     return (f"peak {costmodel.bytes_text(p.peak_bytes_per_chip)} per chip (weights "
             f"{costmodel.bytes_text(p.weight_bytes_per_chip)}, KV cache "
             f"{costmodel.bytes_text(p.kv_bytes_per_chip)}) exceeds HBM "
-            f"{costmodel.bytes_text(p.hbm_bytes)}")
+            f"{costmodel.bytes_text(p.hbm_bytes)}{reserve}")

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
-from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
-                              read_yaml)
+from workloads.config import (ConfigError, ModelConfig, check_context, check_keys, load_model,
+                              parse_topology, read_yaml)
 from workloads.costmodel import best_topology
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, PAD_VOCAB_CHOICES,
                                WEIGHT_FORMATS, PhaseLayout, resolve_padding, validate_layouts,
@@ -223,6 +223,9 @@ class TrialConfig:
                 "decode": dataclasses.replace(self, prefill=self.decode, **half)}
 
     def validate(self, source: str | None = None) -> "TrialConfig":
+        check_context(self.model, self.context_len, "input_len", self.input_len, source,
+                      f"input_len {self.input_len} + decode_steps {self.decode_steps} = "
+                      f"{self.context_len} tokens")
         if self.disaggregated:
             return self._validate_slices(source)
         model = resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill,

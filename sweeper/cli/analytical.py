@@ -136,7 +136,9 @@ def _max_context_text(model, hw, args, attn: str, result: costmodel.MaxContext) 
     r = result.to_dict()
     heads = f"{model.n_kv_heads} KV head{'s' if model.n_kv_heads != 1 else ''}"
     return format_fields([
-        ("max context", f"{r['max_context']:,} tokens"),
+        ("max context", f"{r['max_context']:,} tokens" + (
+            " (the model's context window; the KV budget holds more)"
+            if r["limited_by"] == "context window" else "")),
         ("attention", f"{attn}-sharded, {model.attention_kind} ({heads} x d_head {model.d_head})"),
         ("KV per token per chip", human_bytes(r["kv_bytes_per_token_per_chip"])),
         ("KV heads per chip", r["kv_heads_per_chip"]),

@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     workload.add_arguments(p)
     p.add_argument("--max-chips", metavar="N", help="chip budget: the most goodput within N "
                    "chips (default: the cheapest plan, searched up to 4096 chips)")
+    p.add_argument("--memory-reserve", metavar="SHARE", help="share of each chip's HBM held "
+                   "back for the runtime and fragmentation (default: the hardware's own, 0.1 "
+                   "for the presets; docs/models.md)")
     p.add_argument("--mode", choices=["aggregated", "disaggregated", "both"], default="both",
                    help="serving modes to search (default both)")
     p.add_argument("--requests", metavar="N", default="400",
@@ -101,6 +104,7 @@ def question_from_args(args: argparse.Namespace):
     model = load_model(model_spec, args.space, "--model" if args.model else "model")
     hardware = load_hardware(hardware_spec, args.space,
                              "--hardware" if args.hardware else "hardware")
+    hardware = with_memory_reserve(hardware, args.memory_reserve)
     max_chips = None if args.max_chips is None else _int_flag(args.max_chips, "--max-chips")
     coverage = workload._share(args.coverage, "--coverage", None)
     if coverage >= 1:
@@ -109,6 +113,22 @@ def question_from_args(args: argparse.Namespace):
     return PlanQuestion(model, hardware, profile, modes=modes, max_chips=max_chips,
                         requests=_int_flag(args.requests, "--requests", 10),
                         seed=_int_flag(args.seed, "--seed", 0), coverage=coverage)
+
+
+def with_memory_reserve(hardware, value: str | None):
+    """The profile with --memory-reserve's share of HBM held back (None: its own)."""
+    if value is None:
+        return hardware
+    import dataclasses
+
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share < 1:
+        raise ConfigError("--memory-reserve", value, "a share in [0, 1) of each chip's HBM, "
+                          "such as 0.1")
+    return dataclasses.replace(hardware, memory_reserve=share)
 
 
 def _space_hardware(spec, space: str):
@@ -203,6 +223,22 @@ def _slices(plan: dict) -> str:
     return f"    {one('prefill', plan['prefill'])}; {one('decode', plan['decode'])}"
 
 
+def _memory_lines(plan: dict) -> list[str]:
+    """Each slice's memory per chip: HBM, reserve, weights, working set, the slots' KV cache
+    at the longest request, and the KV capacity in tokens."""
+    def gb(value):
+        return f"{value / 1e9:.1f} GB"
+
+    out = []
+    for name, m in (plan.get("memory_per_chip") or {}).items():
+        capacity = m["kv_capacity_tokens"]
+        out.append(f"    memory per chip ({name}): {gb(m['hbm_bytes'])} HBM, {gb(m['reserve_bytes'])} "
+                   f"reserved, weights {gb(m['weights_bytes'])}, working set "
+                   f"{gb(m['working_bytes'])}, KV cache {gb(m['kv_bytes'])} for {m['kv_tokens']:,} "
+                   f"tokens; KV capacity {capacity:,} tokens" if capacity is not None else "")
+    return [line for line in out if line]
+
+
 def render(result, data: dict) -> str:
     q = result.question
     p = q.profile
@@ -217,6 +253,7 @@ def render(result, data: dict) -> str:
         else:
             lines.append("  " + _line(plan, st, sp))
             lines.append(_slices(plan))
+            lines += _memory_lines(plan)
     if data["plans"]:
         lines.append(f"plans on the cost/latency frontier (none beats another on chips, TTFT {st} and TPOT {sp}):")
         for plan in data["plans"][:12]:

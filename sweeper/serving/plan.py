@@ -37,10 +37,10 @@ from functools import lru_cache
 from sweeper.serving import bands as bands_mod
 from workloads.deployment import MODES, Deployment, PhaseSlice
 from workloads.servingmodel import (SimResult, StepTimes, cost_model_step_times,
-                                   kv_link_bandwidth, simulate)
+                                   kv_link_bandwidth, memory_budget, simulate)
 from workloads.servingprofile import AppProfile, length_stats, mean_rate, requests
 from workloads import costmodel
-from workloads.config import ConfigError, HardwareProfile, ModelConfig
+from workloads.config import ConfigError, HardwareProfile, ModelConfig, check_context
 from workloads.hardware import per_chip   # a measured host profile is split over its chips
 from workloads.recommend import recommend, torus_topologies
 
@@ -99,6 +99,7 @@ class Plan:
     utilization: dict           # phase -> rate / capacity
     memory: float               # peak bytes / HBM of the fullest slice
     band: dict | None = None    # filled for reported plans
+    budget: dict | None = None  # memory per chip of each slice, filled for reported plans
     config: tuple | None = field(default=None, repr=False)   # the search's (mode, pre, dec)
 
     @property
@@ -133,6 +134,8 @@ class Plan:
                "prefill": _slice_dict(d.prefill), "decode": _slice_dict(d.decode)}
         if self.band is not None:
             out.update(self.band)
+        if self.budget is not None:
+            out["memory_per_chip"] = self.budget
         return out
 
 
@@ -194,6 +197,7 @@ class _Options:
         self.input_mean = lengths["input_mean"]
         self.output_mean = lengths["output_mean"]
         self.context_full = lengths["input_max"] + lengths["output_max"]
+        self.input_max = lengths["input_max"]
         self.context_mean = self.input_mean + self.output_mean / 2
         self.pruned: dict[str, str] = {}
         cap = q.max_chips or DEFAULT_CHIP_CAP
@@ -210,10 +214,11 @@ class _Options:
     def _weights_fit(self, chips: int, weights: str) -> bool:
         params = costmodel.param_count(self.q.model.unpadded)
         need = params * (1 if weights == "int8" else 2)
-        if need > chips * per_chip(self.q.hardware, chips).hbm_bytes:
+        if need > chips * per_chip(self.q.hardware, chips).usable_hbm_bytes:
             self.pruned["memory"] = (     # the largest slice tried is the one to report
                 f"{self.q.model.name}'s {weights} weights ({need / 2**30:.0f} GiB) need "
-                f"more than {chips} x {per_chip(self.q.hardware, chips).hbm_bytes / 2**30:.0f} GiB")
+                f"more than {chips} x {per_chip(self.q.hardware, chips).usable_hbm_bytes / 2**30:.0f}"
+                " GiB (HBM less its reserve)")
             return False
         return True
 
@@ -325,8 +330,8 @@ class _Search:
                                                       o.decode(chips, weights)):
                         if pre.topology != dec.topology:
                             continue
-                        if dec.peak_bytes + pre.working_bytes > per_chip(self.q.hardware,
-                                                                          chips).hbm_bytes:
+                        if dec.peak_bytes + pre.working_bytes > per_chip(
+                                self.q.hardware, chips).usable_hbm_bytes:
                             o.pruned.setdefault("memory", "slots' KV cache + prefill working set "
                                                 "exceed HBM")
                             continue
@@ -433,10 +438,10 @@ class _Search:
         else:
             utilization = {"prefill": self.rate * prefill_busy / d.prefill.replicas,
                            "decode": self.rate * decode_busy / d.decode.replicas}
-        hbm = per_chip(self.q.hardware, dec.chips).hbm_bytes
+        hbm = per_chip(self.q.hardware, dec.chips).usable_hbm_bytes   # HBM less its reserve
         memory = (dec.peak_bytes + (pre.working_bytes if d.mode == "aggregated" else 0)) / hbm
         if d.mode == "disaggregated":
-            memory = max(memory, pre.peak_bytes / per_chip(self.q.hardware, pre.chips).hbm_bytes)
+            memory = max(memory, pre.peak_bytes / per_chip(self.q.hardware, pre.chips).usable_hbm_bytes)
         return Plan(d, s, meets, violations, utilization, memory, config=config)
 
     def run(self) -> tuple[Plan | None, list[Plan]]:
@@ -539,8 +544,24 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
 # --------------------------------------------------------------------------- the answer
 
 
+def check_context_window(q: PlanQuestion) -> None:
+    """ConfigError (naming --input-len) when the longest prompt and answer exceed the model's
+    context window (issue 39: llama2-70b's 4k window took --input-len 200000)."""
+    lengths = length_stats(q.profile)
+    check_context(q.model, lengths["input_max"] + lengths["output_max"], "--input-len",
+                  lengths["input_max"], what=f"the longest prompt, {lengths['input_max']}, and "
+                  f"answer, {lengths['output_max']} tokens")
+
+
+def _with_budget(options: _Options, plan: Plan) -> None:
+    """Fills plan.budget: memory per chip of each slice at the longest request (servingmodel)."""
+    plan.budget = memory_budget(plan.deployment, int(math.ceil(options.input_max)),
+                                int(math.ceil(options.context_full)))
+
+
 def plan(q: PlanQuestion) -> PlanResult:
     """The cheapest deployment per mode meeting the SLO, the frontier, and why (module doc)."""
+    check_context_window(q)
     started = time.perf_counter()
     options = _Options(q)
     ratio_bands = bands_mod.profile_bands(q.hardware, q.coverage)
@@ -561,6 +582,7 @@ def plan(q: PlanQuestion) -> PlanResult:
     frontier = pareto([p for p in everything if p.meets_slo])
     for p in {id(p): p for p in [*candidates, *frontier]}.values():
         _with_band(searches[p.deployment.mode], p, ratio_bands)
+        _with_budget(options, p)
     reason = _reason(q, best, everything, options, searches)
     settle = None
     if best is not None and (best.band or {}).get("at_risk") is not False:
