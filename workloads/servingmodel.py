@@ -179,7 +179,8 @@ def phase_prediction(deployment: Deployment, phase: str, batch: int, input_len: 
     hw = per_chip(d.hardware, part.chips)
     return costmodel.predict_phase(model, hw, part.chips, batch, phase, input_len, context,
                                    PhaseLayout(part.ffn, part.attn), part.weights,
-                                   part.topology, one_d)
+                                   part.topology, one_d, experts=part.experts,
+                                   kv_cache=part.kv_cache)
 
 
 def memory_budget(deployment: Deployment, input_len: int, context: int) -> dict:
@@ -257,7 +258,7 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
         return a + b * context
 
     bandwidth, _ = kv_link_bandwidth(d)
-    per_token = costmodel.kv_bytes_per_token(d.model)
+    per_token = costmodel.kv_bytes_per_token(d.model, kv_cache=d.decode.kv_cache)
 
     def kv_transfer_s(input_len: int) -> float:
         return per_token * input_len / bandwidth

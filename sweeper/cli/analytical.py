@@ -17,8 +17,9 @@ from sweeper.formatting import format_fields, format_table, human_bytes, human_s
 from workloads import costmodel
 from workloads.config import load_model, parse_topology
 from workloads.hardware import load_hardware
-from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_VOCAB_CHOICES, PHASES,
-                               WEIGHT_FORMATS, PhaseLayout, resolve_padding)
+from workloads.layouts import (ATTN_LAYOUTS, EXPERT_LAYOUTS, FFN_LAYOUTS, KV_FORMATS,
+                               PAD_VOCAB_CHOICES, PHASES, WEIGHT_FORMATS, PhaseLayout,
+                               resolve_padding)
 from workloads.recommend import recommend
 from workloads.trial import parse_pad_heads
 from workloads.validate import one_of, positive_int
@@ -44,21 +45,36 @@ def add_parsers(sub) -> None:
     _phase_args(p)
     p.add_argument("--ffn", help=f"FFN layout: {' | '.join(FFN_LAYOUTS)} (default: recommended)")
     p.add_argument("--attn", help=f"attention layout: {' | '.join(ATTN_LAYOUTS)} (default: recommended)")
-    p.add_argument("--weights", default="bf16", help="bf16 | int8 (default bf16)")
+    p.add_argument("--weights", default="bf16", help="bf16 | int8 | fp8 (default bf16)")
     p.add_argument("--topology", help="XxYxZ with X*Y*Z = chips (default: the best ws2d split)")
     _pad_arg(p)
+    _model_args(p)
     p.set_defaults(handler=run_predict)
 
     p = sub.add_parser("recommend", help="fastest FFN/attention layout for one phase, with alternatives")
     _common_args(p)
     _phase_args(p)
-    p.add_argument("--weights", default="bf16", help="bf16 | int8 (default bf16)")
+    p.add_argument("--weights", default="bf16", help="bf16 | int8 | fp8 (default bf16)")
     p.add_argument("--topology", help="XxYxZ to choose on (default: the best ws2d split, as the "
                    "paper keeps X, Y, Z of the stored weights)")
     p.add_argument("--search-topology", action="store_true",
                    help="also try every X*Y*Z factorisation of chips")
     _pad_arg(p)
+    _model_args(p)
     p.set_defaults(handler=run_recommend)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """The KV cache's format and a mixture-of-experts model's experts (docs/models.md)."""
+    p.add_argument("--kv-cache", default="bf16", help="KV cache format: bf16 | int8 | fp8 "
+                   "(default bf16)")
+    p.add_argument("--experts", help="a mixture-of-experts model's experts: tp | ep (default: "
+                   "recommended; tp with --ffn and --attn given)")
+
+
+def _model_choices(args) -> tuple[str, str | None]:
+    return (one_of("--kv-cache", args.kv_cache, KV_FORMATS),
+            None if args.experts is None else one_of("--experts", args.experts, EXPERT_LAYOUTS))
 
 
 def _pad_arg(p: argparse.ArgumentParser) -> None:
@@ -162,18 +178,20 @@ def run_predict(args) -> int:
     topology = _topology(args)
     pad = parse_pad_heads(args.pad_heads, field="--pad-heads")
     pad_vocab = one_of("--pad-vocab", args.pad_vocab, PAD_VOCAB_CHOICES)
+    kv_cache, experts = _model_choices(args)
     if ffn is not None and attn is not None:
         layout = PhaseLayout(ffn, attn)
         mesh = topology or costmodel.best_topology(model, args.chips)
         run_model = resolve_padding(model, pad, mesh, layout, layout, None, pad_vocab=pad_vocab)
         pred = costmodel.predict_phase(run_model, hw, args.chips, args.batch, phase, input_len,
-                                       context, layout, weights, mesh)
+                                       context, layout, weights, mesh, experts=experts or "tp",
+                                       kv_cache=kv_cache)
         result, chosen = pred.to_dict(), "given"
         result["same_program_as"] = [ffn] if pred.ffn != ffn else []
     else:   # fill in what was left out with the best layout consistent with what was given
         result = recommend(model, hw, args.chips, args.batch, phase, input_len, context, weights,
                            topology, ffn=ffn, attn=attn, pad_heads=pad,
-                           pad_vocab=pad_vocab).to_dict()
+                           pad_vocab=pad_vocab, experts=experts, kv_cache=kv_cache).to_dict()
         for key in ("alternatives", "candidates", "rejected", "gather_degree_continuous",
                     "ws2d_crossover_chips"):
             result.pop(key, None)
@@ -192,7 +210,9 @@ def _predict_text(model, hw, args, r: dict, chosen: str) -> str:
     head = format_fields([
         ("phase", what),
         ("layout", f"ffn {r['ffn']}, attention {r['attn']}, topology "
-                   f"{'x'.join(map(str, r['topology']))}, weights {r['weights']} ({chosen})"),
+                   f"{'x'.join(map(str, r['topology']))}, weights {r['weights']}, KV cache "
+                   f"{r['kv_cache']}" + (f", experts {r['experts']} ({r['moe_kernel']} kernel)"
+                                         if r.get("experts") else "") + f" ({chosen})"),
         ("latency", f"{human_seconds(r['latency_s'])}  ({r['bound']}-bound)"),
         ("  compute", human_seconds(r["compute_s"])),
         ("  memory", human_seconds(r["memory_s"])),
@@ -238,9 +258,10 @@ def run_recommend(args) -> int:
     topology = _topology(args)
     pad = parse_pad_heads(args.pad_heads, field="--pad-heads")
     pad_vocab = one_of("--pad-vocab", args.pad_vocab, PAD_VOCAB_CHOICES)
+    kv_cache, experts = _model_choices(args)
     result = recommend(model, hw, args.chips, args.batch, phase, input_len, context, weights,
                        topology, search_topology=args.search_topology, pad_heads=pad,
-                       pad_vocab=pad_vocab).to_dict()
+                       pad_vocab=pad_vocab, experts=experts, kv_cache=kv_cache).to_dict()
     payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
                "input_len": input_len, **result, "pad_vocab": pad_vocab}
     _emit(args, payload, lambda: _recommend_text(model, hw, args, result))

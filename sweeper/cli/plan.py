@@ -209,14 +209,21 @@ def _line(plan: dict, stat_ttft: str, stat_tpot: str) -> str:
             f"{cost_text}  binds: {plan['binding']}  band: {band}{bands}{risk}")
 
 
+def _precision(s: dict) -> str:
+    """A slice's weights, and its KV cache and experts layout where they are not the defaults."""
+    kv = f", KV {s['kv_cache']}" if s.get("kv_cache", "bf16") != "bf16" else ""
+    experts = f", experts {s['experts']}" if s.get("experts", "tp") != "tp" else ""
+    return f"{s['weights']}{kv}{experts}"
+
+
 def _slices(plan: dict) -> str:
     def one(name, s):
         topo = f" {s['topology']}" if s.get("topology") else ""
         return (f"{name} {s['replicas']} x {s['chips']} chips{topo} {s['ffn']}/{s['attn']} "
-                f"batch {s['batch']} {s['weights']}")
+                f"batch {s['batch']} {_precision(s)}")
     if plan["mode"] == "aggregated":
         return (f"    {plan['decode']['replicas']} replica(s) x {plan['decode']['chips']} chips "
-                f"({plan['decode']['topology']}, {plan['decode']['weights']}): prefill "
+                f"({plan['decode']['topology']}, {_precision(plan['decode'])}): prefill "
                 f"{plan['prefill']['ffn']}/{plan['prefill']['attn']} {plan['prefill']['batch']} "
                 f"prompts per call, decode {plan['decode']['ffn']}/{plan['decode']['attn']} "
                 f"{plan['decode']['batch']} slots")

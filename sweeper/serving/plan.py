@@ -42,6 +42,7 @@ from workloads.servingprofile import AppProfile, length_stats, mean_rate, reques
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, ModelConfig, check_context
 from workloads.hardware import per_chip   # a measured host profile is split over its chips
+from workloads.layouts import EXPERT_LAYOUTS
 from workloads.recommend import recommend, torus_topologies
 
 SLOT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -82,10 +83,12 @@ class PhaseOption:
     step_s: float                 # one call (prefill) or one step (decode) at the mean lengths
     peak_bytes: float
     working_bytes: float
+    experts: str = "tp"           # a mixture-of-experts model's experts layout (tp | ep)
+    kv_cache: str = "bf16"        # the KV cache's format
 
     def slice(self, replicas: int) -> PhaseSlice:
         return PhaseSlice(self.chips, replicas, self.ffn, self.attn, self.batch, self.weights,
-                          self.topology)
+                          self.topology, self.experts, self.kv_cache)
 
 
 @dataclass
@@ -140,9 +143,13 @@ class Plan:
 
 
 def _slice_dict(part: PhaseSlice) -> dict:
-    return {"chips": part.chips, "replicas": part.replicas, "ffn": part.ffn, "attn": part.attn,
-            "batch": part.batch, "weights": part.weights,
-            "topology": "x".join(map(str, part.topology)) if part.topology else None}
+    out = {"chips": part.chips, "replicas": part.replicas, "ffn": part.ffn, "attn": part.attn,
+           "batch": part.batch, "weights": part.weights,
+           "topology": "x".join(map(str, part.topology)) if part.topology else None}
+    out["kv_cache"] = part.kv_cache
+    if part.experts != "tp":      # a mixture-of-experts model's expert parallelism
+        out["experts"] = part.experts
+    return out
 
 
 def _round(value: float) -> float:
@@ -208,12 +215,20 @@ class _Options:
     @property
     def fewest_fitting(self) -> int:
         """The smallest slice that holds the weights and one decode slot's KV cache."""
-        return next((c for c in self.slice_chips if any(self.decode(c, w) for w in WEIGHTS)),
+        return next((c for c in self.slice_chips if any(self.decode(c, w) for w in self.weights)),
                     math.inf)
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return weight_formats(self.q.hardware)
+
+    @property
+    def kv_formats(self) -> tuple[str, ...]:
+        return kv_formats(self.q.hardware)
 
     def _weights_fit(self, chips: int, weights: str) -> bool:
         params = costmodel.param_count(self.q.model.unpadded)
-        need = params * (1 if weights == "int8" else 2)
+        need = params * costmodel.weight_element_bytes(weights)
         if need > chips * per_chip(self.q.hardware, chips).usable_hbm_bytes:
             self.pruned["memory"] = (     # the largest slice tried is the one to report
                 f"{self.q.model.name}'s {weights} weights ({need / 2**30:.0f} GiB) need "
@@ -232,24 +247,27 @@ class _Options:
         if not self._weights_fit(chips, weights):
             return out
         topo = self.topology(chips)
-        for slots in SLOT_BATCHES:
-            try:
-                rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, slots, "decode",
-                                context=self.context_full, weights=weights, topology=topo)
-            except ConfigError:
-                continue
-            best = rec.best
-            if not best.fits:
-                self.pruned["memory"] = (f"decode: {slots} slots of {self.context_full} tokens "
-                                         f"do not fit {chips} chips ({weights})")
-                break
-            step = costmodel.predict_phase(
-                self._padded(best), per_chip(self.q.hardware, chips), chips, slots, "decode", 1,
-                self.context_mean,
-                costmodel.PhaseLayout(best.ffn, best.attn), weights, topo).latency_s
-            out.append(PhaseOption("decode", chips, weights, slots, best.ffn, best.attn, topo, step,
-                                   best.prediction.peak_bytes_per_chip,
-                                   best.prediction.working_set_bytes_per_chip))
+        for experts, kv in itertools.product(expert_layouts(self.q.model), self.kv_formats):
+            for slots in SLOT_BATCHES:
+                try:
+                    rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, slots,
+                                    "decode", context=self.context_full, weights=weights,
+                                    topology=topo, experts=experts, kv_cache=kv)
+                except ConfigError:
+                    continue
+                best = rec.best
+                if not best.fits:
+                    self.pruned["memory"] = (f"decode: {slots} slots of {self.context_full} tokens "
+                                             f"do not fit {chips} chips ({weights})")
+                    break
+                step = costmodel.predict_phase(
+                    self._padded(best), per_chip(self.q.hardware, chips), chips, slots, "decode", 1,
+                    self.context_mean,
+                    costmodel.PhaseLayout(best.ffn, best.attn), weights, topo,
+                    experts=experts, kv_cache=kv).latency_s
+                out.append(PhaseOption("decode", chips, weights, slots, best.ffn, best.attn, topo,
+                                       step, best.prediction.peak_bytes_per_chip,
+                                       best.prediction.working_set_bytes_per_chip, experts, kv))
         return out
 
     @lru_cache(maxsize=None)
@@ -259,18 +277,21 @@ class _Options:
             return out
         topo = self.topology(chips)
         length = int(math.ceil(self.input_mean))
-        for batch in PREFILL_BATCHES:
-            try:
-                rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, batch, "prefill",
-                                input_len=length, weights=weights, topology=topo)
-            except ConfigError:
-                continue
-            best = rec.best
-            if not best.fits:
-                break
-            out.append(PhaseOption("prefill", chips, weights, batch, best.ffn, best.attn, topo,
-                                   best.prediction.latency_s, best.prediction.peak_bytes_per_chip,
-                                   best.prediction.working_set_bytes_per_chip))
+        for experts, kv in itertools.product(expert_layouts(self.q.model), self.kv_formats):
+            for batch in PREFILL_BATCHES:
+                try:
+                    rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, batch,
+                                    "prefill", input_len=length, weights=weights, topology=topo,
+                                    experts=experts, kv_cache=kv)
+                except ConfigError:
+                    continue
+                best = rec.best
+                if not best.fits:
+                    break
+                out.append(PhaseOption("prefill", chips, weights, batch, best.ffn, best.attn, topo,
+                                       best.prediction.latency_s,
+                                       best.prediction.peak_bytes_per_chip,
+                                       best.prediction.working_set_bytes_per_chip, experts, kv))
         return out
 
     def _padded(self, candidate) -> ModelConfig:
@@ -325,11 +346,12 @@ class _Search:
         for chips in o.slice_chips:
             if self.mode == "aggregated":
                 configs = []
-                for weights in WEIGHTS:
+                for weights in o.weights:
                     for pre, dec in itertools.product(o.prefill(chips, weights),
                                                       o.decode(chips, weights)):
-                        if pre.topology != dec.topology:
-                            continue
+                        if (pre.topology != dec.topology or pre.experts != dec.experts
+                                or pre.kv_cache != dec.kv_cache):
+                            continue     # one replica stores one copy of the weights and cache
                         if dec.peak_bytes + pre.working_bytes > per_chip(
                                 self.q.hardware, chips).usable_hbm_bytes:
                             o.pruned.setdefault("memory", "slots' KV cache + prefill working set "
@@ -343,14 +365,15 @@ class _Search:
             def best_of(phase):
                 out = []
                 for chips in o.slice_chips:
-                    options = [x for w in WEIGHTS for x in
+                    options = [x for w in o.weights for x in
                                (o.prefill(chips, w) if phase == "prefill" else o.decode(chips, w))]
                     out += _undominated(options, lambda x: (x.step_s, self._busy(x)))
                 return out
             prefills = best_of("prefill")
             for dec in best_of("decode"):
                 for pre in prefills:
-                    self._add(("disaggregated", pre, dec))
+                    if pre.kv_cache == dec.kv_cache:     # the cache is handed over as it is
+                        self._add(("disaggregated", pre, dec))
 
     def _busy(self, option: PhaseOption) -> float:
         """Seconds of one slice per request (prefill: a share of a call; decode: K - 1 steps
@@ -412,7 +435,8 @@ class _Search:
         times = self._times[key]
         if deployment.mode == "disaggregated":   # the link depends on the chips in total
             bandwidth, _ = kv_link_bandwidth(deployment)
-            per_token = costmodel.kv_bytes_per_token(deployment.model)
+            per_token = costmodel.kv_bytes_per_token(deployment.model,
+                                                     kv_cache=deployment.decode.kv_cache)
             times = dataclasses.replace(times, kv_transfer_s=lambda n: per_token * n / bandwidth)
         return times
 
@@ -542,6 +566,23 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
 
 
 # --------------------------------------------------------------------------- the answer
+
+
+def weight_formats(hw: HardwareProfile) -> tuple[str, ...]:
+    """Weight formats a plan searches: int8 and bf16, and fp8 where the chips have FP8 units
+    (an FP8 matmul runs there at hw.fp8_flops; elsewhere fp8 storage is int8's twin)."""
+    return ("fp8",) + WEIGHTS if hw.fp8_flops else WEIGHTS
+
+
+def kv_formats(hw: HardwareProfile) -> tuple[str, ...]:
+    """KV cache formats a plan searches: bf16 and one 8-bit format, fp8 where the chips have
+    FP8 units, else int8 (the two hold the same bytes: one is enough to search)."""
+    return ("bf16", "fp8" if hw.fp8_flops else "int8")
+
+
+def expert_layouts(model: ModelConfig) -> tuple[str, ...]:
+    """The experts layouts a plan searches: tp and ep for a mixture-of-experts model."""
+    return EXPERT_LAYOUTS if model.moe else ("tp",)
 
 
 def check_context_window(q: PlanQuestion) -> None:
