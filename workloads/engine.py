@@ -25,11 +25,10 @@ from jax.sharding import PartitionSpec as P
 
 from workloads import partitioning as part
 from workloads.config import ConfigError, ModelConfig
-from workloads.layouts import (AXES, WEIGHT_FORMATS, PhaseLayout, resolve_padding, stores_1d,
-                               validate_layouts)
+from workloads.layouts import (AXES, KV_FORMATS, WEIGHT_FORMATS, PhaseLayout, resolve_padding,
+                               stores_1d, validate_layouts)
 from workloads.model import check_model, init_params, pad_params, prompt_tokens, unpad_params
 from workloads.partitioning import Plan
-from workloads.layouts import KV_FORMATS
 from workloads.quant import QUANTIZED, dequantize_params, quantize_params
 from workloads.trial import TrialConfig
 

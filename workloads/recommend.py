@@ -177,8 +177,8 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
     attns = ATTN_LAYOUTS if attn is None else (costmodel.choice("attn", attn, ATTN_LAYOUTS),)
     topologies = _topologies(model.unpadded, chips, topology, search_topology, hw.torus_dims)
 
-    expert_layouts = ((experts,) if experts is not None
-                      else EXPERT_LAYOUTS if model.moe else ("tp",))
+    expert_layouts = ((experts,) if experts is not None     # on one chip ep is tp
+                      else EXPERT_LAYOUTS if model.moe and chips > 1 else ("tp",))
     evaluated: dict[tuple, Candidate] = {}
     rejected: list[Rejected] = []
     for t, f, a, e in itertools.product(topologies, ffns, attns, expert_layouts):

@@ -247,7 +247,7 @@ class _Options:
         if not self._weights_fit(chips, weights):
             return out
         topo = self.topology(chips)
-        for experts, kv in itertools.product(expert_layouts(self.q.model), self.kv_formats):
+        for experts, kv in itertools.product(expert_layouts(self.q.model, chips), self.kv_formats):
             for slots in SLOT_BATCHES:
                 try:
                     rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, slots,
@@ -277,7 +277,7 @@ class _Options:
             return out
         topo = self.topology(chips)
         length = int(math.ceil(self.input_mean))
-        for experts, kv in itertools.product(expert_layouts(self.q.model), self.kv_formats):
+        for experts, kv in itertools.product(expert_layouts(self.q.model, chips), self.kv_formats):
             for batch in PREFILL_BATCHES:
                 try:
                     rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, batch,
@@ -580,9 +580,10 @@ def kv_formats(hw: HardwareProfile) -> tuple[str, ...]:
     return ("bf16", "fp8" if hw.fp8_flops else "int8")
 
 
-def expert_layouts(model: ModelConfig) -> tuple[str, ...]:
-    """The experts layouts a plan searches: tp and ep for a mixture-of-experts model."""
-    return EXPERT_LAYOUTS if model.moe else ("tp",)
+def expert_layouts(model: ModelConfig, chips: int) -> tuple[str, ...]:
+    """The experts layouts a plan searches: tp and ep for a mixture-of-experts model on more
+    than one chip (on one, ep is tp: every expert is local)."""
+    return EXPERT_LAYOUTS if model.moe and chips > 1 else ("tp",)
 
 
 def check_context_window(q: PlanQuestion) -> None:
