@@ -177,7 +177,8 @@ def trial_scale(config: TrialConfig, row: Mapping, base: HardwareProfile) -> flo
 
 def trial_info(config: TrialConfig, phase: str) -> dict[str, Any]:
     layout = config.prefill if phase == "prefill" else config.decode
-    return {"layout": str(layout), "ffn": layout.ffn, "attn": layout.attn,
+    experts = "/ep" if config.model.moe and config.experts == "ep" else ""   # docs/models.md
+    return {"layout": f"{layout}{experts}", "ffn": layout.ffn, "attn": layout.attn,
             "topology": "x".join(map(str, config.mesh_shape)), "batch": config.batch,
             "model": config.model.name, "weights": config.weights, "experts": config.experts,
             "kv_cache": config.kv_cache,
