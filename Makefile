@@ -15,7 +15,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# inside a git checkout, use the repository's hooks (.githooks/commit-msg: a subject of at most
+# 72 characters, a blank line, the body; docs/development.md "Commits"); elsewhere nothing
 install: $(STAMP)
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then git config core.hooksPath .githooks; fi
 
 sweep: install
 	$(BIN)/sweeper run search_spaces/quickstart.yaml

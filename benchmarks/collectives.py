@@ -1,4 +1,4 @@
-"""Benchmark: how the emulated mesh runs an all-gather of several replica groups (issue 20).
+"""Benchmark: how the emulated mesh runs an all-gather of several replica groups.
 
     python -m benchmarks.collectives [--rounds N] [--out DIR]
 
@@ -34,11 +34,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, harness
 
 NAME = "collectives"
 DEVICES = 8
@@ -290,81 +289,7 @@ def part_b(rounds: int, reps: int) -> list[dict]:
     return out
 
 
-# --------------------------------------------------------------------------- report
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.2f}"
-
-
-def render(r: dict) -> str:
-    ctx = r["context"]
-    lines = [f"# {NAME}: how the emulated mesh runs all-gathers of several groups",
-             "",
-             "    python -m benchmarks.collectives" + (f" --rounds {r['rounds']} --reps {r['reps']}"),
-             "",
-             f"Host timings (emulated mesh of {DEVICES} CPU devices, {ctx['cpus']} cores), one "
-             f"process, rows of a part interleaved; {r['rounds']} rounds x {r['reps']} calls, "
-             "median over rounds (IQR); load average "
-             f"{ctx['load_average']} before, {r['load_after']} after. CPU = this process's CPU "
-             "time per call.",
-             "",
-             "## (a) One all-gather of a bf16 768 x 384 shard per device, by grouping",
-             "",
-             "groups x g on groups*g devices; then the matmul that consumes it (rows = 512 / g "
-             "per device: the same FLOPs on every device); and that matmul alone on weights "
-             "already gathered.", ""]
-    rows = []
-    for a in r["micro"]:
-        gm, g_, mm = a["gather+matmul"], a["gather"], a["matmul"]
-        rows.append([a["config"], a["devices"],
-                     f"{a['gather_bytes_per_device'] / 1e6:.2f} MB {a['gather_dtype']}",
-                     f"{a['gather_bytes_per_device'] * a['devices'] / 1e6:.1f} MB",
-                     f"{_ms(g_['median_s'])} ({_ms(g_['iqr_s'])})", _ms(g_["cpu_s_per_call"]),
-                     f"{_ms(mm['median_s'])} ({_ms(mm['iqr_s'])})",
-                     f"{_ms(gm['median_s'])} ({_ms(gm['iqr_s'])})",
-                     f"{_ms(gm['median_s'] - mm['median_s'])}",
-                     f"{_ms(a['2 gathers+2 matmuls']['median_s'])}",
-                     f"{_ms(a['2 gathers+2 matmuls']['median_s'] - a['2 matmuls']['median_s'])}"])
-    lines += common.table(["groups x g", "devices", "gathered per device (as run)",
-                           "by the mesh", "gather ms", "gather CPU ms", "matmul ms",
-                           "gather+matmul ms", "gather's share ms",
-                           "2 gathers + 2 matmuls ms", "gathers' share ms"], rows)
-    lines += ["", "## (b) The engine's prefill (calib, batch 8 x 64 tokens, head attention)", "",
-              "Collectives of the compiled prefill (optimized HLO); weight gathers = those "
-              "fed by a parameter; hoisted = collectives of the entry computation before its "
-              "first matmul; FFN matmul = one FFN input matmul of the layout per device, run "
-              "alone on the mesh.", ""]
-    rows = []
-    ws2d = {b["chips"]: b for b in r["engine"] if b["layout"] == "ws2d"}
-    for b in r["engine"]:
-        base = ws2d[b["chips"]]
-        p, m = b["prefill"], b["ffn_matmul_time"]
-        rows.append([f"{b['chips']} ({b['topology']})", b["layout"], b["collectives"],
-                     f"{b['weight_gathers']} ({', '.join(b['weight_gather_shape']) or '-'})",
-                     f"{b['weight_gather_bytes_per_device'] / 1e6:.1f} MB",
-                     f"{b['comm_bytes_per_device'] / 1e6:.1f} MB", b["hoisted_to_start"],
-                     f"{_ms(p['median_s'])} ({_ms(p['iqr_s'])})",
-                     f"{(p['median_s'] - base['prefill']['median_s']) * 1e3:+.1f}",
-                     _ms(p["cpu_s_per_call"]),
-                     "-" if not b.get("no_weight_gathers") else
-                     f"{_ms(b['no_weight_gathers']['median_s'])} ({_ms(b['no_weight_gathers']['iqr_s'])})",
-                     "-" if not b.get("no_weight_gathers") else
-                     f"{(p['median_s'] - b['no_weight_gathers']['median_s']) * 1e3:+.1f}",
-                     "-" if not b.get("no_weight_gathers") else
-                     f"{(p['cpu_s_per_call'] - b['no_weight_gathers']['cpu_s_per_call']) * 1e3:+.1f}",
-                     "x".join(map(str, b["ffn_matmul"])),
-                     f"{_ms(m['median_s'])} ({_ms(m['iqr_s'])})",
-                     f"{(m['median_s'] - base['ffn_matmul_time']['median_s']) * 1e3:+.2f}"])
-    lines += common.table(["chips", "layout", "collectives", "weight gathers (g x groups)",
-                           "weight gathered / device", "all collectives / device", "hoisted",
-                           "prefill ms", "above ws2d ms", "prefill CPU ms",
-                           "without weight gathers ms", "the gathers' wall ms", "the gathers' CPU ms",
-                           "FFN matmul",
-                           "FFN matmul ms", "above ws2d ms"], rows)
-    if r.get("findings"):
-        lines += ["", "## What it shows", ""] + [f"- {f}" for f in r["findings"]]
-    return "\n".join(lines) + "\n"
+# --------------------------------------------------------------------------- analysis
 
 
 def gather_costs(r: dict) -> dict:
@@ -434,40 +359,35 @@ def findings(r: dict) -> list[str]:
     ]
 
 
-def run(rounds: int, reps: int) -> dict:
-    result = {"context": common.machine_context(), "rounds": rounds, "reps": reps,
+def run(args: argparse.Namespace, previous: dict | None) -> dict:
+    result = {"context": common.machine_context(), "rounds": args.rounds, "reps": args.reps,
               "shard": [E, F_SHARD], "tokens": TOKENS}
-    result["micro"] = part_a(rounds, reps)
-    result["engine"] = part_b(rounds, max(1, reps // 2))
+    result["micro"] = part_a(args.rounds, args.reps)
+    result["engine"] = part_b(args.rounds, max(1, args.reps // 2))
     result["load_after"] = common.load_average()
-    result["gather_costs"] = gather_costs(result)
-    result["findings"] = findings(result)
     return result
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--reps", type=int, default=6)
-    ap.add_argument("--out", default=str(common.RESULTS))
-    ap.add_argument("--render", action="store_true",
-                    help="re-write the Markdown (and derived figures) from the JSON, no run")
-    args = ap.parse_args(argv)
-    if args.render:
-        import json
+def analyse(result: dict, args: argparse.Namespace) -> dict:
+    return {**result, "gather_costs": gather_costs(result), "findings": findings(result)}
 
-        result = json.loads((Path(args.out) / f"{NAME}.json").read_text())
-        result["gather_costs"] = gather_costs(result)
-        result["findings"] = findings(result)
-        common.publish(NAME, result, render, Path(args.out))
-        return 0
-    if FLAG not in os.environ.get("XLA_FLAGS", ""):
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--reps", type=int, default=6)
+
+
+BENCHMARK = harness.Benchmark(NAME, __doc__.splitlines()[0], run, arguments=arguments, analyse=analyse)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--render" not in argv and FLAG not in os.environ.get("XLA_FLAGS", ""):
+        # the mesh's devices are set before JAX starts: run again with the flag
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + FLAG).strip())
-        return subprocess.call([sys.executable, "-m", "benchmarks.collectives", *sys.argv[1:]],
+        return subprocess.call([sys.executable, "-m", "benchmarks.collectives", *argv],
                                env=env, cwd=common.ROOT)
-    result = run(args.rounds, args.reps)
-    common.publish(NAME, result, render, Path(args.out))
-    return 0
+    return harness.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """What every benchmark shares: where results go, the machine context, MLflow logging.
 
 Each benchmark writes `benchmarks/results/<name>.json` (the numbers) and `<name>.md` (a
-readable summary), and logs one MLflow run (experiment `sweeper/benchmarks`, run name =
-the benchmark) with its headline metrics and both files as artifacts. Every result carries
+readable summary) through `benchmarks/harness.py`, and logs one MLflow run (experiment
+`sweeper/benchmarks`, run name = the benchmark) with its headline metrics and both files as
+artifacts. The Markdown's pieces are in `benchmarks/report.py`. Every result carries
 the machine context: CPU count and the load average before and after, because on a shared
 machine emulated-mesh timings move with the load; and the host's CPU time counters
 (`cpu_times`), so that the context taken at the end of a run (`machine_context(since=start)`)
@@ -13,7 +14,6 @@ which the load average does not show.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -102,21 +102,6 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     return None if name is None else name + (", avx512_bf16" if "avx512_bf16" in flags else "")
 
 
-def steal_text(context: Mapping[str, Any] | None) -> str:
-    """`hypervisor steal S%, iowait W% of the CPUs' time` of a context with them, else ''."""
-    if not context or context.get("steal_pct") is None:
-        return ""
-    return (f"hypervisor steal {context['steal_pct']:.1f}%, iowait "
-            f"{context.get('iowait_pct') or 0.0:.1f}% of the CPUs' time")
-
-
-def steal_clause(context: Mapping[str, Any] | None) -> str:
-    """`steal_text` as a clause to append after a load average (`; hypervisor steal ...`),
-    '' for a context without it (results files from before it render as they did)."""
-    text = steal_text(context)
-    return f"; {text}" if text else ""
-
-
 def clean(value: Any) -> Any:
     """JSON-safe: NaN/inf -> None, tuples -> lists, numpy scalars -> floats."""
     if isinstance(value, Mapping):
@@ -132,25 +117,6 @@ def clean(value: Any) -> Any:
     except (TypeError, ValueError):
         return str(value)
     return number if math.isfinite(number) else None
-
-
-def write(name: str, data: dict, markdown: str, out: Path | None = None) -> tuple[Path, Path]:
-    out = Path(out or RESULTS)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / f"{name}.json", out / f"{name}.md"
-    json_path.write_text(json.dumps(clean(data), indent=2))
-    md_path.write_text(markdown)
-    return json_path, md_path
-
-
-def publish(name: str, result: dict, render, out: Path | str) -> tuple[Path, Path]:
-    """Write `name`.{json,md} (Markdown from `render(clean(result))`), print the Markdown,
-    and say where the files went."""
-    text = render(clean(result))
-    files = write(name, result, text, Path(out))
-    print(text)
-    print(f"written: {', '.join(map(str, files))}", file=sys.stderr)
-    return files
 
 
 def log_mlflow(name: str, metrics: Mapping[str, float], params: Mapping[str, Any],
@@ -186,24 +152,6 @@ def log_mlflow(name: str, metrics: Mapping[str, float], params: Mapping[str, Any
         return None
 
 
-def pct(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{100 * value:.{digits}f}%"
-
-
-def ms(value: float | None) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{value * 1e3:.2f} ms"
-
-
-def table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return lines
-
-
-def met(flag: bool | None) -> str:
-    return "—" if flag is None else ("**met**" if flag else "**not met**")
-
-
 def trial_run_times(study) -> list[tuple[float, float, bool]]:
     """(started, finished, compiled programs reused) of every trial a worker ran, from the
     `worker` user attribute each trial carries (epoch seconds on the worker)."""
@@ -234,3 +182,25 @@ def orchestration(study, wall_s: float, parallel: int) -> dict[str, float]:
             "orchestration_share": 1 - total / (parallel * wall_s) if wall_s else None,
             "overhead_per_trial_s": (parallel * wall_s - total) / len(runs) if runs else None,
             "compile_cache_hits": hits, "compile_cache_hit_rate": hits / max(len(runs), 1)}
+
+
+# Kept for benchmarks written against this module before the harness (benchmarks/harness.py)
+# and the Markdown pieces (benchmarks/report.py) were split out; new code uses those.
+from benchmarks.report import met, ms, pct, steal_clause, steal_text, table  # noqa: E402,F401
+
+
+def write(name: str, data: dict, markdown: str, out: Path | None = None) -> tuple[Path, Path]:
+    """NAME.json and NAME.md in `out` (harness.write without raw logs)."""
+    from benchmarks import harness
+
+    files = harness.write(name, data, markdown, Path(out or RESULTS))
+    return files[0], files[1]
+
+
+def publish(name: str, result: dict, render, out: Path | str) -> tuple[Path, Path]:
+    """Write `name`.{json,md} (Markdown from `render(clean(result))`) and print the Markdown."""
+    text = render(clean(result))
+    files = write(name, result, text, Path(out))
+    print(text)
+    print(f"written: {', '.join(map(str, files))}", file=sys.stderr)
+    return files

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import common, harness, report
 
 # E 4096 / F 16384 as PaLM 8B (so the matmuls have a real model's shapes), 8 layers (so a
 # compile takes seconds, not minutes), multiquery attention with 32 heads of 128, 32k
@@ -113,35 +113,6 @@ def sweeper_profile(timeout_s: float) -> dict:
             "output": (proc.stdout + proc.stderr)[-6000:]}
 
 
-def render(device: dict, hardware, rows: list[Row], skipped: list[str], profile: dict,
-           smoke: bool, elapsed_s: float) -> str:
-    peak = f"{hardware.peak_flops / 1e12:.3g} TFLOP/s" if hardware else "—"
-    hbm = f"{hardware.hbm_bandwidth / 1e9:.4g} GB/s" if hardware else "—"
-    lines = [f"# Device check: {device['device_kind']} ({device['platform']})", "",
-             f"{'SMOKE run (tiny model, host CPU): checks the script, measures nothing about an accelerator.' if smoke else 'One device, mid-size model ' + MID_MODEL['name'] + '.'}",
-             "", f"- devices seen: {device['device_count']} x {device['device_kind']}; "
-             f"jax {device['jax']}; {device['time']}",
-             f"- hardware profile: `{hardware.name if hardware else 'none'}` (peak {peak} "
-             f"bf16, HBM {hbm}); MFU against that peak, bound against that bandwidth",
-             f"- elapsed {elapsed_s:.0f} s", ""]
-    lines += common.table(
-        ["trial", "weights", "batch", "prompt", "compile", "prefill", "prefill MFU",
-         "decode step", "memory bound", "step / bound"],
-        [[r.purpose, r.weights, r.batch, r.input_len, f"{r.compile_s:.1f} s",
-          common.ms(r.prefill_s), common.pct(r.prefill_mfu), common.ms(r.decode_step_s),
-          common.ms(r.memory_bound_s),
-          f"{r.bound_ratio:.2f}x" if math.isfinite(r.bound_ratio) else "—"] for r in rows])
-    if skipped:
-        lines += ["", f"Skipped (time budget): {', '.join(skipped)}"]
-    lines += ["", "## sweeper profile", ""]
-    if profile.get("ran"):
-        lines += [f"`{profile['command']}` (exit {profile['returncode']}):", "", "```",
-                  profile["output"].rstrip(), "```"]
-    else:
-        lines.append(profile.get("note", "not run"))
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.device_check",
                                      description=__doc__.splitlines()[0])
@@ -186,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             config = trial_config(purpose, batch, input_len, steps, weights, args.smoke)
             rows.append(measure(config, hardware, cache, purpose))
             r = rows[-1]
-            print(f"{label}: prefill {common.ms(r.prefill_s)} MFU {common.pct(r.prefill_mfu)}; "
-                  f"decode step {common.ms(r.decode_step_s)} = {r.bound_ratio:.2f}x its memory "
+            print(f"{label}: prefill {report.ms(r.prefill_s)} MFU {report.pct(r.prefill_mfu)}; "
+                  f"decode step {report.ms(r.decode_step_s)} = {r.bound_ratio:.2f}x its memory "
                   f"bound", file=sys.stderr)
     profile = {"ran": False, "note": "skipped (--no-profile)"} if args.no_profile else \
         sweeper_profile(timeout_s=max(60.0, 300.0 - (time.monotonic() - started)))
@@ -198,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
             "model": "tiny" if args.smoke else MID_MODEL,
             "trials": [dataclasses.asdict(r) for r in rows], "skipped": skipped,
             "sweeper_profile": profile, "elapsed_s": elapsed}
-    markdown = render(device, hardware, rows, skipped, profile, args.smoke, elapsed)
-    json_path, md_path = common.write(f"{NAME_PREFIX}{kind}", data, markdown, args.out)
-    print(f"wrote {md_path} and {json_path}")
+    from benchmarks.render.device_check import markdown
+
+    files = harness.write(f"{NAME_PREFIX}{kind}", data, markdown(common.clean(data)),
+                          Path(args.out or common.RESULTS))
+    print(f"wrote {', '.join(map(str, files))}")
     return 0
 
 

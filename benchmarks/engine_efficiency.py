@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import common, harness
 
 NAME = "engine_efficiency"
 TARGET_PREFILL_MFU = 0.70
@@ -373,7 +373,7 @@ def decode_variants(engine, bound_s: float, rounds: int = 7) -> dict:
             "f32_weight_converts": len(big_f32), "load_average": common.load_average()}
 
 
-def child(devices: int, quick: bool, profile_dict: dict) -> dict:
+def child_run(devices: int, quick: bool, profile_dict: dict) -> dict:
     """Runs in a process with `devices` virtual devices. With 1: the single-chip trials.
     With 8: each 8-chip trial right after a 1-chip reference of the same work in this same
     process (the first device alone), so each 8c/1c ratio is measured side by side, under
@@ -536,225 +536,6 @@ def summarize(host: dict, notes: dict, results: dict[int, dict]) -> dict:
     }
 
 
-def _decode_explanations(r: dict) -> list[str]:
-    """Per 8-chip decode row: the time above the 1-chip step measured next to it, per collective."""
-    single = {d["batch"]: d for d in r["decode"] if d["chips"] == 1 and d["process_devices"] == 8}
-    out = []
-    for d in r["decode"]:
-        base = single.get(d["batch"])
-        if d["chips"] == 1 or base is None or not d["collective_ops"]:
-            continue
-        extra = d["decode_step_s"] - base["decode_step_s"]
-        if extra <= 0:
-            out.append(f"  - 8 chips {d['ffn']} batch {d['batch']}: no slower than one chip "
-                       f"({common.ms(d['decode_step_s'])} vs {common.ms(base['decode_step_s'])})")
-            continue
-        out.append(f"  - 8 chips {d['ffn']} batch {d['batch']}: {common.ms(extra)} above one chip "
-                   f"({common.ms(base['decode_step_s'])}) for {d['collective_ops']} collectives per "
-                   f"step: {extra / d['collective_ops'] * 1e6:.0f} us each, for "
-                   f"{d['decode_comm_bytes_per_chip'] / 1024:.0f} KiB per chip in all")
-    return out
-
-
-def _chips_label(row: dict) -> str:
-    return str(row["chips"]) if row["process_devices"] == row["chips"] else \
-        f"{row['chips']} (next to the 8-chip runs)"
-
-
-def markdown(r: dict) -> str:
-    h, p, notes = r["host_profile"], r["profile"], r["host_profile_notes"]
-    one_core = notes.get("peak_flops_one_core") or 0
-    largest = [s for s in r["sharded"] if s["tokens"] == max(x["tokens"] for x in r["sharded"])] \
-        if r["sharded"] else []
-    decode1 = {d["batch"]: d for d in r["decode"] if d["chips"] == 1 and d["process_devices"] == 1}
-    lines = [
-        "# Engine efficiency (measured on this host, emulated mesh)",
-        "",
-        f"Host peak {h['peak_flops'] / 1e9:.0f} GFLOP/s ({notes.get('peak_flops_from', '')}; "
-        f"one core {one_core / 1e9:.0f} GFLOP/s, bf16 x bf16 -> f32 matmuls as the engine runs "
-        f"them), read bandwidth {h['hbm_bandwidth'] / 1e9:.1f} GB/s, copy bandwidth "
-        f"{h['ici_bandwidth'] / 1e9:.1f} GB/s; {r['context']['cpus']} CPUs; load average "
-        f"{r['context']['load_average']} at the start, {r['context_end']['load_average']} at the "
-        f"end{common.steal_clause(r['context_end'])} (other jobs share this machine; every number "
-        "here moves with them). "
-        f"Model `{BENCH_MODEL['name']}`: E {BENCH_MODEL['d_model']}, F {BENCH_MODEL['d_ff']}, "
-        f"{BENCH_MODEL['n_layers']} layers, {BENCH_MODEL['n_heads']} heads x {BENCH_MODEL['d_head']}, "
-        f"multiquery, bf16 weights; prefill batch {BATCH}. 8 chips = topology 2x2x2. "
-        f"Took {r['elapsed_s']:.0f} s.",
-        "",
-        *common.table(["target", "value", ""], [
-            [f"single-chip prefill MFU >= {common.pct(TARGET_PREFILL_MFU, 0)} (largest batch)",
-             f"{common.pct(r['single_chip_prefill_mfu'])} (fastest repeat "
-             f"{common.pct(r['single_chip_prefill_mfu_fastest'])}; per CPU-second it got: "
-             f"{common.pct(r['single_chip_prefill_mfu_per_cpu_s'])}, with "
-             f"{common.pct(r['single_chip_cpu_share'])} of the cores)", common.met(r["meets_prefill_target"])],
-            [f"8 chips / 1 chip prefill time <= {TARGET_SHARDED_RATIO}x (largest batch, every layout)",
-             f"{r['best_sharded_ratio_largest']:.2f}x (best) to {r['worst_sharded_ratio_largest']:.2f}x"
-             if r["worst_sharded_ratio_largest"] else "—", common.met(r["meets_sharded_target"])],
-            [f"decode step / memory bound <= {TARGET_DECODE_RATIO}x",
-             f"worst {r['worst_decode_ratio']:.2f}x", common.met(r["meets_decode_target"])],
-        ]),
-        "",
-        "## Prefill MFU as tokens per batch grow",
-        "",
-        "MFU: `run_trial`'s, against the host peak split over the chips (median of 3 repeats). "
-        "The next three come from a second timing window right after it, in which this process's "
-        "CPU time is counted: the MFU in that window, `CPU share` = CPU seconds / (wall seconds x "
-        "cores), and `MFU per CPU-s` = FLOPs / (CPU seconds x one core's peak), what the engine "
-        "does with the core time it gets (load changes between the two windows show as a gap "
-        "between the two MFUs).",
-        "",
-        *common.table(["chips", "FFN layout", "tokens", "prefill", "GFLOP/s", "MFU", "window MFU",
-                       "CPU share", "MFU per CPU-s", "comm/chip", "8c / 1c"],
-                      [[_chips_label(row), row["ffn"], row["tokens"], common.ms(row["prefill_s"]),
-                        f"{row['gflops_per_s']:.0f}", common.pct(row["prefill_mfu"]),
-                        common.pct(row["window_mfu"]), common.pct(row["cpu_share"]),
-                        common.pct(row["mfu_per_cpu_s"]),
-                        f"{row['comm_bytes_per_chip'] / 2**20:.1f} MiB",
-                        next((f"{s['ratio']:.2f}x (fastest {s['ratio_fastest']:.2f}x)" for s in r["sharded"]
-                              if s["ffn"] == row["ffn"] and s["tokens"] == row["tokens"]
-                              and row["chips"] == 8), "")]
-                       for row in r["prefill_rows"]]),
-        "",
-        "## Decode step against its memory bound ((weights + KV cache) / read bandwidth)",
-        "",
-        *common.table(["chips", "FFN", "batch", "step", "bound", "ratio", "collectives/step",
-                       "weight matmuls alone", "their streaming rate"],
-                      [[_chips_label(d), d["ffn"], d["batch"], common.ms(d["decode_step_s"]),
-                        common.ms(d["memory_bound_s"]), f"{d['ratio_to_bound']:.2f}x", d["collective_ops"],
-                        common.ms(d["matvec_only_s"]) if d["matvec_only_s"] else "",
-                        f"{d['matvec_bandwidth'] / 1e9:.1f} GB/s" if d["matvec_bandwidth"] else ""]
-                       for d in r["decode"]]),
-        "",
-        "## Why (profile)",
-        "",
-        "Single-chip prefill, largest batch:",
-        f"- the weight matmuls alone take {common.pct(p.get('matmul_share'))} of its wall time "
-        f"({common.pct(p.get('matmul_share_cpu'))} of its CPU time); the rest is attention, RoPE, "
-        "norms and GELU in f32;",
-        f"- those matmuls ([{p.get('tokens')} x E] x [E x F] and the others) run at "
-        f"{common.pct(p.get('matmul_shape_efficiency'))} of one core's best square-matmul rate per "
-        "CPU-second: their shapes, not the engine, cap the MFU near that figure;",
-        f"- the FLOP count (docs/architecture.md) charges the unembedding for every prompt token, the engine "
-        f"computes it for the last position only: {common.pct(p.get('flops_counted_not_computed'))} "
-        "of the counted FLOPs are never executed.",
-        "",
-        "8 chips against 1 (largest batch; the 1-chip time measured in the same process right "
-        "before): on an emulated mesh the interconnect is host memory, "
-        "and the collectives are copies made by the same cores that run the matmuls, so "
-        "communication adds to compute instead of overlapping it; each virtual chip's matmuls are "
-        "also 1/8 the size. Time above one chip against the collective bytes of all chips at the "
-        "host's copy bandwidth:",
-        "",
-        *common.table(["layout", "8 chips", "1 chip", "extra", "all chips' collective bytes / copy bandwidth"],
-                      [[s["ffn"], common.ms(s["prefill_s"]), common.ms(s["single_chip_s"]),
-                        common.ms(s["extra_s"]), common.ms(s["comm_copy_s"])] for s in largest]),
-        "",
-        "Decode:",
-    ]
-    if 1 in decode1 and decode1[1].get("matvec_only_s"):
-        d1 = decode1[1]
-        two = d1.get("matvec_two_rows_s")
-        lines.append(f"- batch 1: the weight matmuls alone take {common.ms(d1['matvec_only_s'])} "
-                     f"({d1['matvec_bandwidth'] / 1e9:.1f} GB/s): XLA CPU's bf16 x bf16 -> f32 dot with "
-                     "ONE row takes a slow path; the same matmuls with 2 rows take "
-                     f"{common.ms(two)}" + (f" ({d1['matvec_only_s'] / two:.1f}x faster)" if two else "")
-                     + ": padding a 1-row matmul to 2 rows is the engine fix (docs/performance.md, \"Why decode is above its memory bound\");")
-    for batch, d in sorted(decode1.items()):
-        if batch > 1 and d.get("matvec_only_s"):
-            lines.append(f"- batch {batch}: the weight matmuls alone take {common.ms(d['matvec_only_s'])}, "
-                         f"streaming weights at {d['matvec_bandwidth'] / 1e9:.1f} GB/s against "
-                         f"{h['hbm_bandwidth'] / 1e9:.1f} GB/s for a plain reduction: XLA CPU's "
-                         "small-batch dot kernel, not the engine, sets this ratio;")
-    lines += ["- 8 chips: every collective is a rendezvous of 8 virtual devices' threads on the "
-              "host's cores:", *_decode_explanations(r), ""]
-    lines += _variant_lines(decode1)
-    lines += _small_row_lines(r.get("small_row_matmul"))
-    return "\n".join(lines)
-
-
-def _small_row_lines(s: dict | None) -> list[str]:
-    """The small-row matmul formulations: GB/s of weight bytes (x the reduction's time)."""
-    if not s:
-        return []
-    lines = ["## Small-row matmuls: formulations against a reduction over the same bytes", "",
-             f"{SMALL_ROW_COPIES} distinct bf16 weights a call ({SMALL_ROW_COPIES} x 8 MiB, more "
-             "than the L3), x [rows, in] bf16, f32 accumulation, bf16 result; every formulation "
-             "and the reduction compiled in one process and timed round-robin; each cell: weight "
-             "bytes per second (median of the rounds) and, in brackets, time / the reduction's "
-             "time in the same rounds. `max diff` = the largest |difference| from today's output "
-             "over its largest |value| (a bf16 value's rounding step is 0.4% to 0.8% of it). "
-             "(docs/performance.md, \"Why decode is above its memory bound\")", ""]
-    for key, label in (("one_core", "one core (taskset)"), ("all_cores", "every core, as the engine runs")):
-        run = s.get(key)
-        if not run:
-            continue
-        lines += [f"### {label}: CPUs {run['cpus']}, {run['rounds']} rounds, load average "
-                  f"{run['load_average']} at the end", ""]
-        for shape in SMALL_ROW_SHAPES:
-            cells = [x for x in run["rows"] if tuple(x["shape"]) == shape]
-            reduce = next(x for x in cells if x["rows"] == 0)
-            names = list(dict.fromkeys(x["formulation"] for x in cells if x["rows"]))
-            table_rows = [[f"reduction over the same bytes: {reduce['bandwidth'] / 1e9:.1f} GB/s",
-                           *[""] * len(SMALL_ROWS + PREFILL_ROWS), ""]]
-            for name in names:
-                row = [name]
-                diffs = []
-                for rows in SMALL_ROWS + PREFILL_ROWS:
-                    x = next((c for c in cells if c["rows"] == rows and c["formulation"] == name), None)
-                    row.append(f"{x['bandwidth'] / 1e9:.1f} ({x['ratio_to_reduce']:.2f}x)" if x else "")
-                    if x and x["max_rel_diff"] is not None:
-                        diffs.append(x["max_rel_diff"])
-                row.append(f"{100 * max(diffs):.2f}%" if diffs else "")
-                table_rows.append(row)
-            lines += [f"weight [{shape[0]}, {shape[1]}] ({reduce['weight']}):", "",
-                      *common.table(["formulation", *[f"{r} row{'s' if r > 1 else ''}" for r in SMALL_ROWS + PREFILL_ROWS],
-                                     "max diff"], table_rows), ""]
-    return lines
-
-
-_VARIANT_LABELS = {"as_run": "as run (engine.decode_loop: decode, then the greedy argmax, two dispatches a step)",
-                   "decode_only": "decode program alone (argmax dropped)",
-                   "fused": "decode and argmax in one program (one dispatch a step)",
-                   "one_program": "all steps in one program (jitted fori_loop, no per-step dispatch)",
-                   "stream": "reading the step's bytes alone (weights + KV cache, one jitted reduction)"}
-
-
-def _variant_lines(decode1: dict) -> list[str]:
-    """The one-chip greedy loop written four ways, timed round-robin in one process."""
-    rows, facts = [], []
-    for batch, d in sorted(decode1.items()):
-        v = d.get("variants")
-        if not v:
-            continue
-        for name, label in _VARIANT_LABELS.items():
-            x = v["variants"][name]
-            rows.append([batch, label, common.ms(x["median_s"]),
-                         f"{common.ms(x['min_s'])} to {common.ms(x['max_s'])}", x["n"],
-                         f"{x['ratio_to_bound']:.2f}x", f"{x['ratio_to_stream']:.2f}x"])
-        facts.append(f"- batch {batch}: {v['steps']} steps a loop, {v['rounds']} rounds; reading the step's "
-                     f"{v['bytes_read'] / 2**20:.1f} MiB ran at {v['stream_bandwidth'] / 1e9:.1f} GB/s in these rounds; KV cache updated "
-                     f"in place (donated, aliased to the output): {'yes' if v['cache_aliased'] else 'NO'}; "
-                     f"f32 converts of weight-sized arrays in the compiled step: {v['f32_weight_converts']}; "
-                     f"load average {v['load_average']}")
-        if batch > 1 and d.get("matvec_only_s"):
-            facts.append(f"  - the step's weight matmuls alone (XLA CPU's small-batch dot, timed above): "
-                         f"{common.ms(d['matvec_only_s'])}, {d['matvec_only_s'] / d['memory_bound_s']:.2f}x "
-                         "the bound by themselves")
-    if not rows:
-        return []
-    return ["## Decode step: what the engine adds (one chip, side by side)", "",
-            "The same greedy loop, timed round-robin in one process (per step: median, range, "
-            "number of loops; ratio = median / memory bound, from the host profile's read bandwidth; "
-            "the last column divides by the last row, the same bytes read in the same rounds, "
-            "which moves with the load as the steps do). What separates these rows is what "
-            "the engine's loop adds; what remains in the fastest is the compiled step itself, "
-            "whose weight matmuls alone are timed above.", "",
-            *common.table(["batch", "loop", "step", "range", "loops", "ratio to bound",
-                           "ratio to reading its bytes (same rounds)"], rows), "",
-            *facts, ""]
-
-
 def headline(r: dict) -> dict:
     return {"single_chip_prefill_mfu": r["single_chip_prefill_mfu"],
             "single_chip_prefill_mfu_per_cpu_s": r["single_chip_prefill_mfu_per_cpu_s"],
@@ -764,35 +545,19 @@ def headline(r: dict) -> dict:
             "host_peak_flops": r["host_profile"]["peak_flops"]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(common.RESULTS))
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="two prompt lengths instead of three")
     parser.add_argument("--refresh-profile", action="store_true", help="measure the host peak again")
     parser.add_argument("--small-row-matmul", action="store_true",
                         help="only the small-row matmul formulations; merged into the existing results")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--child-small-rows", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--child-out", help=argparse.SUPPRESS)
-    parser.add_argument("--profile-json", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child_small_rows:
-        Path(args.child_out).write_text(json.dumps(common.clean(small_row_matmul())))
-        return 0
-    if args.small_row_matmul:
-        path = Path(args.out) / f"{NAME}.json"
-        summary = json.loads(path.read_text())
-        summary["small_row_matmul"] = {"one_core": run_small_row_child(True),
-                                       "all_cores": run_small_row_child(False)}
-        text = markdown(summary)
-        common.write(NAME, summary, text, Path(args.out))
-        print(text)
-        return 0
-    if args.child:
-        result = child(args.child, args.quick, json.loads(args.profile_json))
-        Path(args.child_out).write_text(json.dumps(common.clean(result)))
-        return 0
 
+
+def run(args: argparse.Namespace, previous: dict | None) -> dict:
+    if args.small_row_matmul:
+        if previous is None:
+            raise SystemExit(f"--small-row-matmul: no results file in {args.out} to merge into")
+        return {**previous, "small_row_matmul": {"one_core": run_small_row_child(True),
+                                                 "all_cores": run_small_row_child(False)}}
     from workloads import hostprofile
 
     start = time.perf_counter()
@@ -808,12 +573,33 @@ def main(argv: list[str] | None = None) -> int:
                                    "all_cores": run_small_row_child(False)}
     summary.update(context=context, context_end=common.machine_context(since=context),
                    elapsed_s=time.perf_counter() - start, model=BENCH_MODEL)
-    text = markdown(summary)
-    files = common.write(NAME, summary, text, Path(args.out))
-    common.log_mlflow(NAME, headline(summary), {"model": BENCH_MODEL["name"], "batch": BATCH,
-                                                "load_average": context["load_average"]}, list(files))
-    print(text)
-    return 0
+    return summary
+
+
+BENCHMARK = harness.Benchmark(
+    NAME, __doc__.splitlines()[0], run, arguments=arguments, metrics=headline, log=True,
+    params=lambda args: {"model": BENCH_MODEL["name"], "batch": BATCH,
+                         "load_average": common.load_average()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The benchmark (harness.main), or one of its child processes: a mesh size's trials
+    (`--child N`) or the small-row matmuls (`--child-small-rows`), each writing JSON."""
+    child = argparse.ArgumentParser(add_help=False)
+    child.add_argument("--child", type=int)
+    child.add_argument("--child-small-rows", action="store_true")
+    child.add_argument("--child-out")
+    child.add_argument("--profile-json")
+    child.add_argument("--quick", action="store_true")
+    args, rest = child.parse_known_args(argv)
+    if args.child_small_rows:
+        Path(args.child_out).write_text(json.dumps(common.clean(small_row_matmul())))
+        return 0
+    if args.child:
+        result = child_run(args.child, args.quick, json.loads(args.profile_json))
+        Path(args.child_out).write_text(json.dumps(common.clean(result)))
+        return 0
+    return harness.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.common import clean, pct, table, write
+from benchmarks import harness
 from sweeper.analysis import external
 from sweeper.analysis.fit import EXTRA_BOUNDS, MEASUREMENT_CANDIDATES
 from sweeper.analysis.holdout import SELECT
@@ -38,12 +38,6 @@ TARGET_MAPE = 0.15
 # head-sharded and multihead steps grow with the context faster than their K/V reads.
 LOSS = "soft_l1"
 DATA = Path(__file__).resolve().parent / "data" / "paper-tpu-v4.csv"
-
-
-def value(metric: str, number: float) -> str:
-    if metric == "mfu":
-        return f"{100 * number:.1f}% MFU"
-    return f"{number * 1e3:.1f} ms" if number < 1 else f"{number:.3g} s"
 
 
 def int8_advantage(profile) -> dict:
@@ -203,7 +197,7 @@ def wide_tiles(result, base) -> dict:
     return {"matmul_half_dim": half_dim, "rows": rows}
 
 
-def run(measurements: Path, hardware: str) -> tuple[dict, str]:
+def fit_rows(measurements: Path, hardware: str) -> dict:
     base = load_hardware(hardware, field="--hardware")
     result = external.calibrate_measurements(measurements, base, ("loo",), loss=LOSS, terms=SELECT,
                                              candidates=MEASUREMENT_CANDIDATES)
@@ -232,107 +226,18 @@ def run(measurements: Path, hardware: str) -> tuple[dict, str]:
             "mape_heldout_without": without(result.main.points),
             "prior_weight": __import__("sweeper.analysis.fit", fromlist=["x"]).PRIOR_WEIGHT,
             "rows": rows}
-    lines = [f"Fit of `{hardware}` to {len(rows)} published numbers ({measurements.name}), "
-             f"each predicted by a fit that did not see it (leave-one-out): held-out MAPE "
-             f"**{pct(mape)}** (target <= {pct(TARGET_MAPE, 0)}: "
-             f"{'met' if mape <= TARGET_MAPE else 'NOT met'}), median {pct(result.main.median_ape)}, "
-             f"max {pct(result.main.max_ape)}; unfitted (peak numbers) MAPE "
-             f"{pct(data['mape_unfitted'])}; in-sample {pct(data['insample_mape'])}. Loss {LOSS}; "
-             f"named terms chosen by nested cross-validation among {', '.join(MEASUREMENT_CANDIDATES)}: the fit "
-             f"on every row chose {', '.join(result.terms) or 'none'}. The same held-out predictions "
-             f"without Figure 8's 7 rows: MAPE {pct(data['mape_heldout_without']['figure_8'])}; "
-             f"without them and Figure 7's weight-gathered point at ~125k tokens: "
-             f"{pct(data['mape_heldout_without']['figure_8_and_small_wg'])}.", "",
-             "Fitted constants (bounded by the sheet: 275 TFLOP/s, 1.2 TB/s HBM, 270 GB/s ICI; "
-             f"overheads >= 0; named terms within fit.EXTRA_BOUNDS; prior weight {data['prior_weight']} "
-             f"on log(rate / sheet)): peak "
-             f"{data['fitted']['peak_flops'] / 1e12:.0f} TFLOP/s, HBM {data['fitted']['hbm_bandwidth'] / 1e12:.2f} TB/s, "
-             f"ICI {data['fitted']['ici_bandwidth'] / 1e9:.0f} GB/s, overlap {data['fitted']['overlap']:.3f}, "
-             f"launch_overhead_s {data['fitted']['launch_overhead_s'] * 1e3:.2f} ms, matmul_half_rows "
-             f"{data['fitted']['matmul_half_rows']:.0f}, matmul_half_dim {data['fitted']['matmul_half_dim']:.0f}; "
-             f"physically possible: **{'yes' if all(data['physical'].values()) else 'no'}**.", "",
-             f"int8's decode advantage (PaLM 540B, batch 64, 64 chips, ws2d/batch), with the fit on "
-             f"every row: int8 {int8['int8_s'] * 1e3:.1f} ms vs bf16 {int8['bf16_s'] * 1e3:.1f} ms per step, "
-             f"**{int8['ratio']:.2f}x** (paper: 28.5 vs 36.9 ms, {int8['paper_ratio']:.2f}x).", "",
-             "Publication: " + (f"**refused** by `sweeper fit`: {data['refused']}." if data["refused"]
-                                else "no held-out row blew up (worst <= 3x the median row's error)."), "",
-             "The same leave-one-out on parts of the CSV and with each named term fixed on (what is "
-             f"responsible, measured; loss {LOSS} unless the row says linear):", "",
-             "| rows | n | held-out MAPE | median | max | blown up | physical | int8 / bf16 | "
-             "fitted peak, HBM, ICI | launch_overhead_s, half rows, half dim | worst held-out rows |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, v in parts.items():
-        f = v["fitted"]
-        worst = "; ".join(f"{w['error']:+.0%} {w['source'].split(':')[0]}" for w in v["worst"])
-        lines.append(f"| {v['label']} | {v['rows']} | {pct(v['mape_heldout'])} | {pct(v['median_ape_heldout'])} | "
-                     f"{pct(v['max_ape_heldout'])} | {'yes' if v['refused'] else 'no'} | "
-                     f"{'yes' if all(v['physical'].values()) else 'no'} | {v['int8_advantage']['ratio']:.2f}x | "
-                     f"{f['peak_flops'] / 1e12:.0f} TFLOP/s, {f['hbm_bandwidth'] / 1e12:.2f} TB/s, "
-                     f"{f['ici_bandwidth'] / 1e9:.0f} GB/s | {f['launch_overhead_s'] * 1e3:.2f} ms, "
-                     f"{f['matmul_half_rows']:.0f}, {f['matmul_half_dim']:.0f} | {worst} |")
-    lines += ["", "What no fit of these constants reconciles (computed from the rows and the sheet):", ""]
-    slope = cause["figure_8_slope"]
-    if slope:
-        lines.append(
-            f"- Figure 8's batch-sharded step grows by {slope['published_growth_s'] * 1e3:.1f} ms from context "
-            f"{slope['context'][0]:,} to {slope['context'][1]:,}, while the KV cache it adds takes "
-            f"{slope['kv_read_growth_s_at_sheet'] * 1e3:.2f} ms to read at the sheet's HBM bandwidth "
-            f"({slope['published_growth_s'] / max(slope['kv_read_growth_s_at_sheet'], 1e-12):.0f}x): no "
-            f"bandwidth within the sheet gives that slope. The readings also give attention at least "
-            f"{slope['attention_share_implied']:.0%} of the step at context {slope['context'][1]:,}, against the "
-            f"paper's own \"attention taking only 8-31% of total runtime\" (Section 4.2): the figure's "
-            f"readings are doubtful, kept as read.")
-    above = cause["mfu_above_ceiling"]
-    lines.append(
-        f"- The fit's effective peak ({result.fitted.peak_flops / 1e12:.0f} TFLOP/s, "
-        f"{cause['mfu_ceiling']:.0%} of the published peak) caps every predicted MFU at "
-        f"{cause['mfu_ceiling']:.0%}; " + (
-            "published above it: " + "; ".join(f"row {a['row']} ({a['source'].split(':')[0]}) {a['mfu']:.0%}"
-                                              for a in above)
-            + "." if above else "no row is published above it."))
-    tiles = cause["wide_tiles"]
-    lines.append(
-        "- The shape term that would lift them (matmul_half_dim: wg_xyz's 18432-wide weight tiles "
-        "faster than ws2d's 4608-wide ones) is held down by Figure 7's smaller weight-gathered "
-        f"points: at the sheet's peak with matmul_half_dim {tiles['matmul_half_dim']:.0f} (ws2d "
-        "tiles kept at the fit's rate), " + "; ".join(
-            f"{r['source']} {r['fit_error']:+.0%} -> {r['wide_error']:+.0%}" for r in tiles["rows"])
-        + ": Table 2's 76% and Figure 7's weight-gathered line cannot both hold under one "
-        "efficiency by shape.")
-    wg = cause["small_weight_gathered"]
-    if wg:
-        lines.append(
-            f"- Figure 7's weight-gathered point at ~125k tokens (row {wg['row']}): 20% MFU is "
-            f"{wg['published_s']:.2f} s per prefill; at the sheet's rates its fastest variant ({wg['ffn']}) "
-            f"computes for {wg['compute_s']:.2f} s and all-gathers for {wg['comm_s']:.2f} s (HBM "
-            f"{wg['memory_s']:.2f} s), {wg['latency_s']:.2f} s in all: the {wg['published_s'] - wg['latency_s']:.2f} s "
-            f"it lacks would need an ICI {wg['comm_s'] / max(wg['published_s'] - wg['compute_s'], 1e-12):.2f}x the "
-            f"sheet's if it were communication, while Figure 7's larger weight-gathered points and Table 2's "
-            f"76% need the sheet's ICI and nearly its peak: the model has no cost that only small "
-            f"weight-gathered prefills pay.")
-    worst = "; ".join(f"row {w['row']} {w['error']:+.0%} ({w['source']})" for w in data["worst"])
-    lines += [f"- Worst held-out rows of the headline fit: {worst}.", ""]
-    lines.append("")
-    lines += table(["published", "source", "unfitted", "error", "fitted, held out", "error"],
-                   [[value(r["metric"], r["published"]), r["source"],
-                     value(r["metric"], r["unfitted"]), f"{r['unfitted_error']:+.0%}",
-                     value(r["metric"], r["fitted_heldout"]), f"{r['heldout_error']:+.0%}"]
-                    for r in rows])
-    return clean(data), "\n".join(lines) + "\n"
+    return data
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measurements", type=Path, default=DATA)
     parser.add_argument("--hardware", default="tpu-v4")
-    parser.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
-    args = parser.parse_args(argv)
-    data, markdown = run(args.measurements, args.hardware)
-    json_path, md_path = write("paper_fit", data, markdown, args.out)
-    print(markdown)
-    print(f"wrote {json_path} and {md_path}", file=sys.stderr)
-    return 0
+
+
+BENCHMARK = harness.Benchmark("paper_fit", __doc__.splitlines()[0],
+                              lambda args, previous: fit_rows(args.measurements, args.hardware),
+                              arguments=arguments)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(BENCHMARK))

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks import common
+from benchmarks import common, harness
 
 NAME = "plan_speed"
 QUESTIONS = {
@@ -88,33 +88,13 @@ def run(repeats: int) -> dict:
             "load_average_after": common.load_average()}
 
 
-def render(r: dict) -> str:
-    lines = [f"# `sweeper plan` speed ({r['repeats']} repeats per question)", "",
-             f"Reproduce: `{r['command']}`. Host: {r['machine']['cpus']} CPUs, load average "
-             f"{r['load_average_before']} before, {r['load_average_after']} after (a shared "
-             "host: wall times move with the load).", ""]
-    rows = []
-    for name, q in r["questions"].items():
-        s = q["search_wall_s"]
-        best = q["best"]
-        answer = (f"{best['mode']} {best['chips_total']} chips" if best else "none (" +
-                  q["reason"].split(": ", 1)[-1][:60] + ")")
-        rows.append([name, f"{s['mean']:.2f} ± {s['sd']:.2f} (min {s['min']:.2f}, max "
-                     f"{s['max']:.2f}, n={s['n']})", f"{q['cli_wall_s']:.2f}",
-                     q["simulated"], q["configs"], answer])
-    lines += common.table(["question", "search wall s (mean ± sd)", "CLI end to end s (n=1)",
-                           "simulated", "configurations", "best"], rows)
-    return "\n".join(lines) + "\n"
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeats", type=int, default=5, help="searches per question in this process")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=str(common.RESULTS))
-    args = parser.parse_args(argv)
-    common.publish(NAME, run(args.repeats), render, args.out)
-    return 0
+BENCHMARK = harness.Benchmark(NAME, __doc__.splitlines()[0], lambda args, previous: run(args.repeats),
+                              arguments=arguments)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(BENCHMARK))

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks import common
+from benchmarks import common, harness
 
 ROOT, DATA = common.ROOT, common.DATA
 PROFILE = DATA / "opprofile-host-8.yaml"
@@ -113,56 +113,22 @@ def evaluate(profile_path: Path, devices: int) -> dict:
     return out
 
 
-def markdown(r: dict) -> str:
-    pct = common.pct
-    prof = r.get("profiling") or {}
-    rows = [("op-level profile alone (no trial-level fit)", r["profiled"]),
-            ("same profile, collectives by the scalar ici/latency only", r["profiled_scalar_only"]),
-            ("host profile the sweep predicted with (unprofiled)", r["host_unprofiled"])]
-    if r.get("fit_kfold"):
-        rows.append(("trial-level fit, held-out k-fold (calibration.json)", r["fit_kfold"]))
-    lines = ["# Op-level profile predicts the calibration sweep", "",
-             f"Profile `{r['profile']}` ({r['profile_devices']} devices; `{prof.get('command', '?')}`, "
-             f"{prof.get('elapsed_s', '?')} s, load average {prof.get('load_average_start')} at the start, "
-             f"{prof.get('load_average_stop')} at the end, 2-core host shared with other jobs). "
-             f"{r['n_points']} points of the recorded calibration sweep, every one held out by "
-             "construction (the profiler never ran a whole trial).", "",
-             "| predictor | points | MAPE | median APE | max APE | top-1 | groups |",
-             "|---|---|---|---|---|---|---|"]
-    for name, s in rows:
-        lines.append(f"| {name} | {s['n']} | {pct(s['mape'])} | {pct(s['median'])} | {pct(s['max'])} | "
-                     f"{pct(s['top1'])} | {s['ranking_groups']} |")
-    nf = r.get("noise_floor") or {}
-    lines += ["", f"Noise floor (replicate error, calibration.json): MAPE {pct(nf.get('mape'))}, "
-              f"median {pct(nf.get('median_ape'))}.", "",
-              "## Per phase and chip count", "",
-              "| phase | chips | n | profile MAPE | median | max | median signed (pred/meas - 1) | "
-              "host MAPE | fit k-fold MAPE |", "|---|---|---|---|---|---|---|---|---|"]
-    host = {(x["phase"], x["chips"]): x for x in r["host_unprofiled"]["by_phase_chips"]}
-    kfold = {(x["phase"], x["chips"]): x for x in (r.get("fit_kfold") or {}).get("by_phase_chips", [])}
-    for x in r["profiled"]["by_phase_chips"]:
-        key = (x["phase"], x["chips"])
-        lines.append(f"| {x['phase']} | {x['chips']} | {x['n']} | {pct(x['mape'])} | {pct(x['median'])} | "
-                     f"{pct(x['max'])} | {x['median_signed']:+.1%} | {pct(host.get(key, {}).get('mape'))} | "
-                     f"{pct(kfold.get(key, {}).get('mean'))} |")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=str(PROFILE), help="profile YAML to predict with")
     parser.add_argument("--devices", type=int, help="mesh size it was measured on (default: its header)")
     parser.add_argument("--measure", action="store_true",
                         help=f"run `sweeper profile --chips 8 --quick --out {PROFILE.name}` first")
-    parser.add_argument("--out", default=str(common.RESULTS), help="folder for profile_predict.{json,md}")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, previous: dict | None) -> dict:
     path = Path(args.profile)
     if args.measure:
         print(json.dumps(measure(path, args.devices or 8)), file=sys.stderr)
-    result = evaluate(path, args.devices or profile_devices(path))
-    common.publish("profile_predict", result, markdown, args.out)
-    return 0
+    return evaluate(path, args.devices or profile_devices(path))
+
+
+BENCHMARK = harness.Benchmark("profile_predict", __doc__.splitlines()[0], run, arguments=arguments)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(BENCHMARK))

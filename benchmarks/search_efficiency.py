@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from benchmarks import common
+from benchmarks import common, harness
 
 NAME = "search_efficiency"
 TARGET_FRACTION = 0.95
@@ -408,62 +408,7 @@ def compare(grid: Grid, sampler: str, seeds: list[int]) -> dict:
     }
 
 
-def markdown(r: dict) -> str:
-    lines = ["# Search efficiency: trials to reach 95% of the full grid's hypervolume", "",
-             f"Seeds per sampler: {r['seeds']}; load average {r['context']['load_average']} at the "
-             f"start, {r['context_end']['load_average']} at the end"
-             f"{common.steal_clause(r['context_end'])}. GP: {r['gp_note']}. "
-             f"guided+fit: {r['fit_note'] or 'not run (no --fit-study)'}. Took "
-             f"{r['elapsed_s']:.0f} s.", ""]
-    for name, block in r["spaces"].items():
-        g = block["grid"]
-        lines += [f"## {name}: {g['points']} points ({g['complete']} dispatchable, {g['pruned']} "
-                  f"pruned or not measured), {g['source']}", ""]
-        if "csv" in g:
-            lines += [f"Grid: the recorded calibration sweep `{g['csv']}`, trials of seed "
-                      f"{g['score_seed']} ({g['missing']} points of the space neither measured nor the same "
-                      "program as a measured one: told PRUNED, never charged). Points that run the same program (every layout "
-                      "on one chip; ws1d and ws2d on an X = 1 torus) share the median of their "
-                      f"measurements: {g['configurations']} configurations.", ""]
-        if "study" in g:
-            lines += [f"Grid measured once in study `{g['study']}` ({g['measure_s']:.0f} s, load "
-                      f"average {g['load_average']}); every sampler replays those numbers. Points "
-                      "that run the same program (every layout on one chip; ws1d and ws2d on an "
-                      f"X = 1 torus) are one configuration, given the median of their measurements: "
-                      f"{g['configurations']} configurations.", ""]
-        ks = list(next(iter(block["samplers"].values()))["hv_fraction_at"])
-        lines += [f"Pareto frontier of the whole grid: {g['pareto_points']} points "
-                  f"({g.get('pareto_configurations', g['pareto_points'])} distinct). Hypervolume of the "
-                  "log10 objectives (reference 1.1 x the worst value); the last column is the same "
-                  "count for the linear hypervolume (`sweeper pareto`'s), which a single good point "
-                  "nearly fills when a few outliers set the reference.", ""]
-        header = ["sampler", "seeds", "trials to 95% (median)", "min–max", "IQR", "share of grid",
-                  "not reached"] + [f"HV after {k} (median)" for k in ks] + ["linear HV: median"]
-        rows = []
-        for sampler, s in block["samplers"].items():
-            iqr = s["iqr_trials_to_target"]
-            rows.append([f"**{sampler}**" if sampler.startswith("guided") else sampler, len(s["runs"]),
-                         f"{s['median_trials_to_target']:.1f}",
-                         f"{s['min_trials_to_target']}–{s['max_trials_to_target']}",
-                         f"{iqr[0]:.1f}–{iqr[1]:.1f}", common.pct(s["share_of_grid"]),
-                         s["censored_runs"]] + [common.pct(s["hv_fraction_at"][k]) for k in ks]
-                        + [f"{s['median_trials_to_target_linear']:.1f}"])
-        lines += common.table(header, rows) + [""]
-        for variant, v in (block["verdict"] or {}).items():
-            lines += [f"`{variant}`: median {common.pct(v['guided_share_of_grid'])} of the grid (target <= "
-                      f"{common.pct(TARGET_GUIDED_SHARE, 0)}: {common.met(v['meets_share_target'])}); "
-                      f"fewer trials than every plain sampler: {common.met(v['beats_every_plain'])} "
-                      f"(best plain: {v['best_plain']}).", ""]
-        if block.get("seeds"):
-            lines += ["Seeds (the cost model's picks, in the order they run; measured values from the grid):", ""]
-            for variant, seeds in block["seeds"].items():
-                lines += [f"- `{variant}`: " + "; ".join(seeds)]
-            lines.append("")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--samplers", default=",".join(SAMPLERS))
     parser.add_argument("--spaces", default="recorded",
@@ -473,13 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--score-seed", type=int, default=1,
                         help="the recorded trials scored; guided+fit is fitted to the other seed")
     parser.add_argument("--gp-seeds", type=int, default=None, help="seeds for gp (slow); default --seeds")
-    parser.add_argument("--out", default=str(common.RESULTS))
     parser.add_argument("--storage", help="Optuna storage for the host grid sweep")
     parser.add_argument("--tracking-uri", help="MLflow store for the host grid sweep")
     parser.add_argument("--host-study", help="replay this finished host grid study instead of measuring")
     parser.add_argument("--fit-study", help="a finished measured host study (e.g. the quickstart's): "
                         "adds `guided+fit`, guided with the profile fitted to it")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, previous: dict | None) -> dict:
     import optuna
 
     from sweeper import paths
@@ -540,16 +486,16 @@ def main(argv: list[str] | None = None) -> int:
         out["spaces"][name] = block
     out["context_end"] = common.machine_context(since=context)
     out["elapsed_s"] = time.perf_counter() - start
-    text = markdown(out)
-    files = common.write(NAME, out, text, Path(args.out))
-    metrics = {}
-    for name, block in out["spaces"].items():
-        for sampler, s in block["samplers"].items():
-            metrics[f"{name}_{sampler.replace('+', '_plus_')}_trials_to_95"] = s["median_trials_to_target"]
-    common.log_mlflow(NAME, metrics, {"seeds": args.seeds, "samplers": ",".join(samplers),
-                                      "load_average": context["load_average"]}, list(files))
-    print(text)
-    return 0
+    return out
+
+
+def metrics(result: dict) -> dict:
+    return {f"{name}_{sampler.replace('+', '_plus_')}_trials_to_95": s["median_trials_to_target"]
+            for name, block in result["spaces"].items() for sampler, s in block["samplers"].items()}
+
+
+def params(args: argparse.Namespace) -> dict:
+    return {"seeds": args.seeds, "samplers": args.samplers}
 
 
 def compare_verdict(rows: dict, size: int) -> dict:
@@ -569,5 +515,9 @@ def compare_verdict(rows: dict, size: int) -> dict:
     return out
 
 
+BENCHMARK = harness.Benchmark(NAME, __doc__.splitlines()[0], run, arguments=arguments,
+                              metrics=metrics, params=params, log=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(BENCHMARK))

@@ -67,7 +67,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import common, harness
 
 NAME = "sweep_overhead"
 TARGET_QUICKSTART_SHARE = 0.05
@@ -474,53 +474,6 @@ def summarize(sweeper: dict, tune: dict | None, quick: dict | None) -> dict:
     return out
 
 
-def markdown(r: dict) -> str:
-    s, t, q = r["sweeper"], r["tune"], r["quickstart"]
-    def row(run: dict) -> list:
-        first = run.get("until_first_trial_s")
-        steady = run.get("steady_overhead_per_trial_s")
-        return [run["framework"], run["trials"], f"{run['wall_s']:.1f} s", f"{run['trial_run_s_sum']:.1f} s",
-                f"**{run['overhead_per_trial_s'] * 1e3:.0f} ms**",
-                "—" if first is None else f"{first:.1f} s",
-                "—" if steady is None else f"{steady * 1e3:.0f} ms", common.pct(run["cache_hit_rate"])]
-
-    rows = [row(s)] + ([row(t)] if t else [])
-    lines = [
-        "# Sweep overhead: orchestration time per trial, sweeper against Ray Tune",
-        "",
-        f"{s['trials']} trials of a tiny workload (`tiny` model, 1 chip, prompt 8, 2 decode steps), "
-        "one at a time, same TPE seed, same trial function (`run_trial` with a per-process "
-        "engine cache), Ray start-up included in both. Measured on this host; load average "
-        f"{r['context']['load_average']} at the start, {r['context_end']['load_average']} at the "
-        f"end{common.steal_clause(r['context_end'])}. Took {r['elapsed_s']:.0f} s.",
-        "",
-        *common.table(["framework", "trials", "wall", "sum of trial run times",
-                       "overhead per trial", "start-up (until the first trial runs)",
-                       "overhead per trial after start-up", "compile-cache hits"], rows),
-        "",
-    ]
-    if t:
-        lines.append(f"- sweeper overhead / Ray Tune overhead: {r['sweeper_over_tune']:.2f} "
-                     f"(target <= 1: {common.met(r['meets_tune_target'])})")
-    if s.get("until_first_trial_s") is not None:
-        lines.append("- start-up = from the call until the first trial's `run_trial` begins: Ray "
-                     "start-up, the worker process and its imports (JAX), in both")
-    if q:
-        lines += [
-            f"- quickstart (`sweeper run search_spaces/quickstart.yaml`): {q['wall_s']:.1f} s end to end, "
-            f"{q['counts']}; compile-cache hit rate **{common.pct(q['compile_cache_hit_rate'])}** "
-            f"({q['compile_cache_hits']} of {q['ran']} trials reused a compiled shape); study `{q['study']}`",
-            f"- sweeper overhead per trial x {q['trials']} quickstart trials = "
-            f"{common.pct(r['quickstart_overhead_share'])} of the quickstart's wall time (target < "
-            f"{common.pct(TARGET_QUICKSTART_SHARE, 0)}: {common.met(r['meets_quickstart_target'])})",
-            f"- measured directly in the quickstart: {common.pct(q['orchestration_share'])} of its "
-            f"{q['parallel']} slots' time was outside trials (start-up of Ray and of one worker per "
-            "chip count with its JAX import, Optuna, MLflow, and the slots idle while the last "
-            "trial ran)",
-        ]
-    return "\n".join(lines) + "\n"
-
-
 def calibration_subset():
     """search_spaces/calibration.yaml restricted to CALIBRATION_SUBSET (chips 1/2/4/8 and
     both seeds kept: the same interleaving and replicates), as a SearchSpace."""
@@ -542,7 +495,7 @@ def run_figures(section: dict) -> dict:
     `runs` keep of a run)."""
     keys = ("study", "ran", "wall_s", "worker_processes", "reused", "reuse_rate", "span_share",
             "orchestration_share", "replicate_pairs_same_process", "replicate_pairs",
-            "until_first_trial_s", "trial_run_s_sum", "compile_s_sum")
+            "until_first_trial_s", "trial_run_s_sum", "compile_s_sum", "whole_command_s")
     cpu = section.get("cpu_s") or {}
     return {**{k: section.get(k) for k in keys}, "cpu_total_s": cpu.get("total_s"),
             "context": section.get("context")}
@@ -571,8 +524,10 @@ def recorded_calibration() -> dict | None:
     return {"study": recorded.get("study"), **(recorded.get("orchestration") or {})}
 
 
-def issue22_targets(r: dict) -> dict:
-    """Each issue-22 target with its measured value (None: the section was not run)."""
+def sweep_verdicts(r: dict) -> dict:
+    """Each sweep's targets with its measured value (None: the section was not run). The
+    quickstart's wall time is judged on its user's whole command where the run has it
+    (`whole_command_s`, a subprocess), else on the in-process sweep."""
     out = {}
     for key in SWEEPS:
         b = r.get(key)
@@ -599,6 +554,12 @@ def issue22_targets(r: dict) -> dict:
         q["wall_s"] = median_of(runs, "wall_s")
         q["wall_s_range"] = [min(f["wall_s"] for f in runs), max(f["wall_s"] for f in runs)]
         q["meets_wall_s"] = q["wall_s"] <= TARGET_QUICKSTART_WALL_S
+        whole = [f["whole_command_s"] for f in runs if f.get("whole_command_s") is not None]
+        if whole:       # the user's command: what the target is about
+            q["whole_command_s"] = float(statistics.median(whole))
+            q["whole_command_s_range"] = [min(whole), max(whole)]
+            q["runs_meeting_whole_command_s"] = sum(w <= TARGET_QUICKSTART_WALL_S for w in whole)
+            q["meets_wall_s"] = q["whole_command_s"] <= TARGET_QUICKSTART_WALL_S
     for key in ("calibration", "calibration_full"):
         if r.get(key):
             out[key]["reuse_rate"] = r[key].get("reuse_rate")
@@ -606,203 +567,69 @@ def issue22_targets(r: dict) -> dict:
     return out
 
 
-def markdown_issue22(r: dict) -> str:
-    lines = ["", "## Time in trials (issue 22)", "",
-             "One command: `python -m benchmarks.sweep_overhead --only quickstart,grid,calibration,cache --quickstart-runs 5`. "
-             "Each sweep starts with an empty compilation cache. Counts (processes, reuse, "
-             "replicates) do not depend on the host's load; shares and seconds do.", ""]
-    rows = []
-    for key, label in SWEEP_LABELS.items():
-        b = r.get(key)
-        if not b:
-            continue
-        load = (b.get("context") or {}).get("load_average")
-        rows.append([label, b["ran"], b.get("worker_processes"), f"{b['wall_s']:.1f} s",
-                     common.pct(b.get("orchestration_share")), common.pct(b.get("span_share")),
-                     "—" if b.get("until_first_trial_s") is None else f"{b['until_first_trial_s']:.1f} s",
-                     "—" if b.get("after_last_trial_s") is None else f"{b['after_last_trial_s']:.1f} s",
-                     f"{b.get('reused')} ({common.pct(b.get('reuse_rate'), 0)})",
-                     f"{b.get('replicate_pairs_same_process')} of {b.get('replicate_pairs')}",
-                     load])
-    lines += common.table(["sweep", "trials", "worker processes", "wall", "slots' time outside "
-                           "trials (whole command)", "... within the trials' span",
-                           "before the first trial", "after the last", "trials compiling nothing",
-                           "replicate pairs in one process", "load average (start)"], rows)
-    before = r.get("before") or {}
-    for key in ("quickstart", "grid", "calibration"):
-        b, a = before.get(key), r.get(key)
-        if b and a:
-            lines.append(f"- before (commit {before.get('commit')}, one run, load "
-                         f"{(b.get('context') or {}).get('load_average')}), {key}: "
-                         f"{b['worker_processes']} worker processes for {b['ran']} trials, "
-                         f"{b.get('reused')} trials compiling nothing, "
-                         f"{b.get('replicate_pairs_same_process')} of {b.get('replicate_pairs')} "
-                         f"replicate pairs in one process, {common.pct(b.get('span_share'))} of the "
-                         f"slots' time outside trials within the span, "
-                         f"{common.pct(b.get('orchestration_share'))} over the whole command; "
-                         f"after: {a['worker_processes']}, {a.get('reused')}, "
-                         f"{a.get('replicate_pairs_same_process')} of {a.get('replicate_pairs')}, "
-                         f"{common.pct(a.get('span_share'))}, {common.pct(a.get('orchestration_share'))}")
-    recorded = (r.get("calibration_full") or {}).get("recorded")
-    if recorded and r.get("calibration_full"):
-        a = r["calibration_full"]
-        lines.append(f"- the whole calibration sweep against its recording in benchmarks/data "
-                     f"(study {recorded.get('study')}, the code before the dispatch and cache "
-                     f"changes; calibration.md): {recorded.get('worker_processes')} worker "
-                     f"processes for {recorded.get('ran')} trials, "
-                     f"{common.pct(recorded.get('compile_cache_hit_rate'))} of trials reusing "
-                     f"compiled programs, {common.pct(recorded.get('orchestration_share'))} of the "
-                     f"slots' time outside trials over the sweep; now: {a['worker_processes']} "
-                     f"for {a['ran']}, {common.pct(a.get('reuse_rate'))}, "
-                     f"{common.pct(a.get('orchestration_share'))} over the whole command "
-                     f"({common.pct(a.get('span_share'))} within the trials' span)")
-    if (r.get("calibration_full") or {}).get("earlier_runs"):
-        every = every_run(r["calibration_full"])
-        lines.append(f"- the whole calibration sweep, every run ({len(every)}; the table shows the "
-                     "last): " + "; ".join(
-                         f"{(f.get('context') or {}).get('time')} (load "
-                         f"{(f.get('context') or {}).get('load_average')}): {f['worker_processes']} "
-                         f"processes, {common.pct(f.get('reuse_rate'))} reused, "
-                         f"{common.pct(f.get('span_share'))} within the span, "
-                         f"{common.pct(f.get('orchestration_share'))} over the command, "
-                         f"{f['wall_s']:.0f} s" for f in every))
-    t = r.get("issue22_targets") or {}
-    lines.append("")
-    for key, b in t.items():
-        parts = [f"outside trials within the span <= {common.pct(TARGET_SPAN_SHARE, 0)}: "
-                 f"{common.pct(b['span_share'])} {common.met(b['meets_span'])}",
-                 f"over the whole command <= {common.pct(TARGET_WALL_SHARE, 0)}: "
-                 f"{common.pct(b['wall_share'])} {common.met(b['meets_wall'])}"]
-        if "wall_s" in b:
-            parts.append(f"end to end <= {TARGET_QUICKSTART_WALL_S:.0f} s: {b['wall_s']:.1f} s "
-                         f"{common.met(b['meets_wall_s'])}")
-            analysis_s = (r.get(key) or {}).get("analysis_s")
-            if analysis_s is not None:
-                parts.append(f"then `sweeper run`'s end-of-sweep analysis (fit, hold-out, "
-                             f"report) {analysis_s:.1f} s after it, outside the sweep's target")
-        if "reuse_rate" in b:
-            parts.append(f"trials reusing compiled programs >= {common.pct(TARGET_REUSE, 0)}: "
-                         f"{common.pct(b['reuse_rate'])} {common.met(b['meets_reuse'])}")
-        n = b.get("runs", 1)
-        lines.append(f"- {key} ({'one run' if n == 1 else f'median of {n} runs'}): "
-                     + "; ".join(parts))
-    every = every_run(r.get("quickstart"))
-    if len(every) > 1:
-        t_q = t.get("quickstart") or {}
-        lines.append(
-            f"- the quickstart, every run ({len(every)}, one after another; the table and the "
-            f"lines below show the last): end to end <= {TARGET_QUICKSTART_WALL_S:.0f} s in "
-            f"{t_q.get('runs_meeting_wall_s')} of {len(every)}; " + "; ".join(
-                f"{f['wall_s']:.1f} s (load {(f.get('context') or {}).get('load_average')}: "
-                f"{f.get('reused')} of {f.get('ran')} compiling nothing, compiling "
-                f"{f.get('compile_s_sum') or 0:.1f} s of the trials' "
-                f"{f.get('trial_run_s_sum') or 0:.1f} s, "
-                f"{f.get('until_first_trial_s') or 0:.1f} s before the first trial, CPU "
-                f"{f.get('cpu_total_s') or 0:.1f} s)" for f in every))
-    for key in SWEEPS:
-        b = r.get(key)
-        cpu = (b or {}).get("cpu_s")
-        if cpu:
-            cores = (b.get("context") or {}).get("cpus")
-            lines.append(
-                f"- {key}: CPU time during the sweep, {cpu['total_s']:.1f} s in all: trial "
-                f"workers {cpu['workers_s']:.1f} s ({cpu['worker_processes_seen']} processes: "
-                f"their start, JAX imports and trials; the trials' own run time is "
-                f"{b['trial_run_s_sum']:.1f} s of wall), Ray's own processes "
-                f"{cpu['ray_s'] + cpu['ray_idle_s']:.1f} s, the controller "
-                f"{cpu['controller_s']:.1f} s"
-                + (f"; / {cores} cores = {cpu['total_s'] / cores:.1f} s against a wall of "
-                   f"{b['wall_s']:.1f} s" if cores else ""))
-            if b.get("compile_s_sum") is not None:
-                rest = b["trial_run_s_sum"] - b["compile_s_sum"] - b["measure_s_sum"]
-                lines.append(
-                    f"- {key}: where the trials' own run time ({b['trial_run_s_sum']:.1f} s of "
-                    f"slot wall) went: compiling (lowering and XLA) {b['compile_s_sum']:.1f} s, "
-                    f"the timed runs {b['measure_s_sum']:.1f} s, the rest (engine set-up, "
-                    f"warm-up, memory and HLO analysis, the worker's start of the trial) "
-                    f"{rest:.1f} s")
-            use = {k: v for k, v in (b.get("cores_in_use") or {}).items() if v is not None}
-            if use:
-                lines.append(f"- {key}: cores kept busy by the sweep's processes (of {cores}), "
-                             "between the controller's phases: " + ", ".join(
-                                 f"{k.replace('_', ' ')} {v:.2f}" for k, v in use.items()))
-        if b and b.get("timeline_s"):
-            tl = ", ".join(f"{k} {v:.1f}" for k, v in b["timeline_s"].items())
-            lines.append(f"- {key}: controller phases, seconds since the call began: {tl}")
-    c = r.get("cache")
-    if c:
-        lines.append(f"- compilation cache ({c['trial']}): compile {c['cold']['mean_s']:.2f} s "
-                     f"± {c['cold']['sd_s'] or 0:.2f} cold, {c['from_cache']['mean_s']:.2f} s ± "
-                     f"{c['from_cache']['sd_s'] or 0:.2f} from the cache in a fresh process "
-                     f"(n = {c['cold']['n']} each, mean ± sd; load {c['context']['load_average']}): "
-                     f"{common.pct(c['saved_frac'])} saved")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=50)
-    parser.add_argument("--no-tune", action="store_true")
-    parser.add_argument("--no-quickstart", action="store_true")
-    parser.add_argument("--quickstart-runs", type=int, default=1, metavar="N",
-                        help="run the quickstart N times, one after another, and judge the "
-                        "median (TPE's draws, hence its compiles, differ from run to run)")
-    parser.add_argument("--only", help=f"comma-separated sections of {', '.join(SECTIONS)} "
-                        "(the others keep their values in the results file)")
-    parser.add_argument("--out", default=str(common.RESULTS))
-    parser.add_argument("--storage")
-    parser.add_argument("--tracking-uri")
-    parser.add_argument("--before", metavar="JSON", help="a results file this benchmark wrote "
-                        "with the code before issue 22 (see docs/performance.md): its sweep "
-                        "sections are kept under `before`")
-    parser.add_argument("--before-commit", help="the commit --before was measured at")
-    args = parser.parse_args(argv)
-    import optuna
+def whole_command(home: Path | None = None, args: tuple[str, ...] = ("run", "quickstart")) -> dict:
+    """`sweeper run quickstart` as a user types it: a subprocess, timed from its start to its
+    exit (the interpreter's start, the imports, the command's checks, the sweep and the
+    end-of-sweep analysis), in a fresh SWEEPER_HOME (an empty compilation cache, as the
+    in-process runs have). The host profile cached in `home` (this benchmark's) is copied
+    in, as a user's second run finds it: `host_profile_cached` says whether it was."""
+    import os
+    import shutil
+    import subprocess
 
     from sweeper import paths
-    from sweeper.sweep.space import load_space
 
+    folder = Path(tempfile.mkdtemp(prefix="sweeper-quickstart-"))
+    cached = (home or paths.sweeper_home()) / "host_profile.yaml"
+    (folder / "home").mkdir()
+    if cached.is_file():
+        shutil.copy(cached, folder / "home" / "host_profile.yaml")
+    sweeper = Path(sys.executable).parent / "sweeper"
+    command = [str(sweeper) if sweeper.exists() else "sweeper", *args]
+    context = common.machine_context()
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True,
+                          env=dict(os.environ, SWEEPER_HOME=str(folder / "home")))
+    wall = time.perf_counter() - start
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"command": " ".join(["sweeper", *args]), "whole_command_s": wall, "returncode": done.returncode,
+            "host_profile_cached": cached.is_file(), "stderr_tail": done.stderr[-2000:],
+            "context": context, "context_end": common.machine_context(since=context)}
+
+
+def quickstart_runs(runs: int, storage: str, tracking: str) -> dict:
+    """The quickstart `runs` times, one after another: each run in this process (the study,
+    its timeline and CPU time), then as a user's whole command (`whole_command`)."""
+    every, quick = [], None
+    for i in range(max(1, runs)):
+        if runs > 1:
+            print(f"  run {i + 1} of {runs}", file=sys.stderr)
+        quick = sweep_section(str(common.ROOT / "search_spaces" / "quickstart.yaml"),
+                              storage, tracking, parallel=2, analysis=True)
+        quick["whole_command"] = whole_command()
+        quick["whole_command_s"] = quick["whole_command"]["whole_command_s"]
+        every.append(run_figures(quick))
+    if len(every) > 1:
+        quick["runs"] = every
+    return quick
+
+
+def sections_to_run(args: argparse.Namespace, previous: dict) -> set[str]:
     if args.only:
-        # "render": run nothing, rewrite the files from the results file's sections
-        run = set(args.only.split(",")) - {"render"}
+        run = set(args.only.split(","))
         unknown = run - set(SECTIONS)
         if unknown:
-            parser.error(f"--only: unknown sections {sorted(unknown)}; one of {SECTIONS}")
+            raise SystemExit(f"--only: unknown sections {sorted(unknown)}; one of {', '.join(SECTIONS)}")
     else:
         run = set(SECTIONS) - {"calibration_full"} - ({"tune"} if args.no_tune else set()) - \
             ({"quickstart"} if args.no_quickstart else set())
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    logging.getLogger("ray").setLevel(logging.WARNING)
-    storage = args.storage or paths.default_storage()
-    tracking = args.tracking_uri or paths.default_tracking_uri()
-    out_dir = Path(args.out)
-    previous_path = out_dir / f"{NAME}.json"
-    previous = json.loads(previous_path.read_text()) if previous_path.is_file() else {}
-    start = time.perf_counter()
-    context = common.machine_context()
-    sweeper = previous.get("sweeper")
-    if sweeper is None:
+    if previous.get("sweeper") is None:
         run.add("tiny")           # a new results folder: the tiny sweep runs, and is timed
-    if "tiny" in run:
-        print(f"sweep overhead: sweeper run, {args.trials} trials", file=sys.stderr)
-        sweeper = run_sweeper(args.trials, storage, tracking)
-    tune = previous.get("tune")
-    if "tune" in run:
-        print(f"sweep overhead: ray tune, {args.trials} trials", file=sys.stderr)
-        with tempfile.TemporaryDirectory() as workdir:
-            tune = run_tune(args.trials, tracking, _host_hardware(), workdir)
-    quick = previous.get("quickstart")
-    if "quickstart" in run:
-        print("sweep overhead: the quickstart", file=sys.stderr)
-        every = []
-        for i in range(max(1, args.quickstart_runs)):
-            if args.quickstart_runs > 1:
-                print(f"  run {i + 1} of {args.quickstart_runs}", file=sys.stderr)
-            quick = sweep_section(str(common.ROOT / "search_spaces" / "quickstart.yaml"),
-                                  storage, tracking, parallel=2, analysis=True)
-            every.append(run_figures(quick))
-        if len(every) > 1:
-            quick["runs"] = every
+    return run
+
+
+def sweep_sections(run: set[str], previous: dict, storage: str, tracking: str) -> dict:
+    """The grid, calibration and cache sections: run now, or kept from `previous`."""
     sections = {key: previous.get(key) for key in ("grid", "calibration", "calibration_full", "cache")}
     if "grid" in run:
         print("sweep overhead: the interleaved grid", file=sys.stderr)
@@ -824,51 +651,112 @@ def main(argv: list[str] | None = None) -> int:
     if "cache" in run:
         print("sweep overhead: compile time from the cache", file=sys.stderr)
         sections["cache"] = cache_section()
-    result = summarize(sweeper, tune, quick)
-    if quick and not {"tiny", "quickstart"} <= run:
-        # the tiny sweep's overhead per trial and the quickstart's wall time come from two
-        # runs under different loads: the share is shown, never judged
+    return sections
+
+
+def run(args: argparse.Namespace, previous: dict | None) -> dict:
+    """Measure the sections to run; the others keep their values from `previous`."""
+    import optuna
+
+    from sweeper import paths
+
+    previous = previous or {}
+    todo = sections_to_run(args, previous)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    storage = args.storage or paths.default_storage()
+    tracking = args.tracking_uri or paths.default_tracking_uri()
+    start = time.perf_counter()
+    context = common.machine_context()
+    sweeper = previous.get("sweeper")
+    if "tiny" in todo:
+        print(f"sweep overhead: sweeper run, {args.trials} trials", file=sys.stderr)
+        sweeper = run_sweeper(args.trials, storage, tracking)
+    tune = previous.get("tune")
+    if "tune" in todo:
+        print(f"sweep overhead: ray tune, {args.trials} trials", file=sys.stderr)
+        with tempfile.TemporaryDirectory() as workdir:
+            tune = run_tune(args.trials, tracking, _host_hardware(), workdir)
+    quick = previous.get("quickstart")
+    if "quickstart" in todo:
+        print("sweep overhead: the quickstart", file=sys.stderr)
+        quick = quickstart_runs(args.quickstart_runs, storage, tracking)
+    raw = {"sweeper": sweeper, "tune": tune, "quickstart": quick,
+           **sweep_sections(todo, previous, storage, tracking), "before": previous.get("before")}
+    if args.before:
+        old = json.loads(Path(args.before).read_text())
+        raw["before"] = {"commit": args.before_commit,
+                         **{k: old[k] for k in ("quickstart", "grid", "calibration")
+                            if old.get(k) and old[k].get("worker_processes") is not None}}
+    if "tiny" in todo:
+        raw.update(context=context, context_end=common.machine_context(since=context),
+                   elapsed_s=time.perf_counter() - start)
+    else:
+        raw.update(context=previous.get("context", context),
+                   context_end=previous.get("context_end", context),
+                   elapsed_s=previous.get("elapsed_s", 0.0))
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    raw["sections_run"] = {**previous.get("sections_run", {}), **{key: now for key in sorted(todo)}}
+    # the tiny sweep's overhead per trial and the quickstart's wall time from two runs under
+    # different loads: the share is shown, never judged
+    raw["tiny_and_quickstart_together"] = {"tiny", "quickstart"} <= todo
+    return raw
+
+
+def analyse(raw: dict, args: argparse.Namespace | None = None) -> dict:
+    """The targets: overhead against Ray Tune, the quickstart's share, each sweep's."""
+    together = raw.pop("tiny_and_quickstart_together", True)
+    result = summarize(raw["sweeper"], raw["tune"], raw["quickstart"])
+    if raw["quickstart"] and not together:
         result["meets_quickstart_target"] = None
         result["quickstart_overhead_share_note"] = "tiny and quickstart sections from different runs"
-    result.update(sections)
+    result.update({k: v for k, v in raw.items() if k not in ("sweeper", "tune", "quickstart")})
     result["targets"].update(span_share_max=TARGET_SPAN_SHARE, wall_share_max=TARGET_WALL_SHARE,
                              quickstart_wall_s_max=TARGET_QUICKSTART_WALL_S,
                              calibration_reuse_min=TARGET_REUSE)
-    result["issue22_targets"] = issue22_targets(result)
-    result["before"] = previous.get("before")
-    if args.before:
-        old = json.loads(Path(args.before).read_text())
-        result["before"] = {"commit": args.before_commit,
-                            **{k: old[k] for k in ("quickstart", "grid", "calibration")
-                               if old.get(k) and old[k].get("worker_processes") is not None}}
-    if "tiny" in run:
-        result.update(context=context, context_end=common.machine_context(since=context),
-                      elapsed_s=time.perf_counter() - start)
-    else:
-        result.update(context=previous.get("context", context),
-                      context_end=previous.get("context_end", context),
-                      elapsed_s=previous.get("elapsed_s", 0.0))
-    result["sections_run"] = {key: time.strftime("%Y-%m-%dT%H:%M:%S") for key in sorted(run)}
-    result["sections_run"] = {**previous.get("sections_run", {}), **result["sections_run"]}
-    text = markdown(result) + markdown_issue22(result)
-    files = common.write(NAME, result, text, out_dir)
-    metrics = {"sweeper_overhead_per_trial_s": sweeper["overhead_per_trial_s"]}
-    if tune:
-        metrics["tune_overhead_per_trial_s"] = tune["overhead_per_trial_s"]
-    if quick:
-        metrics.update(quickstart_wall_s=quick["wall_s"],
-                       quickstart_cache_hit_rate=quick["compile_cache_hit_rate"],
-                       quickstart_overhead_share=result["quickstart_overhead_share"])
+    result["sweep_verdicts"] = sweep_verdicts(result)
+    return result
+
+
+def metrics(result: dict) -> dict:
+    out = {"sweeper_overhead_per_trial_s": result["sweeper"]["overhead_per_trial_s"]}
+    if result.get("tune"):
+        out["tune_overhead_per_trial_s"] = result["tune"]["overhead_per_trial_s"]
+    q = result.get("quickstart")
+    if q:
+        out.update(quickstart_wall_s=q["wall_s"], quickstart_cache_hit_rate=q["compile_cache_hit_rate"],
+                   quickstart_overhead_share=result["quickstart_overhead_share"])
+        if q.get("whole_command_s") is not None:
+            out["quickstart_whole_command_s"] = q["whole_command_s"]
     for key in ("grid", "calibration", "calibration_full"):
-        if sections[key]:
-            metrics[f"{key}_worker_processes"] = sections[key]["worker_processes"]
-            metrics[f"{key}_orchestration_share"] = sections[key]["orchestration_share"]
-    common.log_mlflow(NAME, metrics, {"trials": args.trials, "load_average": context["load_average"],
-                                      "sections": ",".join(sorted(run))}, list(files))
-    print(text)
-    print(json.dumps({"quickstart_study": quick["study"] if quick else None}))
-    return 0
+        if result.get(key):
+            out[f"{key}_worker_processes"] = result[key]["worker_processes"]
+            out[f"{key}_orchestration_share"] = result[key]["orchestration_share"]
+    return out
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--no-tune", action="store_true")
+    parser.add_argument("--no-quickstart", action="store_true")
+    parser.add_argument("--quickstart-runs", type=int, default=1, metavar="N",
+                        help="run the quickstart N times, one after another, and judge the "
+                        "median (TPE's draws, hence its compiles, differ from run to run)")
+    parser.add_argument("--only", help=f"comma-separated sections of {', '.join(SECTIONS)} "
+                        "(the others keep their values in the results file)")
+    parser.add_argument("--storage")
+    parser.add_argument("--tracking-uri")
+    parser.add_argument("--before", metavar="JSON", help="a results file this benchmark wrote "
+                        "with the code before the dispatch and cache changes (see "
+                        "docs/performance.md): its sweep sections are kept under `before`")
+    parser.add_argument("--before-commit", help="the commit --before was measured at")
+
+
+BENCHMARK = harness.Benchmark(
+    NAME, __doc__.splitlines()[0], run, arguments=arguments, analyse=analyse, metrics=metrics,
+    log=True, params=lambda args: {"trials": args.trials, "only": args.only or "default",
+                                   "load_average": common.load_average()})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(BENCHMARK))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks import common
+from benchmarks import common, report
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
 
@@ -22,11 +22,11 @@ def test_cpu_time_shares_of_given_counters():
     assert shares["steal_pct"] == pytest.approx(7.0)
     assert shares["iowait_pct"] == pytest.approx(2.0)
     assert shares["cpu_s"] == pytest.approx(10.0)
-    assert common.steal_text(shares) == "hypervisor steal 7.0%, iowait 2.0% of the CPUs' time"
+    assert report.steal_text(shares) == "hypervisor steal 7.0%, iowait 2.0% of the CPUs' time"
     # nothing elapsed, or a snapshot missing (not Linux, an old results file): unknown
     assert common.cpu_time_shares(before, before)["steal_pct"] is None
     assert common.cpu_time_shares(None, after)["steal_pct"] is None
-    assert common.steal_text({"load_average": [1.0, 1.0, 1.0]}) == ""
+    assert report.steal_text({"load_average": [1.0, 1.0, 1.0]}) == ""
 
 
 def test_cpu_times_reads_the_cpu_line(tmp_path):
@@ -54,11 +54,11 @@ def test_machine_context_states_the_steal_over_its_window():
 
 
 def test_a_results_header_gets_the_steal_clause_only_where_the_context_has_it():
-    """common.steal_clause: appended after a load average by the engine-efficiency, search-
+    """report.steal_clause: appended after a load average by the engine-efficiency, search-
     efficiency and sweep-overhead headers; '' for a context from before steal was recorded."""
-    assert common.steal_clause({"load_average": [1.0, 1.0, 1.0]}) == ""
-    assert common.steal_clause(None) == ""
-    clause = common.steal_clause({"steal_pct": 2.5, "iowait_pct": 0.25})
+    assert report.steal_clause({"load_average": [1.0, 1.0, 1.0]}) == ""
+    assert report.steal_clause(None) == ""
+    clause = report.steal_clause({"steal_pct": 2.5, "iowait_pct": 0.25})
     assert clause == "; hypervisor steal 2.5%, iowait 0.2% of the CPUs' time"
 
 

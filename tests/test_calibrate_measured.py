@@ -212,6 +212,7 @@ def test_multigroup_gathers_holds_out_without_exactly_the_multi_group_weight_gat
     over the other axes: wg_xy on 1x2x2 and 1x4x2), and the 'all points' row is the plain
     hold-out with the same terms."""
     from benchmarks import calibration as bench
+    from benchmarks.render import calibration as render
     from workloads.layouts import split_axes
 
     frame, base, points = recorded
@@ -227,7 +228,7 @@ def test_multigroup_gathers_holds_out_without_exactly_the_multi_group_weight_gat
     without = m["fits"]["without multi-group gathers"]["kfold"]["cells"]
     assert set(without) == {f"{ph} x{c}" for ph in ("decode", "prefill") for c in (1, 2, 4, 8)}
     assert m["hlo_comm_bytes_per_chip"]["wg_xyz x8"] > m["hlo_comm_bytes_per_chip"]["wg_xy x8"] > 0
-    assert any("more than one group" in line for line in bench._multigroup_lines(m))
+    assert any("more than one group" in line for line in render._multigroup_lines(m))
 
 
 def test_without_one_chip_points_the_per_layer_cost_stays_where_a_one_chip_step_has_it():
@@ -255,12 +256,13 @@ def test_the_committed_one_chip_fold_table_is_what_its_json_renders():
     import json
 
     from benchmarks import calibration as bench
+    from benchmarks.render import calibration as render
 
     result = json.loads((bench.common.RESULTS / "calibration.json").read_text())
     fold = result["one_chip_fold"]
     assert fold["cap_s"] == calfit.HOST_COLLECTIVE_LATENCY_MAX_S
     assert len(fold["rows"]) == 2 * (1 + len(bench.ONE_CHIP_CAPS))
-    lines = bench._one_chip_lines(fold)
+    lines = render._one_chip_lines(fold)
     assert "\n".join(lines) in (bench.common.RESULTS / "calibration.md").read_text()
     assert "1e-09 ms" not in "\n".join(lines)
 
@@ -270,15 +272,16 @@ def test_the_second_hosts_recording_renders_beside_the_targets(tmp_path):
     (benchmarks/data/calibration-host2-*), scored by the same pipeline; its section names the
     CPU and every scheme's error against its own floor. Absent data: no section."""
     from benchmarks import calibration as bench
+    from benchmarks.render import calibration as render
 
     assert bench.second_host(tmp_path / "missing.csv") is None
-    assert bench._second_host_lines(None) == []
+    assert render._second_host_lines(None) == []
     meta = json.loads(bench.SECOND_HOST_META.read_text())
     assert meta["cpu"] and meta["study"]
     committed = json.loads((ROOT / "benchmarks" / "results" / "calibration.json").read_text())["second_host"]
     assert committed["recorded"]["study"] == meta["study"]
     assert set(committed["holdouts"]) == set(bench.TARGET_SCHEMES)
-    text = "\n".join(bench._second_host_lines(committed))
+    text = "\n".join(render._second_host_lines(committed))
     assert meta["cpu"] in text and "## The same sweep on a second host" in text
     for name, t in committed["holdouts"].items():
         assert f"| {name} | {t['configurations']} |" in text

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks import engine_efficiency as ee
+from benchmarks.render import engine_efficiency as render
 from workloads import partitioning
 
 
@@ -41,7 +42,7 @@ def test_small_row_section_renders_every_timed_formulation(monkeypatch):
     assert {r["weight"] for r in run["rows"]} == {"w_in", "w_out"}
     today = [r for r in run["rows"] if r["form"] in ("dot", "dot_pad2")]
     assert {r["rows"] for r in today} == {1, 2, 4} and all(r["max_rel_diff"] == 0 for r in today)
-    text = "\n".join(ee._small_row_lines({"one_core": run}))
+    text = "\n".join(render._small_row_lines({"one_core": run}))
     for r in run["rows"]:
         assert r["formulation"] in text
     assert "| formulation | 1 row | 2 rows | 4 rows | max diff |" in text

@@ -11,7 +11,9 @@ import pytest
 
 import yaml
 
+from benchmarks import harness
 from benchmarks import serving_validation as sv
+from benchmarks.render import serving_validation as render
 from sweeper.analysis import calibrate as cal
 from workloads import hostprofile
 from workloads.config import HardwareProfile
@@ -121,7 +123,7 @@ def test_duration_analysis_finds_the_streams_longer_calls():
     assert longer["tpot_p50_error_scaled"] > longer["tpot_p50_error_loop"] + 0.1
     assert longer["utilisation_stream"] == pytest.approx(1.2 * longer["utilisation_assumed"], rel=0.05)
     assert longer["block_drift"]["prefill_first"] == pytest.approx(0.001 / 0.009)
-    lines = "\n".join(sv._durations_lines([longer]))
+    lines = "\n".join(render._durations_lines([longer]))
     assert "agg-1chip-4slots at 85%: " in lines and "20% longer" in lines
 
 
@@ -133,7 +135,7 @@ def test_duration_analysis_uses_a_remeasured_closed_loop_and_its_drift():
     a = sv.duration_analysis({"profile": PROFILE, "rows": rows})[0]
     assert a["kinds_near"]["decode_step"]["ratio"] == pytest.approx((1.0 + 0.006 / 0.0054) / 2)
     assert a["run_drift"]["decode_step"] == pytest.approx((0.006 - 0.005) / np.mean([0.005, 0.006, 0.0054]))
-    assert "near" in "\n".join(sv._durations_lines([a]))
+    assert "near" in "\n".join(render._durations_lines([a]))
 
 
 # --------------------------------------------- several runs (--runs N) and the steal (issue 19)
@@ -190,10 +192,9 @@ def test_a_results_file_of_several_runs_renders_each_run(tmp_path):
     runs = [_shifted(base, 0.0, 1.0), _shifted(base, 0.5, 6.0)]
     result = sv.runs_result(runs, "python -m benchmarks.serving_validation --runs 2",
                             sv.common.machine_context())
-    path = tmp_path / "serving_validation.json"
-    path.write_text(json.dumps(sv.common.clean(result)))
-    assert sv.main(["--render", str(path), "--out", str(tmp_path / "md")]) == 0
-    text = (tmp_path / "md" / "serving_validation.md").read_text()
+    harness.write_json("serving_validation", result, tmp_path, sv.RAW_KEYS)
+    assert harness.main(sv.BENCHMARK, ["--render", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "serving_validation.md").read_text()
     counts = [r["summary"]["p50"]["within_target"] for r in runs]
     cases = runs[0]["summary"]["p50"]["cases"]
     assert f"prediction within target in {counts[0]}/{cases}, {counts[1]}/{cases} cases" in text
@@ -207,18 +208,19 @@ def test_a_single_run_file_still_renders(tmp_path):
     """--render of a results file of one run (every file before --runs) is one run's
     Markdown, with the steal over serving where the file has it."""
     run = _one_run()
-    path = tmp_path / "one.json"
-    path.write_text(json.dumps(run))
-    assert sv.main(["--render", str(path), "--out", str(tmp_path)]) == 0
+    (tmp_path / "serving_validation.json").write_text(json.dumps(run))
+    assert harness.main(sv.BENCHMARK, ["--render", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "serving_validation.md").read_text()
-    assert text == sv.render(run) and "#### Run" not in text
+    assert text == render.one_run(run) and "#### Run" not in text
     assert "prediction within target in" in text
     run["context"].update(steal_pct=2.5, iowait_pct=0.25)
-    assert "hypervisor steal 2.5%, iowait 0.2% of the CPUs' time over serving" in sv.render(run)
+    assert "hypervisor steal 2.5%, iowait 0.2% of the CPUs' time over serving" in render.one_run(run)
 
 
-def test_runs_must_be_a_positive_count(capsys):
-    assert sv.main(["--runs", "0", "--render", str(COMMITTED)]) == 2
+def test_runs_must_be_a_positive_count(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        harness.main(sv.BENCHMARK, ["--runs", "0", "--out", str(tmp_path)])
+    assert done.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--runs: 0" in err[0] and "integer >= 1" in err[0]
 
@@ -228,7 +230,7 @@ def test_the_steps_table_shows_the_calibration_trial_of_the_decode_shape():
     sets the deployment's engine step beside the trial of the same decode shape."""
     run = _one_run()
     run["calibration"].pop("trials_measured", None)           # a file without them: as before
-    assert "| calibration trial |" not in sv.render(run)
+    assert "| calibration trial |" not in render.one_run(run)
     trial = {"number": 3, "chips": 2, "batch": 4, "prefill_ffn": "ws2d", "prefill_attn": "head",
              "decode_ffn": "ws1d", "decode_attn": "head", "prefill_s": 0.028,
              "decode_step_s": 0.00627, "decode_step_s_min": 0.0054, "decode_spread": 0.5,
@@ -237,7 +239,7 @@ def test_the_steps_table_shows_the_calibration_trial_of_the_decode_shape():
     run["calibration"]["trials_measured"] = [trial]
     assert sv.calibration_trial(run["calibration"], "dis-1+2chip-4slots") == trial
     assert sv.calibration_trial(run["calibration"], "dis-1+1chip-4slots") is None
-    lines = sv.render(run).splitlines()
+    lines = render.one_run(run).splitlines()
     header = next(x for x in lines if "decode step predicted" in x)
     assert "| engine | calibration trial | loop |" in header
     row = next(x for x in lines if x.startswith("| dis-1+2chip-4slots |") and "6.27 ms (busy 97%)" in x)

@@ -461,6 +461,17 @@ class HardwareProfile:
     # workspaces, compiled graphs) and fragmentation: a plan fills at most
     # `usable_hbm_bytes` with weights, KV cache and working set (issue 39).
     memory_reserve: float = 0.0
+    # Where a measured profile came from (`sweeper calibrate`, docs/host-calibration.md): the
+    # host it describes (`host_key`), when, how long it took, the probes' held-out error.
+    # Plain data, never used to predict; empty for presets and hand-written profiles.
+    calibration: dict = dataclasses.field(default_factory=dict, hash=False)
+    # A calibrated host's cost model (workloads/hostmodel.py HostModel.to_dict(): fitted costs
+    # per phase, the worker share they were measured at, the cache): when present,
+    # costmodel.predict_phase takes each call's latency from it. Empty = the paper's model.
+    host_model: dict = dataclasses.field(default_factory=dict, hash=False)
+    # The share of the whole profile this one is (HardwareProfile.scaled multiplies it): a
+    # host model's counts need the worker's share of the host, share x chips.
+    host_share: float = 1.0
 
     @property
     def usable_hbm_bytes(self) -> float:
@@ -479,7 +490,8 @@ class HardwareProfile:
         if fraction == 1.0:
             return self
         return dataclasses.replace(
-            self, peak_flops=self.peak_flops * fraction, hbm_bandwidth=self.hbm_bandwidth * fraction,
+            self, host_share=self.host_share * fraction,
+            peak_flops=self.peak_flops * fraction, hbm_bandwidth=self.hbm_bandwidth * fraction,
             ici_bandwidth=self.ici_bandwidth * fraction,
             hbm_bytes=self.hbm_bytes * fraction if memory else self.hbm_bytes,
             collective_bandwidth_by_group={kind: {g: bw * fraction for g, bw in groups.items()}
@@ -531,6 +543,20 @@ class HardwareProfile:
             values[key] = _by_group(data.get(key) or {}, f"{prefix}{key}", what,
                                     positive=key.startswith("collective_bandwidth"), source=source)
         values.update(_serving_fields(data, source, prefix))
+        calibration = data.get("calibration") or {}
+        if not isinstance(calibration, Mapping):
+            raise ConfigError(f"{prefix}calibration", calibration,
+                              "a mapping (written by `sweeper calibrate`)", source)
+        values["calibration"] = dict(calibration)
+        host_model = data.get("host_model") or {}
+        if not isinstance(host_model, Mapping) or (host_model and not isinstance(
+                host_model.get("costs"), Mapping)):
+            raise ConfigError(f"{prefix}host_model", host_model,
+                              "a mapping {share, cache_bytes, costs: {prefill: {...}, decode: {...}}} "
+                              "(written by `sweeper calibrate`)", source)
+        values["host_model"] = dict(host_model)
+        if "host_share" in data:
+            values["host_share"] = parse_quantity(data["host_share"], f"{prefix}host_share", source)
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
 
@@ -604,8 +630,10 @@ GiB = 2**30
 #   A100 (DGX A100 datasheet) = 2.5e10 B/s. NVSwitch is all-to-all: any logical 3-D mesh.
 # - Prices: on-demand list prices per chip-hour, US regions, as published in 2024 (Google
 #   Cloud TPU pricing: v4 $3.22, v5e $1.20; Google Cloud GPU VM pricing: a3-highgpu-8g
-#   ~$88.49/h / 8 = $11.06 per H100, a2-ultragpu-1g ~$5.07/h per A100 80GB). H200: none
-#   published for on-demand at the time; None (cost per token is then not reported).
+#   ~$88.49/h / 8 = $11.06 per H100, a2-ultragpu-1g ~$5.07/h per A100 80GB). H200: no
+#   hyperscaler list price at the time; E2E Networks' on-demand H200 (INR 300/h, $3.37, 2025).
+#   PRICE_SOURCES says where each default comes from; `sweeper plan --price chip=DOLLARS`
+#   overrides it.
 _TPU_V4 = dict(domain_chips=4096, inter_domain_bandwidth=6.25e9, torus_dims=3)
 _TPU_V5E = dict(domain_chips=256, inter_domain_bandwidth=6.25e9, torus_dims=2)
 HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
@@ -640,9 +668,17 @@ HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
                     inter_domain_bandwidth=5e10, price_per_chip_hour=11.06),
     # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 4.
     HardwareProfile("h200", 989e12, 4.8e12, 141e9, 450e9, domain_chips=8,
-                    inter_domain_bandwidth=5e10),
+                    inter_domain_bandwidth=5e10, price_per_chip_hour=3.37),
 ]}
-
+PRICE_SOURCES = {
+    "tpu-v4": "Google Cloud TPU pricing, on-demand v4, US regions (2024)",
+    "tpu-v4-fitted": "as tpu-v4",
+    "tpu-v5e": "Google Cloud TPU pricing, on-demand v5e, US regions (2024)",
+    "a100-80g": "Google Cloud a2-ultragpu-1g on-demand, US regions (2024)",
+    "h100": "Google Cloud a3-highgpu-8g on-demand / 8, US regions (2024)",
+    "h200": "E2E Networks on-demand H200, INR 300/h (2025)",
+    "b200": "none published (2025): give one with --price b200=DOLLARS",
+}
 
 # Precision and memory of the presets (issue 39, docs/models.md), kept apart from the
 # preset lines above:
@@ -657,6 +693,7 @@ HARDWARE_PRESETS: dict[str, HardwareProfile] = {h.name: h for h in [
 #   (dense: half, 4.5e15 FP8 and 2.25e15 BF16 per GPU), NVLink 5 at 1.8 TB/s bidirectional
 #   (900 GB/s each way), one 400 Gb/s ConnectX-7 port per GPU (5e10 B/s) between nodes. No
 #   on-demand price published at the time: None.
+# Presets fitted to published measurements (below) take these from their datasheet.
 HARDWARE_PRESETS["b200"] = HardwareProfile("b200", 2.25e15, 8e12, 180e9, 900e9, domain_chips=8,
                                            inter_domain_bandwidth=5e10)
 _FP8_FLOPS = {"h100": 1979e12, "h200": 1979e12, "b200": 4.5e15}
@@ -664,6 +701,41 @@ MEMORY_RESERVE = 0.1
 HARDWARE_PRESETS.update({name: dataclasses.replace(profile, fp8_flops=_FP8_FLOPS.get(name, 0.0),
                                                    memory_reserve=MEMORY_RESERVE)
                          for name, profile in HARDWARE_PRESETS.items()})
+
+
+# Presets fitted to published measurements of real engines (`python -m benchmarks.world`
+# writes workloads/presets/world.yaml; docs/world.md): `<chip>-world`, each with its
+# datasheet named and the held-out residuals its error bands come from. WORLD_CALIBRATION
+# says what each was fitted to: {name: {datasheet, sources, points, points_on_chip, heldout}}.
+WORLD_PRESETS_FILE = Path(__file__).resolve().parent / "presets" / "world.yaml"
+WORLD_CALIBRATION: dict[str, dict] = {}
+
+
+def _load_world_presets(path: Path = WORLD_PRESETS_FILE) -> None:
+    if not path.is_file():
+        return
+    for name, entry in (parse_yaml(read_text(path), str(path)) or {}).items():
+        profile = HardwareProfile.from_dict(entry["profile"], source=str(path),
+                                            prefix=f"{name}.profile.")
+        HARDWARE_PRESETS[name] = _with_datasheet_precision(profile, entry["profile"],
+                                                           HARDWARE_PRESETS[entry["datasheet"]])
+        WORLD_CALIBRATION[name] = {k: v for k, v in entry.items() if k != "profile"}
+        PRICE_SOURCES.setdefault(name, f"as {entry['datasheet']}")
+
+
+def _with_datasheet_precision(fitted: HardwareProfile, given: dict,
+                              sheet: HardwareProfile) -> HardwareProfile:
+    """A fitted preset takes its datasheet's memory reserve, and FP8 units at the datasheet's
+    FP8/bf16 ratio of its fitted bf16 rate, unless its file names them (docs/models.md)."""
+    changes = {}
+    if "memory_reserve" not in given:
+        changes["memory_reserve"] = sheet.memory_reserve
+    if "fp8_flops" not in given and sheet.fp8_flops:
+        changes["fp8_flops"] = fitted.peak_flops * sheet.fp8_flops / sheet.peak_flops
+    return dataclasses.replace(fitted, **changes)
+
+
+_load_world_presets()
 
 
 # --------------------------------------------------------------------------- loading

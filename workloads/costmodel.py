@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workloads.config import ConfigError, HardwareProfile, ModelConfig, check_context
+from workloads.hostmodel import HostModel
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, KV_FORMATS, PHASES, WEIGHT_FORMATS,
                                Collective, PhaseLayout, axis_sizes, canonical_layout,
                                forward_collectives,
@@ -945,6 +946,12 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
                  + hw.device_overhead_s * model.n_layers * chips
                  # one program per phase call: dispatch and the host sync, whatever its size
                  + hw.launch_overhead_s)
+    if hw.host_model:   # a calibrated host: its own measured costs (workloads/hostmodel.py)
+        host = HostModel.from_dict(hw.host_model)
+        share = hw.host_share * chips
+        call = PhaseCall(model, chips, batch, phase, input_len, context, layout, weights,
+                         tuple(topology), one_d, experts, moe_kernel, kv_cache)
+        latency_s = host.seconds(host_counts(call, host.cache_for(share)), phase, share)
     working = working_set_bytes(model, topology, layout, batch, seq_len, weights, experts,
                                 moe_kernel)
     peak = stored + kv + working
@@ -995,6 +1002,56 @@ def _weights_read_bytes(model: ModelConfig, chips: int, weights: str,
     if moe is None:
         return part("all")
     return part("rest") + moe.hit_fraction * part("experts")
+
+
+# --------------------------------------------------------------------------- a calibrated host
+
+_HOST_UNIT = HardwareProfile("unit", 1.0, 1.0, 1e30, 1.0)
+
+
+def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]:
+    """The counts of the host cost model's terms (workloads/hostmodel.py TERMS) for one call,
+    summed over its devices. `cache_bytes`: the last-level cache the trial's devices share
+    (0: no cache term)."""
+    p = predict_phase(hw=_HOST_UNIT, **call.arguments())
+    model, topology, n = call.model, call.topology, call.chips
+    layout = canonical_layout(call.layout, topology)
+    seq = call.input_len if call.phase == "prefill" else 1
+    tokens = call.batch * seq
+    weight_rows, attention_rows = matmul_rows(model, topology, layout, call.batch, seq)
+    weight_flops = tokens * 2.0 * matmul_params(model)            # all chips together
+    attention_flops = tokens * 4.0 * model.n_layers * model.n_heads * model.d_head * call.context
+    _, _, _, m_rest = split_axes(layout.ffn, topology)
+    gathered = layout.ffn.startswith("wg")
+    matrices = block_params(model)           # the layers' matmul weights (int8)
+    dequant = matrices / (m_rest if gathered else n) * n if call.weights == "int8" else 0.0
+    memory = p.memory_s * n                          # bytes read per chip (bandwidth 1) x chips
+    beyond = max(0.0, 1.0 - cache_bytes / memory) if cache_bytes and memory > 0 else 0.0
+    weights_streamed = weight_flops / weight_rows / 2.0
+    kv_elements = (model.n_layers * model.d_model * 2 * model.n_kv_heads * model.d_head
+                   / (m_rest if gathered else n))
+    by_kind = {"all-gather": 0.0, "reduce-scatter": 0.0, "all-to-all": 0.0, "all-reduce": 0.0}
+    ops = 0
+    for c in p.collectives:
+        by_kind[c.kind] += c.elements * c.dtype_bytes * c.count
+        ops += c.count
+    return {
+        "launch": 1.0,
+        "layer_device": float(model.n_layers * n),
+        "collective_op": float(ops * n),
+        "gather_bytes": by_kind["all-gather"] * n,
+        "scatter_bytes": by_kind["reduce-scatter"] * n,
+        "exchange_bytes": (by_kind["all-to-all"] + by_kind["all-reduce"]) * n,
+        "matmul_flops": weight_flops,
+        "matmul_weights": weights_streamed,
+        "attention_flops": attention_flops,
+        "attention_rows": attention_flops / attention_rows,
+        "memory_bytes": memory,
+        "dram_bytes": memory * beyond,
+        "dram_weights": weights_streamed * beyond,
+        "dequant": dequant,
+        "one_row": ((kv_elements + model.vocab * model.d_model / n) * n if weight_rows <= 1 else 0.0),
+    }
 
 
 # --------------------------------------------------------------------------- a whole trial

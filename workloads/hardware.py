@@ -31,6 +31,28 @@ def load_hardware(spec: Any, source: str | None = None, field: str = "hardware")
     return config.load_hardware(spec, source, field)
 
 
+UNCALIBRATED_HINT = ("uncalibrated: peaks only, predictions on this host can be several times off; "
+                     "`sweeper calibrate` (about 5 minutes, once) fixes it")
+
+
+def describe(profile: HardwareProfile) -> str:
+    """One line saying which profile a command used and how far to trust it."""
+    cal = profile.calibration
+    if cal:
+        err = cal.get("heldout_mape") or {}
+        scores = ", ".join(f"{phase} {value:.0%}" for phase, value in err.items()
+                           if isinstance(value, (int, float)))
+        where = f"; {cal['path']}" if cal.get("path") else ""
+        return (f"{profile.name}, calibrated {cal.get('calibrated_at', '?')}"
+                + (f" (held-out error on its probes: {scores})" if scores else "") + where)
+    if profile.measured:
+        return f"{profile.name}, {UNCALIBRATED_HINT}"
+    residuals = profile.heldout_residuals
+    if residuals:
+        return f"{profile.name} (band from {sum(map(len, residuals.values()))} held-out residuals)"
+    return f"{profile.name} (datasheet numbers, uncalibrated)"
+
+
 def worker_share(cores: int, total: int) -> float:
     """The fraction of a host that a worker pinned to `cores` of its `total` cores owns."""
     return min(1.0, cores / max(total, 1))

@@ -245,8 +245,37 @@ def _warn_if_measured_busy(entry: dict, path: Path) -> None:
               "--refresh` measures it again (on a quiet host)", file=sys.stderr)
 
 
-def host_profile(refresh: bool = False, path: Path | None = None) -> HardwareProfile:
-    """This host's measured profile: from the cache, or measured now and cached."""
+# --------------------------------------------------------------------------- calibrated
+
+
+def calibration_path() -> Path:
+    """Where `sweeper calibrate` writes this host's calibrated profile (docs/host-calibration.md)."""
+    return sweeper_home() / "calibration" / "host.yaml"
+
+
+def calibrated_profile(path: Path | None = None) -> HardwareProfile | None:
+    """The calibrated profile of THIS host (its `calibration.host_key` is this host's key),
+    or None: none written, unreadable, or written on another host or by another version
+    (a constant fitted on one host is never applied to another)."""
+    path = path or calibration_path()
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        profile = HardwareProfile.from_dict(data, str(path))
+    except (yaml.YAMLError, OSError, ValueError):
+        return None
+    return profile if profile.calibration.get("host_key") == host_key() else None
+
+
+def host_profile(refresh: bool = False, path: Path | None = None,
+                 calibrated: bool = True) -> HardwareProfile:
+    """This host's profile: its calibrated profile when `sweeper calibrate` has written one
+    for it (and `calibrated`), else the measured peaks (from the cache, or measured now)."""
+    if calibrated and not refresh and path is None:
+        found = calibrated_profile()
+        if found is not None:
+            return found
     path = path or cache_path()
     if not refresh:
         entry = cached_entry(path)

@@ -27,6 +27,31 @@ Decode over several steps is predicted at the mean KV length, context + decode_s
 (costmodel.decode_context's convention). MFU counts the unpadded model's FLOPs, as the
 paper does. A bad row raises ConfigError naming file, row, column, value and what is
 accepted (the CLI prints it as one line and exits 2).
+
+Serving measurements of real engines (benchmarks/data/published-serving.csv, scored by
+benchmarks/world.py) use these optional columns instead of phase/latency_s/ffn/attn/weights:
+  source_id    the independent source (a leave-one-source-out fold holds out its rows)
+  hardware     the hardware preset (or YAML) the number was measured on
+  tp, pp       tensor-parallel and pipeline degrees: chips = tp x pp when `chips` is empty;
+               without ffn/attn the layout is Megatron's tensor parallelism, ws1d/head on
+               1 x tp x 1 (paper §3.2.1: 1D weight-stationary)
+  precision    bf16 | fp16 | int8 | fp8 (weights: fp16 = bf16 bytes; fp8 = int8 bytes, and
+               the row needs `fp8`: FP8 compute and KV cache the model lacks)
+  framework    the engine and its version (free text)
+  output_len   output tokens per request (the first from the prefill: output_len - 1 steps)
+  metric       ttft | tpot | e2e | throughput, with `value` in `unit`:
+               ttft (s, ms): the prefill of batch x input_len (phase prefill)
+               tpot (s, ms): one decode step, over output_len - 1 steps (phase decode)
+               e2e (s, ms): prefill + output_len - 1 decode steps (phase total)
+               throughput (tok/s, tok/s/chip): output tokens per second of the batch, whole
+               or per chip: batch x output_len / the e2e latency (phase total)
+  from_figure  yes | no: the value was read off a figure
+  needs        behaviours the cost model lacks, `;`-separated (NEEDS): the row is scored and
+               reported, never fitted (pp > 1 adds pipeline-stages, fp8 adds fp8)
+  url, note    where it is published; free text
+Each such row is stored as the latency it implies (`latency_s`, the fit's metric) beside the
+published number (`published_metric`, `published_value`, `published_unit`);
+`published_from_latency` turns a predicted latency back into the published metric.
 """
 
 from __future__ import annotations
@@ -37,8 +62,8 @@ from pathlib import Path
 
 from workloads import costmodel
 from workloads.csv_input import read_csv
-from workloads.config import (BLOCKS, ConfigError, HardwareProfile, ModelConfig, load_model,
-                              parse_topology)
+from workloads.config import (BLOCKS, ConfigError, HardwareProfile, ModelConfig, load_hardware,
+                              load_model, parse_topology)
 from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS, PhaseLayout,
                                resolve_padding, stores_1d, validate_layouts)
 from workloads.trial import parse_pad_heads
@@ -48,6 +73,18 @@ GATHERED_FAMILY = "wg"          # ffn value: the best of wg_x, wg_xy, wg_xyz
 REQUIRED = ("model", "chips", "batch", "phase", "input_len", "ffn", "attn", "weights", "source")
 OPTIONAL = ("topology", "context", "decode_steps", "block", "pad_heads", "latency_s", "mfu")
 COLUMNS = REQUIRED + OPTIONAL
+# The serving columns (module doc); a row with them may leave out what they imply.
+SERVING_COLUMNS = ("source_id", "hardware", "tp", "pp", "precision", "framework", "output_len",
+                   "metric", "value", "unit", "from_figure", "needs", "url", "note")
+ALL_COLUMNS = COLUMNS + SERVING_COLUMNS
+IMPLIED_BY = {"chips": "tp", "phase": "metric", "ffn": "tp", "attn": "tp", "weights": "precision"}
+PUBLISHED_METRICS = {"ttft": ("s", "ms"), "tpot": ("s", "ms"), "e2e": ("s", "ms"),
+                     "throughput": ("tok/s", "tok/s/chip")}
+PRECISIONS = {"bf16": "bf16", "fp16": "bf16", "int8": "int8", "fp8": "int8"}
+# Behaviours of real engines the cost model lacks (a row needing one is never fitted).
+NEEDS = ("fp8", "chunked-prefill", "prefix-caching", "pipeline-stages", "moe",
+         "speculative-decoding", "int4")
+TENSOR_PARALLEL = ("ws1d", "head")   # Megatron's layout (paper §3.2.1), what GPU engines run
 _UNIT_HW = HardwareProfile("unit", 1.0, 1.0, 1.0, 1.0)   # FLOP counts need no real profile
 
 
@@ -72,6 +109,21 @@ class MeasuredPoint:
     mfu: float | None
     source: str
     row: int = 0                 # line number in the file
+    # serving columns (module doc); None / () where the row has none
+    source_id: str | None = None
+    hardware: str | None = None
+    tp: int | None = None
+    pp: int = 1
+    precision: str | None = None
+    framework: str | None = None
+    output_len: int | None = None
+    published_metric: str | None = None      # ttft | tpot | e2e | throughput
+    published_value: float | None = None     # as published, in published_unit
+    published_unit: str | None = None
+    from_figure: bool | None = None
+    needs: tuple[str, ...] = ()
+    url: str | None = None
+    note: str | None = None
 
     @property
     def metric(self) -> str:
@@ -85,6 +137,7 @@ class MeasuredPoint:
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["topology"] = "x".join(map(str, self.topology)) if self.topology else None
+        out["needs"] = list(self.needs)
         return out
 
 
@@ -107,93 +160,186 @@ def load_measurements(path: str | Path) -> list[MeasuredPoint]:
 
 def _check_header(header: list[str], source: str) -> None:
     for name in header:
-        if name not in COLUMNS:
-            raise ConfigError("header", name, f"one of the columns {list(COLUMNS)}", source)
+        if name not in ALL_COLUMNS:
+            raise ConfigError("header", name, f"one of the columns {list(ALL_COLUMNS)}", source)
     for name in REQUIRED:
-        if name not in header:
-            raise ConfigError("header", ",".join(header), f"a column {name!r} (required: "
+        if name not in header and IMPLIED_BY.get(name) not in header:
+            implied = f" or {IMPLIED_BY[name]!r}" if name in IMPLIED_BY else ""
+            raise ConfigError("header", ",".join(header), f"a column {name!r}{implied} (required: "
                               f"{list(REQUIRED)})", source)
-    if "latency_s" not in header and "mfu" not in header:
-        raise ConfigError("header", ",".join(header), "a latency_s or an mfu column", source)
+    if "latency_s" not in header and "mfu" not in header and "metric" not in header:
+        raise ConfigError("header", ",".join(header), "a latency_s or an mfu column (or metric, "
+                          "value and unit)", source)
 
 
-def _parse_row(row: dict, number: int, source: str) -> MeasuredPoint:
-    def bad(column: str, accepted: str):
-        return ConfigError(f"row {number}, column {column}", row.get(column), accepted, source)
+class _Row:
+    """One CSV row's cells, read with the error that names file, row and column."""
 
-    def integer(column: str, default: int | None = None, minimum: int = 1) -> int:
-        text = row.get(column, "")
+    def __init__(self, row: dict, number: int, source: str):
+        self.row, self.number, self.source = row, number, source
+
+    def get(self, column: str) -> str:
+        return self.row.get(column, "") or ""
+
+    def bad(self, column: str, accepted: str) -> ConfigError:
+        return ConfigError(f"row {self.number}, column {column}", self.row.get(column), accepted,
+                           self.source)
+
+    def integer(self, column: str, default: int | None = None, minimum: int = 1) -> int:
+        text = self.get(column)
         if text == "" and default is not None:
             return default
         try:
             value = int(text)
         except ValueError:
-            raise bad(column, f"an integer >= {minimum}") from None
+            raise self.bad(column, f"an integer >= {minimum}") from None
         if value < minimum:
-            raise bad(column, f"an integer >= {minimum}")
+            raise self.bad(column, f"an integer >= {minimum}")
         return value
 
-    def number_in(column: str, low: float, high: float, accepted: str) -> float | None:
-        text = row.get(column, "")
+    def number_in(self, column: str, low: float, high: float, accepted: str) -> float | None:
+        text = self.get(column)
         if text == "":
             return None
         try:
             value = float(text)
         except ValueError:
-            raise bad(column, accepted) from None
+            raise self.bad(column, accepted) from None
         if not low < value <= high:
-            raise bad(column, accepted)
+            raise self.bad(column, accepted)
         return value
 
-    def choice(column: str, choices, default: str | None = None) -> str | None:
-        value = row.get(column, "")
-        if value == "" and (default is not None or column in OPTIONAL):
+    def choice(self, column: str, choices, default: str | None = None) -> str | None:
+        value = self.get(column)
+        if value == "" and (default is not None or column in OPTIONAL + SERVING_COLUMNS):
             return default
         if value not in choices:
-            raise bad(column, f"one of {list(choices)}")
+            raise self.bad(column, f"one of {list(choices)}")
         return value
 
+
+def _parse_row(row: dict, number: int, source: str) -> MeasuredPoint:
     # a model YAML named relative to the CSV's folder (the CSV's own models travel with it)
     beside = Path(source).parent / row.get("model", "")
     if row.get("model", "").endswith((".yaml", ".yml")) and beside.is_file():
         row = {**row, "model": str(beside)}
+    r = _Row(row, number, source)
     try:
         load_model(row.get("model", ""), field="model")
     except ConfigError as err:
-        raise bad("model", err.accepted) from None
-    chips = integer("chips")
+        raise r.bad("model", err.accepted) from None
+    serving = _serving_cells(r)
+    chips = r.integer("chips") if r.get("chips") or serving["tp"] is None else \
+        serving["tp"] * serving["pp"]
+    if serving["tp"] is not None and chips != serving["tp"] * serving["pp"]:
+        raise r.bad("chips", f"tp x pp = {serving['tp'] * serving['pp']} (or empty)")
     topology = None
-    if row.get("topology"):
+    if r.get("topology"):
         try:
             topology = parse_topology(row["topology"], chips)
         except ConfigError as err:
-            raise bad("topology", err.accepted) from None
-    input_len = integer("input_len")
-    context = integer("context", default=input_len)
-    latency = number_in("latency_s", 0, float("inf"), "a positive number of seconds")
-    mfu = number_in("mfu", 0, 1, "a fraction in (0, 1]")
-    if (latency is None) == (mfu is None):
-        raise bad("latency_s" if latency is None else "mfu",
-                  "exactly one of latency_s and mfu per row (one published number per row)")
+            raise r.bad("topology", err.accepted) from None
+    elif serving["tp"] is not None and not r.get("ffn"):
+        topology = (1, chips, 1)       # tensor parallelism over every chip (pp: flagged)
+    input_len = r.integer("input_len")
+    batch = r.integer("batch")
+    timing = _timing(r, serving, batch, chips, input_len)
     try:
         pad = parse_pad_heads(row.get("pad_heads") or "auto")
     except ConfigError as err:
-        raise bad("pad_heads", err.accepted) from None
+        raise r.bad("pad_heads", err.accepted) from None
     if not row.get("source"):
-        raise bad("source", "where the number is published (table, figure or section)")
+        raise r.bad("source", "where the number is published (table, figure or section)")
+    tensor_parallel = serving["tp"] is not None and not r.get("ffn") and not r.get("attn")
+    weights = (PRECISIONS[serving["precision"]] if serving["precision"] and not r.get("weights")
+               else r.choice("weights", WEIGHT_FORMATS))
     point = MeasuredPoint(
-        model=row["model"], chips=chips, topology=topology, batch=integer("batch"),
-        phase=choice("phase", MEASURED_PHASES), input_len=input_len, context=context,
-        decode_steps=integer("decode_steps", default=1),
-        ffn=choice("ffn", FFN_LAYOUTS + (GATHERED_FAMILY,)), attn=choice("attn", ATTN_LAYOUTS),
-        weights=choice("weights", WEIGHT_FORMATS), block=choice("block", BLOCKS),
-        pad_heads=pad, latency_s=latency, mfu=mfu, source=row["source"], row=number)
+        model=row["model"], chips=chips, topology=topology, batch=batch,
+        input_len=input_len, context=r.integer("context", default=input_len),
+        ffn=TENSOR_PARALLEL[0] if tensor_parallel else r.choice("ffn", FFN_LAYOUTS + (GATHERED_FAMILY,)),
+        attn=TENSOR_PARALLEL[1] if tensor_parallel else r.choice("attn", ATTN_LAYOUTS),
+        weights=weights, block=r.choice("block", BLOCKS), pad_heads=pad, source=row["source"],
+        row=number, **timing, **serving)
     try:   # the layout must run this model on this mesh (heads, batch, dimensions divide)
         for ffn in _ffns(point):
             _run_model(point, PhaseLayout(ffn, point.attn), _topology(point))
     except ConfigError as err:
-        raise bad("ffn/attn", f"a layout that runs this row ({err})") from None
+        raise r.bad("ffn/attn", f"a layout that runs this row ({err})") from None
     return point
+
+
+def _serving_cells(r: _Row) -> dict:
+    """The serving columns of a row (module doc), checked."""
+    tp = r.integer("tp") if r.get("tp") else None
+    pp = r.integer("pp", default=1)
+    precision = r.choice("precision", tuple(PRECISIONS))
+    needs = tuple(n.strip() for n in r.get("needs").split(";") if n.strip())
+    for need in needs:
+        if need not in NEEDS:
+            raise r.bad("needs", f"behaviours from {list(NEEDS)}, separated by ';'")
+    implied = (("fp8",) if precision == "fp8" else ()) + (("pipeline-stages",) if pp > 1 else ())
+    needs = needs + tuple(n for n in implied if n not in needs)
+    figure = r.choice("from_figure", ("yes", "no"))
+    if r.get("hardware"):      # a preset or YAML: checked here, loaded by the caller
+        try:
+            load_hardware(r.get("hardware"), field="hardware")
+        except ConfigError as err:
+            raise r.bad("hardware", err.accepted) from None
+    return {"source_id": r.get("source_id") or None, "hardware": r.get("hardware") or None,
+            "tp": tp, "pp": pp, "precision": precision, "framework": r.get("framework") or None,
+            "output_len": r.integer("output_len") if r.get("output_len") else None,
+            "from_figure": None if figure is None else figure == "yes", "needs": needs,
+            "url": r.get("url") or None, "note": r.get("note") or None}
+
+
+def _timing(r: _Row, serving: dict, batch: int, chips: int, input_len: int) -> dict:
+    """phase, decode_steps, latency_s, mfu and the published number of a row: from the legacy
+    columns (phase, latency_s or mfu) or from metric, value and unit (module doc)."""
+    metric = r.get("metric")
+    if not metric:
+        latency = r.number_in("latency_s", 0, float("inf"), "a positive number of seconds")
+        mfu = r.number_in("mfu", 0, 1, "a fraction in (0, 1]")
+        if (latency is None) == (mfu is None):
+            raise r.bad("latency_s" if latency is None else "mfu",
+                        "exactly one of latency_s and mfu per row (one published number per row)")
+        return {"phase": r.choice("phase", MEASURED_PHASES),
+                "decode_steps": r.integer("decode_steps", default=1), "latency_s": latency,
+                "mfu": mfu}
+    if metric not in PUBLISHED_METRICS:
+        raise r.bad("metric", f"one of {list(PUBLISHED_METRICS)}")
+    unit = r.choice("unit", PUBLISHED_METRICS[metric])
+    if unit is None:
+        raise r.bad("unit", f"one of {list(PUBLISHED_METRICS[metric])} for metric {metric}")
+    value = r.number_in("value", 0, float("inf"), "a positive number")
+    if value is None:
+        raise r.bad("value", f"the published {metric} in {unit}")
+    output = serving["output_len"]
+    if output is None and metric != "ttft":
+        raise r.bad("output_len", f"output tokens per request (needed by metric {metric})")
+    steps = max((output or 1) - 1, 1)
+    seconds = value / 1000.0 if unit == "ms" else value
+    if metric == "ttft":
+        phase, latency = "prefill", seconds
+    elif metric == "tpot":
+        phase, latency = "decode", seconds * steps
+    else:
+        phase = "total" if output > 1 else "prefill"
+        latency = (seconds if metric == "e2e" else
+                   batch * output / (value * (chips if unit == "tok/s/chip" else 1)))
+    return {"phase": phase, "decode_steps": steps, "latency_s": latency, "mfu": None,
+            "published_metric": metric, "published_value": value, "published_unit": unit}
+
+
+def published_from_latency(point: MeasuredPoint, latency_s: float) -> float:
+    """A predicted latency of the row (seconds of its phase, or of all its decode steps) in
+    the row's published metric and unit (module doc); a legacy row's latency stays seconds."""
+    metric, unit = point.published_metric, point.published_unit
+    if metric is None:
+        return latency_s
+    if metric == "throughput":
+        return point.batch * point.output_len / latency_s / (point.chips if unit == "tok/s/chip" else 1)
+    seconds = latency_s / point.decode_steps if metric == "tpot" else latency_s
+    return seconds * 1000.0 if unit == "ms" else seconds
 
 
 # --------------------------------------------------------------------------- predicting
@@ -228,7 +374,8 @@ def configuration_key(point: MeasuredPoint) -> tuple:
     """Everything but the measured value and its source: one run of the paper (its latency
     and MFU rows are one measurement, held out together)."""
     d = point.to_dict()
-    for name in ("latency_s", "mfu", "source", "row"):
+    for name in ("latency_s", "mfu", "source", "row", "published_metric", "published_value",
+                 "published_unit", "url", "note", "from_figure"):
         d.pop(name)
     return tuple(sorted((k, str(v)) for k, v in d.items()))
 

@@ -573,7 +573,7 @@ def attend(q, kv, cache, layer: int, pos, prefill: bool, kv_cache: str = "bf16")
     positions = pos + jnp.arange(lq)
     q = rope(q, positions)
     kv = kv_quantize(jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2), kv_cache)
-    cache = jax.lax.dynamic_update_slice(cache, kv[None].astype(cache.dtype), (layer, 0, pos, 0, 0, 0))
+    cache = write_rows(cache, kv[None].astype(cache.dtype), (layer, 0, pos, 0, 0, 0))
     keys = kv_dequantize(kv if prefill else cache[layer], kv_cache)
     hk = keys.shape[3]
     key_pos = jnp.arange(keys.shape[1])
@@ -583,6 +583,37 @@ def attend(q, kv, cache, layer: int, pos, prefill: bool, kv_cache: str = "bf16")
     probs = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
     out = jnp.einsum("bgrqk,bkgd->bqgrd", probs.astype(bf16), keys[:, :, 1], preferred_element_type=f32)
     return out.astype(bf16).reshape(b, lq, hq, d), cache
+
+
+def _as_bits(x):
+    """A float cache as the unsigned integers of its width (bitcasts are free), or None for an
+    integer cache (int8 KV), which XLA CPU already writes in place."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return None
+    return jax.lax.bitcast_convert_type(x, {2: jnp.uint16, 1: jnp.uint8}[x.dtype.itemsize])
+
+
+def write_rows(cache, update, start):
+    """dynamic_update_slice of a float cache (bf16, or FP8 for an 8-bit KV cache) as the
+    integers it is made of: XLA CPU runs a bf16 or fp8 dynamic-update-slice in f32,
+    converting the WHOLE cache to f32 and back to write a few rows, on every layer of every
+    decode step (a step then costs O(layers x cache) instead of O(new rows);
+    docs/performance.md "The KV-cache write"). A bitcast to uint16/uint8 and back is free and
+    keeps the write an in-place copy of the new rows."""
+    bits = _as_bits(cache)
+    if bits is None:
+        return jax.lax.dynamic_update_slice(cache, update, start)
+    written = jax.lax.dynamic_update_slice(bits, _as_bits(update), start)
+    return jax.lax.bitcast_convert_type(written, cache.dtype)
+
+
+def _scatter_rows(cache, index, update):
+    """`cache.at[index].set(update)`, on the cache's integers for a float cache (as
+    `write_rows`: XLA CPU would run the bf16/fp8 scatter in f32 over the whole cache)."""
+    bits = _as_bits(cache)
+    if bits is None:
+        return cache.at[index].set(update)
+    return jax.lax.bitcast_convert_type(bits.at[index].set(_as_bits(update)), cache.dtype)
 
 
 def attend_rows(q, kv, cache, layer: int, pos, kv_cache: str = "bf16"):
@@ -595,7 +626,7 @@ def attend_rows(q, kv, cache, layer: int, pos, kv_cache: str = "bf16"):
     kv = kv_quantize(jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2), kv_cache)
     rows = jnp.arange(b)
     for i in range(lq):
-        cache = cache.at[layer, rows, positions[:, i]].set(kv[:, i].astype(cache.dtype))
+        cache = _scatter_rows(cache, (layer, rows, positions[:, i]), kv[:, i].astype(cache.dtype))
     keys = kv_dequantize(cache[layer], kv_cache)
     hk = keys.shape[3]
     key_pos = jnp.arange(keys.shape[1])

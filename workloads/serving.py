@@ -40,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from workloads.config import ConfigError, ModelConfig
 from workloads.layouts import WEIGHT_FORMATS, PhaseLayout, validate_phase
+from workloads.partitioning import write_rows
 from workloads.quant import QUANTIZED
 from workloads.servingprofile import Request
 
@@ -461,7 +462,7 @@ def _insert_program(mesh, cache_spec: P, src_slots: tuple, dst_slots: tuple):
     def insert(cache, source, row, slot):
         piece = jax.lax.dynamic_index_in_dim(source, row, axis=1, keepdims=True)
         piece = jnp.take(piece, take, axis=4).astype(cache.dtype)
-        return jax.lax.dynamic_update_slice(cache, piece, (0, slot, 0, 0, 0, 0))
+        return write_rows(cache, piece, (0, slot, 0, 0, 0, 0))   # in place (partitioning.py)
 
     return jax.jit(insert, out_shardings=NamedSharding(mesh, cache_spec), donate_argnums=0)
 

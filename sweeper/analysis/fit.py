@@ -52,8 +52,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from sweeper.analysis import hostfit
 from sweeper.analysis.observations import (PHASE_METRIC, UNIT as _UNIT, Observation,  # noqa: F401
-                                           from_frame, metric_of, predict_latency)
+                                           from_frame, metric_of, predict_latency, rate_scales)
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile
 from workloads.layouts import COLLECTIVE_KINDS
@@ -315,7 +316,7 @@ class PhaseTerms:
     row_compute: np.ndarray  # compute_s at peak 1 per unit of matmul_half_rows (FLOPs / rows / n)
     dim_compute: np.ndarray  # compute_s at peak 1 per unit of matmul_half_dim (FLOPs / dim / n)
     attention_compute: np.ndarray  # compute_s at peak 1 per unit of attention_half_rows
-    scale: np.ndarray        # per call: its observation's share of the profile
+    scale: np.ndarray        # [3, calls]: its observation's share of peak, HBM, interconnect
     obs: np.ndarray          # per call: its observation
     variant: np.ndarray      # per call: its variant
     weight: np.ndarray       # per call: its multiplier (decode steps)
@@ -331,7 +332,7 @@ class PhaseTerms:
         return cls(col(0), col(1), col(2),
                    np.array([r[3] for r in rows], dtype=float).reshape(len(rows), len(kinds)),
                    col(4), col(5), col(6), col(7), col(10), col(8), col(9), col(11),
-                   np.array([s for *_, s in calls], dtype=float),
+                   np.array([rate_scales(s) for *_, s in calls], dtype=float).reshape(-1, 3).T,
                    np.array([i for i, *_ in calls]), np.array([c.variant for _, c, _ in calls]),
                    np.array([c.weight for _, c, _ in calls], dtype=float), len(observations))
 
@@ -353,9 +354,9 @@ class PhaseTerms:
         compute = (self.compute + fields.get("matmul_half_rows", 0.0) * self.row_compute
                    + fields.get("matmul_half_dim", 0.0) * self.dim_compute
                    + fields.get(costmodel.ATTENTION_HALF_ROWS, 0.0) * self.attention_compute) \
-            / (peak * self.scale)
-        memory = self.memory / (hbm * self.scale)
-        comm = self.comm / (ici * self.scale)
+            / (peak * self.scale[0])
+        memory = self.memory / (hbm * self.scale[1])
+        comm = self.comm / (ici * self.scale[2])
         return (peak, hbm, ici), lat, fields, overhead, overlap, np.stack([compute, memory, comm])
 
     def call_latency(self, theta: np.ndarray, space: "ParamSpace") -> np.ndarray:
@@ -381,9 +382,9 @@ class PhaseTerms:
         unit = {"collective_latency_s_per_device": self.group,
                 "collective_rendezvous_s": self.rendezvous,
                 "launch_overhead_s": self.launches, "device_overhead_s": self.devices,
-                "matmul_half_rows": self.row_compute * share[0] / (peak * self.scale),
-                "matmul_half_dim": self.dim_compute * share[0] / (peak * self.scale),
-                costmodel.ATTENTION_HALF_ROWS: self.attention_compute * share[0] / (peak * self.scale)}
+                "matmul_half_rows": self.row_compute * share[0] / (peak * self.scale[0]),
+                "matmul_half_dim": self.dim_compute * share[0] / (peak * self.scale[0]),
+                costmodel.ATTENTION_HALF_ROWS: self.attention_compute * share[0] / (peak * self.scale[0])}
         for j, name in enumerate(names):
             jac[:, 3 + k + j] = unit[name] * fields[name]
         jac[:, -2] = self.layers * overhead
@@ -428,6 +429,9 @@ def fit_profile(points: list[Observation], base: HardwareProfile, space: ParamSp
     a few starts, the best kept. `weighted`: each relative error times `point_weights`."""
     if not points:
         raise CalibrationError("points", 0, "at least one measured point to fit")
+    if base.host_model:   # a calibrated host: corrections to its measured costs (hostfit.py)
+        weights = point_weights(points) if weighted else None
+        return Fit(*hostfit.fit(points, base, name, weights))
     # A profile's measured times by kind and group size (`sweeper profile`) would override
     # the fitted bandwidth and latencies for those collectives, leaving them unfittable and
     # breaking PhaseTerms's linear terms: the fit starts from the profile's scalar constants.

@@ -618,7 +618,9 @@ def calibrate(points: list[Point], base: HardwareProfile, holdouts: Iterable[str
         raise CalibrationError("study", study or "points", f"a study with at least {min_trials} "
                                f"complete measured trials to fit and hold out (it has {trials}, "
                                f"{len(points)} points); run more trials (--resume)")
-    chosen = select_terms(points, base, loss, weighted, candidates) if terms == SELECT else terms
+    # a calibrated host fits corrections to its measured costs, never these terms (hostfit.py)
+    chosen = (select_terms(points, base, loss, weighted, candidates)
+              if terms == SELECT and not base.host_model else terms)
     space = default_space(points, chosen)
     fit = fit_profile(points, base, space, loss, name=f"{base.name}-fitted", weighted=weighted)
     insample = point_frame(points, np.array([predict_latency(p, fit.profile) for p in points]))

@@ -18,6 +18,7 @@ latency is the minimum over `variant` of the sum of weight x latency of the vari
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Mapping
@@ -57,7 +58,10 @@ class Observation:
     calls: tuple[Call, ...]
     group: Hashable                      # one run: its observations are held out together (loo)
     uncertainty: float = math.nan        # relative 95% CI half-width of `measured`; nan = unknown
-    scale: float = 1.0                   # the per-chip profile = fitted profile x scale
+    # the per-chip profile = fitted profile x scale: one share of a measured host for every
+    # rate, or (peak, HBM, interconnect) multipliers for a point measured on other hardware
+    # than the profile fitted (sheet ratios: benchmarks/world.py's pooled fits)
+    scale: float | tuple[float, float, float] = 1.0
     flops: float = 0.0                   # unpadded model FLOPs the number covers (MFU numerator)
     published_peak: float = math.nan     # the peak an MFU number is quoted against
     trial: int = 0                       # a study's trial number, a CSV's configuration index
@@ -102,9 +106,24 @@ class Observation:
 # ----------------------------------------------------------------------------- predicting
 
 
+def rate_scales(scale: float | tuple[float, float, float]) -> tuple[float, float, float]:
+    """(peak, HBM, interconnect) multipliers of an observation's `scale`."""
+    return tuple(scale) if isinstance(scale, tuple) else (scale, scale, scale)
+
+
+def scaled_profile(profile: HardwareProfile, scale) -> HardwareProfile:
+    """`profile` as one observation's chip ran it (Observation.scale)."""
+    if not isinstance(scale, tuple):
+        return profile.scaled(scale)
+    peak, hbm, ici = scale
+    return dataclasses.replace(profile, peak_flops=profile.peak_flops * peak,
+                               hbm_bandwidth=profile.hbm_bandwidth * hbm,
+                               ici_bandwidth=profile.ici_bandwidth * ici)
+
+
 def predict_latency(obs: Observation, profile: HardwareProfile) -> float:
     """The cost model's latency of the observation with `profile` (whole, unscaled)."""
-    hw = profile.scaled(obs.scale)
+    hw = scaled_profile(profile, obs.scale)
     sums: dict[int, float] = {}
     for c in obs.calls:
         sums[c.variant] = sums.get(c.variant, 0.0) + c.weight * c.call.predict(hw).latency_s

@@ -16,6 +16,7 @@ from typing import Callable
 
 from sweeper import paths
 from sweeper.cli import analytical   # pure Python: no JAX import on this path
+from sweeper.cli import calibrate as calibrate_cmd   # JAX runs in its worker processes only
 from sweeper.cli import examples   # the shipped search spaces: reads YAML only
 from sweeper.cli import plan as plan_cmd   # serving planner: pure Python, MLflow when it logs
 from sweeper.cli import profile as profile_cmd  # imports no JAX until the device count is set
@@ -65,6 +66,7 @@ def _add_engine_commands(sub) -> None:
     p.set_defaults(handler=trial_cmd.host_profile)
 
     profile_cmd.add_parser(sub)
+    calibrate_cmd.add_parser(sub)
 
 
 # ----------------------------------------------------------------- sweeps

@@ -7,6 +7,7 @@ milliseconds. The search is sweeper/serving/plan.py; this module parses and prin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 from sweeper.cli.output import print_json
 from workloads import servingprofile as workload
 from workloads.deployment import MODES
-from workloads.config import ConfigError, read_yaml
+from workloads.config import PRICE_SOURCES, WORLD_CALIBRATION, ConfigError, read_yaml
 
 
 def add_parser(sub) -> None:
@@ -25,7 +26,9 @@ def add_parser(sub) -> None:
                    "`serving:` block from a space file (flags override it)")
     p.add_argument("--model", help="model preset or YAML (e.g. palm-540b, llama2-70b)")
     p.add_argument("--hardware", help="hardware preset or YAML; a fitted profile (`sweeper "
-                   "fit --out`) gives calibrated step times and error bands")
+                   "fit --out`, or a `<chip>-world` preset) gives calibrated step times and error "
+                   "bands; several, comma-separated, compare them (the cheapest plan per hardware "
+                   "and overall)")
     workload.add_arguments(p)
     p.add_argument("--max-chips", metavar="N", help="chip budget: the most goodput within N "
                    "chips (default: the cheapest plan, searched up to 4096 chips)")
@@ -43,6 +46,7 @@ def add_parser(sub) -> None:
                    "--plan`")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the plan to MLflow")
+    add_world_arguments(p)
     p.add_argument("--tracking-uri", help="MLflow store (default: sqlite under $SWEEPER_HOME)")
     p.set_defaults(handler=cmd_plan)
 
@@ -147,7 +151,10 @@ def _space_hardware(spec, space: str):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    question = question_from_args(args)          # every input checked before the search
+    if len(hardware_specs(args)) > 1:
+        return cmd_compare(args)
+    question = with_price(question_from_args(args), prices(args, None))   # inputs checked first
+    out_dir = check_out_dir(args)
     if args.out:
         out = Path(args.out)
         if out.exists() and out.is_dir():
@@ -163,10 +170,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from sweeper.tracking.serving_log import log_plan
 
         data["mlflow_run_id"] = log_plan(result, args.tracking_uri)
+    data["launch"] = best_launch_lines(result)
+    if out_dir:
+        data["files"] = write_files(out_dir, [choice_of(result)], result.question)
     if args.json:
         print_json(_clean(data))
     else:
         print(render(result, data))
+        print(render_launch(data["launch"], data.get("files")))
     return 0
 
 
@@ -274,7 +285,8 @@ def render(result, data: dict) -> str:
         lines.append(f"best: {data['reason']}")
         if best.get("at_risk") is None:
             lines.append(f"error band: uncalibrated ({q.hardware.name} has no held-out residuals; "
-                         "`sweeper fit --out FILE.yaml` writes them, then `--hardware FILE.yaml`)")
+                         "`sweeper fit --out FILE.yaml` writes them, then `--hardware FILE.yaml`"
+                         f"{world_hint(q.hardware.name)})")
         elif best.get("at_risk"):
             lines.append("AT RISK: the SLO target lies inside the plan's error band")
     if result.settle and best is not None:
@@ -287,4 +299,194 @@ def render(result, data: dict) -> str:
         lines.append(f"plan written to {data['out']}")
     if data.get("mlflow_run_id"):
         lines.append(f"logged to MLflow run {data['mlflow_run_id']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- several chips, files
+
+
+def add_world_arguments(p) -> None:
+    """--price and --out-dir (docs/world.md)."""
+    p.add_argument("--price", metavar="CHIP=DOLLARS", action="append",
+                   help="price per chip-hour of a hardware planned, overriding its default "
+                   "(workloads/config.py PRICE_SOURCES), e.g. h100=2.5; comma-separate or repeat")
+    p.add_argument("--out-dir", metavar="DIR", help="write the cost/latency frontier of every "
+                   "hardware planned (frontier.csv, frontier.png) and the best plans (plans.json)")
+
+
+def hardware_specs(args: argparse.Namespace) -> list[str]:
+    """--hardware split at commas (one spec: no comparison)."""
+    if not args.hardware or "," not in args.hardware:
+        return [args.hardware] if args.hardware else []
+    specs = [s.strip() for s in args.hardware.split(",")]
+    if any(not s for s in specs) or len(set(specs)) != len(specs):
+        raise ConfigError("--hardware", args.hardware, "presets or YAML files, comma-separated, "
+                          "each once (e.g. h100,h200,tpu-v5e)")
+    return specs
+
+
+def prices(args: argparse.Namespace, names: list[str] | None) -> dict[str, float]:
+    """--price CHIP=DOLLARS[,CHIP=DOLLARS] as {chip: dollars}; a chip must be one planned
+    (`names`; None: checked against the one hardware later)."""
+    out: dict[str, float] = {}
+    for text in args.price or []:
+        for part in text.split(","):
+            name, _, value = part.partition("=")
+            try:
+                dollars = float(value)
+            except ValueError:
+                dollars = -1.0
+            if not name.strip() or not dollars >= 0 or dollars == float("inf"):
+                raise ConfigError("--price", part, "CHIP=DOLLARS per chip-hour, such as h100=2.5")
+            if names is not None and name.strip() not in names:
+                raise ConfigError("--price", part, f"a price for a hardware planned ({', '.join(names)})")
+            out[name.strip()] = dollars
+    return out
+
+
+def with_price(question, overrides: dict[str, float]):
+    """The question with its hardware's price per chip-hour overridden (--price)."""
+    hw = question.hardware
+    unknown = set(overrides) - {hw.name}
+    if unknown:
+        raise ConfigError("--price", ",".join(sorted(unknown)), f"a price for the hardware planned ({hw.name})")
+    if hw.name not in overrides:
+        return question
+    return dataclasses.replace(question, hardware=dataclasses.replace(
+        hw, price_per_chip_hour=overrides[hw.name]))
+
+
+def price_source(hw, overrides: dict[str, float]) -> str:
+    if hw.name in overrides:
+        return "--price"
+    if hw.price_per_chip_hour is None:
+        return "none (pass --price)"
+    return PRICE_SOURCES.get(hw.name, "the hardware file")
+
+
+def check_out_dir(args: argparse.Namespace) -> Path | None:
+    if not args.out_dir:
+        return None
+    out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out-dir", args.out_dir, "a folder (created if missing) for the frontier files")
+    return out
+
+
+def world_hint(name: str) -> str:
+    """'; h100-world is fitted to N published points' where a world preset has this datasheet."""
+    fitted = [n for n, c in WORLD_CALIBRATION.items() if c["datasheet"] == name]
+    return (f"; `--hardware {fitted[0]}` is fitted to {WORLD_CALIBRATION[fitted[0]]['points']} "
+            "published points and carries a band (docs/world.md)") if fitted else ""
+
+
+def choice_of(result, overrides: dict[str, float] | None = None):
+    from sweeper.serving.plan import HardwareChoice   # the planner's stack: after the inputs are checked
+
+    return HardwareChoice(result, price_source(result.question.hardware, overrides or {}))
+
+
+def best_launch_lines(result) -> list[dict]:
+    from sweeper.serving.launch import launch_lines   # as choice_of
+
+    if result.best is None:
+        return []
+    q = result.question
+    return launch_lines(result.best.to_dict(), q.model, q.hardware, q.profile)
+
+
+def render_launch(lines: list[dict], files: dict | None) -> str:
+    out = []
+    if lines:
+        out.append("launch the best plan with:")
+        for line in lines:
+            runs = ("runs as is" if not line["lacks"]
+                    else "NOT as is: " + "; ".join(line["lacks"]))
+            out.append(f"  {line['engine']:<9} {line['command']}\n            ({runs})")
+    if files:
+        out.append("wrote " + ", ".join(files.values()))
+    return "\n".join(out)
+
+
+def write_files(out_dir: Path, choices: list, question) -> dict[str, str]:
+    """frontier.csv, frontier.png and plans.json under --out-dir."""
+    from sweeper.serving.outputs import frontier_rows, write_frontier   # as choice_of
+
+    rows = frontier_rows(choices)
+    p = question.profile
+    files = write_frontier(rows, out_dir, f"{question.model.name}: {p.describe()}")
+    plans = out_dir / "plans.json"
+    plans.write_text(json.dumps(_clean([{
+        **c.to_dict(), "launch": best_launch_lines(c.result)} for c in choices]), indent=2,
+        default=_json) + "\n")
+    files["plans"] = str(plans)
+    return files
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """`--hardware a,b,c`: the same question planned on each; the cheapest per hardware and
+    overall, with the price each was costed at (docs/world.md)."""
+    from sweeper.serving.plan import compare   # as choice_of
+
+    specs = hardware_specs(args)
+    questions = []
+    for spec in specs:                            # every input checked before any search
+        one = argparse.Namespace(**{**vars(args), "hardware": spec})
+        questions.append(question_from_args(one))
+    names = [q.hardware.name for q in questions]
+    if len(set(names)) != len(names):
+        raise ConfigError("--hardware", args.hardware, "hardware with different names (each once)")
+    overrides = prices(args, names)
+    questions = [with_price(q, {k: v for k, v in overrides.items() if k == q.hardware.name})
+                 for q in questions]
+    out_dir = check_out_dir(args)
+    if args.out:
+        raise ConfigError("--out", args.out, "one hardware (with several, --out-dir writes every plan)")
+    comparison = compare(questions, {q.hardware.name: price_source(q.hardware, overrides) for q in questions})
+    data = comparison.to_dict()
+    for entry, choice in zip(data["hardware"], comparison.choices):
+        entry["launch"] = best_launch_lines(choice.result)
+    if out_dir:
+        data["files"] = write_files(out_dir, comparison.choices, questions[0])
+    if not args.no_mlflow:
+        from sweeper.tracking.serving_log import log_plan
+
+        data["mlflow_run_ids"] = [log_plan(c.result, args.tracking_uri) for c in comparison.choices]
+    if args.json:
+        print_json(_clean(data))
+    else:
+        print(render_compare(comparison, data))
+    return 0
+
+
+def render_compare(comparison, data: dict) -> str:
+    q = comparison.choices[0].result.question
+    p = q.profile
+    lines = [f"{q.model.name} on {len(comparison.choices)} hardware: {p.describe()}",
+             "cheapest plan per hardware (price per chip-hour and its source):"]
+    for choice, entry in zip(comparison.choices, data["hardware"]):
+        hw, best = choice.hardware, choice.result.best
+        price = "no price" if hw.price_per_chip_hour is None else f"${hw.price_per_chip_hour:.2f}/chip-h"
+        if best is None:
+            lines.append(f"  {hw.name:<16} {price} ({choice.price_source}): no plan: {choice.result.reason}")
+            continue
+        d = best.to_dict()
+        cost = "" if choice.dollars_per_hour is None else f"  ${choice.dollars_per_hour:,.2f}/hour"
+        lines.append(f"  {hw.name:<16} {price} ({choice.price_source}): {d['mode']} "
+                     f"{d['chips_total']} chips{cost}  TTFT p99 {_seconds(d['ttft_p99_s'])}  TPOT p99 "
+                     f"{_seconds(d['tpot_p99_s'])}  band: {d.get('band') or '-'}"
+                     f"{'  AT RISK' if d.get('at_risk') else ''}")
+        lines.append(_slices(d))
+    cheapest = comparison.cheapest
+    if cheapest is not None:
+        lines.append(f"cheapest overall: {cheapest.hardware.name}, {cheapest.result.best.chips_total} "
+                     f"chips at ${cheapest.dollars_per_hour:,.2f}/hour")
+        entry = next(e for e in data["hardware"] if e["hardware"] == cheapest.hardware.name)
+        lines.append(render_launch(entry["launch"], None))
+    else:
+        lines.append("cheapest overall: none (no hardware has both a plan and a price)")
+    if comparison.unpriced:
+        lines.append(f"not ranked (no price; pass --price NAME=DOLLARS): {', '.join(comparison.unpriced)}")
+    if data.get("files"):
+        lines.append("wrote " + ", ".join(data["files"].values()))
     return "\n".join(lines)

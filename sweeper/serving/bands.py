@@ -13,6 +13,11 @@ A plan's band comes from simulating it again with every step time scaled to the 
 ends (prefill by the prefill ratio, decode by the decode ratio): queueing amplifies a
 step-time error, and the band says by how much. A profile without residuals (a preset) is
 "uncalibrated": no band is invented.
+
+A phase with some residuals but fewer than its band needs, when the two phases together have
+enough, takes both phases' residuals (status "calibrated (both phases)"): the presets fitted to
+published measurements (`<chip>-world`, docs/world.md) have few held-out TTFT rows beside many
+TPOT rows. `calibration_text` says what such a preset's residuals come from.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from workloads.config import HardwareProfile
+from workloads.config import WORLD_CALIBRATION, HardwareProfile
 
 DEFAULT_COVERAGE = 0.9
 
@@ -62,10 +67,30 @@ def conformal_ratio_band(residuals: list[float], coverage: float = DEFAULT_COVER
 
 
 def profile_bands(hw: HardwareProfile, coverage: float = DEFAULT_COVERAGE) -> dict[str, RatioBand]:
-    """{prefill: RatioBand, decode: RatioBand} of a profile's held-out residuals."""
+    """{prefill: RatioBand, decode: RatioBand} of a profile's held-out residuals; a phase
+    with too few (but some) takes both phases' (module doc); one with none stays uncalibrated."""
     residuals = hw.heldout_residuals or {}
-    return {phase: conformal_ratio_band(list(residuals.get(phase, [])), coverage, phase)
-            for phase in ("prefill", "decode")}
+    both = [r for phase in ("prefill", "decode") for r in residuals.get(phase, [])]
+    out = {}
+    for phase in ("prefill", "decode"):
+        band = conformal_ratio_band(list(residuals.get(phase, [])), coverage, phase)
+        if band.points and not band.known and len(both) >= minimum_points(coverage):
+            band = conformal_ratio_band(both, coverage, phase)
+            band.status = "calibrated (both phases)"
+        out[phase] = band
+    return out
+
+
+def calibration_text(hw: HardwareProfile) -> str | None:
+    """"calibrated against N published points (...)" for a preset fitted to published
+    measurements (workloads/config.py WORLD_CALIBRATION), else None."""
+    c = WORLD_CALIBRATION.get(hw.name)
+    if c is None:
+        return None
+    on_chip = c.get("points_on_chip", c["points"])
+    where = f", {on_chip} on {c['datasheet']}" if on_chip != c["points"] else ""
+    return (f"calibrated against {c['points']} published points ({', '.join(c['sources'])}"
+            f"{where}; held out by source)")
 
 
 def minimum_points(coverage: float = DEFAULT_COVERAGE) -> int:

@@ -178,6 +178,8 @@ class PlanResult:
                                   for m, p in self.best_per_mode.items()},
                 "plans": plans, "reason": self.reason, "settle": self.settle,
                 "model": self.question.model.name, "hardware": self.question.hardware.name,
+                "calibration": bands_mod.calibration_text(self.question.hardware),
+                "price_per_chip_hour": self.question.hardware.price_per_chip_hour,
                 "profile": self.question.profile.to_dict(),
                 "max_chips": self.question.max_chips,
                 "error_band": {k: v.to_dict() for k, v in self.bands.items()},
@@ -560,9 +562,19 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
     ttft_band = sorted([ends["low"].summary["ttft_slo_stat_s"], ends["high"].summary["ttft_slo_stat_s"]])
     tpot_band = sorted([ends["low"].summary["tpot_slo_stat_s"], ends["high"].summary["tpot_slo_stat_s"]])
     at_risk = plan.meets_slo != ends["high"].meets_slo or plan.meets_slo != ends["low"].meets_slo
-    plan.band = {"band": f"calibrated ({pre.coverage:.0%}, {pre.points}+{dec.points} held-out)",
+    plan.band = {"band": band_label(search.q.hardware, pre, dec),
                  "at_risk": at_risk, f"{ttft_name}_band_s": ttft_band,
                  f"{tpot_name}_band_s": tpot_band}
+
+
+def band_label(hardware: HardwareProfile, pre, dec) -> str:
+    """What a plan's band rests on: the held-out points, and for a preset fitted to published
+    measurements where they come from (bands.calibration_text)."""
+    pooled = "both phases" in pre.status or "both phases" in dec.status
+    points = (f"{max(pre.points, dec.points)} held-out, both phases" if pooled
+              else f"{pre.points}+{dec.points} held-out")
+    world = bands_mod.calibration_text(hardware)
+    return f"{world}, {pre.coverage:.0%}" if world else f"calibrated ({pre.coverage:.0%}, {points})"
 
 
 # --------------------------------------------------------------------------- the answer
@@ -631,7 +643,8 @@ def plan(q: PlanQuestion) -> PlanResult:
         settle = (f"run `sweeper serve --plan plan.json --rate {mean_rate(q.profile):g}` (after "
                   "`sweeper plan ... --out plan.json`) and compare its measured "
                   f"ttft_{q.profile.ttft_statistic}/tpot_{q.profile.tpot_statistic} with the "
-                  "SLO; or fit this hardware (`sweeper fit`) so the plan carries an error band")
+                  "SLO" + ("; or fit this hardware (`sweeper fit`) so the plan carries an error "
+                           "band" if best.band.get("at_risk") is None else ""))
     search_info = {"simulated": len(everything),
                    "configs": sum(s.configs for s in searches.values()),
                    "requests_per_simulation": simulated_requests(q, mean_rate(q.profile)),
@@ -712,3 +725,61 @@ def _reason(q: PlanQuestion, best: Plan | None, everything: list[Plan], options:
     if "memory" in options.pruned:
         return f"no plan within {cap} chips fits in memory: {options.pruned['memory']}"
     return f"no plan within {cap} chips: the rate needs more chips than the budget allows"
+
+
+# --------------------------------------------------------------------------- several chips
+
+
+@dataclass
+class HardwareChoice:
+    """One hardware's answer in a comparison, with the price per chip-hour it was costed at
+    and where that price comes from."""
+
+    result: PlanResult
+    price_source: str
+
+    @property
+    def hardware(self) -> HardwareProfile:
+        return self.result.question.hardware
+
+    @property
+    def dollars_per_hour(self) -> float | None:
+        """The best plan's chips x price per chip-hour (None: no plan, or no price)."""
+        best, price = self.result.best, self.hardware.price_per_chip_hour
+        return None if best is None or price is None else best.chips_total * price
+
+    def to_dict(self) -> dict:
+        return {"hardware": self.hardware.name, "price_per_chip_hour": self.hardware.price_per_chip_hour,
+                "price_source": self.price_source, "dollars_per_hour": self.dollars_per_hour,
+                "plan": self.result.to_dict()}
+
+
+@dataclass
+class Comparison:
+    """`sweeper plan --hardware a,b,c`: the cheapest plan per hardware and overall."""
+
+    choices: list[HardwareChoice]
+
+    @property
+    def cheapest(self) -> HardwareChoice | None:
+        """The choice whose best plan costs the fewest dollars per hour (priced ones only)."""
+        priced = [c for c in self.choices if c.dollars_per_hour is not None]
+        return min(priced, key=lambda c: (c.dollars_per_hour, c.result.best.headroom), default=None)
+
+    @property
+    def unpriced(self) -> list[str]:
+        return [c.hardware.name for c in self.choices
+                if c.result.best is not None and c.hardware.price_per_chip_hour is None]
+
+    def to_dict(self) -> dict:
+        cheapest = self.cheapest
+        return {"cheapest": cheapest.hardware.name if cheapest else None,
+                "cheapest_dollars_per_hour": cheapest.dollars_per_hour if cheapest else None,
+                "unpriced": self.unpriced, "hardware": [c.to_dict() for c in self.choices]}
+
+
+def compare(questions: list[PlanQuestion], price_sources: dict[str, str]) -> Comparison:
+    """Plan the same question on each hardware (its price already set on the profile);
+    `price_sources`: hardware name -> where its price comes from."""
+    return Comparison([HardwareChoice(plan(q), price_sources.get(q.hardware.name, "unknown"))
+                       for q in questions])

@@ -1,0 +1,158 @@
+"""From `sweeper calibrate`'s measurements to a host profile (docs/host-calibration.md
+"How it works"): the microbenchmarks' physical figures, the probes' host cost model
+(workloads/hostmodel.py) fitted with a stated pull toward those figures, and the probes'
+held-out errors (each probe model predicted by a fit that never saw it), which become the
+profile's `heldout_residuals` (the error bands of `sweeper plan`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from workloads import costmodel, hostmodel
+from workloads.trial import TrialConfig
+
+PHASE_KEYS = {"prefill": "prefill_s", "decode": "decode_step_s"}
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) >= 0 of a least-squares line through (x, y) points."""
+    import numpy as np
+    from scipy.optimize import lsq_linear
+
+    x = np.array([p[0] for p in points], float)
+    y = np.array([p[1] for p in points], float)
+    a = np.stack([np.ones_like(x), x], axis=1) / y[:, None]          # relative error
+    sol = lsq_linear(a, np.ones(len(y)), bounds=(0, np.inf)).x
+    return float(sol[0]), float(sol[1])
+
+
+@dataclass
+class Microbench:
+    """The microbenchmarks' physical figures, per device count n (summed over the devices,
+    the way workloads/hostmodel.py counts)."""
+
+    call_s: dict[int, float] = field(default_factory=dict)         # one program call
+    op_s: dict[int, float] = field(default_factory=dict)           # one op on every device
+    dequant_s: dict[int, float] = field(default_factory=dict)      # per element (all devices)
+    read_s: dict[int, float] = field(default_factory=dict)         # per byte read (all devices)
+    matmul_flop_s: dict[int, float] = field(default_factory=dict)  # per FLOP, large matmuls
+    collective: dict[str, tuple[float, float]] = field(default_factory=dict)  # "kind/g@n": (s/op, s/B)
+    points: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"call_s": self.call_s, "op_s": self.op_s, "dequant_s_per_element": self.dequant_s,
+                "read_s_per_byte": self.read_s, "matmul_s_per_flop": self.matmul_flop_s,
+                "collective_s_per_op_and_per_byte": {k: list(v) for k, v in self.collective.items()}}
+
+    def prior(self) -> dict[str, float]:
+        """The host model's terms these figures measure directly (the fit's prior), from the
+        largest device count measured (its devices share the cores as a trial's do)."""
+        out: dict[str, float] = {}
+        if self.call_s:
+            out["launch"] = self.call_s[min(self.call_s)]
+        if self.dequant_s:
+            out["dequant"] = statistics.median(self.dequant_s.values())
+        if self.matmul_flop_s:
+            out["matmul_flops"] = statistics.median(self.matmul_flop_s.values())
+        if self.read_s:
+            out["memory_bytes"] = statistics.median(self.read_s.values())
+        for term, kinds in (("gather_bytes", ("all-gather",)), ("scatter_bytes", ("reduce-scatter",)),
+                            ("exchange_bytes", ("all-to-all", "all-reduce"))):
+            slopes = [v[1] for k, v in self.collective.items() if k.split("/")[0] in kinds and v[1] > 0]
+            if slopes:
+                out[term] = statistics.median(slopes)
+        ops = [v[0] for v in self.collective.values() if v[0] > 0]
+        if ops:
+            out["collective_op"] = statistics.median(ops)
+        return out
+
+
+def microbench(records: Iterable[dict]) -> Microbench:
+    """Summarise the microbenchmark records of workloads/hostcal.py (trial records ignored)."""
+    mb = Microbench()
+    largest: dict[int, tuple[float, float]] = {}
+    collectives: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        task, n = r["task"], r["devices"]
+        kind = task["kind"]
+        if kind == "trial":
+            continue
+        mb.points.append({k: v for k, v in r.items() if k not in ("traceback",)})
+        if kind == "dispatch":
+            mb.call_s[n], mb.op_s[n] = r["call_s"], r["op_s"]
+        elif kind == "dequant":
+            mb.dequant_s[n] = r["seconds"] / (r["elements"] * n)
+        elif kind == "memory":
+            mb.read_s[n] = 1.0 / (r["bytes_per_s"] * n)
+        elif kind == "matmul":
+            flops = 2.0 * task["m"] * task["k"] * task["n"] * n
+            if flops > largest.get(n, (0.0, 0.0))[0]:
+                largest[n] = (flops, r["seconds"] / flops)
+        elif kind == "collective":
+            key = f"{task['op']}/{task['group']}@{n}"
+            collectives.setdefault(key, []).append((r["bytes_per_chip"] * n, r["seconds"]))
+    mb.matmul_flop_s = {n: v[1] for n, v in largest.items()}
+    for key, pts in collectives.items():
+        n = int(key.split("@")[1])
+        if len(pts) >= 2:
+            intercept, slope = _line(pts)
+            mb.collective[key] = (intercept / n, slope)     # per op per device, per byte (all devices)
+    return mb
+
+
+@dataclass
+class Probe:
+    """One probe trial's measurements and the host model's counts of its two phases."""
+
+    config: TrialConfig
+    measured: dict[str, float]
+    ci_rel: dict[str, float]
+    counts: dict[str, dict[str, float]]
+
+    @property
+    def group(self) -> str:
+        return self.config.model.name
+
+
+def probes(records: Iterable[dict], cache_bytes: float) -> list[Probe]:
+    out = []
+    for r in records:
+        if r["task"]["kind"] != "trial" or not r.get("ok"):
+            continue
+        config = TrialConfig.from_dict(r["task"]["config"]).resolved()
+        calls = costmodel.phase_calls(config)
+        measured = {ph: r[key] for ph, key in PHASE_KEYS.items()}
+        if not all(isinstance(v, (int, float)) and v > 0 for v in measured.values()):
+            continue
+        ci = {ph: r.get(f"{ph}_ci_rel") for ph in PHASE_KEYS}
+        out.append(Probe(config, measured, ci,
+                         {ph: costmodel.host_counts(calls[ph], cache_bytes) for ph in PHASE_KEYS}))
+    return out
+
+
+@dataclass
+class HostFit:
+    model: hostmodel.HostModel
+    heldout: dict[str, list[float]]          # per phase: predicted / measured - 1, held out
+    probes: list[Probe]
+
+    def mape(self) -> dict[str, float]:
+        return {ph: statistics.fmean(abs(e) for e in errs) for ph, errs in self.heldout.items()
+                if errs}
+
+
+def fit(points: list[Probe], prior: dict[str, float], share: float, cache_bytes: float) -> HostFit:
+    """The host model fitted on every probe, and each probe model's errors from a fit without it."""
+    costs, heldout = {}, {}
+    for phase in PHASE_KEYS:
+        rows = [p.counts[phase] for p in points]
+        measured = [p.measured[phase] for p in points]
+        groups = [p.group for p in points]
+        costs[phase] = hostmodel.fit_costs(rows, measured, prior)
+        heldout[phase] = [e for e in hostmodel.heldout_errors(rows, measured, groups, prior)
+                          if math.isfinite(e)]
+    return HostFit(hostmodel.HostModel(costs, share, cache_bytes), heldout, points)

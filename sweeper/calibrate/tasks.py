@@ -1,0 +1,68 @@
+"""What `sweeper calibrate` measures, as task lists for workloads/hostcal.py processes
+(docs/host-calibration.md "What it measures").
+
+Per device count n of the calibration (1, 2, 4 by default):
+- the dispatch chain (per call and per op on n devices);
+- the engine's matmul at MATMUL_SHAPES (rows 1 to 512 against square and skewed weights);
+- int8 dequantisation of DEQUANT_ELEMENTS weight elements;
+- read bandwidth;
+- every collective kind over every group size g > 1 dividing n, at COLLECTIVE_BYTES;
+- the probe trials of that chip count (workloads/probes.py, CALIBRATION_SEED).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sweeper.calibrate.runner import Batch
+from workloads import probes
+from workloads.opprofile import KINDS, group_sizes
+
+MATMUL_SHAPES = tuple((m, k, n) for m in (1, 2, 8, 32, 128, 512)
+                      for k, n in ((256, 256), (1024, 1024), (512, 2048), (2048, 512)))
+DEQUANT_ELEMENTS = (2**18, 2**22)
+COLLECTIVE_BYTES = (4 * 2**10, 64 * 2**10, 2**20)
+PROBE_FIELDS = dict(repeats=5, warmup=1, time_budget_s=0.6, decode_steps=16)
+
+
+@dataclass(frozen=True)
+class Plan:
+    chips: tuple[int, ...]
+    probe_models: int
+    trials_per_chip: int
+    seed: int = probes.CALIBRATION_SEED
+
+    def probe_draw(self) -> probes.Draw:
+        return probes.draw(self.seed, self.probe_models, self.trials_per_chip, self.chips,
+                           prefix="probe", **PROBE_FIELDS)
+
+
+FULL = Plan(chips=(1, 2, 4), probe_models=12, trials_per_chip=2)
+QUICK = Plan(chips=(1, 2), probe_models=4, trials_per_chip=1)
+
+
+def micro_tasks(n: int, quick: bool = False) -> list[dict]:
+    shapes = MATMUL_SHAPES[::3] if quick else MATMUL_SHAPES
+    tasks = [{"kind": "dispatch"}, {"kind": "memory"}]
+    tasks += [{"kind": "matmul", "m": m, "k": k, "n": nn} for m, k, nn in shapes]
+    tasks += [{"kind": "dequant", "elements": e} for e in DEQUANT_ELEMENTS]
+    sizes = COLLECTIVE_BYTES[::2] if quick else COLLECTIVE_BYTES
+    tasks += [{"kind": "collective", "op": op, "group": g, "bytes": b}
+              for g in group_sizes(n) for op in KINDS for b in sizes]
+    return tasks
+
+
+def batches(plan: Plan, quick: bool = False, slots: int = 2) -> list[Batch]:
+    """One process per (chip count, share of its probes): the microbenchmarks in the first
+    share, the probes dealt round-robin over `slots` shares so the slots finish together."""
+    draw = plan.probe_draw()
+    out = []
+    for n in plan.chips:
+        trials = [t for t in draw.trials if t.chips == n]
+        shares = [trials[i::slots] for i in range(slots)] if len(trials) >= slots else [trials]
+        for i, share in enumerate(shares):
+            tasks = micro_tasks(n, quick) if i == 0 else []
+            tasks += [{"kind": "trial", "config": t.to_dict(), "model": t.model.name} for t in share]
+            if tasks:
+                out.append(Batch(n, tasks, cost_s=len(tasks) * (1 + n), label=f"{n} chip(s) #{i}"))
+    return out

@@ -1,0 +1,82 @@
+"""Launch lines: a plan as the serving engines people run would start it (docs/world.md).
+
+    launch_lines(plan_dict, model, hardware, profile)   # [{engine, command, lacks}, ...]
+
+GPUs: vLLM (`vllm serve`) and SGLang (`sglang.launch_server`); TPUs: JetStream with MaxText
+(`maxengine_server`). Each line carries the plan's tensor-parallel degree (its slice's chips),
+its decode slots (vLLM --max-num-seqs, SGLang --max-running-requests, MaxText
+per_device_batch_size = slots / chips), the longest request (prompt + answer) and prefill
+without chunking: the serving model inserts whole prefill calls between decode steps
+(workloads/servingmodel.py), so chunked prefill is switched off where the engine has it on.
+
+`lacks` names what the plan uses that the engine has no flag for, so the line alone does not
+run the plan: these engines shard every weight the 1-D Megatron way with head-sharded
+attention (ws1d/head, paper §3.2.1), so a ws2d or weight-gathered layout, batch-sharded
+attention or different layouts per phase are flagged; so are int8 weights (the engine takes
+them from a quantized checkpoint, not a flag), replicas (one line per replica behind a
+router) and disaggregated plans (the engine's prefill/decode disaggregation, a launch per
+pool). An empty `lacks`: the engine runs the plan as is.
+"""
+
+from __future__ import annotations
+
+import math
+
+from workloads.config import HardwareProfile, ModelConfig
+from workloads.servingprofile import AppProfile, length_stats
+
+# Hugging Face checkpoints of the model presets with one; others are named by a placeholder.
+CHECKPOINTS = {"llama2-13b": "meta-llama/Llama-2-13b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf"}
+GPU_ENGINES = ("vllm", "sglang")
+TPU_ENGINES = ("jetstream",)
+
+
+def engines_for(hardware: HardwareProfile) -> tuple[str, ...]:
+    """The engines whose lines a plan on this hardware gets."""
+    return TPU_ENGINES if hardware.name.startswith("tpu") else GPU_ENGINES
+
+
+def _lacks(plan: dict, engine: str) -> list[str]:
+    pre, dec = plan["prefill"], plan["decode"]
+    out = []
+    for phase, part in (("prefill", pre), ("decode", dec)):
+        if part["ffn"] != "ws1d":
+            out.append(f"{phase} {part['ffn']} weights (the engine shards weights 1-D: ws1d)")
+        if part["attn"] != "head":
+            out.append(f"{phase} batch-sharded attention (the engine shards attention by head)")
+    if plan["mode"] == "disaggregated":
+        out.append("disaggregated prefill/decode pools: launch each pool with the engine's "
+                   "disaggregation setup (one line per pool, KV transfer between them)")
+    if dec["weights"] == "int8":
+        out.append("int8 weights: serve an int8 weight-only checkpoint (no flag quantizes them"
+                   + (")" if engine != "jetstream" else "; MaxText: quantization=int8)"))
+    if dec["replicas"] > 1 or pre["replicas"] > 1:
+        out.append(f"{dec['replicas']} replicas: one line per replica behind a request router")
+    return out
+
+
+def launch_lines(plan: dict, model: ModelConfig, hardware: HardwareProfile,
+                 profile: AppProfile) -> list[dict]:
+    """[{engine, command, lacks}] for a plan dict (Plan.to_dict) on `hardware`."""
+    lengths = length_stats(profile)
+    prompt = int(math.ceil(lengths["input_max"]))
+    longest = int(math.ceil(lengths["input_max"] + lengths["output_max"]))
+    dec = plan["decode"]
+    chips, slots = dec["chips"], dec["batch"]
+    checkpoint = CHECKPOINTS.get(model.name, f"<{model.name} checkpoint>")
+    commands = {
+        "vllm": (f"vllm serve {checkpoint} --tensor-parallel-size {chips} --max-num-seqs {slots} "
+                 f"--max-model-len {longest} --max-num-batched-tokens "
+                 f"{max(longest, plan['prefill']['batch'] * prompt)} --no-enable-chunked-prefill "
+                 "--dtype bfloat16"),
+        "sglang": (f"python -m sglang.launch_server --model-path {checkpoint} --tp {chips} "
+                   f"--max-running-requests {slots} --context-length {longest} "
+                   "--chunked-prefill-size -1 --dtype bfloat16"),
+        "jetstream": (f"python -m MaxText.maxengine_server MaxText/configs/base.yml "
+                      f"model_name={model.name} ici_tensor_parallelism={chips} "
+                      f"per_device_batch_size={slots / chips:g} max_prefill_predict_length={prompt} "
+                      f"max_target_length={longest} weight_dtype=bfloat16"
+                      + (" quantization=int8" if dec["weights"] == "int8" else "")),
+    }
+    return [{"engine": engine, "command": commands[engine], "lacks": _lacks(plan, engine)}
+            for engine in engines_for(hardware)]

@@ -1,0 +1,140 @@
+"""The host cost model: what one phase call of the engine costs on an emulated mesh of THIS
+host, as a sum of physical terms, each a count the call implies times a cost per unit
+that `sweeper calibrate` measured on this host (docs/host-calibration.md).
+
+An emulated mesh's n virtual devices share the worker's cores (docs/architecture.md,
+"Emulated mesh"): XLA CPU runs every device's ops on them, one after another where they
+share one core, so a call costs the sum over its devices of what each device does. Every
+count below is therefore summed over the n devices (`per chip x n`), and the paper's
+overlap of compute, memory and communication does not happen on one core: the terms add.
+
+| term            | count (summed over the devices)                               | cost per unit          |
+|-----------------|---------------------------------------------------------------|------------------------|
+| launch          | 1 per call                                                    | s per program call     |
+| layer_device    | layers x devices                                              | s (per-layer dispatch) |
+| collective_op   | collective ops x devices                                      | s (rendezvous, launch) |
+| gather_bytes    | all-gather bytes per chip x devices                           | s per byte             |
+| scatter_bytes   | reduce-scatter bytes per chip x devices                       | s per byte             |
+| exchange_bytes  | all-to-all and all-reduce bytes x devices                     | s per byte             |
+| matmul_flops    | weight-matmul FLOPs (paper §2: 2 per multiply-add)            | s per FLOP             |
+| matmul_weights  | weight elements each matmul pass streams (FLOPs / rows / 2)   | s per element          |
+| attention_flops | attention FLOPs (paper §2 convention)                         | s per FLOP             |
+| attention_rows  | attention FLOPs / the rows sharing a KV head (§3.3)           | s per FLOP-row         |
+| memory_bytes    | weight and KV bytes read (costmodel.predict_phase's)          | s per byte             |
+| dram_bytes      | the part of those bytes beyond the last-level cache           | s per byte             |
+| dram_weights    | matmul_weights beyond the cache, the same fraction            | s per element          |
+| dequant         | int8 weight elements turned back into bf16 each call          | s per element          |
+| one_row         | elements of einsums a 1-row batch runs as matrix-vector       | s per element          |
+|                 | products (the K/V projection and the unembedding, batch 1)    |                        |
+
+Costs are fitted per phase (prefill and decode run different kernels) by non-negative
+least squares on relative error, over real trials of random probe models
+(workloads/probes.py), with a stated pull toward the microbenchmarks' figures where one
+measured the same quantity (`PRIOR_WEIGHT`). The probes of one model are held out together
+to score it (`heldout_errors`), so the residuals a plan's band is built from are of models
+the fit never saw.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+TERMS = ("launch", "layer_device", "collective_op", "gather_bytes", "scatter_bytes",
+         "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops", "attention_rows",
+         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "one_row")
+UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "gather_bytes": "s/B",
+         "scatter_bytes": "s/B", "exchange_bytes": "s/B", "matmul_flops": "s/FLOP",
+         "matmul_weights": "s/element", "attention_flops": "s/FLOP", "attention_rows": "s/FLOP-row",
+         "memory_bytes": "s/B", "dram_bytes": "s/B", "dram_weights": "s/element",
+         "dequant": "s/element", "one_row": "s/element"}
+# Terms whose count is work the devices share the cores for: a worker with more cores than
+# the calibration's runs them faster (`predict`'s share ratio); the dispatch terms do not.
+THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op"}
+PHASES = ("prefill", "decode")
+# The pull toward a microbenchmark's figure: a coefficient at 2x its microbenchmark costs as
+# much as one probe mispredicted by PRIOR_WEIGHT x ln 2 (3.5%); terms without one are free.
+PRIOR_WEIGHT = 0.05
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """A host's fitted costs: {phase: {term: cost per unit}}, the worker share they were
+    measured at (a worker's cores / the host's cores) and the host's last-level cache."""
+
+    costs: Mapping[str, Mapping[str, float]]
+    share: float
+    cache_bytes: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"share": self.share, "cache_bytes": self.cache_bytes,
+                "costs": {phase: dict(terms) for phase, terms in self.costs.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "HostModel":
+        costs = {phase: {t: float(v) for t, v in terms.items() if t in TERMS}
+                 for phase, terms in (data.get("costs") or {}).items() if phase in PHASES}
+        return cls(costs, float(data.get("share", 1.0)), float(data.get("cache_bytes", 0.0)))
+
+    def cache_for(self, share: float) -> float:
+        """The last-level cache a worker with `share` of the host's cores has: its part of
+        the host's (`cache_bytes`, the whole host's, shared by its cores)."""
+        return self.cache_bytes * min(share, 1.0)
+
+    def seconds(self, term_counts: Mapping[str, float], phase: str, share: float) -> float:
+        """A call's latency (its `costmodel.host_counts`) on a worker with `share` of the host."""
+        return predict_seconds(term_counts, self.costs[phase], self.share / share)
+
+
+def predict_seconds(term_counts: Mapping[str, float], costs: Mapping[str, float],
+                    throughput_ratio: float = 1.0) -> float:
+    """sum of count x cost; throughput terms scaled by the calibration's share / the worker's."""
+    return sum(term_counts[t] * c * (throughput_ratio if t in THROUGHPUT_TERMS else 1.0)
+               for t, c in costs.items())
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def fit_costs(rows: Sequence[Mapping[str, float]], measured: Sequence[float],
+              prior: Mapping[str, float] | None = None, terms: Sequence[str] = TERMS) -> dict[str, float]:
+    """Non-negative costs minimising sum((predicted / measured - 1)^2) over the rows, plus
+    PRIOR_WEIGHT x (cost / prior - 1) for each term with a prior (scipy's lsq_linear)."""
+    import numpy as np
+    from scipy.optimize import lsq_linear
+
+    prior = {t: v for t, v in (prior or {}).items() if t in terms and v and v > 0}
+    y = np.asarray(measured, float)
+    a = np.array([[r[t] for t in terms] for r in rows], float) / y[:, None]
+    b = np.ones(len(y))
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    extra_a, extra_b = [], []
+    for j, t in enumerate(terms):
+        if t in prior:
+            row = np.zeros(len(terms))
+            row[j] = PRIOR_WEIGHT / prior[t]
+            extra_a.append(row)
+            extra_b.append(PRIOR_WEIGHT)
+    if extra_a:
+        a = np.vstack([a, np.array(extra_a)])
+        b = np.concatenate([b, extra_b])
+    solution = lsq_linear(a / scale, b, bounds=(0, np.inf), method="bvls")
+    return {t: float(v) for t, v in zip(terms, solution.x / scale)}
+
+
+def heldout_errors(rows: Sequence[Mapping[str, float]], measured: Sequence[float],
+                   groups: Sequence, prior: Mapping[str, float] | None = None) -> list[float]:
+    """Each row's relative error (predicted / measured - 1) from a fit without its group."""
+    out = [math.nan] * len(rows)
+    for g in sorted(set(groups), key=str):
+        train = [i for i, gg in enumerate(groups) if gg != g]
+        if not train:
+            continue
+        costs = fit_costs([rows[i] for i in train], [measured[i] for i in train], prior)
+        for i, gg in enumerate(groups):
+            if gg == g:
+                out[i] = predict_seconds(rows[i], costs) / measured[i] - 1.0
+    return out
