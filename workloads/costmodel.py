@@ -1030,6 +1030,7 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]
     weights_streamed = weight_flops / weight_rows / 2.0
     kv_elements = (model.n_layers * model.d_model * 2 * model.n_kv_heads * model.d_head
                    / (m_rest if gathered else n))
+    one_row = (kv_elements + model.vocab * model.d_model / n) * n if weight_rows <= 1 else 0.0
     by_kind = {"all-gather": 0.0, "reduce-scatter": 0.0, "all-to-all": 0.0, "all-reduce": 0.0}
     ops = 0
     for c in p.collectives:
@@ -1050,7 +1051,9 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]
         "dram_bytes": memory * beyond,
         "dram_weights": weights_streamed * beyond,
         "dequant": dequant,
-        "one_row": ((kv_elements + model.vocab * model.d_model / n) * n if weight_rows <= 1 else 0.0),
+        "dram_dequant": dequant * beyond,
+        "one_row": one_row,
+        "dram_one_row": one_row * beyond,
     }
 
 

@@ -24,8 +24,10 @@ overlap of compute, memory and communication does not happen on one core: the te
 | dram_bytes      | the part of those bytes beyond the last-level cache           | s per byte             |
 | dram_weights    | matmul_weights beyond the cache, the same fraction            | s per element          |
 | dequant         | int8 weight elements turned back into bf16 each call          | s per element          |
+| dram_dequant    | dequant elements beyond the cache, the same fraction          | s per element          |
 | one_row         | elements of einsums a 1-row batch runs as matrix-vector       | s per element          |
 |                 | products (the K/V projection and the unembedding, batch 1)    |                        |
+| dram_one_row    | one_row elements beyond the cache, the same fraction          | s per element          |
 
 Costs are fitted per phase (prefill and decode run different kernels) by non-negative
 least squares on relative error, over real trials of random probe models
@@ -44,12 +46,14 @@ from typing import Mapping, Sequence
 
 TERMS = ("launch", "layer_device", "collective_op", "gather_bytes", "scatter_bytes",
          "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops", "attention_rows",
-         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "one_row")
+         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant", "one_row",
+         "dram_one_row")
 UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "gather_bytes": "s/B",
          "scatter_bytes": "s/B", "exchange_bytes": "s/B", "matmul_flops": "s/FLOP",
          "matmul_weights": "s/element", "attention_flops": "s/FLOP", "attention_rows": "s/FLOP-row",
          "memory_bytes": "s/B", "dram_bytes": "s/B", "dram_weights": "s/element",
-         "dequant": "s/element", "one_row": "s/element"}
+         "dequant": "s/element", "dram_dequant": "s/element", "one_row": "s/element",
+         "dram_one_row": "s/element"}
 # Terms whose count is work the devices share the cores for: a worker with more cores than
 # the calibration's runs them faster (`predict`'s share ratio); the dispatch terms do not.
 THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op"}

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Callable
 
+from sweeper.cli.output import say_profile
 from sweeper.formatting import format_fields, format_table, human_bytes, human_seconds, percent
 from workloads import costmodel
 from workloads.config import load_model, parse_topology
@@ -108,6 +109,7 @@ def _phase_args(p: argparse.ArgumentParser) -> None:
 def _load(args):
     model = load_model(args.model, field="--model")
     hw = load_hardware(args.hardware, field="--hardware")
+    say_profile(hw)
     positive_int("--chips", args.chips)
     positive_int("--batch", args.batch)
     return model, hw

@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from sweeper.cli.output import print_json
+from sweeper.cli.output import print_json, say_profile
 from workloads import servingprofile as workload
 from workloads.deployment import MODES
 from workloads.config import PRICE_SOURCES, WORLD_CALIBRATION, ConfigError, read_yaml
@@ -109,6 +109,7 @@ def question_from_args(args: argparse.Namespace):
     hardware = load_hardware(hardware_spec, args.space,
                              "--hardware" if args.hardware else "hardware")
     hardware = with_memory_reserve(hardware, args.memory_reserve)
+    say_profile(hardware)
     max_chips = None if args.max_chips is None else _int_flag(args.max_chips, "--max-chips")
     coverage = workload._share(args.coverage, "--coverage", None)
     if coverage >= 1:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from sweeper import paths
-from sweeper.cli.output import print_json
+from sweeper.cli.output import print_json, say_profile
 from sweeper.formatting import metric_text, one_line, percent_dash, short_number
 from sweeper.sweep.overrides import load_space_with_overrides
 from workloads.config import ConfigError
@@ -44,6 +44,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag}", value, "a positive integer")
+    if space.hardware.kind == "host":     # which host profile the predictions use
+        say_profile(space.hardware.resolve())
     # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts)
     result = run_sweep(space, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study, resume=args.resume, trials=args.trials,

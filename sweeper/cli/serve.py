@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 
+from sweeper.cli.output import say_profile
 from workloads.config import ConfigError
 
 
@@ -59,6 +60,7 @@ def stream_of(args):
     seed = int(_positive(args.seed, "--seed", True, 0))
     deployment = load_plan(args.plan)
     profile = load_plan_profile(args.plan)
+    say_profile(deployment.hardware)
     lengths = {}
     for key, flag in (("input_len", "--input-len"), ("output_len", "--output-len")):
         value = getattr(args, key)

@@ -1,0 +1,238 @@
+"""`sweeper calibrate` and the host cost model (docs/host-calibration.md): the model's fit
+and held-out errors, the profile's resolution (`host` is the calibrated profile of THIS
+host only), the corrections a study fit makes on it, the probe draws, and one real quick
+calibration through the pinned processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workloads import costmodel, hostmodel, hostprofile, probes
+from workloads.config import ConfigError, HardwareProfile, load_hardware as load_file
+from workloads.hardware import describe, load_hardware, per_chip
+from workloads.trial import TrialConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = HardwareProfile("host", 4e11, 3e10, 2.4e10, 2e9, measured=True)
+
+
+def _trial(**fields) -> TrialConfig:
+    data = dict(model="tiny", chips=2, batch=4, input_len=32, decode_steps=8,
+                prefill={"ffn": "ws2d", "attn": "head"}, decode={"ffn": "ws1d", "attn": "batch"})
+    data.update(fields)
+    return TrialConfig.from_dict(data).resolved()
+
+
+def _costs(scale: float = 1.0) -> dict:
+    """A made-up host: plausible costs per unit for both phases."""
+    one = {"launch": 2e-5, "layer_device": 3e-5, "collective_op": 1e-5, "gather_bytes": 5e-10,
+           "matmul_flops": 6e-12, "matmul_weights": 8e-11, "memory_bytes": 4e-11, "dequant": 3e-10}
+    return {ph: {t: v * scale for t, v in one.items()} for ph in ("prefill", "decode")}
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def test_counts_sum_over_the_devices_that_share_a_core():
+    """Per-device work counts once per device: the same trial on 2 chips has twice the
+    layer-device dispatches of 1 chip, the same total matmul FLOPs, and collectives only
+    on more than one chip."""
+    one = costmodel.host_counts(costmodel.phase_calls(_trial(chips=1))["decode"])
+    two = costmodel.host_counts(costmodel.phase_calls(_trial(chips=2))["decode"])
+    assert two["layer_device"] == 2 * one["layer_device"]
+    assert two["matmul_flops"] == pytest.approx(one["matmul_flops"], rel=0.05)
+    assert one["collective_op"] == 0 and two["collective_op"] > 0
+    int8 = costmodel.host_counts(costmodel.phase_calls(_trial(weights="int8"))["decode"])
+    assert int8["dequant"] > 0 and two["dequant"] == 0
+
+
+def test_fit_recovers_known_costs_and_holds_out_by_group():
+    """Counts of random trials x known costs = their 'measured' times: the non-negative fit
+    finds times within 1%, and each model's held-out error (a fit without it) is small."""
+    rng = random.Random(3)
+    draw = probes.draw(11, 5, 2, prefix="t")
+    true = _costs()
+    rows, measured, groups = [], [], []
+    for t in draw.trials:
+        counts = costmodel.host_counts(costmodel.phase_calls(t)["decode"], 8 * 2**20)
+        rows.append(counts)
+        measured.append(hostmodel.predict_seconds(counts, true["decode"]) * (1 + rng.gauss(0, 0.01)))
+        groups.append(t.model.name)
+    fitted = hostmodel.fit_costs(rows, measured)
+    predicted = [hostmodel.predict_seconds(r, fitted) for r in rows]
+    assert max(abs(p / m - 1) for p, m in zip(predicted, measured)) < 0.05
+    errors = hostmodel.heldout_errors(rows, measured, groups)
+    assert len(errors) == len(rows) and all(math.isfinite(e) for e in errors)
+    assert sorted(abs(e) for e in errors)[len(errors) // 2] < 0.1
+
+
+def test_prior_pulls_an_unconstrained_cost_toward_the_microbenchmark():
+    """A term no row exercises stays at its prior; without a prior it is 0."""
+    rows = [{t: (1.0 if t == "launch" else 0.0) for t in hostmodel.TERMS}] * 3
+    with_prior = hostmodel.fit_costs(rows, [1e-4] * 3, prior={"dequant": 5e-10, "launch": 1e-4})
+    assert with_prior["dequant"] == pytest.approx(5e-10, rel=1e-6)
+    assert with_prior["launch"] == pytest.approx(1e-4, rel=1e-3)
+    assert hostmodel.fit_costs(rows, [1e-4] * 3)["dequant"] == 0.0
+
+
+def test_predict_phase_takes_a_calibrated_hosts_latency_from_its_model():
+    """With a host_model, a trial's predicted latency is sum(count x cost) at its worker's
+    share: a worker with twice the calibration's share runs the throughput terms twice as
+    fast, and the dispatch terms as fast as before."""
+    costs = _costs()
+    hw = dataclasses.replace(HOST, host_model=hostmodel.HostModel(costs, 0.5, 0.0).to_dict())
+    trial = _trial(chips=2)
+    call = costmodel.phase_calls(trial)["decode"]
+    counts = costmodel.host_counts(call)
+    at_calibration = costmodel.predict(trial, per_chip(hw, 2, 0.5)).decode_step_s
+    assert at_calibration == pytest.approx(hostmodel.predict_seconds(counts, costs["decode"]))
+    whole = costmodel.predict(trial, per_chip(hw, 2, 1.0)).decode_step_s
+    fixed = sum(counts[t] * c for t, c in costs["decode"].items() if t not in hostmodel.THROUGHPUT_TERMS)
+    assert whole == pytest.approx(fixed + (at_calibration - fixed) / 2)
+    # the paper's model without one
+    assert costmodel.predict(trial, per_chip(HOST, 2, 0.5)).decode_step_s != at_calibration
+
+
+def test_profile_round_trip_and_bad_host_model(tmp_path):
+    hw = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 3e7).to_dict(),
+                             calibration={"host_key": "x"})
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(hw.to_dict()))
+    back = load_file(str(path))
+    assert back.host_model == hw.host_model and back.calibration == {"host_key": "x"}
+    data = hw.to_dict()
+    data["host_model"] = {"costs": "fast"}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="host_model"):
+        load_file(str(path))
+
+
+# ----------------------------------------------------------------------------- resolution
+
+
+def test_host_resolves_to_the_calibrated_profile_of_this_host_only(tmp_path, monkeypatch):
+    """`host` is the calibrated profile while its host key is this host's; a profile
+    calibrated elsewhere (another key) is never used: a constant fitted on one host is never
+    applied to another. Commands say which one they used."""
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path))
+    peaks = {"profile": HOST.to_dict(), "notes": {}}
+    (tmp_path / "host_profile.yaml").write_text(yaml.safe_dump({hostprofile.host_key(): peaks}))
+    assert not load_hardware("host").host_model
+    assert "uncalibrated" in describe(load_hardware("host"))
+    path = hostprofile.calibration_path()
+    path.parent.mkdir(parents=True)
+    calibrated = dataclasses.replace(
+        HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict(),
+        calibration={"host_key": hostprofile.host_key(), "calibrated_at": "2026-12-05 10:00",
+                     "heldout_mape": {"prefill": 0.1, "decode": 0.2}, "path": str(path)})
+    path.write_text(yaml.safe_dump(calibrated.to_dict()))
+    got = load_hardware("host")
+    assert got.host_model == calibrated.host_model
+    assert "calibrated 2026-12-05 10:00" in describe(got) and "decode 20%" in describe(got)
+    elsewhere = dataclasses.replace(calibrated, calibration={**calibrated.calibration, "host_key": "other|cpus=64"})
+    path.write_text(yaml.safe_dump(elsewhere.to_dict()))
+    assert not load_hardware("host").host_model
+
+
+def test_uncalibrated_host_says_so_in_one_line(tmp_path):
+    env = {**os.environ, "SWEEPER_HOME": str(tmp_path)}
+    (tmp_path / "host_profile.yaml").write_text(yaml.safe_dump(
+        {hostprofile.host_key(): {"profile": HOST.to_dict(), "notes": {}}}))
+    out = subprocess.run([sys.executable, "-m", "sweeper.cli", "predict", "--model", "tiny",
+                          "--hardware", "host", "--chips", "2", "--batch", "4", "--phase", "decode"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("hardware:")]
+    assert len(lines) == 1 and "uncalibrated" in lines[0] and "sweeper calibrate" in lines[0]
+
+
+# ----------------------------------------------------------------------------- corrections
+
+
+def test_study_fit_on_a_calibrated_host_fits_corrections_with_a_prior():
+    """The trials of one model run 1.3x slower in compute than the calibration says: a fit
+    on 6 trials finds a compute correction near 1.3 per phase, leaves the costs' ratios
+    alone, and with one point the prior keeps every factor near 1."""
+    from sweeper.analysis import fit as calfit
+    from sweeper.analysis.observations import from_config, predict_latency
+
+    base = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict())
+    draw = probes.draw(7, 1, 3, prefix="c")
+    slow = dataclasses.replace(base, host_model=hostmodel.HostModel(
+        {ph: {t: v * (1.3 if t in ("matmul_flops", "matmul_weights", "dequant") else 1.0)
+              for t, v in terms.items()} for ph, terms in _costs().items()}, 0.5, 0.0).to_dict())
+    points = []
+    for i, t in enumerate(draw.trials[:6]):
+        for ph in ("prefill", "decode"):
+            o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
+            o.measured = predict_latency(o, slow)
+            points.append(o)
+    fitted = calfit.fit_profile(points, base).profile
+    factors = fitted.host_model["corrections"]
+    assert factors["decode"]["compute"] == pytest.approx(1.3, rel=0.1)
+    assert all(abs(predict_latency(p, fitted) / p.measured - 1) < 0.05 for p in points)
+    one = calfit.fit_profile(points[:1], base).profile.host_model["corrections"]
+    assert all(0.7 < f < 1.4 for groups in one.values() for f in groups.values())
+
+
+# ----------------------------------------------------------------------------- probes
+
+
+def test_probe_draws_are_reproducible_valid_and_avoid_the_calibrations():
+    a, b = probes.draw(5, 3, 2), probes.draw(5, 3, 2)
+    assert [t.to_dict() for t in a.trials] == [t.to_dict() for t in b.trials]
+    for t in a.trials:
+        t.validate()
+        assert t.batch * t.input_len <= probes.MAX_PREFILL_TOKENS
+        assert 128 <= t.model.d_model <= 1024 and 2 <= t.model.n_layers <= 6
+    avoid = {probes.model_key(m) for m in a.models}
+    other = probes.draw(5, 3, 2, avoid=avoid)
+    assert not avoid & {probes.model_key(m) for m in other.models}
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_calibrate_rejects_a_bad_out_before_any_work(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "sweeper.cli", "calibrate", "--out",
+                          str(tmp_path / "host.txt")], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "SWEEPER_HOME": str(tmp_path)}, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "--out" in out.stderr and ".yaml" in out.stderr
+
+
+def test_quick_calibration_runs_for_real_and_host_uses_it(tmp_path):
+    """A real `sweeper calibrate --quick`: pinned processes run the microbenchmarks and the
+    probe trials, the profile lands where `host` resolves, carries held-out residuals of
+    both phases and names this host; `sweeper predict --hardware host` then says it is
+    calibrated."""
+    env = {**os.environ, "SWEEPER_HOME": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "sweeper.cli", "calibrate", "--quick",
+                          "--no-serving", "--json"], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads(run.stdout)
+    path = Path(summary["profile"])
+    assert path == tmp_path / "calibration" / "host.yaml"
+    profile = yaml.safe_load(path.read_text())
+    assert profile["calibration"]["host_key"] and profile["host_model"]["costs"]["decode"]
+    assert profile["heldout_residuals"]["prefill"] and profile["heldout_residuals"]["decode"]
+    points = json.loads(Path(summary["points"]).read_text())
+    kinds = {r["task"]["kind"] for r in points["records"]}
+    assert {"dispatch", "matmul", "dequant", "memory", "collective", "trial"} <= kinds
+    said = subprocess.run([sys.executable, "-m", "sweeper.cli", "predict", "--model", "tiny",
+                           "--hardware", "host", "--chips", "2", "--batch", "4", "--phase",
+                           "decode", "--json"], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=120)
+    assert said.returncode == 0, said.stderr
+    assert "hardware: host, calibrated" in said.stderr
