@@ -6,6 +6,7 @@ the bf16 ones: logits within 0.1 and the same greedy tokens.
 """
 
 import os
+import re
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
@@ -88,3 +89,42 @@ def test_a_measured_fp8_trial_says_fp8_is_emulated_and_matches_the_reference():
     m = run_trial(trial, verify=True)
     assert m.extra["fp8"] == FP8_LABEL and "emulated" in FP8_LABEL
     assert m.tokens_match is True and m.extra["fp8_max_logit_dev"] > 0
+
+
+@pytest.mark.parametrize("kv_cache", ["bf16", "int8", "fp8"])
+def test_a_decode_step_writes_its_cache_in_place_in_every_format(kv_cache):
+    """XLA CPU runs a bf16 or fp8 dynamic-update-slice in f32, converting the WHOLE cache
+    to f32 and back on every layer of every step (partitioning.write_rows): each format's
+    compiled decode writes its cache as integers of its width and never makes an f32/f16
+    copy of the whole cache (reading one layer back to bf16, fused with its slice, is fine)."""
+    trial = TrialConfig(model=MODEL_PRESETS["tiny-gqa"], chips=2, batch=BATCH, input_len=INPUT_LEN,
+                        decode_steps=STEPS, topology=(2, 1, 1), kv_cache=kv_cache,
+                        prefill=PhaseLayout("ws1d", "head"), decode=PhaseLayout("ws1d", "head")).validate()
+    engine = Engine(trial)
+    cache = engine.cache_struct("decode")
+    local = ",".join(map(str, cache.sharding.shard_shape(cache.shape)))
+    hlo = engine.lowered()["decode"].compile().as_text()
+    writes = [line for line in hlo.splitlines() if "dynamic-update-slice(" in line and f"[{local}]" in line]
+    assert writes, "no cache write found"
+    assert all(line.split("= ", 1)[1].startswith(("u16[", "u8[", "s8[")) for line in writes), writes
+    # an instruction whose own result is the whole cache in f32/f16 (an op of a program, or
+    # the root of a fused computation): the whole-cache conversion the integer write avoids.
+    # Inside a fusion such a convert is computed only where the fusion's output (one layer's
+    # slice) needs it.
+    whole = re.compile(rf"= f(32|16)\[{local}\]")
+    materialised = [line for fused, body in _computations(hlo) for line in body
+                    if whole.search(line) and (not fused or line.lstrip().startswith("ROOT"))]
+    assert not materialised, materialised
+
+
+def _computations(hlo: str):
+    """(fused?, instruction lines) of each computation of an HLO module's text."""
+    out, fused, body = [], False, None
+    for line in hlo.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            body = []
+            fused = line.lstrip("%").startswith(("fused", "fusion"))
+            out.append((fused, body))
+        elif body is not None and line.startswith("  "):
+            body.append(line)
+    return out
