@@ -186,6 +186,9 @@ def test_a_mixtral_config_plan_has_fp8_kv_and_ep_options_and_a_memory_budget(cap
     data = json.loads(capsys.readouterr().out)
     best = data["best"]
     assert best is not None and data["model"] == "Mixtral-8x7B-v0.1"
+    assert data["memory_reserve"] == {"share": pytest.approx(0.1),
+                                      "source": "vLLM's default gpu_memory_utilization 0.9 "
+                                                "(vLLM engine arguments)"}
     budget = next(iter(best["memory_per_chip"].values()))
     assert budget["weights_bytes"] + budget["working_bytes"] + budget["kv_bytes"] \
         <= budget["hbm_bytes"] - budget["reserve_bytes"]
@@ -197,3 +200,60 @@ def test_a_mixtral_config_plan_has_fp8_kv_and_ep_options_and_a_memory_budget(cap
     formats = {(o.weights, o.kv_cache, o.experts) for o in options.decode(8, "fp8")}
     assert {"fp8"} == {w for w, _, _ in formats} and {"bf16", "fp8"} == {kv for _, kv, _ in formats}
     assert {"tp", "ep"} == {e for _, _, e in formats}
+
+
+def test_launch_lines_carry_fp8_the_kv_cache_and_expert_parallelism():
+    from sweeper.serving.launch import launch_lines
+
+    profile = AppProfile(rate=4.0, input_len=parse_length(1024, "x", None),
+                         output_len=parse_length(128, "x", None), ttft=1.0, tpot=0.05)
+    part = {"chips": 4, "replicas": 1, "ffn": "ws1d", "attn": "head", "batch": 16,
+            "weights": "fp8", "topology": "1x4x1", "kv_cache": "fp8", "experts": "ep"}
+    fp8_ep = {"mode": "aggregated", "prefill": {**part, "batch": 1}, "decode": part}
+    lines = {x["engine"]: x for x in launch_lines(fp8_ep, MIXTRAL, H100, profile)}
+    vllm, sglang = lines["vllm"], lines["sglang"]
+    assert vllm["command"].startswith("vllm serve mistralai/Mixtral-8x7B-v0.1 ")
+    for flag in ("--quantization fp8", "--kv-cache-dtype fp8", "--enable-expert-parallel",
+                 "--gpu-memory-utilization 0.9"):
+        assert flag in vllm["command"]
+    for flag in ("--quantization fp8", "--kv-cache-dtype fp8_e4m3", "--ep-size 4"):
+        assert flag in sglang["command"]
+    assert vllm["lacks"] == [] and sglang["lacks"] == []
+    bf16 = {**part, "weights": "bf16", "kv_cache": "int8", "experts": "tp"}
+    plain = {"mode": "aggregated", "prefill": {**bf16, "batch": 1}, "decode": bf16}
+    vllm = launch_lines(plain, MIXTRAL, H100, profile)[0]
+    assert "--quantization" not in vllm["command"] and "--enable-expert-parallel" not in vllm["command"]
+    assert any("int8 KV cache" in x for x in vllm["lacks"])
+
+
+def test_the_host_cost_model_counts_the_engines_moe_and_8bit_work():
+    """costmodel.host_counts on a calibrated host (workloads/hostmodel.py): an MoE call counts
+    the padded program's expert rows, every local expert's weights streamed per pass, and its
+    all-to-alls; 8-bit weights (FP8 too) and an 8-bit KV cache count dequantised elements."""
+    moe = MODEL_PRESETS["tiny-moe"]
+
+    def counts(experts="tp", weights="bf16", kv="bf16", model=moe, chips=2, topology=(1, 2, 1)):
+        call = cm.PhaseCall(model, chips, 8, "decode", 32, 36, WS1D, weights, topology, True,
+                            experts, "padded", kv)
+        return call, cm.host_counts(call)
+
+    call, tp = counts()
+    p = call.predict(cm._HOST_UNIT)
+    attention = 8 * 4.0 * moe.n_layers * moe.n_heads * moe.d_head * 36
+    assert tp["matmul_flops"] == pytest.approx(p.executed_flops - attention)
+    assert tp["matmul_flops"] > 8 * 2.0 * cm.matmul_params(moe)       # X/k x the useful rows
+    expert_elements = moe.n_experts * moe.mlp_matrices * moe.d_model * moe.d_ff * moe.n_layers
+    assert tp["matmul_weights"] > expert_elements
+    _, ep = counts("ep")
+    sent = sum(c.elements * c.dtype_bytes * c.count for c in counts("ep")[0].predict(cm._HOST_UNIT)
+               .collectives if c.kind == "all-to-all")
+    assert sent > 0 and ep["exchange_bytes"] >= 2 * sent and tp["exchange_bytes"] < ep["exchange_bytes"]
+    assert tp["dequant"] == 0
+    _, fp8 = counts(weights="fp8")
+    _, int8 = counts(weights="int8")
+    assert fp8["dequant"] == int8["dequant"] == pytest.approx(cm.block_params(moe))
+    _, kv8 = counts(kv="fp8")
+    assert kv8["dequant"] > 0 and kv8["memory_bytes"] < tp["memory_bytes"]
+    dense = MODEL_PRESETS["tiny"]          # a dense call counts as before: weights once per pass
+    _, d = counts(model=dense)
+    assert d["matmul_weights"] == pytest.approx(cm.matmul_params(dense))

@@ -305,7 +305,9 @@ class MaxContext:
 def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, attn: str = "head",
                 kv_fraction: float = 0.3, topology: tuple[int, int, int] | None = None,
                 ffn: str = "ws2d", kv_cache: str = "bf16") -> MaxContext:
-    """Longest context whose KV cache fits in kv_fraction of each chip's HBM (paper §4.2, Table 1).
+    """Longest context whose KV cache fits in kv_fraction of each chip's HBM (paper §4.2, Table 1),
+    and beside the weights within the usable HBM (HBM less the hardware's memory_reserve,
+    docs/models.md), whichever is less.
 
     Table 1 reserves 30% of 32 GiB per chip for the KV cache on 64 TPU v4 chips."""
     if isinstance(kv_fraction, bool) or not isinstance(kv_fraction, (int, float)) \
@@ -318,7 +320,8 @@ def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int,
                           "splits the KV cache over all chips)")
     place = kv_placement(model, chips, batch, attn, topology, ffn)
     per_token = kv_bytes_per_chip(model, chips, batch, 1, attn, topology, ffn, kv_cache)
-    budget = kv_fraction * hw.hbm_bytes
+    weights = weight_bytes_per_chip(model, chips)
+    budget = max(min(kv_fraction * hw.hbm_bytes, hw.usable_hbm_bytes - weights), 0.0)
     fitting = int(budget // per_token)
     window = model.unpadded.max_context
     return MaxContext(
@@ -331,7 +334,7 @@ def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int,
         kv_heads_per_chip=place["kv_heads_per_chip"],
         sequences_per_chip=place["sequences_per_chip"],
         kv_replication=place["replication"],
-        weight_bytes_per_chip=weight_bytes_per_chip(model, chips),
+        weight_bytes_per_chip=weights,
         attention_kind=model.attention_kind,
     )
 
@@ -1012,22 +1015,38 @@ _HOST_UNIT = HardwareProfile("unit", 1.0, 1.0, 1e30, 1.0)
 def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]:
     """The counts of the host cost model's terms (workloads/hostmodel.py TERMS) for one call,
     summed over its devices. `cache_bytes`: the last-level cache the trial's devices share
-    (0: no cache term)."""
+    (0: no cache term).
+
+    A mixture-of-experts call counts what the engine's padded program runs (expert_terms):
+    its executed expert rows as matmul FLOPs, every local expert's weights streamed once per
+    pass, its dispatch and combine all-to-alls as exchange bytes; 8-bit weights (int8, and
+    FP8, which XLA CPU emulates) and an 8-bit KV cache as the elements turned back into bf16
+    each call (docs/models.md)."""
     p = predict_phase(hw=_HOST_UNIT, **call.arguments())
     model, topology, n = call.model, call.topology, call.chips
     layout = canonical_layout(call.layout, topology)
     seq = call.input_len if call.phase == "prefill" else 1
     tokens = call.batch * seq
     weight_rows, attention_rows = matmul_rows(model, topology, layout, call.batch, seq)
-    weight_flops = tokens * 2.0 * matmul_params(model)            # all chips together
     attention_flops = tokens * 4.0 * model.n_layers * model.n_heads * model.d_head * call.context
+    # all chips together; executed: an MoE trial's padded expert rows too
+    weight_flops = max(p.executed_flops - attention_flops, 0.0)
     _, _, _, m_rest = split_axes(layout.ffn, topology)
     gathered = layout.ffn.startswith("wg")
-    matrices = block_params(model)           # the layers' matmul weights (int8)
-    dequant = matrices / (m_rest if gathered else n) * n if call.weights == "int8" else 0.0
+    copies = n / m_rest if gathered else 1.0          # the weight copies the mesh multiplies with
+    per_expert = model.mlp_matrices * model.d_model * model.d_ff * model.n_layers if model.moe else 0
+    dense_flops = tokens * 2.0 * (matmul_params(model) - model.active_experts * per_expert)
+    # each weight element is streamed once per pass of its matmul's rows; an expert's once
+    # per pass over its whole buffer (every local expert when padded, those hit when grouped)
+    hit = expert_terms(model, topology, layout, call.batch, seq, call.experts,
+                       call.moe_kernel).hit_fraction if model.moe else 0.0
+    weights_streamed = dense_flops / weight_rows / 2.0 + copies * hit * model.n_experts * per_expert
+    matrices = block_params(model)           # the layers' matmul weights (all experts)
+    dequant = matrices * copies if call.weights in SCALED_WEIGHTS else 0.0
+    if call.kv_cache != "bf16":              # K/V read back into bf16 (workloads/kvcache.py)
+        dequant += p.kv_bytes_per_chip * n
     memory = p.memory_s * n                          # bytes read per chip (bandwidth 1) x chips
     beyond = max(0.0, 1.0 - cache_bytes / memory) if cache_bytes and memory > 0 else 0.0
-    weights_streamed = weight_flops / weight_rows / 2.0
     kv_elements = (model.n_layers * model.d_model * 2 * model.n_kv_heads * model.d_head
                    / (m_rest if gathered else n))
     one_row = (kv_elements + model.vocab * model.d_model / n) * n if weight_rows <= 1 else 0.0
