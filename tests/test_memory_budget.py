@@ -100,3 +100,31 @@ def test_max_context_stops_at_the_window():
     assert (llama.max_context, llama.limited_by, llama.context_window) == (4096, "context window", 4096)
     palm = costmodel.max_context(MODEL_PRESETS["palm-540b"], HARDWARE_PRESETS["tpu-v4"], 64, 128)
     assert palm.limited_by == "memory" and palm.context_window is None
+
+
+def test_max_context_fits_beside_the_weights_in_the_usable_hbm():
+    """A KV fraction that the usable HBM cannot hold beside the weights is capped there."""
+    llama, h100 = MODEL_PRESETS["llama3.1-8b"], load_hardware("h100")
+    capped = costmodel.max_context(llama, h100, 1, 8, kv_fraction=1.0)
+    weights = costmodel.weight_bytes_per_chip(llama, 1)
+    assert capped.kv_budget_bytes_per_chip == pytest.approx(h100.usable_hbm_bytes - weights)
+    assert costmodel.max_context(llama, h100, 1, 8, kv_fraction=0.3).kv_budget_bytes_per_chip \
+        == pytest.approx(0.3 * h100.hbm_bytes)
+
+
+def test_a_plan_names_its_reserve_and_where_it_comes_from(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path))
+    question = ["plan", "--model", "llama3.1-8b", "--rate", "2", "--input-len", "512",
+                "--output-len", "64", "--mode", "aggregated", "--requests", "50", "--no-mlflow"]
+    assert main([*question, "--hardware", "tpu-v5e"]) == 0
+    out = capsys.readouterr().out
+    assert "memory: 10% of each chip's HBM reserved" in out and "no TPU serving engine" in out
+    assert main([*question, "--hardware", "h100", "--memory-reserve", "0.2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_reserve"] == {"share": 0.2,
+                                                                     "source": "--memory-reserve"}
+    hw = tmp_path / "chip.yaml"
+    hw.write_text(json.dumps({**HARDWARE_PRESETS["h100"].to_dict(), "name": "my-chip",
+                              "memory_reserve": 0.05}))
+    assert main([*question, "--hardware", str(hw), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_reserve"] == {
+        "share": 0.05, "source": "the hardware file's memory_reserve"}

@@ -698,6 +698,11 @@ HARDWARE_PRESETS["b200"] = HardwareProfile("b200", 2.25e15, 8e12, 180e9, 900e9, 
                                            inter_domain_bandwidth=5e10)
 _FP8_FLOPS = {"h100": 1979e12, "h200": 1979e12, "b200": 4.5e15}
 MEMORY_RESERVE = 0.1
+MEMORY_RESERVE_SOURCES = {
+    name: ("vLLM's default gpu_memory_utilization 0.9 (vLLM engine arguments)"
+           if not name.startswith("tpu") else
+           "as the GPU presets (vLLM's 0.9 utilization): no TPU serving engine publishes one")
+    for name in HARDWARE_PRESETS}
 HARDWARE_PRESETS.update({name: dataclasses.replace(profile, fp8_flops=_FP8_FLOPS.get(name, 0.0),
                                                    memory_reserve=MEMORY_RESERVE)
                          for name, profile in HARDWARE_PRESETS.items()})
@@ -721,6 +726,7 @@ def _load_world_presets(path: Path = WORLD_PRESETS_FILE) -> None:
                                                            HARDWARE_PRESETS[entry["datasheet"]])
         WORLD_CALIBRATION[name] = {k: v for k, v in entry.items() if k != "profile"}
         PRICE_SOURCES.setdefault(name, f"as {entry['datasheet']}")
+        MEMORY_RESERVE_SOURCES.setdefault(name, f"as {entry['datasheet']}")
 
 
 def _with_datasheet_precision(fitted: HardwareProfile, given: dict,

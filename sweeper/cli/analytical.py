@@ -38,7 +38,10 @@ def add_parsers(sub) -> None:
     _common_args(p)
     p.add_argument("--attn", required=True, help=f"attention layout: {' | '.join(ATTN_LAYOUTS)}")
     p.add_argument("--kv-fraction", type=float, default=0.3,
-                   help="fraction of each chip's HBM reserved for the KV cache (default 0.3)")
+                   help="fraction of each chip's HBM reserved for the KV cache (default 0.3; "
+                   "at most what the usable HBM holds beside the weights)")
+    p.add_argument("--kv-cache", default="bf16", help="KV cache format: bf16 | int8 | fp8 "
+                   "(default bf16)")
     p.set_defaults(handler=run_max_context)
 
     p = sub.add_parser("predict", help="analytical latency, MFU, cost and memory of one phase")
@@ -143,11 +146,21 @@ def _title(model, hw, chips: int, batch: int, what: str) -> str:
 def run_max_context(args) -> int:
     model, hw = _load(args)
     attn = one_of("--attn", args.attn, ATTN_LAYOUTS)
-    result = costmodel.max_context(model, hw, args.chips, args.batch, attn, args.kv_fraction)
+    kv_cache = one_of("--kv-cache", args.kv_cache, KV_FORMATS)
+    result = costmodel.max_context(model, hw, args.chips, args.batch, attn, args.kv_fraction,
+                                   kv_cache=kv_cache)
     payload = {"source": "analytical", "model": model.name, "hardware": hw.name,
                "chips": args.chips, "batch": args.batch, "attn": attn, **result.to_dict()}
     _emit(args, payload, lambda: _max_context_text(model, hw, args, attn, result))
     return 0
+
+
+def _usable_text(hw) -> str:
+    """The HBM a model may fill per chip, and the reserve held back (docs/models.md)."""
+    if not hw.memory_reserve:
+        return human_bytes(hw.hbm_bytes)
+    return (f"{human_bytes(hw.usable_hbm_bytes)} usable ({human_bytes(hw.hbm_bytes)} less its "
+            f"{percent(hw.memory_reserve, 0)} reserve)")
 
 
 def _max_context_text(model, hw, args, attn: str, result: costmodel.MaxContext) -> str:
@@ -163,7 +176,8 @@ def _max_context_text(model, hw, args, attn: str, result: costmodel.MaxContext) 
         ("sequences per chip", r["sequences_per_chip"]),
         ("KV replication", f"{r['kv_replication']:g}x"),
         ("KV budget per chip", f"{human_bytes(r['kv_budget_bytes_per_chip'])} "
-                               f"({percent(r['kv_fraction'], 0)} of {human_bytes(hw.hbm_bytes)})"),
+                               f"({percent(r['kv_fraction'], 0)} of {human_bytes(hw.hbm_bytes)}, "
+                               f"at most {_usable_text(hw)} less the weights)"),
         ("weights per chip", human_bytes(r["weight_bytes_per_chip"])),
     ], title=_title(model, hw, args.chips, args.batch, "max-context"))
 
@@ -224,7 +238,7 @@ def _predict_text(model, hw, args, r: dict, chosen: str) -> str:
         ("cost", f"{human_seconds(r['cost_chip_s_per_token'])} chip-time per token"),
         ("weights per chip", human_bytes(r["weight_bytes_per_chip"])),
         ("KV cache per chip", human_bytes(r["kv_bytes_per_chip"])),
-        ("peak per chip", f"{human_bytes(r['peak_bytes_per_chip'])} of {human_bytes(r['hbm_bytes'])}"
+        ("peak per chip", f"{human_bytes(r['peak_bytes_per_chip'])} of {_usable_text(hw)}"
                           f" -> {'fits' if r['fits'] else 'DOES NOT FIT'}"),
         ("communication per chip", human_bytes(r["comm_bytes_per_chip"])),
     ], title=_title(model, hw, args.chips, args.batch, "predict"))
@@ -274,10 +288,11 @@ def _recommend_text(model, hw, args, r: dict) -> str:
     head = format_fields([
         ("phase", f"{r['phase']}, {r['tokens']:,} tokens in the pass, context {r['context']:,}"),
         ("recommended", f"ffn {r['ffn']}, attention {r['attn']}, topology "
-                        f"{'x'.join(map(str, r['topology']))}"),
+                        f"{'x'.join(map(str, r['topology']))}"
+                        + (f", experts {r['experts']}" if model.moe else "")),
         ("latency", f"{human_seconds(r['latency_s'])}  ({r['bound']}-bound), MFU {percent(r['mfu'])}"),
         ("heads", _heads_text(r)),
-        ("peak per chip", f"{human_bytes(r['peak_bytes_per_chip'])} of {human_bytes(r['hbm_bytes'])}"
+        ("peak per chip", f"{human_bytes(r['peak_bytes_per_chip'])} of {_usable_text(hw)}"
                           f" -> {'fits' if r['fits'] else 'DOES NOT FIT (nothing fits)'}"),
         ("gather degree N*", f"{r['gather_degree_continuous']:.1f}  (sqrt(BL n / F), App. A.2.2)"),
         ("ws2d beats ws1d", f"above {r['ws2d_crossover_chips']:g} chips (from the A.2.1 formulas)"),
@@ -286,7 +301,7 @@ def _recommend_text(model, hw, args, r: dict) -> str:
                     for a in r["alternatives"]]
     table = format_table(
         alternatives,
-        ["ffn", "attn", "topology", "heads", "latency_s", "compute_s", "memory_s", "comm_s", "mfu",
+        ["ffn", "attn", "topology"] + (["experts"] if model.moe else []) + ["heads", "latency_s", "compute_s", "memory_s", "comm_s", "mfu",
          "peak_bytes_per_chip", "fits", "same_program_as"],
         headers={"latency_s": "latency", "compute_s": "compute", "memory_s": "memory",
                  "comm_s": "comm", "mfu": "MFU", "peak_bytes_per_chip": "peak/chip"},

@@ -15,7 +15,8 @@ from pathlib import Path
 from sweeper.cli.output import print_json, say_profile
 from workloads import servingprofile as workload
 from workloads.deployment import MODES
-from workloads.config import PRICE_SOURCES, WORLD_CALIBRATION, ConfigError, read_yaml
+from workloads.config import (HARDWARE_PRESETS, MEMORY_RESERVE_SOURCES, PRICE_SOURCES,
+                              WORLD_CALIBRATION, ConfigError, read_yaml)
 
 
 def add_parser(sub) -> None:
@@ -124,8 +125,6 @@ def with_memory_reserve(hardware, value: str | None):
     """The profile with --memory-reserve's share of HBM held back (None: its own)."""
     if value is None:
         return hardware
-    import dataclasses
-
     try:
         share = float(value)
     except ValueError:
@@ -134,6 +133,18 @@ def with_memory_reserve(hardware, value: str | None):
         raise ConfigError("--memory-reserve", value, "a share in [0, 1) of each chip's HBM, "
                           "such as 0.1")
     return dataclasses.replace(hardware, memory_reserve=share)
+
+
+def reserve_source(hardware, override: str | None) -> dict:
+    """The plan's memory reserve per chip and where it comes from (docs/models.md)."""
+    preset = HARDWARE_PRESETS.get(hardware.name)
+    if override is not None:
+        source = "--memory-reserve"
+    elif preset is not None and preset.memory_reserve == hardware.memory_reserve:
+        source = MEMORY_RESERVE_SOURCES.get(hardware.name, "the preset")
+    else:
+        source = "the hardware file's memory_reserve"
+    return {"share": hardware.memory_reserve, "source": source}
 
 
 def _space_hardware(spec, space: str):
@@ -172,6 +183,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         data["mlflow_run_id"] = log_plan(result, args.tracking_uri)
     data["launch"] = best_launch_lines(result)
+    data["memory_reserve"] = reserve_source(question.hardware, args.memory_reserve)
     if out_dir:
         data["files"] = write_files(out_dir, [choice_of(result)], result.question)
     if args.json:
@@ -265,6 +277,10 @@ def render(result, data: dict) -> str:
     lines = [f"{q.model.name} on {q.hardware.name}: {p.describe()}"]
     if q.max_chips:
         lines[0] += f"; budget {q.max_chips} chips"
+    if data.get("memory_reserve"):
+        r = data["memory_reserve"]
+        lines.append(f"memory: {r['share']:.0%} of each chip's HBM reserved for the runtime and "
+                     f"fragmentation ({r['source']}); plans fill the rest")
     lines.append("best plan per mode:")
     for mode, plan in data["best_per_mode"].items():
         if plan is None:
