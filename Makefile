@@ -30,12 +30,14 @@ test: install
 	$(BIN)/python -m benchmarks.readme_numbers --check
 	$(BIN)/python -m pytest -q -m "not slow" --durations=25 tests
 
-# the slow fault-injection tests CI runs too (docs/development.md "Tests")
+# the long tests CI runs too (docs/development.md "Tests"): real sweeps, serving runs,
+# faults and the engine equivalence matrix's pairwise subset; the slowest listed at the end
 test-ci-slow: install
-	$(BIN)/python -m pytest -q -m ci_slow tests
+	$(BIN)/python -m pytest -q -m ci_slow --durations=25 tests
 
+# every test, with the whole engine equivalence matrix (570 cases, ~50 min on 2 cores)
 test-all: install
-	$(BIN)/python -m pytest -q tests
+	SWEEPER_FULL_MATRIX=1 $(BIN)/python -m pytest -q tests
 
 ui: install
 	$(BIN)/sweeper ui

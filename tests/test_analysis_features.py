@@ -22,8 +22,8 @@ from sweeper.cli import main  # noqa: E402
 from sweeper.tracking.results import COLUMNS, load_runs, load_trials  # noqa: E402
 from workloads import hoststate  # noqa: E402
 
-# slow: three real sweeps in one module fixture, about 90 s (`make test-all`; keeps `make test` under 10 minutes on 2 cores)
-pytestmark = pytest.mark.slow
+# ci_slow: three real sweeps in one module fixture, about 90 s (CI's second stage; keeps `make test` near 10 minutes on 2 cores)
+pytestmark = pytest.mark.ci_slow
 
 SPACE = {"name": "feat", "model": "tiny", "hardware": "host", "input_len": 8, "decode_steps": 2,
          "repeats": 2, "warmup": 1, "chips": 2, "parallel": 1, "timeout_s": 300,
@@ -43,7 +43,7 @@ def sweeps(session_sweeper_home, tmp_path_factory):
     os.environ["SWEEPER_HOME"] = str(session_sweeper_home)     # host profile measured once
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     space, analytical = root / "feat.yaml", root / "feat-an.yaml"
     space.write_text(yaml.safe_dump(SPACE, sort_keys=False))
     analytical.write_text(yaml.safe_dump(ANALYTICAL, sort_keys=False))

@@ -22,8 +22,8 @@ def run_check(*args: str, home: Path) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=600)
 
 
-# slow: ~15 s; keeps `make test` under 10 minutes on 2 cores
-@pytest.mark.slow
+# ci_slow: ~15 s; keeps `make test` near 10 minutes on 2 cores
+@pytest.mark.ci_slow
 def test_smoke_run_writes_the_device_report(tmp_path, session_sweeper_home):
     proc = run_check("--smoke", "--out", str(tmp_path), home=session_sweeper_home)
     assert proc.returncode == 0, proc.stderr[-3000:]

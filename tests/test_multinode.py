@@ -48,8 +48,8 @@ def node_ids() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
 
-# slow: ~30 s (a second Ray node); keeps `make test` under 10 minutes on 2 cores
-@pytest.mark.slow
+# ci_slow: ~30 s (a second Ray node); keeps `make test` near 10 minutes on 2 cores
+@pytest.mark.ci_slow
 def test_sweep_workers_are_placed_on_both_nodes_holding_their_resources(cluster, tmp_path,
                                                                         session_sweeper_home):
     assert len(node_ids()) == 2
@@ -85,8 +85,8 @@ def test_sweep_workers_are_placed_on_both_nodes_holding_their_resources(cluster,
         assert tags["node_ip"] == t.user_attrs["worker"]["node_ip"]
 
 
-# slow: about 25 s on the two-node cluster (`make test-all`; keeps `make test` under 10 minutes on 2 cores)
-@pytest.mark.slow
+# ci_slow: about 25 s on the two-node cluster (keeps `make test` near 10 minutes on 2 cores)
+@pytest.mark.ci_slow
 def test_a_multi_host_trial_spans_both_nodes_and_equals_the_one_host_trial(cluster, tmp_path,
                                                                            session_sweeper_home):
     space = tmp_path / "hosts.yaml"

@@ -82,9 +82,9 @@ def start_sweep(space: Path, study: str, storage: str, tracking: str, home: Path
                             stderr=subprocess.PIPE, text=True)
 
 
-# The measured variant takes ~2 minutes on the 2-core VM (two local Ray instances): slow.
+# The measured variant takes ~1-2 minutes on the 2-core VM (two local Ray instances): ci_slow.
 @pytest.mark.parametrize("variant", ["analytical",
-                                     pytest.param("measured", marks=pytest.mark.slow)])
+                                     pytest.param("measured", marks=pytest.mark.ci_slow)])
 def test_two_concurrent_sweeps_record_each_trial_once_in_both_stores(postgres, tmp_path, variant):
     import optuna
     from mlflow.tracking import MlflowClient

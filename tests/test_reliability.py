@@ -235,7 +235,7 @@ def test_a_truncated_mlflow_db_stops_run_before_a_study_is_created(finished_home
     truncate(home / "mlflow.db")
     before = (home / "optuna.db").read_bytes()
     one_line_error(sweeper("run", finished_home[1], "--study", "second", home=home),
-                   "--tracking-uri", "mlflow.db", "malformed", "sweeper sync --study second")
+                   "--tracking-uri", "mlflow.db", "malformed", "sweeper sync --study done")
     import optuna
     names = [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{home / 'optuna.db'}")]
     assert names == ["done"]
@@ -384,13 +384,13 @@ def assert_stopped_cleanly(proc: subprocess.Popen, code: int) -> None:
     assert last.startswith("sweeper run: terminated" if code == 143 else "interrupted"), err[-3000:]
 
 
-# slow: ~30 s each alone (a Ray start-up, a 10 s wait for the trial to reach its worker)
-# (sigterm is not in `ci_slow`: it failed once, before the two fixes its failures led to
-# (a stop dropped inside a GC callback; the test's store open racing the sweep's))
-@pytest.mark.slow
+# ci_slow: ~30 s each alone (a Ray start-up, a 10 s wait for the trial to reach its worker)
+# (sigterm failed once, before the two fixes its failures led to: a stop dropped inside a
+# GC callback; the test's store open racing the sweep's)
+@pytest.mark.ci_slow
 @pytest.mark.parametrize("signals,code", [
     pytest.param((15,), 143, id="sigterm"),
-    pytest.param((2, 2, 2), 130, id="repeated-ctrl-c", marks=pytest.mark.ci_slow)])
+    pytest.param((2, 2, 2), 130, id="repeated-ctrl-c")])
 def test_a_stopped_sweep_exits_128_plus_signal_and_its_trial_can_be_resumed(signals, code, tmp_path):
     home = tmp_path / "home"
     space = write(tmp_path / "race.yaml", DEVICES)
@@ -406,12 +406,9 @@ def test_a_stopped_sweep_exits_128_plus_signal_and_its_trial_can_be_resumed(sign
     assert states and set(states) == {"FAIL"}, states
 
 
-# slow: a few Ray start-ups (~10 s each alone)
-@pytest.mark.slow
-@pytest.mark.parametrize("after_s", [pytest.param(2, marks=pytest.mark.ci_slow),
-                                     pytest.param(6, marks=pytest.mark.ci_slow),
-                                     pytest.param(8, marks=pytest.mark.ci_slow),
-                                     10])     # (10: failed once, as sigterm above)
+# ci_slow: a few Ray start-ups (~10 s each alone)
+@pytest.mark.ci_slow
+@pytest.mark.parametrize("after_s", [2, 6, 8, 10])     # (10 failed once, as sigterm above)
 def test_a_sigterm_during_start_up_exits_143_not_a_crash(after_s, tmp_path):
     """SIGTERM while Ray starts: ray.init used to install sys.exit(15) (exit 15), or, cut
     half-way, left a core worker that crashed the process at exit (SIGSEGV/abort). Now the
@@ -456,11 +453,10 @@ def test_a_disk_filling_up_mid_sweep_is_one_line(tmp_path):
 
 # ----------------------------------------------------------------------------- lost Ray node
 
-# ~1 min alone, ~4 min on a loaded 2-core machine (two Ray start-ups). Not in `ci_slow`:
-# in one of three runs its sweep exited within 10 s, before creating its study (most
-# likely the store-open race fixed in `wait_running`: the same early exit, with its
-# stderr, stopped the sigterm test once).
-@pytest.mark.slow
+# ~1 min alone, ~2-4 min on a loaded 2-core machine (two Ray start-ups); `ci_slow`. (Once,
+# in one of three runs, its sweep exited within 10 s, before creating its study: the
+# store-open race since fixed in `wait_running`, which stopped the sigterm test once too.)
+@pytest.mark.ci_slow
 def test_a_killed_raylet_stops_the_sweep_with_its_reason_and_resume_reruns_its_trials(tmp_path):
     """kill -9 of the local raylet mid-trial: the controller sees no node alive within
     seconds (not after timeout_s), records the in-flight trial `interrupted` with that

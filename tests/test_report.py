@@ -206,7 +206,7 @@ def test_best_layout_agreement_uses_the_formulas_ties():
     assert report.best_layouts_table(df, held).iloc[0]["agree"] == "no"
 
 
-@pytest.mark.slow
+@pytest.mark.ci_slow     # a real host sweep, then fit, pareto, report: ~80 s on 2 loaded cores
 def test_fit_pareto_report_on_a_real_host_sweep(tmp_path, monkeypatch, capsys):
     """The whole chain on measured trials: a small host sweep, then fit, pareto, report."""
     import json

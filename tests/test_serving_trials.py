@@ -256,7 +256,7 @@ def test_a_disaggregated_trials_worker_serves_the_references_tokens(session_swee
 
     monkeypatch.setenv("SWEEPER_HOME", str(session_sweeper_home))
     trial = load_space(DISAGGREGATED).trial_config({})
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         measured_profile = dataclasses.replace(HARDWARE_PRESETS["tpu-v4"], name="host",
                                                measured=True)

@@ -272,7 +272,7 @@ DEVICES = {"name": "qs", "model": "tiny", "hardware": "devices", "chips": 1, "in
            "sampler": {"type": "grid"}, "trials": 3, "parallel": 1}
 
 
-@pytest.mark.slow
+@pytest.mark.ci_slow      # a 3-trial Ray sweep, then two repairs: ~30 s
 def test_a_ray_sweep_whose_optuna_store_is_deleted_then_truncated_is_rebuilt(
         shared_sweeper_home, tmp_path, capsys):
     """Quickstart-like: 3 trials of the tiny model on Ray workers (`sweeper run` itself)."""
@@ -360,7 +360,7 @@ def test_the_optuna_store_truncated_mid_sweep_stops_it_then_sync_and_resume_repa
     assert (table["state"] == "COMPLETE").sum() == 3      # the interrupted one ran again
 
 
-@pytest.mark.slow
+@pytest.mark.ci_slow      # a 3-trial Ray sweep and a sync: ~50 s
 def test_the_mlflow_store_deleted_mid_sweep_is_a_warning_then_exit_1_naming_sync(
         shared_sweeper_home, tmp_path):
     pytest.importorskip("ray")

@@ -46,7 +46,7 @@ def home(session_sweeper_home, tmp_path_factory):
 def ray_session(home):
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()

@@ -264,7 +264,7 @@ def test_ui_without_a_store_exits_2(tmp_path):
     env = {**os.environ, "SWEEPER_HOME": str(tmp_path / "empty")}
     proc = subprocess.run([sys.executable, "-m", "sweeper.cli", "ui"], capture_output=True, text=True,
                           env=env, timeout=120)
-    assert proc.returncode == 2 and "sweeper run" in proc.stderr
+    assert proc.returncode == 2 and "no sweep has used it" in proc.stderr
 
 
 def test_nan_free_metrics_only(sweep):

@@ -15,6 +15,7 @@ The plan file (`sweeper plan --out plan.json`) holds the deployment under "deplo
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,10 +24,17 @@ from workloads.config import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareProfile, 
                               load_model, parse_topology)
 from workloads.hardware import load_hardware
 from workloads.layouts import ATTN_LAYOUTS, EXPERT_LAYOUTS, FFN_LAYOUTS, KV_FORMATS, WEIGHT_FORMATS
-from workloads.validate import ConfigError, check_keys, one_of, positive_int
+from workloads.validate import ConfigError, check_keys, is_int, one_of
 
 MODES = ("aggregated", "disaggregated")
 PLAN_FORMAT = "sweeper-plan/1"
+# Bounds of a plan file's counts (checked before anything is started; the planner searches
+# well within them: docs/serving.md "Plan file")
+MAX_SLICE_CHIPS = 4096      # chips of one slice (a TPU v4 pod)
+MAX_TOTAL_CHIPS = 65536     # chips of a whole deployment (also `sweeper plan --max-chips`)
+MAX_BATCH = 65536           # decode slots, or prompts per prefill call
+MAX_PLAN_BYTES = 4 * 2**20  # a plan with a fitted profile is tens of KiB
+MAX_PLAN_DEPTH = 32         # a plan nests 4-5 levels
 
 
 @dataclass
@@ -62,15 +70,16 @@ class PhaseSlice:
         for key in ("chips", "ffn", "attn", "batch"):
             if key not in data:
                 raise ConfigError(f"{prefix}.{key}", None, "a value (required)", source)
-        chips = positive_int(f"{prefix}.chips", data["chips"], source)
+        chips = _count(f"{prefix}.chips", data["chips"], MAX_SLICE_CHIPS, source)
         topology = data.get("topology")
         if topology is not None:
             topology = parse_topology(topology, chips, f"{prefix}.topology", source)
         return cls(chips=chips,
-                   replicas=positive_int(f"{prefix}.replicas", data.get("replicas", 1), source),
+                   replicas=_count(f"{prefix}.replicas", data.get("replicas", 1),
+                                   MAX_TOTAL_CHIPS, source),
                    ffn=one_of(f"{prefix}.ffn", data["ffn"], FFN_LAYOUTS, source, suggest=True),
                    attn=one_of(f"{prefix}.attn", data["attn"], ATTN_LAYOUTS, source, suggest=True),
-                   batch=positive_int(f"{prefix}.batch", data["batch"], source),
+                   batch=_count(f"{prefix}.batch", data["batch"], MAX_BATCH, source),
                    weights=one_of(f"{prefix}.weights", data.get("weights", "bf16"),
                                   WEIGHT_FORMATS, source),
                    topology=topology,
@@ -143,7 +152,12 @@ class Deployment:
                                       f"decode.{key}={getattr(decode, key)!r}: an aggregated "
                                       "replica runs both phases on the same chips and weights",
                                       source)
-        return cls(model, hardware, mode, prefill, decode)
+        deployment = cls(model, hardware, mode, prefill, decode)
+        if deployment.chips_total > MAX_TOTAL_CHIPS:
+            raise ConfigError("decode.replicas", decode.replicas, f"a deployment of at most "
+                              f"{MAX_TOTAL_CHIPS:,} chips in all (this one has "
+                              f"{deployment.chips_total:,})", source)
+        return deployment
 
     def describe(self) -> str:
         if self.mode == "aggregated":
@@ -155,14 +169,34 @@ class Deployment:
                 f"{self.decode.describe()}")
 
 
+def _count(field: str, value: Any, most: int, source: str | None) -> int:
+    """A positive integer of at most `most` (the bound in the message)."""
+    if not is_int(value) or not 1 <= value <= most:
+        raise ConfigError(field, value, f"an integer from 1 to {most:,}", source)
+    return value
+
+
 def read_plan(path: str | Path) -> dict:
-    """The plan file as a mapping (a bare deployment is wrapped as {"deployment": ...})."""
+    """The plan file as a mapping (a bare deployment is wrapped as {"deployment": ...}).
+    Refused in one line, before it is parsed or walked: a file over MAX_PLAN_BYTES, JSON
+    nested deeper than MAX_PLAN_DEPTH (Python's parser would end in RecursionError), a
+    `format` other than PLAN_FORMAT (a newer sweeper's plan)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("--plan", str(path), "an existing plan file (sweeper plan --out "
                           "plan.json)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as stream:      # bounded: the file may be huge, or grow
+            raw = stream.read(MAX_PLAN_BYTES + 1)
+        if len(raw) > MAX_PLAN_BYTES:
+            raise ConfigError("--plan", str(path), f"a plan file of at most "
+                              f"{MAX_PLAN_BYTES // 2**20} MiB (this one is larger)")
+        text = raw.decode("utf-8-sig")
+        depth = json_depth(text)
+        if depth > MAX_PLAN_DEPTH:
+            raise ConfigError("--plan", str(path), f"a JSON plan nested at most "
+                              f"{MAX_PLAN_DEPTH} levels (this one nests {depth:,})")
+        data = json.loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError("--plan", str(path), f"a JSON plan file ({str(err)[:120]})") from None
     if isinstance(data, Mapping) and "deployment" not in data and "mode" in data:
@@ -170,7 +204,25 @@ def read_plan(path: str | Path) -> dict:
     if not isinstance(data, Mapping) or not isinstance(data.get("deployment"), Mapping):
         raise ConfigError("deployment", None, "a plan with a \"deployment\" mapping "
                           "(docs/serving.md \"Plan file\")", str(path))
+    if "format" in data and data["format"] != PLAN_FORMAT:
+        raise ConfigError("format", data["format"], f"{PLAN_FORMAT!r}, the plan format this "
+                          "sweeper reads (a plan written by another version: make it again "
+                          "with this one's `sweeper plan --out`)", str(path))
     return dict(data)
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str) -> int:
+    """How deep a JSON text's arrays and objects nest (brackets inside strings not counted);
+    a scan, so that a 100,000-deep file is measured, not parsed."""
+    depth = deepest = 0
+    for match in _BRACKETS.finditer(_STRINGS.sub('""', text)):
+        depth += 1 if match.group() in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def load_plan(path: str | Path) -> Deployment:

@@ -239,6 +239,17 @@ def gathered_weight(plan: Plan, leaf, name: str):
                        remaining)
 
 
+def at_least_two_rows(product, x):
+    """`product(x)` for an x of one row along axis 0, run on two (the second zeros) and cut
+    back: XLA CPU runs a one-row bf16 product as a matrix-vector product that first converts
+    the WHOLE weight to f32 (the unembedding of a batch of one converted the embedding table
+    every decode step: 12 ms of a 38 ms step, docs/performance.md), where two rows take its
+    bf16 matmul path. The rows' results are independent, so the cut is exact."""
+    if x.shape[0] != 1 or math.prod(x.shape[1:-1]) != 1:
+        return product(x)
+    return product(jnp.concatenate([x, jnp.zeros_like(x)], axis=0))[:1]
+
+
 def matmul(x, w):
     """bf16 x bf16 -> f32 accumulation -> bf16, as on the paper's TPUs."""
     rows = math.prod(x.shape[:-1])
@@ -300,7 +311,8 @@ def unembed(plan: Plan, x_last, final_norm, table, tied: bool):
     full = full.reshape(plan.n_gather, plan.n_rest, bn, em).transpose(0, 2, 1, 3)
     h = rms_norm(plan, full.reshape(plan.n_gather * bn, plan.n_rest * em), final_norm)
     eq = "be,ve->bv" if tied else "be,ev->bv"
-    return jnp.einsum(eq, h, table, preferred_element_type=f32) * plan.model.d_model ** -0.5
+    logits = at_least_two_rows(lambda rows: jnp.einsum(eq, rows, table, preferred_element_type=f32), h)
+    return logits * plan.model.d_model ** -0.5
 
 
 # --------------------------------------------------------------------------- FFN: ws1d
@@ -668,8 +680,9 @@ def _kv_by_batch(plan: Plan) -> bool:
 
 def _project_kv(plan: Plan, h, w_kv):
     """h @ [W_k, W_v] -> [b, L, 2, heads, D] (K and V travel together: one collective)."""
-    kv = jnp.einsum("bli,sio->blso", h, w_kv, preferred_element_type=f32).astype(bf16)
-    return kv.reshape(kv.shape[:3] + (-1, plan.model.d_head))
+    kv = at_least_two_rows(
+        lambda rows: jnp.einsum("bli,sio->blso", rows, w_kv, preferred_element_type=f32), h)
+    return kv.astype(bf16).reshape(kv.shape[:3] + (-1, plan.model.d_head))
 
 
 def _heads_in_head_order(plan: Plan, x, axis: int):

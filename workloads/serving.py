@@ -230,7 +230,8 @@ class SlotServer:
 def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callable[[int], Any],
                      start_at: float | None = None, prefill_batch: int | None = None,
                      timings: dict[str, list[float]] | None = None,
-                     calls: list | None = None) -> list[dict[str, Any]]:
+                     calls: list | None = None,
+                     records: list | None = None) -> list[dict[str, Any]]:
     """Serve `reqs` on an aggregated slot server, in the loop the serving model simulates
     (workloads/servingmodel.py `_aggregated_replica`): when prompts wait and slots are free,
     one prefill call (up to `prefill_batch` waiting prompts of the first one's length, in
@@ -256,11 +257,14 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
     model against the server").
 
     Per request: `first_token_s` (the first token on the host) and `finish_s` (the last),
-    seconds after the start, and its tokens."""
+    seconds after the start, and its tokens. `records`: when given, those records are built
+    in this list as the loop goes (`records` is returned), so that another thread can read
+    what has completed (sweeper/serving/server.py `progress`: `sweeper serve` keeps it when a
+    worker is lost)."""
     slots = server.spec.slots
     most = server.spec.prefill_batch if prefill_batch is None else prefill_batch
     n = len(reqs)
-    out: list[dict[str, Any]] = [{"tokens": []} for _ in range(n)]
+    out = _records(records, n)
     input_lens = [r.input_len for r in reqs]
     order = sorted(range(n), key=lambda i: reqs[i].arrival_s)
     if start_at is None:
@@ -322,7 +326,8 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
 
 def serve_prefill_slice(server: SlotServer, reqs: Sequence[dict], prompt: Callable[[int], Any],
                         start_at: float, send: Callable[[list[dict]], Any],
-                        calls: list | None = None) -> tuple[list[dict[str, Any]], list]:
+                        calls: list | None = None,
+                        records: list | None = None) -> tuple[list[dict[str, Any]], list]:
     """Prefill calls back to back in arrival order (`reqs`: plain requests, `arrival_s`,
     `input_len`, `output_len`), up to the server's `prefill_batch` prompts of one length per
     call; after each call its requests' KV caches (`export_kv`) go to the decode slice in
@@ -331,10 +336,11 @@ def serve_prefill_slice(server: SlotServer, reqs: Sequence[dict], prompt: Callab
     when that was its last); with what each `send` returned (the caller waits for them).
     Each handed-over request's `sent_s`: when its `send` returned.
     `calls`: `("prefill", start, first tokens on the host, [requests])` per call and
-    `("send", start, end, [requests])` per handover (server.py `last_calls`)."""
+    `("send", start, end, [requests])` per handover (server.py `last_calls`); `records`: as
+    `serve_aggregated`'s."""
     spec = server.spec
     n = len(reqs)
-    out: list[dict[str, Any]] = [{"tokens": []} for _ in range(n)]
+    out = _records(records, n)
     input_lens = [r["input_len"] for r in reqs]
     queue_ = deque(sorted(range(n), key=lambda i: reqs[i]["arrival_s"]))
     calls = [] if calls is None else calls
@@ -369,7 +375,8 @@ def serve_prefill_slice(server: SlotServer, reqs: Sequence[dict], prompt: Callab
 
 
 def serve_decode_slice(server: SlotServer, inbox, expected: int, start_at: float,
-                       calls: list | None = None, poll_s: float = 0.0005) -> dict[int, dict]:
+                       calls: list | None = None, poll_s: float = 0.0005,
+                       records: dict | None = None) -> dict[int, dict]:
     """Decode the `expected` requests handed over into `inbox` (a `queue.Queue` of
     `serve_prefill_slice`'s handover items, filled by another thread): before each decode
     step every received request goes into a free slot, one insertion after the other; a
@@ -378,9 +385,11 @@ def serve_decode_slice(server: SlotServer, inbox, expected: int, start_at: float
     stamped `delivered` on the wall clock), its last token's time (`finish_s`) and its
     decoded tokens. `calls`: `("insert", start, end,
     request)` and `("step", start, tokens on the host, busy slots, end of the slots'
-    bookkeeping)` (server.py `last_calls`); `poll_s`: how often an idle loop looks."""
+    bookkeeping)` (server.py `last_calls`); `poll_s`: how often an idle loop looks;
+    `records`: a dict the per-request records are built in as the loop goes (as
+    `serve_aggregated`'s)."""
     spec = server.spec
-    out: dict[int, dict] = {}
+    out: dict[int, dict] = {} if records is None else records
     waiting: deque[dict] = deque()
     slot_request = [-1] * spec.slots
     remaining = [0] * spec.slots
@@ -417,6 +426,15 @@ def serve_decode_slice(server: SlotServer, inbox, expected: int, start_at: float
         advance_slots(server, tokens, t, slot_request, remaining, out)
         calls.append(("step", began, t, active, time.time() - start_at))
     return out
+
+
+def _records(records: list | None, n: int) -> list[dict[str, Any]]:
+    """`n` empty per-request records, in `records` when given (filled in place)."""
+    fresh: list[dict[str, Any]] = [{"tokens": []} for _ in range(n)]
+    if records is None:
+        return fresh
+    records[:] = fresh
+    return records
 
 
 def sleep_until(when: float) -> None:

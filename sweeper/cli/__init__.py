@@ -26,6 +26,7 @@ from sweeper.cli import studies   # export, compare, schema: the analysis stack 
 from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
 from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
 from sweeper.sweep import stopping as sweep_stopping
+from sweeper.sweep.stopping import Terminated   # SIGTERM's stop (stdlib only)
 from sweeper.sweep.workers import ClusterLost   # (imports no Ray: that is lazy)
 from sweeper.tracking.store_health import StoreLost   # (stdlib only)
 from workloads.config import ConfigError
@@ -213,9 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM: the sweep stops as on Ctrl-C (in-flight trials recorded `interrupted`, run
-    again by --resume); the command exits 143 (128 + 15), as a process killed by it would."""
+# commands that stop cleanly on SIGINT/SIGTERM (the sweep's Ray session, a served stream)
+SIGNAL_COMMANDS = ("run", "serve")
 
 
 def _stop_signals(stopping: list[int]) -> None:
@@ -229,6 +229,8 @@ def _stop_signals(stopping: list[int]) -> None:
         stopping.append(signum)
         err = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
         sweep_stopping.request(err)    # raised again by the sweep loop if this one is lost
+        if sweep_stopping.holding():   # finishing what must be done whole: acted on after
+            return
         raise err
 
     signal.signal(signal.SIGINT, stop)
@@ -261,6 +263,23 @@ def store_failure(err: BaseException) -> str | None:
     return None
 
 
+def store_failure_advice(args: argparse.Namespace, err: BaseException) -> str:
+    """What to run after a store failure, a command that works in the state it left
+    (tests/test_advice.py runs each): `sweeper run` continues the study it created with
+    --resume, or, when it failed before creating one (a disk too full for optuna.db), runs
+    again as it was; any other command runs again (only `run` has --resume)."""
+    if args.command != "run":
+        return "run the same command again"
+    study = getattr(err, "sweeper_study", None)      # set by the controller (None: no study)
+    if args.resume:
+        return "run the same command again"
+    if study is None:
+        return "run the same command again (no study was created)"
+    if args.study:
+        return "run the same command with --resume"
+    return f"run the same command with --study {study} --resume"
+
+
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
     session = sys.modules.get("sweeper.sweep.session")     # (imported only where Ray started)
@@ -285,7 +304,7 @@ def _main(argv: list[str] | None) -> int:
     handler: Callable[[argparse.Namespace], int | None] = args.handler
     stopping: list[int] = []
     sweep_stopping.clear()
-    if args.command == "run":
+    if args.command in SIGNAL_COMMANDS:
         _stop_signals(stopping)
     try:
         return int(handler(args) or 0)
@@ -293,7 +312,14 @@ def _main(argv: list[str] | None) -> int:
         print(f"sweeper {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
-        if not (isinstance(err, Terminated) or signal.SIGTERM in stopping[:1]):
+        term = isinstance(err, Terminated) or signal.SIGTERM in stopping[:1]
+        if args.command == "serve":     # (a stream's stop is handled by cmd_serve: this is
+            # before the stream started, or after it was recorded)
+            name = "terminated (SIGTERM)" if term else "interrupted (SIGINT)"
+            print(f"sweeper serve: {name} before a stream was served; nothing was served or "
+                  "logged", file=sys.stderr)
+            return 143 if term else 130
+        if not term:
             print("interrupted", file=sys.stderr)
             return 130
         print(f"sweeper {args.command}: terminated (SIGTERM); in-flight trials are recorded as "
@@ -306,6 +332,9 @@ def _main(argv: list[str] | None) -> int:
         print(f"sweeper {args.command}: error: {err}", file=sys.stderr)
         return 1
     except ClusterLost as err:
+        if args.command == "serve":     # (no trial, no study: nothing to resume)
+            print(f"sweeper serve: error: {err}; nothing was served", file=sys.stderr)
+            return 3
         print(f"sweeper {args.command}: error: {err}; trials that were in flight are recorded "
               "as interrupted: --resume runs them again", file=sys.stderr)
         return 3
@@ -313,10 +342,8 @@ def _main(argv: list[str] | None) -> int:
         reason = store_failure(err)
         if reason is None:
             raise
-        again = ("run the same command with --resume (or `sweeper sync`)" if args.command == "run"
-                 else "run the same command again")       # (only `run` has --resume)
         print(f"sweeper {args.command}: error: {reason}; what was recorded before is kept: fix "
-              f"it, then {again}", file=sys.stderr)
+              f"it, then {store_failure_advice(args, err)}", file=sys.stderr)
         return 1
 
 

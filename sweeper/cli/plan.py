@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sweeper.cli.output import print_json, say_profile
 from workloads import servingprofile as workload
-from workloads.deployment import MODES
+from workloads.deployment import MAX_TOTAL_CHIPS, MODES
 from workloads.config import (HARDWARE_PRESETS, MEMORY_RESERVE_SOURCES, PRICE_SOURCES,
                               WORLD_CALIBRATION, ConfigError, read_yaml)
 
@@ -52,13 +52,18 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=cmd_plan)
 
 
-def _int_flag(value: str, flag: str, low: int = 1) -> int:
+MAX_REQUESTS = 20_000       # simulated per deployment (82 deployments x 100,000: ~2 min)
+MAX_SEED = 2**31 - 1
+
+
+def _int_flag(value: str, flag: str, low: int = 1, high: int | None = None) -> int:
+    accepted = f"an integer >= {low}" if high is None else f"an integer from {low} to {high:,}"
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise ConfigError(flag, value, f"an integer >= {low}") from None
-    if number < low:
-        raise ConfigError(flag, value, f"an integer >= {low}")
+        raise ConfigError(flag, value, accepted) from None
+    if number < low or (high is not None and number > high):
+        raise ConfigError(flag, value, accepted)
     return number
 
 
@@ -111,14 +116,15 @@ def question_from_args(args: argparse.Namespace):
                              "--hardware" if args.hardware else "hardware")
     hardware = with_memory_reserve(hardware, args.memory_reserve)
     say_profile(hardware)
-    max_chips = None if args.max_chips is None else _int_flag(args.max_chips, "--max-chips")
+    max_chips = (None if args.max_chips is None
+                 else _int_flag(args.max_chips, "--max-chips", 1, MAX_TOTAL_CHIPS))
     coverage = workload._share(args.coverage, "--coverage", None)
     if coverage >= 1:
         raise ConfigError("--coverage", args.coverage, "a share in (0, 1), such as 0.9")
     modes = MODES if args.mode == "both" else (args.mode,)
     return PlanQuestion(model, hardware, profile, modes=modes, max_chips=max_chips,
-                        requests=_int_flag(args.requests, "--requests", 10),
-                        seed=_int_flag(args.seed, "--seed", 0), coverage=coverage)
+                        requests=_int_flag(args.requests, "--requests", 10, MAX_REQUESTS),
+                        seed=_int_flag(args.seed, "--seed", 0, MAX_SEED), coverage=coverage)
 
 
 def with_memory_reserve(hardware, value: str | None):

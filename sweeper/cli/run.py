@@ -44,13 +44,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag}", value, "a positive integer")
-    if space.hardware.kind == "host":     # which host profile the predictions use
-        say_profile(space.hardware.resolve())
-    # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts)
+    # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts,
+    # then names the host profile the predictions use)
+    named = (lambda: say_profile(space.hardware.resolve())) if space.hardware.kind == "host" \
+        else None
     result = run_sweep(space, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study, resume=args.resume, trials=args.trials,
                        parallel=args.parallel, address=args.address, progress=True,
-                       after_trials=None if args.no_analysis else import_analysis)
+                       after_trials=None if args.no_analysis else import_analysis,
+                       on_start=named)
     summary = None
     if not args.no_analysis:
         summary = end_of_sweep_analysis(result)
@@ -221,8 +223,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     uri = args.tracking_uri or paths.default_tracking_uri(create=False)
     db = paths.sqlite_path(uri)
     if db is not None and not db.is_file():
-        raise ConfigError("--tracking-uri", uri, "an MLflow store with runs (run `sweeper run "
-                          "quickstart` first, or set SWEEPER_HOME)")
+        raise ConfigError("--tracking-uri", uri, "an MLflow store with runs (no such file: no "
+                          "sweep has used it; set SWEEPER_HOME or --tracking-uri to the one a "
+                          "sweep used)")
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C to stop); runs of an "
           f"experiment: {experiment_url('<id>', args.host, args.port)}", file=sys.stderr)
     sys.stderr.flush()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 from sweeper.cli.output import say_profile
 from workloads.config import ConfigError
@@ -37,13 +38,22 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=cmd_serve)
 
 
-def _positive(value: str, flag: str, integer: bool, minimum: float) -> float:
+MAX_REQUESTS = 10_000     # a served stream's requests (each is logged to MLflow)
+MAX_SEED = 2**31 - 1       # the prompts' seed (JAX's PRNG key)
+
+
+def _positive(value: str, flag: str, integer: bool, minimum: float,
+              maximum: float | None = None) -> float:
     try:
         number = int(value) if integer else float(value)
     except (TypeError, ValueError):
         number = float("nan")
-    if not math.isfinite(number) or number < minimum or (not integer and number <= 0):
+    if not math.isfinite(number) or number < minimum or (not integer and number <= 0) or \
+            (maximum is not None and number > maximum):
         kind = f"an integer >= {minimum:g}" if integer else "a positive number"
+        if maximum is not None:
+            kind = (f"an integer from {minimum:g} to {maximum:,}" if integer
+                    else f"a positive number up to {maximum:g}")
         raise ConfigError(flag, value, kind)
     return number
 
@@ -56,11 +66,10 @@ def stream_of(args):
     if args.rate is None:
         raise ConfigError("--rate", None, "requests per second (required unless --measure-overheads)")
     rate = _positive(args.rate, "--rate", False, 0)
-    count = int(_positive(args.requests, "--requests", True, 1))
-    seed = int(_positive(args.seed, "--seed", True, 0))
+    count = int(_positive(args.requests, "--requests", True, 1, MAX_REQUESTS))
+    seed = int(_positive(args.seed, "--seed", True, 0, MAX_SEED))
     deployment = load_plan(args.plan)
     profile = load_plan_profile(args.plan)
-    say_profile(deployment.hardware)
     lengths = {}
     for key, flag in (("input_len", "--input-len"), ("output_len", "--output-len")):
         value = getattr(args, key)
@@ -100,7 +109,7 @@ def cmd_measure_overheads(args) -> int:
     import yaml
 
     from workloads.deployment import load_plan
-    from sweeper.serving.serve import slot_specs
+    from sweeper.serving.serve import check_fits, slot_specs
 
     out = Path(args.measure_overheads)
     if out.suffix not in (".yaml", ".yml") or not out.parent.is_dir():
@@ -109,6 +118,7 @@ def cmd_measure_overheads(args) -> int:
     deployment = load_plan(args.plan)
     input_len, output_len = lengths_of(args)
     slot_specs(deployment, input_len + output_len + 1, 0)    # every layout check before Ray and JAX
+    check_fits(deployment, input_len + output_len + 1, input_len, args.plan)
     from sweeper.serving.overheads import FIELDS, measure, with_overheads
 
     costs = measure(deployment, input_len, output_len)
@@ -149,34 +159,89 @@ def host_costs_hint(deployment, plan_path: str) -> str | None:
             "serve with (docs/serving.md \"Serving host costs\")")
 
 
+EXIT_CODES = {"worker_lost": 1, "worker_failed": 1, "SIGINT": 130, "SIGTERM": 143}
+
+
 def cmd_serve(args) -> int:
+    """Serve the stream; exit 0 when every request was served, else (docs/reliability.md,
+    "Serving") 1 for a lost or failed worker, 130 / 143 for SIGINT / SIGTERM, with one
+    line on stderr, and what completed printed and logged (the MLflow run FAILED or
+    KILLED, with the reason)."""
     if args.measure_overheads:
         return cmd_measure_overheads(args)
     deployment, reqs, rate, seed = stream_of(args)
-    from sweeper.serving.serve import serve, slot_specs, table
+    from sweeper.serving.serve import check_fits, slot_specs
     from workloads.servingprofile import context_len
 
     slot_specs(deployment, context_len(reqs), seed)           # every layout check before Ray and JAX
-    result = serve(deployment, reqs, seed=seed)
-    run_id = None
-    if not args.no_mlflow:
-        from sweeper.tracking.serving_log import log_serve
+    check_fits(deployment, context_len(reqs), max(r.input_len for r in reqs), args.plan)
+    say_profile(deployment.hardware)                          # checks passed: name the profile
+    result = served(deployment, reqs, seed)
+    if result is None:
+        return EXIT_CODES["worker_lost"]
+    from sweeper.sweep import stopping
 
-        run_id = log_serve(result, rate, seed, args.tracking_uri)
+    run_id = None
+    with stopping.held():       # what was served is logged and printed whole
+        if not args.no_mlflow:
+            from sweeper.tracking.serving_log import log_serve
+
+            run_id = log_serve(result, rate, seed, args.tracking_uri)
+        print_result(args, result, rate, seed, run_id)
+    late = stopping.requested()
+    if result.stop is None and late is not None:
+        name = stopping.signal_name(late)
+        print(f"sweeper serve: stopped by {name} after the stream was served; "
+              f"{result.percentiles_of} kept" + (f" in MLflow run {run_id}" if run_id else ""),
+              file=sys.stderr)
+        return EXIT_CODES[name]
+    if result.stop is None:
+        return 0
+    stop = result.stop
+    kept = (f"{result.percentiles_of} kept" + (f" in MLflow run {run_id}" if run_id else ""))
+    if stop["kind"] == "signal":
+        print(f"sweeper serve: {stop['reason']}; {kept}", file=sys.stderr)
+        return EXIT_CODES[stop["signal"]]
+    print(f"sweeper serve: error: {stop['reason']}; {kept}", file=sys.stderr)
+    return EXIT_CODES[stop["kind"]]
+
+
+def served(deployment, reqs, seed: int):
+    """The ServeResult, or None (one line printed) when a worker was lost before the stream
+    started (nothing was served, nothing is logged)."""
+    from sweeper.serving.serve import WorkerLost, serve
+
+    def started(workers: dict) -> None:
+        pids = ", ".join(f"{name} pid {pid}" for name, pid in workers.items())
+        print(f"sweeper serve: serving {len(reqs)} requests ({pids})", file=sys.stderr, flush=True)
+
+    try:
+        return serve(deployment, reqs, seed=seed, on_start=started)
+    except WorkerLost as err:
+        print(f"sweeper serve: error: {err}; nothing was served", file=sys.stderr)
+        return None
+
+
+def print_result(args, result, rate: float, seed: int, run_id: str | None) -> None:
+    from sweeper.serving.serve import table
+
     if args.json:
         from sweeper.formatting import jsonable
 
         print(json.dumps(jsonable({**result.to_json(), "mlflow_run_id": run_id}), indent=2))
-        return 0
-    print(f"{deployment.describe()}")
-    print(f"{len(reqs)} requests at {rate:g} req/s (Poisson, seed {seed}); wall {result.wall_s:.1f} s")
+        return
+    reqs = result.requests
+    print(f"{result.deployment.describe()}")
+    print(f"{len(reqs)} requests at {rate:g} req/s (Poisson, seed {seed}); wall {result.wall_s:.1f} s"
+          + (f"; stopped early ({result.stop['reason']})" if result.stop else ""))
+    print(f"percentiles of {result.percentiles_of}")
     print(table(result))
     print("predicted: the serving model with the plan's hardware profile (cost model); "
           "warm-up model: the same simulation on step times the workers measured before the "
           "stream (a diagnostic). Timings on an emulated mesh are this host's (`host`).")
-    hint = host_costs_hint(deployment, args.plan)
+    hint = host_costs_hint(result.deployment, args.plan)
     if hint:
         print(hint)
     if run_id:
-        print(f"MLflow run {run_id} (experiment sweeper/serve)")
-    return 0
+        status = "" if result.stop is None else f", {'KILLED' if result.stop['kind'] == 'signal' else 'FAILED'}"
+        print(f"MLflow run {run_id} (experiment sweeper/serve{status})")

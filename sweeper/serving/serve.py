@@ -36,7 +36,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -63,9 +63,27 @@ class ServeResult:
     wall_s: float = 0.0
     calls: dict[str, list] = field(default_factory=dict)     # each worker's call log (server.py)
     replayed: dict[str, Any] = field(default_factory=dict)   # diagnostic: the model on that log
+    stop: dict | None = None      # a stream cut short: `Stop.to_dict()` (None: all served)
+
+    @property
+    def completed(self) -> int:
+        return int(self.measured["completed"])
+
+    @property
+    def percentiles_of(self) -> str:
+        """What the percentiles are of: 'N completed' (of M requests, when fewer)."""
+        n, total = self.completed, len(self.requests)
+        return f"{n} completed" + (f" of {total} requests" if n < total else "")
+
+    @property
+    def status(self) -> str:
+        """finished, or why not: worker_lost, worker_failed, signal."""
+        return "finished" if self.stop is None else self.stop["kind"]
 
     def to_json(self) -> dict:
-        return {"measured": {k: self.measured[k] for k in KEYS},
+        return {"status": self.status, "stop": self.stop,
+                "percentiles_of": self.percentiles_of, "completed": self.completed,
+                "measured": {k: self.measured[k] for k in KEYS},
                 "predicted": {k: self.predicted[k] for k in KEYS},
                 "calibrated": {k: self.calibrated[k] for k in KEYS},
                 "replayed": {k: self.replayed[k] for k in KEYS} if self.replayed else None,
@@ -179,56 +197,141 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str,
             for name in disaggregated_names(d.prefill.replicas, d.decode.replicas)}
 
 
+MAX_WORKERS = 64          # Ray worker processes a serving run starts on this host
+MAX_EMULATED_CHIPS = 64   # XLA CPU devices of one worker's emulated mesh
+
+
+def check_fits(deployment: Deployment, context_len: int, input_len: int,
+               source: str | None = None, emulated: bool = True) -> None:
+    """ConfigError, before Ray or JAX start, when the deployment cannot run here: more
+    workers or emulated chips than MAX_WORKERS / MAX_EMULATED_CHIPS, or a worker whose
+    memory per chip (the cost model's weights + KV cache of every slot at `context_len` +
+    working set, as `sweeper run` checks a trial: docs/reliability.md) exceeds the plan's
+    chip (a preset's HBM) or, on an emulated mesh, this host's memory shared by every chip
+    of every worker (sweeper/sweep/preflight.py `emulated_budget`)."""
+    from sweeper.sweep.preflight import EMULATED_NOTE, emulated_budget
+    from workloads.hostprofile import physical_memory_bytes
+
+    d = deployment
+    parts = ([("decode", d.decode)] if d.mode == "aggregated"
+             else [("prefill", d.prefill), ("decode", d.decode)])
+    workers = sum(part.replicas for _, part in parts)
+    if workers > MAX_WORKERS:
+        field_ = "decode.replicas" if d.mode == "aggregated" else "replicas"
+        raise ConfigError(field_, workers, f"at most {MAX_WORKERS} workers in all on this host "
+                          "(one Ray process per replica and phase)", source)
+    for name, part in parts:
+        if emulated and part.chips > MAX_EMULATED_CHIPS:
+            raise ConfigError(f"{name}.chips", part.chips, f"at most {MAX_EMULATED_CHIPS} chips "
+                              "per replica on an emulated mesh (XLA CPU devices in one process)",
+                              source)
+    chips_here = sum(part.chips * part.replicas for _, part in parts)
+    for name, part in parts:
+        weights, kv, working = memory_per_chip(d, name, context_len, input_len)
+        need = weights + kv + working
+        budgets = []
+        if not d.hardware.measured:
+            budgets.append((d.hardware.hbm_bytes, f"{d.hardware.name}'s HBM per chip"))
+        if emulated:
+            share = physical_memory_bytes() / chips_here
+            plural = "s" if chips_here > 1 else ""
+            budgets.append((emulated_budget(share, part.chips),
+                            f"this host's memory shared by {chips_here} emulated chip{plural}"
+                            f"{EMULATED_NOTE}"))
+        for budget, what in budgets:
+            if need > budget:
+                worst = f"{name}.batch" if kv + working > weights else f"{name}.chips"
+                raise ConfigError(worst, getattr(part, worst.split(".")[1]),
+                                  f"a deployment that fits in memory: a {name} replica needs "
+                                  f"weights {_gib(weights)} + KV cache {_gib(kv)} + working set "
+                                  f"{_gib(working)} = {_gib(need)} per chip, more than the "
+                                  f"{_gib(budget)} of {what}", source)
+
+
+def memory_per_chip(deployment: Deployment, phase: str, context_len: int,
+                    input_len: int) -> tuple[float, float, float]:
+    """(weights, KV cache, working set) bytes per chip of one replica of `phase` (the cost
+    model's, workloads/costmodel.py): a decode replica holds every slot's cache at
+    `context_len` tokens (aggregated: plus a prefill call's working set); a prefill replica
+    one call of `prefill.batch` prompts of `input_len` tokens."""
+    from workloads.costmodel import predict_phase, working_set_bytes
+    from workloads.hardware import per_chip
+    from workloads.layouts import PhaseLayout
+
+    d = deployment
+    part = getattr(d, phase)
+    topology = topology_of(d, part)
+    layout = PhaseLayout(part.ffn, part.attn)
+    hw = per_chip(d.hardware, part.chips)
+    if phase == "prefill":
+        m = predict_phase(d.model, hw, part.chips, part.batch, "prefill", input_len=input_len,
+                          layout=layout, weights=part.weights, topology=topology, validate=False)
+        return m.weight_bytes_per_chip, m.kv_bytes_per_chip, m.working_set_bytes_per_chip
+    m = predict_phase(d.model, hw, part.chips, part.batch, "decode", context=context_len,
+                      layout=layout, weights=part.weights, topology=topology, validate=False)
+    working = m.working_set_bytes_per_chip
+    if d.mode == "aggregated":
+        working += working_set_bytes(d.model, topology, PhaseLayout(d.prefill.ffn, d.prefill.attn),
+                                     d.prefill.batch, input_len, part.weights)
+    return m.weight_bytes_per_chip, m.kv_bytes_per_chip, working
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.3g} GiB"
+
+
 # --------------------------------------------------------------------------- the run
 
-
-def _ray_started() -> bool:
-    """Start a local Ray cluster of our own unless one is connected (as a sweep does: never
-    join a cluster `ray start` left on this machine); True when started here."""
-    import logging
-
-    import ray   # lazy: Ray (~1 s)
-
-    if ray.is_initialized():
-        return False
-    # Ray's C++ failure handler turns a SIGTERM during start-up into a stack dump and abort
-    # (docs/reliability.md); the sweep turns it off the same way.
-    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    try:
-        ray.init(address="local", include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING)
-    except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception on a start-up timeout
-        from sweeper.sweep.workers import ClusterLost   # the CLI's one line, exit 3
-
-        raise ClusterLost(f"the local Ray cluster did not start ({' '.join(str(err).split())[:200]}); "
-                          "nothing was served: try again") from None
-    return True
+POLL_S = 0.25          # the driver looks at the stream's calls this often while it runs
+PROGRESS_S = 0.5       # ... and asks each worker for the requests it has done since (`progress`)
+ANSWER_S = 5.0         # after a stop, a live worker's last records and a liveness ping wait this
 
 
-def _shutdown_ray(wait_s: float = 30.0) -> None:
-    """ray.shutdown(), waited for at most `wait_s` (everything is measured by then)."""
-    import threading
+@dataclass
+class Stop:
+    """Why a stream ended before every request was served (plain data in `ServeResult`)."""
 
-    import ray   # lazy: Ray (~1 s)
+    kind: str                      # "worker_lost" | "worker_failed" | "signal"
+    reason: str                    # one line
+    worker: str | None = None      # the lost worker's name (`aggregated-1`, `decode`, ...)
+    phase: str | None = None       # its phase: aggregated, prefill or decode
+    pid: int | None = None
+    signal: str | None = None      # SIGINT | SIGTERM
 
-    thread = threading.Thread(target=ray.shutdown, name="ray-shutdown", daemon=True)
-    thread.start()
-    thread.join(wait_s)
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class _Stopped(Exception):
+    def __init__(self, stop: Stop):
+        super().__init__(stop.reason)
+        self.stop = stop
+
+
+def phase_of(name: str) -> str:
+    """A worker's phase from its name (`aggregated_names`, `disaggregated_names`)."""
+    return name.split("-", 1)[0]
 
 
 class ServingSession:
     """A deployment's workers, started and warmed up once, serving one stream after another
-    (the validation benchmark serves several loads and seeds on one set of workers)."""
+    (the validation benchmark serves several loads and seeds on one set of workers).
+
+    Ray is the sweep's session (sweeper/sweep/session.py `RaySession`: a local cluster on the
+    loopback only, SIGTERM/SIGINT held while Ray starts, a shutdown bounded whatever Ray
+    does), so `sweeper serve` has every fix `sweeper run` has. While a stream runs the
+    driver watches every worker's call and asks each for what it has done (`run`): a lost
+    worker ends the stream within about a second, a signal at once, and what completed is
+    kept (docs/reliability.md, "Serving")."""
 
     def __init__(self, deployment: Deployment, context_len: int, prompt_lens: list[int],
                  seed: int = 0, emulated: bool = True, cores_per_worker: int | None = None):
         """`cores_per_worker`: pin each worker to that many of this process's cores (disjoint
         while they last) instead of sharing all of them out, so that every worker runs on
         the share a calibration sweep's trials ran on (docs/serving.md, validation)."""
-        import ray   # lazy: Ray (~1 s)
-
         from sweeper import paths
         from sweeper.serving.server import ServingWorker, actor_options, worker_cores
+        from sweeper.sweep.session import RaySession
 
         self.deployment, self.seed, self.emulated = deployment, seed, emulated
         # the diagnostic ("calibrated") prediction's step times; None: the warm-up medians
@@ -240,86 +343,260 @@ class ServingSession:
         # work before its first tokens, ...) are the deployment's hardware profile's
         # (overheads.py `with_deployment_overheads`), not attributes of the session
         specs = slot_specs(deployment, context_len, seed)
-        self.ray = ray
-        self.started_ray = _ray_started()
         self.names = list(specs)
-        if not emulated:
-            self.cores = [None] * len(self.names)
-        elif cores_per_worker:
-            groups = max(len(os.sched_getaffinity(0)) // cores_per_worker, len(self.names))
-            self.cores = worker_cores(groups)[:len(self.names)]
-        else:
-            self.cores = worker_cores(len(self.names))
-        total = len(os.sched_getaffinity(0))
-        self.share = float(np.mean([worker_share(len(c), total) for c in self.cores])) if emulated else 1.0
-        remote = ray.remote(ServingWorker)
-        env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
-        self.actors = {}
+        self.actors: dict[str, Any] = {}
+        self.workers: dict[str, Any] = {}
+        self.session = RaySession(None)       # a local cluster of our own (never a `ray start` one)
         try:
+            self.session.start()
+            import ray   # lazy: Ray (~1 s), started by the session above
+
+            self.ray = ray
+            if not emulated:
+                self.cores = [None] * len(self.names)
+            elif cores_per_worker:
+                groups = max(len(os.sched_getaffinity(0)) // cores_per_worker, len(self.names))
+                self.cores = worker_cores(groups)[:len(self.names)]
+            else:
+                self.cores = worker_cores(len(self.names))
+            total = len(os.sched_getaffinity(0))
+            self.share = float(np.mean([worker_share(len(c), total) for c in self.cores])) \
+                if emulated else 1.0
+            remote = ray.remote(ServingWorker)
+            env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
             for name, mine in zip(self.names, self.cores):
                 chips = math.prod(specs[name]["topology"]) if emulated else None
-                threads = 2 if name.startswith("decode") else 1   # deliver() while serve_decode() runs
+                # a second thread answers `progress` (and `where`) while the stream runs; a
+                # decode worker's third receives the handovers (`deliver`)
+                threads = 3 if name.startswith("decode") else 2
                 self.actors[name] = remote.options(**actor_options(chips, mine, threads, env)).remote(mine)
+            # where each worker runs (its pid: a lost worker is named by it), before the
+            # warm-up, so that a worker lost while it compiles is named too
+            wheres = {n: self.actors[n].where.remote() for n in self.names}
+            try:
+                self.workers = dict(zip(self.names, ray.get(list(wheres.values()),
+                                                            timeout=SETUP_TIMEOUT_S)))
+            except ray.exceptions.RayError as err:
+                raise WorkerLost(self._stop_for(err, {ref: n for n, ref in wheres.items()},
+                                                "as it started")) from None
+            self.workers["emulated"] = emulated
             setups = {n: self.actors[n].setup.remote(specs[n], sorted(set(prompt_lens)))
                       for n in self.names}
-            self.warmup = dict(zip(setups, ray.get(list(setups.values()), timeout=SETUP_TIMEOUT_S)))
-            self.workers = dict(zip(self.names, ray.get([self.actors[n].where.remote()
-                                                         for n in self.names])))
-            self.workers["emulated"] = emulated
+            try:
+                self.warmup = dict(zip(setups, ray.get(list(setups.values()),
+                                                       timeout=SETUP_TIMEOUT_S)))
+            except ray.exceptions.RayError as err:
+                raise WorkerLost(self._stop_for(err, {ref: n for n, ref in setups.items()},
+                                                "while it warmed up")) from None
         except BaseException:
-            self.close()
+            from sweeper.sweep.stopping import held
+
+            with held():       # (a signal now must not cut the shutdown short)
+                self.close()
             raise
 
-    def run(self, requests: list[Request], seed: int) -> ServeResult:
-        """Serve one stream (prompts from `seed`); measured and predicted."""
-        ray = self.ray
+    # ---- one stream
+
+    def run(self, requests: list[Request], seed: int,
+            on_start: Callable[[dict], None] | None = None) -> ServeResult:
+        """Serve one stream (prompts from `seed`); measured and predicted. A stream cut short
+        (a worker lost, a worker's error, SIGINT or SIGTERM) still returns: its `stop` says
+        why, and its numbers are those of the requests that completed. `on_start(workers)`:
+        called once the stream is started (`workers`: each one's name -> pid)."""
         plain = [dataclasses.asdict(r) for r in requests]
         begin = time.time()
         start_at = begin + START_MARGIN_S
-        if self.deployment.mode == "aggregated":
-            routed = route(requests, len(self.names))
-            parts = ray.get([self.actors[n].serve_aggregated.remote([plain[i] for i in ids],
-                                                                    start_at, seed, ids)
-                             for n, ids in zip(self.names, routed)])
-            per_request = in_stream_order(routed, parts, len(requests))
-        else:
-            from workloads.servingmodel import decode_route
+        results: dict[str, Any] = {}
+        progress: dict[str, dict] = {n: {} for n in self.names}
+        stop = None
+        try:
+            tasks = self._submit(requests, plain, start_at, seed)
+            if on_start is not None:
+                on_start({n: self.workers[n].get("pid") for n in self.names})
+            self._watch(tasks, results, progress)
+        except _Stopped as stopped:
+            stop = stopped.stop
+        except KeyboardInterrupt as err:        # the CLI's SIGINT/SIGTERM handler raised it
+            from sweeper.sweep.stopping import signal_name
 
-            d = self.deployment
-            prefills = [n for n in self.names if n.startswith("prefill")]
-            decodes = [self.actors[n] for n in self.names if n.startswith("decode")]
-            decoded_ids = decode_route(requests, d.decode.replicas)
-            target = {i: r for r, ids in enumerate(decoded_ids) for i in ids}   # its decode replica
-            decoded_refs = [actor.serve_decode.remote(len(ids), start_at)
-                            for actor, ids in zip(decodes, decoded_ids)]
-            routed = route(requests, d.prefill.replicas)
-            parts = ray.get([self.actors[n].serve_prefill.remote(
-                [plain[i] for i in ids], start_at, seed, decodes, ids,
-                [target.get(i, 0) for i in ids]) for n, ids in zip(prefills, routed)])
-            per_request = in_stream_order(routed, parts, len(requests))
-            for decoded in ray.get(decoded_refs):        # its finish, its KV's times
-                merge_decoded(per_request, decoded)
+            name = signal_name(err)
+            stop = Stop("signal", f"stopped by {name}", signal=name)
         wall = time.time() - begin - START_MARGIN_S
-        calls = dict(zip(self.names, ray.get([self.actors[n].last_calls.remote() for n in self.names])))
+        if stop is not None:
+            self._last_progress(progress, results)
+        return self._result(requests, results, progress, stop, wall)
+
+    def _submit(self, requests: list[Request], plain: list[dict], start_at: float,
+                seed: int) -> dict:
+        """Start the stream on every worker; {the call's ref: the worker's name}."""
+        tasks = {}
+        if self.deployment.mode == "aggregated":
+            for n, ids in zip(self.names, route(requests, len(self.names))):
+                ref = self.actors[n].serve_aggregated.remote([plain[i] for i in ids], start_at,
+                                                             seed, ids)
+                tasks[ref] = n
+            return tasks
+        from workloads.servingmodel import decode_route
+
+        d = self.deployment
+        prefills = [n for n in self.names if n.startswith("prefill")]
+        decode_names = [n for n in self.names if n.startswith("decode")]
+        decodes = [self.actors[n] for n in decode_names]
+        decoded_ids = decode_route(requests, d.decode.replicas)
+        target = {i: r for r, ids in enumerate(decoded_ids) for i in ids}   # its decode replica
+        for n, ids in zip(decode_names, decoded_ids):
+            tasks[self.actors[n].serve_decode.remote(len(ids), start_at)] = n
+        for n, ids in zip(prefills, route(requests, d.prefill.replicas)):
+            ref = self.actors[n].serve_prefill.remote([plain[i] for i in ids], start_at, seed,
+                                                      decodes, ids, [target.get(i, 0) for i in ids])
+            tasks[ref] = n
+        return tasks
+
+    def _watch(self, tasks: dict, results: dict, progress: dict) -> None:
+        """Wait for every worker's stream (`results[name]`), asking each every PROGRESS_S for
+        the requests it has done (`progress[name]`); _Stopped as soon as a call fails."""
+        ray = self.ray
+        pending = dict(tasks)
+        asked: dict = {}          # progress ref -> worker
+        last_ask = -math.inf
+        while pending:
+            if time.monotonic() - last_ask >= PROGRESS_S:
+                busy = set(asked.values())
+                for name in set(pending.values()) - busy:
+                    asked[self.actors[name].progress.remote()] = name
+                last_ask = time.monotonic()
+            refs = [*pending, *asked]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
+            for ref in ready:
+                name = pending.pop(ref, None) or asked.pop(ref)
+                try:
+                    value = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    raise _Stopped(self._stop_for(err, {ref: name}, "mid-stream")) from None
+                if ref in tasks:
+                    results[name] = value
+                else:
+                    progress[name].update(value)
+
+    def _alive(self) -> dict[str, bool | None]:
+        """Each worker: True (answered), False (its actor is dead), None (no answer in
+        ANSWER_S)."""
+        ray = self.ray
+        pings = {self.actors[n].where.remote(): n for n in self.names}
+        ready, _ = ray.wait(list(pings), num_returns=len(pings), timeout=ANSWER_S)
+        alive: dict[str, bool | None] = {n: None for n in self.names}
+        for ref in ready:
+            try:
+                ray.get(ref)
+                alive[pings[ref]] = True
+            except ray.exceptions.RayError:
+                alive[pings[ref]] = False
+        return alive
+
+    def _stop_for(self, err: BaseException, calls: dict, when: str) -> Stop:
+        """The Stop for a failed call (`calls`: its ref -> worker): the worker whose process
+        is gone (the call's own, or, when a worker raised because another was lost, e.g. a
+        prefill worker whose handover failed, the one that no longer answers), else the
+        worker that raised."""
+        ray = self.ray
+        failed = next(iter(calls.values()))
+        for ref, name in calls.items() if len(calls) > 1 else ():   # which call failed
+            if ray.wait([ref], timeout=0)[0]:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as one:
+                    err, failed = one, name
+                    break
+        lost = [failed] if isinstance(err, ray.exceptions.RayActorError) else \
+            [n for n, ok in self._alive().items() if ok is False]
+        if lost:
+            name = lost[0]
+            pid = self.workers.get(name, {}).get("pid")
+            why = explain_lost(pid, err)
+            return Stop("worker_lost", f"the {phase_of(name)} worker '{name}' (pid {pid}) was "
+                        f"lost {when} ({why})", worker=name, phase=phase_of(name), pid=pid)
+        from sweeper.formatting import one_line
+
+        cause = getattr(err, "cause", None) or err
+        pid = self.workers.get(failed, {}).get("pid")
+        return Stop("worker_failed", f"the {phase_of(failed)} worker '{failed}' (pid {pid}) "
+                    f"failed {when}: {one_line(cause)[:300]}", worker=failed,
+                    phase=phase_of(failed), pid=pid)
+
+    def _last_progress(self, progress: dict, results: dict) -> None:
+        """After a stop: the records of every worker still alive (waited for ANSWER_S)."""
+        ray = self.ray
+        asks = {}
+        for name in self.names:
+            if name not in results:
+                try:
+                    asks[self.actors[name].progress.remote()] = name
+                except Exception:  # noqa: BLE001 - a dead actor: what it reported before is kept
+                    continue
+        ready, _ = ray.wait(list(asks), num_returns=len(asks), timeout=ANSWER_S) if asks else ([], [])
+        for ref in ready:
+            try:
+                progress[asks[ref]].update(ray.get(ref))
+            except ray.exceptions.RayError:
+                continue
+
+    def _result(self, requests: list[Request], results: dict, progress: dict,
+                stop: Stop | None, wall: float) -> ServeResult:
+        per_request = self._per_request(requests, results, progress)
         for i, r in enumerate(requests):
             per_request[i]["arrival_s"] = r.arrival_s
         measured, predicted, calibrated = compare(self.deployment, requests, per_request,
                                                   self.warmup, self.share,
                                                   self.diagnostic_step_times, self.duration_spread)
-        from workloads.servingmodel import simulate
+        calls, replayed = {}, {}
+        if stop is None:
+            from workloads.servingmodel import simulate
 
-        replayed = simulate(self.deployment, requests,
-                            replay_step_times(self.deployment, calls, requests)).summary()
+            ray = self.ray
+            calls = dict(zip(self.names, ray.get([self.actors[n].last_calls.remote()
+                                                  for n in self.names])))
+            replayed = simulate(self.deployment, requests,
+                                replay_step_times(self.deployment, calls, requests)).summary()
         return ServeResult(self.deployment, requests, measured, predicted, calibrated,
-                           per_request, self.warmup, self.workers, wall, calls, replayed)
+                           per_request, self.warmup, self.workers, wall, calls, replayed,
+                           stop=stop.to_dict() if stop else None)
+
+    def _per_request(self, requests: list[Request], results: dict, progress: dict) -> list[dict]:
+        """Each request's record in the stream's order: a worker's whole stream where it
+        finished, else what it reported (`progress`); requests nobody reported are empty."""
+        n = len(requests)
+        per_request: list[dict] = [{"tokens": []} for _ in range(n)]
+
+        def take(name: str, ids: list[int]) -> None:
+            if name in results:
+                for i, served in zip(ids, results[name]):
+                    per_request[i] = served
+            else:
+                for i, served in progress[name].items():
+                    per_request[i] = served
+
+        if self.deployment.mode == "aggregated":
+            for name, ids in zip(self.names, route(requests, len(self.names))):
+                take(name, ids)
+            return per_request
+        prefills = [x for x in self.names if x.startswith("prefill")]
+        for name, ids in zip(prefills, route(requests, len(prefills))):
+            take(name, ids)
+        for name in self.names:
+            if name.startswith("decode"):
+                merge_decoded(per_request, results[name] if name in results else progress[name])
+        return per_request
 
     def close(self) -> None:
+        """Every worker killed, then the Ray session closed (bounded: session.py)."""
+        ray = getattr(self, "ray", None)
         for actor in self.actors.values():
-            self.ray.kill(actor)
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already dead, or Ray already gone
+                pass
         self.actors = {}
-        if self.started_ray:
-            _shutdown_ray()
-            self.started_ray = False
+        self.session.close()
 
     def __enter__(self) -> "ServingSession":
         return self
@@ -328,13 +605,37 @@ class ServingSession:
         self.close()
 
 
+class WorkerLost(Exception):
+    """A worker was lost (or failed) before the stream started: nothing was served."""
+
+    def __init__(self, stop: Stop):
+        super().__init__(stop.reason)
+        self.stop = stop
+
+
+def explain_lost(pid: int | None, err: BaseException) -> str:
+    """Why a worker's process is gone, in a few words: the kernel's OOM killer when its log
+    says so (sweeper/sweep/oom.py), else that its process died, in Ray's word for it."""
+    from sweeper.sweep.oom import explain_exit
+
+    oom = explain_exit(pid) if pid else None
+    return oom or f"its process died: {type(err).__name__}"
+
+
 def serve(deployment: Deployment, requests: list[Request], seed: int = 0,
-          emulated: bool = True) -> ServeResult:
+          emulated: bool = True, on_start: Callable[[dict], None] | None = None) -> ServeResult:
     """Serve `requests` (wall-clock arrivals) with `deployment` on Ray mesh workers; measure,
-    and predict the same requests with the serving model (module docstring)."""
-    with ServingSession(deployment, context_len(requests), [r.input_len for r in requests],
-                        seed, emulated) as session:
-        return session.run(requests, seed)
+    and predict the same requests with the serving model (module docstring). `on_start`:
+    as `ServingSession.run`'s."""
+    from sweeper.sweep.stopping import held
+
+    session = ServingSession(deployment, context_len(requests), [r.input_len for r in requests],
+                             seed, emulated)
+    try:
+        return session.run(requests, seed, on_start)
+    finally:
+        with held():          # a signal now must not cut the shutdown short (stray processes)
+            session.close()
 
 
 def prediction_deployment(deployment: Deployment, share: float) -> Deployment:
@@ -358,7 +659,7 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
     first = np.array([p.get("first_token_s", np.nan) for p in per_request], dtype=float)
     finish = np.array([p.get("finish_s", np.nan) for p in per_request], dtype=float)
     output = np.array([r.output_len for r in requests], dtype=np.int64)
-    done = np.isfinite(finish)
+    done = np.isfinite(finish) & np.isfinite(first)
     measured = SimResult(deployment, arrival[done], first[done], finish[done], output[done]).summary()
     measured["completed"] = int(done.sum())
     predicting = prediction_deployment(deployment, share)
@@ -366,10 +667,22 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
     if spread[0] or spread[1]:
         times = dataclasses.replace(cost_model_step_times(predicting),
                                     prefill_spread=tuple(spread[0]), step_spread=tuple(spread[1]))
-    predicted = simulate(predicting, requests, times).summary()
-    calibrated = simulate(deployment, requests,
-                          diagnostic or warmup_step_times(deployment, warmup)).summary()
+    # the whole stream is simulated (a request's wait depends on those before it); a stream
+    # cut short is compared on the requests that completed (`completed_only`)
+    predicted = completed_only(simulate(predicting, requests, times), done).summary()
+    calibrated = completed_only(simulate(deployment, requests,
+                                         diagnostic or warmup_step_times(deployment, warmup)),
+                                done).summary()
     return measured, predicted, calibrated
+
+
+def completed_only(result, done: np.ndarray):
+    """A simulated stream's SimResult restricted to the requests `done` marks (all: as it is)."""
+    if done.all():
+        return result
+    return dataclasses.replace(result, arrival_s=result.arrival_s[done],
+                               first_token_s=result.first_token_s[done],
+                               finish_s=result.finish_s[done], output_len=result.output_len[done])
 
 
 def warmup_step_times(deployment: Deployment, warmup: dict[str, dict]):
@@ -475,7 +788,8 @@ def table(result: ServeResult) -> str:
     for key in KEYS[:4]:
         rows.append(f"{key:14}{_ms(m[key]):>12}{_ms(p[key]):>12}{_pct(err[key]):>9}   "
                     f"{_ms(c[key]):>14}{_pct(err_c[key]):>9}   {_ms(rep[key]):>10}{_pct(err_r[key]):>9}")
-    rows.append(f"{'completed':14}{m['completed']:>12}{p['completed']:>12}")
+    rows.append(f"{'completed':14}{m['completed']:>12}{p['completed']:>12}"
+                f"   (percentiles of {result.percentiles_of})")
     rows.append(f"{'throughput':14}{m['throughput_rps']:>10.2f}/s{p['throughput_rps']:>10.2f}/s")
     return "\n".join(rows)
 

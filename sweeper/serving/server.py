@@ -63,6 +63,12 @@ class ServingWorker:
         self.inbox: queue.Queue = queue.Queue()
         self.calls: list = []            # the last stream's call log (`last_calls`)
         self._stopped: set[int] = set()  # `decode_beside` runs told to stop
+        # the stream being served, as its loop builds it (`progress`): per-request records
+        # (a list in this worker's share's order, or the decode loop's dict by stream
+        # index), each one's index in the whole stream, and those already reported
+        self.records: list | dict = []
+        self.record_index: list[int] | None = None
+        self.reported: set[int] = set()
 
     def where(self) -> dict[str, Any]:
         return {**where_am_i(), "cores": self.cores}
@@ -106,7 +112,32 @@ class ServingWorker:
         self.calls = []
         return serve_aggregated(self.server, reqs,
                                 lambda i: prompt_for(model, index[i], reqs[i].input_len, seed),
-                                start_at, calls=self.calls)
+                                start_at, calls=self.calls, records=self._new_stream([], index))
+
+    def _new_stream(self, records: list | dict, index: list[int] | None) -> list | dict:
+        """Start `progress`'s record of a new stream; the records the loop fills."""
+        self.records, self.record_index, self.reported = records, index, set()
+        return records
+
+    def progress(self) -> dict[int, dict]:
+        """The requests of the stream being served that are done on this worker since the
+        last call, by their index in the whole stream (serve.py polls it, on this actor's
+        second thread, so that what completed is kept when a worker is lost mid-stream):
+        aggregated and decode workers the finished ones (`finish_s`), a prefill worker the
+        ones whose first token is out and whose KV cache was handed over (`sent_s`) or
+        which needed none (`finish_s`). Copies: the loop goes on filling its own."""
+        records = self.records
+        items = records.items() if isinstance(records, dict) else enumerate(list(records))
+        out = {}
+        for i, record in list(items):
+            index = i if self.record_index is None else self.record_index[i]
+            if index in self.reported or not ("finish_s" in record or "sent_s" in record):
+                continue
+            copy = dict(record)
+            copy["tokens"] = list(copy.get("tokens", []))
+            out[index] = copy
+            self.reported.add(index)
+        return out
 
     def last_calls(self) -> list:
         """The last stream's call log, seconds after its start: aggregated as
@@ -138,19 +169,26 @@ class ServingWorker:
         decodes = decode if isinstance(decode, list) else [decode]
         target = list(targets) if targets is not None else [0] * len(requests)
 
+        pending: list = []      # handovers not yet seen to have arrived
+
         def send(handover: list[dict]) -> list:
-            """One Ray call per decode worker the call's requests go to, not waited for."""
+            """One Ray call per decode worker the call's requests go to, not waited for;
+            the earlier ones that have completed are checked first (`check_handovers`)."""
+            check_handovers(ray, pending)
             by_worker: dict[int, list[dict]] = {}
             for item in handover:
                 by_worker.setdefault(target[item["request"]], []).append(
                     {**item, "request": index[item["request"]]})
-            return [decodes[w].deliver.remote(items) for w, items in by_worker.items()]
+            refs = [decodes[w].deliver.remote(items) for w, items in by_worker.items()]
+            pending.extend(refs)
+            return refs
 
         self.calls = []
         out, sent = serve_prefill_slice(
             self.server, requests,
             lambda i: prompt_for(model, index[i], requests[i]["input_len"], seed),
-            start_at, send if decode is not None else _nowhere, self.calls)
+            start_at, send if decode is not None else _nowhere, self.calls,
+            records=self._new_stream([], index))
         if sent:
             ray.get([ref for refs in sent for ref in refs])
         return out
@@ -169,7 +207,8 @@ class ServingWorker:
         from workloads.serving import serve_decode_slice   # lazy: imports JAX
 
         self.calls = []
-        return serve_decode_slice(self.server, self.inbox, expected, start_at, self.calls, POLL_S)
+        return serve_decode_slice(self.server, self.inbox, expected, start_at, self.calls, POLL_S,
+                                  records=self._new_stream({}, None))
 
 
     # ---- serving host costs (sweeper/serving/overheads.py), outside any served stream;
@@ -258,6 +297,21 @@ class ServingWorker:
         from workloads.hostcosts import handover_receive   # lazy: imports JAX
 
         return handover_receive(self.server, handover)
+
+
+def check_handovers(ray, pending: list) -> None:
+    """Raise at once if a KV handover that has completed failed (its decode worker died):
+    the prefill side sees a lost decode worker at its next handover instead of prefilling
+    the rest of the stream for nobody (docs/reliability.md, "Serving"). Each completed one
+    is taken off `pending`; none is waited for."""
+    if not pending:
+        return
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+    if not done:
+        return
+    finished = set(done)
+    pending[:] = [ref for ref in pending if ref not in finished]
+    ray.get(done)        # RayActorError: the decode worker is gone
 
 
 def actor_options(chips: int | None, cores: list[int] | None, threads: int = 1,

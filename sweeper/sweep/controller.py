@@ -29,6 +29,7 @@ listed in docs/architecture.md, "Reliability"; each case has a test that injects
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -269,6 +270,10 @@ class Controller:
                 self.recorder.record(trial, TrialOutcome("FAIL", reason, config,
                                                          config.flat_params(), interrupted=True))
             self.pending.clear()
+            # which study the failure left (None: none was created), for the CLI's advice
+            # (`--resume` or the same command again, sweeper/cli/__init__.py `store_failure`)
+            with contextlib.suppress(AttributeError, TypeError):
+                err.sweeper_study = self.study_name if self.study is not None else None
             if isinstance(err, StoreLost):
                 raise err from None
             raise
@@ -612,14 +617,17 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
               tracking_uri: str | None = None, study_name: str | None = None, resume: bool = False,
               trials: int | None = None, parallel: int | None = None, address: str | None = None,
               progress: bool = True, on_trial: Callable[[dict], None] | None = None,
-              after_trials: Callable[[], None] | None = None) -> SweepResult:
+              after_trials: Callable[[], None] | None = None,
+              on_start: Callable[[], None] | None = None) -> SweepResult:
     """Run (or resume) a sweep; returns counts, the Pareto trials and where everything is.
 
     Bad input (space file, arguments, store URLs, a Ray address nothing answers at, a study
     name clash, a study another live controller runs) raises ConfigError before Ray,
     Optuna's storage or MLflow are touched, apart from listing the studies that exist;
     nothing is created on disk before that. `after_trials` runs in a thread once every
-    trial is done, while the sweep shuts down (the CLI imports its analysis there).
+    trial is done, while the sweep shuts down (the CLI imports its analysis there);
+    `on_start` runs once every check has passed, before Ray starts (the CLI names the
+    hardware profile there, so a rejected command prints its one error line only).
     """
     began = time.monotonic()
     space = load_space(space if not isinstance(space, os.PathLike) else str(space))
@@ -627,6 +635,8 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
         space, storage=storage, tracking_uri=tracking_uri, study_name=study_name, trials=trials,
         parallel=parallel, address=address)
     name, exists = choose_study(space, storage, study_name, resume)
+    if on_start is not None:
+        on_start()
     # The claim is atomic before Ray starts: a lock file held for the whole run, then the
     # lease attr checked again under it (sweeper/sweep/lease.py).
     lock = lease.lock(storage, name) if exists else None

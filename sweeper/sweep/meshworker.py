@@ -147,6 +147,9 @@ class DecodeSliceWorker:
             times.update(self.server.warm_up(length))
         return times
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def deliver(self, handover: list[dict]) -> None:
         delivered = time.time()    # when this process had it (the stream's `delivered_s`)
         for item in handover:
@@ -211,15 +214,31 @@ class DecodeSlice:
         self.actor = ray.remote(DecodeSliceWorker).options(
             num_cpus=0, max_restarts=0, max_concurrency=2).remote(env, cores)
         self.serving = None
+        self.pending: list = []      # handovers not yet seen to have arrived
+        self.pid = None
 
     def setup(self, spec, prompt_lens: list[int]) -> dict[str, float]:
+        self.pid = self.ray.get(self.actor.pid.remote())
         return self.ray.get(self.actor.setup.remote(spec, prompt_lens))
 
     def begin(self, expected: int, start_at: float) -> None:
         self.serving = self.actor.serve.remote(expected, start_at)
+        self.pending = []
 
     def send(self, handover: list[dict]):
-        return self.actor.deliver.remote(handover)
+        """Hand a prefill call's KV caches over, not waited for; the earlier handovers that
+        have completed are checked first, so a lost decode slice fails the trial at the next
+        handover, not at the end of the stream (docs/reliability.md, "Serving")."""
+        ray = self.ray
+        if self.pending:
+            done, _ = ray.wait(self.pending, num_returns=len(self.pending), timeout=0)
+            if done:
+                finished = set(done)
+                self.pending = [ref for ref in self.pending if ref not in finished]
+                ray.get(done)        # RayActorError: the decode slice is gone
+        ref = self.actor.deliver.remote(handover)
+        self.pending.append(ref)
+        return ref
 
     def finish(self, sent: list) -> dict[int, dict]:
         self.ray.get(sent)
@@ -404,6 +423,10 @@ class MeshWorker:
         try:
             os.sched_setaffinity(0, mine)        # the prefill slice: its half of the cores
             return run_serving_trial(trial, profile, decode_slice=decode)
+        except decode.ray.exceptions.RayActorError as err:
+            # the trial's reason, one line naming the lost process (docs/reliability.md)
+            raise RuntimeError(f"the decode slice's worker (pid {decode.pid}) was lost "
+                               f"mid-trial ({type(err).__name__})") from None
         finally:
             os.sched_setaffinity(0, cores)
             decode.close()

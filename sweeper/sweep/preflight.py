@@ -73,7 +73,7 @@ def check_run_arguments(space: SearchSpace, *, storage: str | None, tracking_uri
                     else paths.default_tracking_uri(create=False))
     # a half-created MLflow schema with no run is moved aside (one line); a damaged MLflow
     # store is a ConfigError naming `sweeper sync` (sweeper/tracking/store_health.py)
-    moved = prepare_tracking_store(tracking_uri, study_name)
+    moved = prepare_tracking_store(tracking_uri, study_name, storage)
     if moved:
         print(moved, file=sys.stderr)
     for url, flag in ((storage, "--storage"), (tracking_uri, "--tracking-uri")):

@@ -31,6 +31,11 @@ SUPPORTED_RAY when one is missing, never a silent fallback):
 - `ray._private.ray_constants.ENABLE_RAY_CLUSTER`: False makes Ray use the loopback as the
   node address (what it does on macOS and Windows), so every server binds 127.0.0.1; set in
   the environment of the processes `ray.init` starts too (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`).
+- `ray._private.worker.print_to_stdstream`: the driver's error listener prints the raylet's
+  messages with it, on stdout (a lost worker: "(raylet) A worker died or was killed ...",
+  a paragraph that broke `--json` and the one-line rule); they are kept in
+  `raylet_messages` instead (`quiet_raylet_messages`): the sweep and `sweeper serve` say in
+  one line which worker was lost and why.
 """
 
 from __future__ import annotations
@@ -62,7 +67,12 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # Ray's switch for ENABLE_R
 held_back: list = []
 PRIVATE_NAMES = (("ray._private.utils", "set_sigterm_handler"),
                  ("ray._private.ray_constants", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"),
-                 ("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"))
+                 ("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"),
+                 ("ray._private.worker", "print_to_stdstream"))
+# The raylet's messages to the driver (a worker died, ...), newest last, at most RAYLET_KEPT;
+# not printed (`quiet_raylet_messages`).
+raylet_messages: list[str] = []
+RAYLET_KEPT = 20
 
 
 def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
@@ -156,6 +166,23 @@ def loopback_node():
             os.environ.pop(LOOPBACK_ENV, None)
         else:
             os.environ[LOOPBACK_ENV] = previous_env
+
+
+def quiet_raylet_messages() -> None:
+    """The driver's error listener keeps the raylet's messages in `raylet_messages` instead
+    of printing them on stdout (the module docstring). Only that listener calls the patched
+    function while Ray's logs are not sent to the driver (`log_to_driver=False`)."""
+    worker = ray_private("ray._private.worker", "print_to_stdstream")
+    if getattr(worker.print_to_stdstream, "sweeper_quiet", False):
+        return
+
+    def keep(data, ignore_prefix: bool = False) -> None:
+        for line in data.get("lines", []):
+            raylet_messages.append(" ".join(str(line).split())[:2000])
+        del raylet_messages[:-RAYLET_KEPT]
+
+    keep.sweeper_quiet = True
+    worker.print_to_stdstream = keep
 
 
 def descendants(pids: set[int]) -> list[psutil.Process]:
@@ -280,6 +307,7 @@ class RaySession:
             # Remote nodes import the project from here, installed or not.
             root = Path(__file__).resolve().parents[2]
             kwargs["runtime_env"] = {"py_modules": [str(root / "sweeper"), str(root / "workloads")]}
+        quiet_raylet_messages()
         before = {p.pid for p in psutil.Process().children()}
         self.started = True
         try:

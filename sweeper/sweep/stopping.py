@@ -10,7 +10,23 @@ again at its next turn (at most ~0.5 s later) when it has not arrived.
 
 from __future__ import annotations
 
+import contextlib
+
 _requested: list[BaseException] = []
+_held: list[bool] = []
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: a command stops as on Ctrl-C (a sweep records its in-flight trials
+    `interrupted`, run again by --resume; `sweeper serve` keeps what completed); the command
+    exits 143 (128 + 15), as a process killed by it would."""
+
+
+def signal_name(err: BaseException) -> str:
+    """SIGTERM or SIGINT: which signal the stop `err` (or the one recorded first: Ray may
+    raise it again as a plain KeyboardInterrupt) came from."""
+    first = _requested[0] if _requested else err
+    return "SIGTERM" if isinstance(first, Terminated) or isinstance(err, Terminated) else "SIGINT"
 
 
 def request(err: BaseException) -> None:
@@ -20,6 +36,27 @@ def request(err: BaseException) -> None:
 
 def clear() -> None:
     _requested.clear()
+
+
+def requested() -> BaseException | None:
+    """The stop a signal asked for, or None."""
+    return _requested[0] if _requested else None
+
+
+@contextlib.contextmanager
+def held():
+    """Inside the block the CLI's handler records a stop without raising it, so that what
+    the block does (`sweeper serve` closing its workers, logging and printing a stream it
+    has served) is done whole; the caller then acts on `requested()`."""
+    _held.append(True)
+    try:
+        yield
+    finally:
+        _held.pop()
+
+
+def holding() -> bool:
+    return bool(_held)
 
 
 def raise_if_requested() -> None:

@@ -7,7 +7,12 @@ Experiment `sweeper/serve`, one run per `sweeper serve`:
            model replayed on the run's own call log (a rules check, docs/serving.md "Checking
            the model against the server") as `replay_<name>`; per-request
            ttft_s / tpot_s as metric histories (step = request index)
-  tags     sweeper.kind=serve, hardware_label (host | devices), source=measured
+  tags     sweeper.kind=serve, hardware_label (host | devices), source=measured,
+           percentiles_of ("N completed [of M requests]"); a stream cut short (a lost or
+           failed worker, SIGINT/SIGTERM) also stop_kind, stop_reason and the worker's
+           name, phase and pid (stop_worker, stop_phase, stop_pid)
+  status   FINISHED; FAILED for a lost or failed worker, KILLED for a signal (the metrics are
+           those of the requests that completed: docs/reliability.md, "Serving")
   artifact serve.json (the whole result, per-request times and tokens, each worker's call log)
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,13 +33,27 @@ def _finite(values: dict[str, Any], prefix: str = "") -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+def open_tracker(tracking_uri: str | None):
+    """The Tracker of `tracking_uri`; a store half-created by an earlier run on a full disk,
+    holding no run, is moved aside first (one line on stderr), as `sweeper run` does, so
+    that running the same command again works (store_health.py `prepare_tracking_store`)."""
+    from sweeper.paths import default_tracking_uri
+    from sweeper.tracking.mlflow_log import Tracker
+    from sweeper.tracking.store_health import prepare_tracking_store
+
+    moved = prepare_tracking_store(tracking_uri or default_tracking_uri(create=False))
+    if moved:
+        print(moved, file=sys.stderr)
+    return Tracker(tracking_uri)
+
+
 def log_serve(result, rate: float, seed: int, tracking_uri: str | None = None) -> str:
     """Log one `sweeper serve` run (a `sweeper.serving.serve.ServeResult`); its run id."""
     from mlflow.entities import Metric, Param, RunTag   # lazy: MLflow (~1 s)
 
-    from sweeper.tracking.mlflow_log import KIND_TAG, Tracker
+    from sweeper.tracking.mlflow_log import KIND_TAG
 
-    tracker = Tracker(tracking_uri)
+    tracker = open_tracker(tracking_uri)
     client = tracker.client
     experiment = tracker.experiment_id(SERVE_EXPERIMENT)
     d = result.deployment
@@ -42,9 +62,15 @@ def log_serve(result, rate: float, seed: int, tracking_uri: str | None = None) -
     for phase in ("prefill", "decode"):
         for key, value in getattr(d, phase).to_dict().items():
             params[f"{phase}_{key}"] = value
+    tags = {KIND_TAG: "serve", "source": "measured",
+            "hardware_label": "host" if result.emulated else "devices",
+            "percentiles_of": result.percentiles_of}
+    stop = result.stop or {}
+    for key in ("kind", "reason", "worker", "phase", "pid", "signal"):
+        if stop.get(key) is not None:
+            tags[f"stop_{key}"] = str(stop[key])[:5000]
     run = client.create_run(experiment, run_name=f"serve {d.mode} {d.model.name} {rate:g} rps",
-                            tags={KIND_TAG: "serve", "source": "measured",
-                                  "hardware_label": "host" if result.emulated else "devices"})
+                            tags=tags)
     run_id = run.info.run_id
     metrics = {**_finite(result.measured), **_finite(result.predicted, "pred_"),
                **_finite(result.calibrated, "warmup_"),
@@ -55,7 +81,7 @@ def log_serve(result, rate: float, seed: int, tracking_uri: str | None = None) -
     for i, (r, p) in enumerate(zip(result.requests, result.per_request)):
         if "first_token_s" in p:
             ttft.append(Metric("ttft_s", p["first_token_s"] - r.arrival_s, stamp, i))
-        if "finish_s" in p and r.output_len > 1:
+        if "finish_s" in p and "first_token_s" in p and r.output_len > 1:
             tpot.append(Metric("tpot_s", (p["finish_s"] - p["first_token_s"]) / (r.output_len - 1),
                                stamp, i))
     everything = batch + ttft + tpot
@@ -69,8 +95,16 @@ def log_serve(result, rate: float, seed: int, tracking_uri: str | None = None) -
                                     "calls": result.calls},
                                    default=str))
         client.log_artifact(run_id, str(path))
-    client.set_terminated(run_id, "FINISHED")
+    client.set_terminated(run_id, serve_status(result.stop))
     return run_id
+
+
+def serve_status(stop: dict | None) -> str:
+    """The MLflow run status of a `sweeper serve` run: FINISHED, KILLED (a signal stopped
+    it) or FAILED (a worker was lost or failed)."""
+    if stop is None:
+        return "FINISHED"
+    return "KILLED" if stop.get("kind") == "signal" else "FAILED"
 
 
 PLAN_EXPERIMENT = "sweeper/plan"
@@ -88,9 +122,9 @@ def log_plan(result, tracking_uri: str | None = None) -> str:
     """
     from mlflow.entities import Metric, Param, RunTag   # lazy: MLflow (~1 s)
 
-    from sweeper.tracking.mlflow_log import KIND_TAG, Tracker
+    from sweeper.tracking.mlflow_log import KIND_TAG
 
-    tracker = Tracker(tracking_uri)
+    tracker = open_tracker(tracking_uri)
     client = tracker.client
     experiment = tracker.experiment_id(PLAN_EXPERIMENT)
     q = result.question

@@ -328,11 +328,46 @@ def _runs_in(path: Path) -> int:
         return -1
 
 
-def prepare_tracking_store(uri: str, study: str | None = None) -> str | None:
+def study_names_in(storage: str | None) -> list[str] | None:
+    """The study names of a SQLite Optuna store, read with sqlite3 (no Optuna import); []
+    for no file, None when they cannot be read (not SQLite, damaged)."""
+    db = sqlite_path(storage) if storage else None
+    if db is None:
+        return None
+    if not db.is_file():
+        return []
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
+            return [row[0] for row in con.execute("SELECT study_name FROM studies ORDER BY study_id")]
+    except sqlite3.Error:
+        return None
+
+
+def _repair_command(uri: str, study: str | None, storage: str | None) -> str:
+    """The command that repairs a damaged MLflow store in the state it is in (a study that
+    exists in the Optuna store: `sweeper sync` rebuilds the store from it; tests/test_advice.py
+    runs it)."""
+    names = study_names_in(storage)
+    if names is None or study in (names or []):
+        return f"`{sync_command(study, storage, uri)}` moves it aside and logs the study's trials " \
+               "again from Optuna"
+    if names:
+        first = sync_command(names[0], storage, uri)
+        rest = f" (then the same for each other study: {', '.join(names[1:6])})" if names[1:] else ""
+        return (f"`{first}` moves it aside and logs the trials of study {names[0]!r} again "
+                f"from Optuna{rest}")
+    db = sqlite_path(uri)
+    return (f"no study in {storage} can rebuild it: `mv {db} {db}.damaged` starts a fresh "
+            "store" if db else "name another store with --tracking-uri")
+
+
+def prepare_tracking_store(uri: str, study: str | None = None,
+                           storage: str | None = None) -> str | None:
     """Before a sweep opens its MLflow store: a half-created schema that holds no run (the
     disk filled while MLflow created it) is moved aside, so MLflow creates a fresh one;
     returns the one line saying so (or None). A damaged store, or a half-created one with
-    runs, is a ConfigError naming `sweeper sync`, which rebuilds it from Optuna."""
+    runs, is a ConfigError naming the command that rebuilds it (`_repair_command`: `sweeper
+    sync` of a study in `storage`, the sweep's Optuna store)."""
     from workloads.config import ConfigError
 
     problem = store_problem("mlflow", uri, study)
@@ -349,7 +384,5 @@ def prepare_tracking_store(uri: str, study: str | None = None) -> str | None:
         return (f"sweeper: the MLflow store {uri} {problem.what}, with no "
                 f"run in it (the disk filled while MLflow created it): moved aside to {moved}; "
                 "a fresh one is created")
-    target = f"--study {study}" if study else "--study NAME"
     raise ConfigError("--tracking-uri", uri, f"an intact MLflow store (this one {problem.what}); "
-                      f"`sweeper sync {target}` moves it aside and logs the study's trials "
-                      "again from Optuna")
+                      f"{_repair_command(uri, study, storage)}")

@@ -71,8 +71,9 @@ def load_study(study_name: str, storage: str):
 
     db = sqlite_path(storage)
     if db is not None and not db.is_file():      # do not create an empty store just to look
-        raise ConfigError("--storage", storage, "an Optuna storage with studies (no such file; "
-                          "run `sweeper run` first, or set SWEEPER_HOME / --storage)")
+        raise ConfigError("--storage", storage, "an Optuna storage with studies (no such file: "
+                          "no sweep has used it; set SWEEPER_HOME or --storage to the one a "
+                          "sweep used)")
     opened = _open_storage(storage)
     names = study_names(storage, opened)
     if study_name not in names:
