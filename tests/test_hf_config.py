@@ -42,6 +42,11 @@ def load(name: str):
                       d_head=128, vocab=151_936, max_context=40_960)),
     ("Qwen3-30B-A3B", dict(d_model=2048, d_ff=768, n_layers=48, n_heads=32, n_kv_heads=4,
                            d_head=128, n_experts=128, experts_per_token=8, max_context=40_960)),
+    ("Mistral-7B-v0.1", dict(d_model=4096, d_ff=14336, n_layers=32, n_heads=32, n_kv_heads=8,
+                             d_head=128, vocab=32_000, mlp="swiglu", tie_embeddings=False,
+                             max_context=32_768, n_experts=0)),
+    ("gemma-2-9b", dict(d_model=3584, d_ff=14336, n_layers=42, n_heads=16, n_kv_heads=8,
+                        d_head=256, vocab=256_000, mlp="geglu", max_context=8192)),
     ("gemma-7b", dict(d_model=3072, d_ff=24576, n_layers=28, n_heads=16, n_kv_heads=16,
                       d_head=256, vocab=256_000, mlp="geglu", tie_embeddings=True,
                       max_context=8192)),
@@ -87,6 +92,18 @@ def test_what_the_model_cannot_express_is_refused_naming_the_field(name, field, 
     message = str(err.value)
     assert "\n" not in message and f"{field}:" in message and says in message
     assert "config.json" in message
+
+
+def test_a_refused_config_is_one_line_exit_2_before_anything_starts(tmp_path):
+    """`sweeper plan --model <DeepSeek-V3 config.json>` (MLA): the CLI's one line, exit 2,
+    naming the field, before JAX, Ray or MLflow is imported (tests/test_bad_input.py)."""
+    from test_bad_input import check_rejected, run_cli
+
+    proc = run_cli(["plan", "--model", str(HF / "DeepSeek-V3"), "--hardware", "h100",
+                    "--rate", "4", "--input-len", "1024", "--output-len", "128", "--no-mlflow"],
+                   tmp_path / "home", tmp_path / "imports.json")
+    check_rejected(proc, tmp_path / "home", tmp_path / "imports.json",
+                   ["kv_lora_rank:", "multi-head latent attention", "config.json"], None)
 
 
 def test_approximations_are_warned_saying_how():

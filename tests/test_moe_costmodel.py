@@ -192,6 +192,7 @@ def test_a_mixtral_config_plan_has_fp8_kv_and_ep_options_and_a_memory_budget(cap
     budget = next(iter(best["memory_per_chip"].values()))
     assert budget["weights_bytes"] + budget["working_bytes"] + budget["kv_bytes"] \
         <= budget["hbm_bytes"] - budget["reserve_bytes"]
+    assert budget["kv_capacity_tokens"] >= budget["kv_tokens"] > 0
     profile = AppProfile(rate=4.0, input_len=parse_length(1024, "x", None),
                          output_len=parse_length(128, "x", None), ttft=1.0, tpot=0.05)
     result = plan(PlanQuestion(MIXTRAL, H100, profile, modes=("aggregated",), requests=100))
