@@ -82,6 +82,21 @@ def test_the_presets_are_the_released_configs():
         assert {k: v for k, v in MODEL_PRESETS[preset].to_dict().items() if k != "name"} == fields
 
 
+def test_the_larger_presets_have_their_cards_sizes():
+    """Presets without a fixture here: Llama 3.1 70B and 405B (the released safetensors hold
+    70.55B and 405.85B, norms included, which this count leaves out: under 0.01B), Qwen3
+    235B-A22B (235B total, 22B activated per token)."""
+    def billions(name, **kw):
+        return costmodel.param_count(MODEL_PRESETS[name], **kw) / 1e9
+
+    assert billions("llama3.1-70b") == pytest.approx(70.55, abs=0.01)
+    assert billions("llama3.1-405b") == pytest.approx(405.85, abs=0.01)
+    assert billions("qwen3-235b-a22b") == pytest.approx(235.1, abs=0.1)
+    assert billions("qwen3-235b-a22b", active=True) == pytest.approx(22.2, abs=0.1)
+    for name in ("llama3.1-70b", "llama3.1-405b"):
+        assert MODEL_PRESETS[name].max_context == 131_072
+
+
 @pytest.mark.parametrize("name,field,says", [
     ("DeepSeek-V3", "kv_lora_rank", "multi-head latent attention"),
     ("Qwen1.5-MoE-A2.7B", "shared_expert_intermediate_size", "shared experts"),
