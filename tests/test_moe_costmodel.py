@@ -258,3 +258,29 @@ def test_the_host_cost_model_counts_the_engines_moe_and_8bit_work():
     dense = MODEL_PRESETS["tiny"]          # a dense call counts as before: weights once per pass
     _, d = counts(model=dense)
     assert d["matmul_weights"] == pytest.approx(cm.matmul_params(dense))
+
+
+def test_what_the_slot_server_does_not_run_is_refused_in_one_line():
+    """The slot server (`sweeper serve`, serving trials) runs tp experts and a bf16 KV cache
+    (docs/models.md): a plan slice or a serving trial asking for ep or an 8-bit cache is
+    refused naming the field, before Ray or JAX start."""
+    from sweeper.serving.serve import slot_specs
+    from workloads.deployment import Deployment, PhaseSlice
+
+    def deployment(**decode):
+        part = dict(chips=4, replicas=1, ffn="ws1d", attn="head", batch=4, weights="bf16")
+        return Deployment(MODEL_PRESETS["tiny-moe"], load_hardware("tpu-v4"), "aggregated",
+                          PhaseSlice(**{**part, "batch": 1}), PhaseSlice(**{**part, **decode}))
+
+    assert set(slot_specs(deployment(), context_len=16, seed=1)) == {"aggregated"}
+    for field, value in (("experts", "ep"), ("kv_cache", "int8"), ("kv_cache", "fp8")):
+        with pytest.raises(ConfigError) as err:
+            slot_specs(deployment(**{field: value}), context_len=16, seed=1)
+        assert err.value.field == f"decode.{field}" and "\n" not in str(err.value)
+        stream = {"rate": 40, "requests": 8, "input_len": 16, "output_len": 4}
+        with pytest.raises(ConfigError, match=f"{field}: got '{value}'.*serving trial"):
+            TrialConfig.from_dict(dict(model="tiny-moe", chips=2, batch=2, input_len=8,
+                                       decode_steps=2, serving=stream, **{field: value}))
+    TrialConfig.from_dict(dict(model="tiny-moe", chips=2, batch=2, input_len=8, decode_steps=2,
+                               serving={"rate": 40, "requests": 8, "input_len": 16,
+                                        "output_len": 4}))
