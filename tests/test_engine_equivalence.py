@@ -185,7 +185,8 @@ def test_moe_routing_is_varied_and_the_experts_reach_the_logits():
 # format; each prefill layout's FFN and attention with each decode layout's), the classic
 # covering argument that a fault triggered by two settings together is caught; the cases
 # left out differ from a case run only in a third factor. `SWEEPER_FULL_MATRIX=1` runs the
-# whole matrix (`make test-all` with it set).
+# whole matrix (`make test-all` with it set). The MoE matrix (tiny-moe, tp and ep experts)
+# is run the same way.
 
 FULL = os.environ.get("SWEEPER_FULL_MATRIX", "") not in ("", "0")
 
@@ -232,17 +233,26 @@ def _full_matrix():
         yield pytest.param(trial, id=f"{'x'.join(map(str, topology))}-{kind}-{block}-{weights}-{ffn}-{attn}")
 
 
-def _moe_matrix():
+def _moe_matrix_cases() -> list[tuple]:
+    """(topology, block, weights, experts, (ffn, attn)) of every valid MoE case (tiny-moe)."""
+    cases = []
     for topology, block, weights, experts in itertools.product(
             TOPOLOGIES, ("parallel", "serial"), ("bf16", "int8"), ("tp", "ep")):
-        for ffn, attn in itertools.product(FFN_LAYOUTS, ATTN_LAYOUTS):
-            trial = trial_for(moe_model(block), topology, (ffn, attn), (ffn, attn), weights, experts)
-            if is_valid(trial):
-                yield pytest.param(trial, id=f"{'x'.join(map(str, topology))}-moe-{block}-{weights}-"
-                                   f"{experts}-{ffn}-{attn}")
+        for layout in itertools.product(FFN_LAYOUTS, ATTN_LAYOUTS):
+            if is_valid(trial_for(moe_model(block), topology, layout, layout, weights, experts)):
+                cases.append((topology, block, weights, experts, layout))
+    return cases
 
 
-@pytest.mark.slow
+def _moe_matrix():
+    cases = _moe_matrix_cases()
+    for topology, block, weights, experts, (ffn, attn) in (cases if FULL else pairwise(cases)):
+        trial = trial_for(moe_model(block), topology, (ffn, attn), (ffn, attn), weights, experts)
+        yield pytest.param(trial, id=f"{'x'.join(map(str, topology))}-moe-{block}-{weights}-"
+                           f"{experts}-{ffn}-{attn}")
+
+
+@pytest.mark.ci_slow
 @pytest.mark.parametrize("trial", list(_moe_matrix()))
 def test_moe_matrix_matches_reference(trial):
     assert_matches_reference(trial)
@@ -260,13 +270,14 @@ def _phase_switches():
 def test_the_ci_subsets_cover_every_pair_of_the_matrix():
     """The pairwise subsets CI runs leave no pair of factor values of the whole matrix (and
     of the phase switches) untested, and are a small part of it."""
-    for cases in (_matrix_cases(), _switch_cases()):
+    for cases in (_matrix_cases(), _switch_cases(), _moe_matrix_cases()):
         chosen = pairwise(cases)
         for i, j in itertools.combinations(range(len(cases[0])), 2):
             assert {(c[i], c[j]) for c in cases} == {(c[i], c[j]) for c in chosen}, (i, j)
         assert len(chosen) < len(cases) / 2
-    layouts = {c[4] for c in pairwise(_matrix_cases())}
-    assert layouts == set(itertools.product(FFN_LAYOUTS, ATTN_LAYOUTS))
+    for cases in (_matrix_cases(), _moe_matrix_cases()):
+        layouts = {c[4] for c in pairwise(cases)}
+        assert layouts == set(itertools.product(FFN_LAYOUTS, ATTN_LAYOUTS))
 
 
 @pytest.mark.ci_slow
