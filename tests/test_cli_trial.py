@@ -61,7 +61,7 @@ def test_trial_prints_a_table(tmp_path, capsys, shared_sweeper_home):
 @pytest.mark.parametrize("data,needle", [
     (dict(TINY, batchsize=4), "did you mean 'batch'"),
     (dict(TINY, decode={"ffn": "ws2d", "attn": "batch"}, batch=3), "batch"),
-    (dict(TINY, weights="fp8"), "weights"),
+    (dict(TINY, weights="int4"), "weights"),
     ("model: [unclosed", "valid YAML"),
 ])
 def test_bad_input_exits_2_before_jax_starts(tmp_path, data, needle):

@@ -59,6 +59,18 @@ CASES = {
                                chips=4, topology="2x2x1", pad_heads="auto",
                                prefill={"ffn": "ws2d", "attn": "head"},
                                decode={"ffn": "ws2d", "attn": "batch"}),
+    # Mixture of experts (tiny-moe: 4 experts, top-2): tp runs the experts in the dense
+    # layout (ws2d: the router's logits all-reduced over x); ep dispatches tokens by
+    # all-to-all over R, from 1D weight-stationary and from wg_x (experts gathered over x).
+    "moe-tp-ws2d-batch": dict(BASE, model="tiny-moe", chips=4, topology="2x2x1", experts="tp",
+                              prefill={"ffn": "ws2d", "attn": "head"},
+                              decode={"ffn": "ws2d", "attn": "batch"}),
+    "moe-ep-ws1d": dict(BASE, model="tiny-moe", chips=4, topology="1x2x2", experts="ep",
+                        prefill={"ffn": "ws1d", "attn": "head"},
+                        decode={"ffn": "ws1d", "attn": "batch"}),
+    "moe-ep-wgx-int8": dict(BASE, model="tiny-moe", chips=4, topology="2x2x1", experts="ep",
+                            weights="int8", prefill={"ffn": "wg_x", "attn": "head"},
+                            decode={"ffn": "wg_x", "attn": "head"}),
 }
 PHASES = ("prefill", "decode")
 
@@ -175,7 +187,8 @@ def phase_ops(programs, name, phase):
 def expected(trial: TrialConfig, phase: str):
     layout = getattr(trial, phase)
     seq = trial.input_len if phase == "prefill" else 1
-    return forward_collectives(trial.run_model, trial.mesh_shape, layout, trial.batch, seq, trial.weights)
+    return forward_collectives(trial.run_model, trial.mesh_shape, layout, trial.batch, seq, trial.weights,
+                               trial.experts)
 
 
 PAIRS = [(name, phase) for name in CASES for phase in PHASES]
@@ -183,13 +196,18 @@ PAIRS = [(name, phase) for name in CASES for phase in PHASES]
 
 @pytest.mark.parametrize("name,phase", PAIRS)
 def test_all_to_all_exactly_when_attention_is_batch_sharded(programs, name, phase):
+    """...or when expert parallelism dispatches tokens (GShard: one all-to-all out, one back)."""
     trial = programs[name][0]
     ops = phase_ops(programs, name, phase)
     a2a = [op for op in ops if op.kind == "all-to-all"]
-    if getattr(trial, phase).attn == "batch":
-        assert a2a, f"batch-sharded attention without an all-to-all:\n{hlo_check.describe(ops)}"
+    dispatch = trial.experts == "ep" and trial.model.moe
+    if getattr(trial, phase).attn == "batch" or dispatch:
+        assert a2a, f"batch-sharded attention or ep without an all-to-all:\n{hlo_check.describe(ops)}"
     else:
         assert not a2a, f"head-sharded attention with all-to-alls:\n{hlo_check.describe(ops)}"
+    if dispatch and getattr(trial, phase).attn == "head":
+        layers = trial.model.n_layers
+        assert sum(op.multiplicity for op in a2a) == 2 * layers, hlo_check.describe(ops)
 
 
 @pytest.mark.parametrize("phase", PHASES)

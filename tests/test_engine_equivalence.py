@@ -45,10 +45,11 @@ def model_for(kind: str, block: str):
     return model
 
 
-def trial_for(model, topology, prefill, decode, weights):
+def trial_for(model, topology, prefill, decode, weights, experts="tp"):
     return TrialConfig(model=model, chips=int(np.prod(topology)), batch=BATCH, input_len=INPUT_LEN,
                        decode_steps=STEPS, topology=topology, weights=weights,
-                       prefill=PhaseLayout(*prefill), decode=PhaseLayout(*decode), seed=0)
+                       prefill=PhaseLayout(*prefill), decode=PhaseLayout(*decode), seed=0,
+                       experts=experts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,7 +74,8 @@ def assert_matches_reference(trial):
 
 def is_valid(trial) -> bool:
     try:
-        validate_layouts(trial.model, trial.topology, trial.prefill, trial.decode, trial.batch)
+        validate_layouts(trial.model, trial.topology, trial.prefill, trial.decode, trial.batch,
+                         experts=trial.experts)
     except ConfigError:
         return False
     return True
@@ -118,6 +120,63 @@ def test_int8_logit_deviation_is_reported_and_small():
     assert 0.0 < deviation < 0.25, deviation
 
 
+# --------------------------------------------------------------------------- mixture of experts
+# tiny-moe: a tiny Mixtral (serial block, SwiGLU, 8 query heads over 2 KV heads, 4 experts of
+# F 256, top-2). Its parallel-block variant has a GELU MLP and tied embeddings.
+
+
+def moe_model(block: str):
+    model = MODEL_PRESETS["tiny-moe"]
+    if block == "parallel":
+        model = dataclasses.replace(model, name="tiny-moe-parallel", block="parallel", mlp="gelu",
+                                    tie_embeddings=True)
+    return model
+
+
+MOE_REPRESENTATIVE = [
+    # block, weights, experts, topology, prefill, decode
+    ("serial", "bf16", "tp", (2, 2, 1), ("ws2d", "head"), ("ws2d", "batch")),
+    ("serial", "int8", "ep", (1, 2, 2), ("wg_xy", "batch"), ("ws1d", "head")),
+    ("serial", "bf16", "ep", (2, 2, 1), ("wg_x", "head"), ("wg_xyz", "batch")),
+    ("parallel", "bf16", "ep", (1, 4, 1), ("ws1d", "batch"), ("ws2d", "head")),
+    ("parallel", "int8", "tp", (2, 1, 2), ("wg_x", "batch"), ("ws2d", "head")),
+]
+
+
+def test_moe_subset_covers_both_expert_layouts_and_every_ffn_layout():
+    seen = {layout[0] for case in MOE_REPRESENTATIVE for layout in case[4:]}
+    assert seen == set(FFN_LAYOUTS) and {c[2] for c in MOE_REPRESENTATIVE} == {"tp", "ep"}
+
+
+@pytest.mark.parametrize("block,weights,experts,topology,prefill,decode", MOE_REPRESENTATIVE,
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) and isinstance(v[0], int)
+                         else "/".join(v) if isinstance(v, tuple) else str(v))
+def test_moe_layout_matches_reference(block, weights, experts, topology, prefill, decode):
+    assert_matches_reference(trial_for(moe_model(block), topology, prefill, decode, weights, experts))
+
+
+def test_moe_routing_is_varied_and_the_experts_reach_the_logits():
+    """The check can fail: every expert is chosen by some tokens, and swapping two experts'
+    weights moves the reference's logits by far more than the tolerance."""
+    import jax.numpy as jnp
+
+    from workloads.reference import reference_forward
+
+    model = moe_model("serial")
+    params = init_params(model, seed=0)
+    tokens = prompt_tokens(model, BATCH, INPUT_LEN, seed=0)
+    x = np.asarray(params["embed"], np.float32)[tokens]
+    chosen = np.argsort(x[..., :model.n_experts] @ np.asarray(params["layers"][0]["w_router"],
+                                                                np.float32)[:model.n_experts],
+                        axis=-1)[..., -model.experts_per_token:]
+    assert set(np.unique(chosen)) == set(range(model.n_experts))
+    swapped = {**params, "layers": [{**w, **{n: w[n][[1, 0, 2, 3]] for n in ("w_gate", "w_up", "w_out")}}
+                                    for w in params["layers"]]}
+    exact = reference_forward(model, params, jnp.asarray(tokens))
+    moved = reference_forward(model, swapped, jnp.asarray(tokens))
+    assert float(jnp.max(jnp.abs(exact - moved))) > 10 * ATOL
+
+
 # --------------------------------------------------------------------------- full matrix
 # The whole matrix is 480 layouts x models x meshes and 90 phase switches, ~5 s each on 2
 # cores (~48 min): more than CI's budget. CI runs a pairwise-covering subset of each
@@ -126,7 +185,8 @@ def test_int8_logit_deviation_is_reported_and_small():
 # format; each prefill layout's FFN and attention with each decode layout's), the classic
 # covering argument that a fault triggered by two settings together is caught; the cases
 # left out differ from a case run only in a third factor. `SWEEPER_FULL_MATRIX=1` runs the
-# whole matrix (`make test-all` with it set).
+# whole matrix (`make test-all` with it set). The MoE matrix (tiny-moe, tp and ep experts)
+# is run the same way.
 
 FULL = os.environ.get("SWEEPER_FULL_MATRIX", "") not in ("", "0")
 
@@ -173,6 +233,31 @@ def _full_matrix():
         yield pytest.param(trial, id=f"{'x'.join(map(str, topology))}-{kind}-{block}-{weights}-{ffn}-{attn}")
 
 
+def _moe_matrix_cases() -> list[tuple]:
+    """(topology, block, weights, experts, (ffn, attn)) of every valid MoE case (tiny-moe)."""
+    cases = []
+    for topology, block, weights, experts in itertools.product(
+            TOPOLOGIES, ("parallel", "serial"), ("bf16", "int8"), ("tp", "ep")):
+        for layout in itertools.product(FFN_LAYOUTS, ATTN_LAYOUTS):
+            if is_valid(trial_for(moe_model(block), topology, layout, layout, weights, experts)):
+                cases.append((topology, block, weights, experts, layout))
+    return cases
+
+
+def _moe_matrix():
+    cases = _moe_matrix_cases()
+    for topology, block, weights, experts, (ffn, attn) in (cases if FULL else pairwise(cases)):
+        trial = trial_for(moe_model(block), topology, (ffn, attn), (ffn, attn), weights, experts)
+        yield pytest.param(trial, id=f"{'x'.join(map(str, topology))}-moe-{block}-{weights}-"
+                           f"{experts}-{ffn}-{attn}")
+
+
+@pytest.mark.ci_slow
+@pytest.mark.parametrize("trial", list(_moe_matrix()))
+def test_moe_matrix_matches_reference(trial):
+    assert_matches_reference(trial)
+
+
 def _phase_switches():
     """Prefill layouts with other decode layouts, on one mesh that allows ws1d mixing."""
     model = model_for("grouped-query", "parallel")
@@ -185,13 +270,14 @@ def _phase_switches():
 def test_the_ci_subsets_cover_every_pair_of_the_matrix():
     """The pairwise subsets CI runs leave no pair of factor values of the whole matrix (and
     of the phase switches) untested, and are a small part of it."""
-    for cases in (_matrix_cases(), _switch_cases()):
+    for cases in (_matrix_cases(), _switch_cases(), _moe_matrix_cases()):
         chosen = pairwise(cases)
         for i, j in itertools.combinations(range(len(cases[0])), 2):
             assert {(c[i], c[j]) for c in cases} == {(c[i], c[j]) for c in chosen}, (i, j)
         assert len(chosen) < len(cases) / 2
-    layouts = {c[4] for c in pairwise(_matrix_cases())}
-    assert layouts == set(itertools.product(FFN_LAYOUTS, ATTN_LAYOUTS))
+    for cases in (_matrix_cases(), _moe_matrix_cases()):
+        layouts = {c[4] for c in pairwise(cases)}
+        assert layouts == set(itertools.product(FFN_LAYOUTS, ATTN_LAYOUTS))
 
 
 @pytest.mark.ci_slow

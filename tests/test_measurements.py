@@ -89,7 +89,7 @@ def test_a_good_row_with_comments_keeps_its_line_number(tmp_path):
     (good(phase="generate"), "column phase", "['prefill', 'decode', 'total']"),
     (good(ffn="ws3d"), "column ffn", "'wg'"),
     (good(attn="heads"), "column attn", "['head', 'batch']"),
-    (good(weights="int4"), "column weights", "['bf16', 'int8']"),
+    (good(weights="int4"), "column weights", "['bf16', 'int8', 'fp8']"),
     (good(topology="4x4x2"), "column topology", "chips=64"),
     (good(latency_s="-1"), "column latency_s", "a positive number"),
     (good(mfu="0.4"), "column mfu", "exactly one of latency_s and mfu"),

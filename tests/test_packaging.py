@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -53,7 +54,13 @@ def test_every_folder_of_code_and_data_is_a_listed_package():
     assert {name.split(".")[0] for name in listed} == TOP_LEVEL
     # the shipped spaces: the repository's search_spaces/, installed as sweeper/search_spaces
     assert _package_dir("sweeper.search_spaces") == ROOT / "search_spaces"
-    assert SETUPTOOLS["package-data"]["sweeper.search_spaces"] == ["*.yaml"]
+    # with the model config.json files a shipped space names beside it (search_spaces/moe.yaml)
+    assert SETUPTOOLS["package-data"]["sweeper.search_spaces"] == ["*.yaml", "*.json"]
+    for space in (ROOT / "search_spaces").glob("*.yaml"):
+        model = yaml.safe_load(space.read_text()).get("model")
+        if isinstance(model, str) and model.endswith(".json"):
+            assert (space.parent / model).parent == ROOT / "search_spaces"
+            assert (space.parent / model).is_file()
 
 
 def test_license_and_its_build_system_floor():

@@ -401,8 +401,8 @@ def test_summary_goodput_counts_requests_meeting_both_slos():
     times = StepTimes(lambda b, n: 0.2, lambda b, c: 0.04)
     result = simulate(_deployment(slots=1), reqs, times, slo=profile)
     s = result.summary()
-    # goodput = attainment x the offered rate (the profile's), not diluted by the drain
-    assert s["slo_attainment"] == 1.0 and s["goodput_rps"] == pytest.approx(1.0)
+    # goodput = completed requests meeting the SLO per second, over throughput's span
+    assert s["slo_attainment"] == 1.0 and s["goodput_rps"] == pytest.approx(2 / s["span_s"])
     assert s["offered_rps"] == pytest.approx(1 / 50.0)      # this two-request stream's rate
     assert s["throughput_rps"] == pytest.approx(2 / s["span_s"]) and s["span_s"] > 50
     tight = AppProfile(rate=1.0, ttft=0.1, tpot=0.05)
@@ -690,3 +690,21 @@ def test_duration_spread_is_the_closed_loops_calls_over_their_mean():
     prefill, step = duration_spread({"detail": {"aggregated": paired}})
     assert prefill == pytest.approx((1.0, 0.9, 1.1, 0.9, 1.1))
     assert step == pytest.approx((1.0,))
+
+
+@pytest.mark.parametrize("rate,slots", [(2.0, 8), (10.0, 4), (40.0, 2)])
+def test_goodput_is_completed_requests_meeting_the_slo_per_second(rate, slots):
+    """Issue 39: a plan reported goodput 10 req/s beside throughput 8.4 (goodput was
+    attainment x the offered rate). By definition goodput counts completed requests that
+    meet both SLOs over the span the throughput divides by, so it never exceeds it; from
+    an underloaded stream to one twenty times the capacity."""
+    profile = AppProfile(rate=rate, input_len=parse_length(128, "x", None),
+                         output_len=parse_length(16, "x", None), ttft=1.0, tpot=0.05)
+    result = simulate(_deployment(slots=slots), requests(profile, 400, seed=2),
+                      _constant(0.02, 0.03), slo=profile)
+    s = result.summary()
+    meeting = int(np.count_nonzero(result.meets_slo(profile)))
+    assert s["goodput_rps"] == pytest.approx(meeting / s["span_s"])
+    assert s["throughput_rps"] == pytest.approx(s["completed"] / s["span_s"])
+    assert s["goodput_rps"] <= s["throughput_rps"]
+    assert s["goodput_rps"] == pytest.approx(s["slo_attainment"] * s["throughput_rps"])

@@ -34,9 +34,11 @@ from sweeper.sweep.controller import run_sweep
 from sweeper.tracking.results import load_runs, load_trials
 from sweeper.tracking.store_health import (StoreWatch, mlflow_schema_problem,
                                            prepare_tracking_store, store_problem)
-from workloads.config import ConfigError
+from workloads.config import HARDWARE_PRESETS, ConfigError
 
-ANALYTICAL = {"name": "an", "model": "palm-62b", "hardware": "analytical:tpu-v4",
+# tpu-v4 without the preset's 10% memory reserve (tpu-v4-whole.yaml, beside the space): its
+# 4-chip points hold palm-62b's weights, so exactly batch 512 on 4 chips is pruned.
+ANALYTICAL = {"name": "an", "model": "palm-62b", "hardware": "analytical:tpu-v4-whole.yaml",
               "input_len": 128, "decode_steps": 16, "sampler": {"type": "grid"},
               "params": {"batch": [1, 8, 64, 512], "chips": [4, 16],
                          "decode_ffn": ["ws1d", "ws2d"]},
@@ -48,6 +50,8 @@ ANALYTICAL = {"name": "an", "model": "palm-62b", "hardware": "analytical:tpu-v4"
 def write_space(folder: Path, data: dict) -> Path:
     path = folder / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data))
+    whole = {**HARDWARE_PRESETS["tpu-v4"].to_dict(), "name": "tpu-v4", "memory_reserve": 0.0}
+    (folder / "tpu-v4-whole.yaml").write_text(yaml.safe_dump(whole))
     return path
 
 

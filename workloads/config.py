@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from workloads import hf_config
 # ConfigError and check_keys are used from here by most modules (workloads/validate.py)
 from workloads.validate import (ConfigError, boolean, bounded, check_keys, one_of,  # noqa: F401
                                 positive_int)
@@ -163,27 +164,42 @@ def _check_fields(cls, data: Any, kind: str, source: str | None, prefix: str) ->
 # --------------------------------------------------------------------------- model
 
 BLOCKS = ("parallel", "serial")
-MLPS = ("gelu", "swiglu")
+# gelu: W_in, W_out (the paper's); swiglu: silu(W_gate x) * W_up x (Llama, Mistral, Qwen,
+# Mixtral); geglu: gelu(W_gate x) * W_up x (Gemma). Both gated MLPs have three matrices.
+MLPS = ("gelu", "swiglu", "geglu")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only Transformer (paper §2 notation: E = d_model, F = d_ff, H, K = n_kv_heads)."""
+    """A decoder-only Transformer (paper §2 notation: E = d_model, F = d_ff, H, K = n_kv_heads).
+
+    Mixture-of-experts (docs/models.md): `n_experts` > 0 replaces every layer's MLP by that
+    many experts, each an MLP of width `d_ff`, of which the router picks `experts_per_token`
+    per token (top-k, GShard/Switch/Mixtral)."""
 
     name: str
     d_model: int
-    d_ff: int
+    d_ff: int                    # the MLP's width; of each expert in a mixture-of-experts model
     n_layers: int
     n_heads: int
     n_kv_heads: int
     d_head: int
     vocab: int
     block: str = "parallel"      # paper §3.4: attention and MLP read the same normed input
-    mlp: str = "gelu"            # gelu: W_in, W_out; swiglu: W_gate, W_up, W_out
+    mlp: str = "gelu"            # gelu: W_in, W_out; swiglu / geglu: W_gate, W_up, W_out
     tie_embeddings: bool = True
+    # The context window (prompt + generated tokens) the model was trained for; None: not
+    # stated (HF `max_position_embeddings`). Longer requests are refused (docs/models.md).
+    max_context: int | None = None
+    n_experts: int = 0           # 0: a dense MLP in every layer
+    experts_per_token: int = 0   # top-k: experts each token is routed to (MoE only)
     # Set on a head- or vocabulary-padded model (layouts.resolve_padding, paper §4): the model
     # before padding. Padded heads and tokens are zero; MFU counts the unpadded model's FLOPs.
     padded_from: "ModelConfig | None" = dataclasses.field(default=None, metadata={"internal": True})
+    # What a Hugging Face config.json said that this model approximates (workloads/hf_config.py),
+    # one line each; not part of the model's identity.
+    approximations: tuple[str, ...] = dataclasses.field(default=(), compare=False,
+                                                        metadata={"internal": True})
 
     @property
     def unpadded(self) -> "ModelConfig":
@@ -198,12 +214,33 @@ class ModelConfig:
 
     @property
     def mlp_matrices(self) -> int:
-        return 3 if self.mlp == "swiglu" else 2
+        return 3 if self.mlp in GATED_MLPS else 2
+
+    @property
+    def moe(self) -> bool:
+        """A mixture-of-experts model (n_experts > 0)."""
+        return self.n_experts > 0
+
+    @property
+    def experts(self) -> int:
+        """MLPs per layer: n_experts, or 1 for a dense model."""
+        return self.n_experts if self.moe else 1
+
+    @property
+    def active_experts(self) -> int:
+        """MLPs each token runs through per layer: experts_per_token, or 1 for a dense model."""
+        return self.experts_per_token if self.moe else 1
 
     def to_dict(self) -> dict:
-        """The unpadded model's fields (padding is a trial knob, `pad_heads`)."""
-        out = dataclasses.asdict(self.unpadded)
-        out.pop("padded_from")
+        """The unpadded model's fields (padding is a trial knob, `pad_heads`). Fields left at
+        their defaults since this file's first format (max_context, the MoE fields) are left
+        out, so a dense model's mapping, and what was recorded from it, stays as it was."""
+        base = self.unpadded
+        out = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
+               if not f.metadata.get("internal")}
+        for key in OPTIONAL_MODEL_FIELDS:
+            if out[key] == MODEL_FIELD_DEFAULTS[key]:
+                out.pop(key)
         return out
 
     @classmethod
@@ -223,14 +260,65 @@ class ModelConfig:
         values["mlp"] = one_of(f"{prefix}mlp", data.get("mlp", "gelu"), MLPS, source)
         values["tie_embeddings"] = boolean(f"{prefix}tie_embeddings", data.get("tie_embeddings", True),
                                            source)
+        if data.get("max_context") is not None:
+            values["max_context"] = positive_int(f"{prefix}max_context", data["max_context"], source)
+        values.update(_expert_fields(data, source, prefix))
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
 
 
+def check_context(model: ModelConfig, tokens: float, field: str, value: Any = None,
+                  source: str | None = None, what: str = "") -> None:
+    """ConfigError when `tokens` (prompt and answer together) exceed the model's context
+    window (`max_context`); `value` is what the user gave for `field` (default `tokens`),
+    `what` says how `tokens` was counted from it."""
+    window = model.unpadded.max_context
+    if window is not None and tokens > window:
+        counted = f" ({what})" if what else ""
+        raise ConfigError(field, tokens if value is None else value,
+                          f"prompt and answer within {model.unpadded.name}'s context window of "
+                          f"{window} tokens{counted}", source)
+
+
+GATED_MLPS = ("swiglu", "geglu")
+# ModelConfig fields a mapping may leave out (their defaults), and left out by to_dict when
+# at their defaults.
+OPTIONAL_MODEL_FIELDS = ("max_context", "n_experts", "experts_per_token")
+MODEL_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                        if f.name in OPTIONAL_MODEL_FIELDS}
+
+
+def _expert_fields(data: Mapping, source: str | None, prefix: str) -> dict:
+    """n_experts and experts_per_token: both or neither, 1 <= top-k <= experts."""
+    experts = data.get("n_experts", 0) or 0
+    top_k = data.get("experts_per_token", 0) or 0
+    if not experts and not top_k:
+        return {}
+    experts = positive_int(f"{prefix}n_experts", experts, source)
+    if experts < 2:
+        raise ConfigError(f"{prefix}n_experts", experts, "0 (a dense MLP) or at least 2 experts",
+                          source)
+    if not top_k:
+        raise ConfigError(f"{prefix}experts_per_token", None, "the experts each token is routed "
+                          f"to (top-k, 1..n_experts={experts}) for a model with n_experts", source)
+    top_k = positive_int(f"{prefix}experts_per_token", top_k, source)
+    if top_k > experts:
+        raise ConfigError(f"{prefix}experts_per_token", top_k, f"at most n_experts={experts}", source)
+    return {"n_experts": experts, "experts_per_token": top_k}
+
+
 def _palm(name, e, layers, heads, kv=1, d_head=256):
     # PaLM (Chowdhery et al. 2022, Table 1): SwiGLU MLP with F = 4E, multiquery, parallel
-    # block, d_head 256, 256k vocabulary, shared input/output embeddings.
+    # block, d_head 256, 256k vocabulary, shared input/output embeddings. No context window:
+    # the paper (Table 1) studies contexts past PaLM's training length.
     return ModelConfig(name, e, 4 * e, layers, heads, kv, d_head, 256_000, "parallel", "swiglu", True)
+
+
+def _hf(name, e, f, layers, heads, kv, vocab, context, d_head=128, experts=0, top_k=0):
+    # A model released with a Hugging Face config.json (Llama, Mixtral, Qwen): serial block,
+    # SwiGLU MLP (hidden_act silu), untied embeddings; `context` = max_position_embeddings.
+    return ModelConfig(name, e, f, layers, heads, kv, d_head, vocab, "serial", "swiglu", False,
+                       max_context=context, n_experts=experts, experts_per_token=top_k)
 
 
 MODEL_PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
@@ -243,14 +331,30 @@ MODEL_PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
     _palm("palm-540b-multihead", 18432, 118, 64, kv=64, d_head=128),
     # MT-NLG 530B (Smith et al. 2022): E 20480, 105 layers, 128 heads, GPT-style serial block.
     ModelConfig("mt-nlg-530b", 20480, 81920, 105, 128, 128, 160, 51_200, "serial", "gelu", True),
-    # Llama 2 (Touvron et al. 2023, Table 1 and the released configs).
-    ModelConfig("llama2-13b", 5120, 13824, 40, 40, 40, 128, 32_000, "serial", "swiglu", False),
-    ModelConfig("llama2-70b", 8192, 28672, 80, 64, 8, 128, 32_000, "serial", "swiglu", False),
+    # Llama 2 (Touvron et al. 2023, Table 1 and the released configs): context 4096.
+    _hf("llama2-13b", 5120, 13824, 40, 40, 40, 32_000, 4096),
+    _hf("llama2-70b", 8192, 28672, 80, 64, 8, 32_000, 4096),
+    # Llama 3.1 (the released config.json of meta-llama/Llama-3.1-8B, -70B, -405B; Grattafiori
+    # et al. 2024, "The Llama 3 Herd of Models", Table 3): 128k context, 128256 tokens.
+    _hf("llama3.1-8b", 4096, 14336, 32, 32, 8, 128_256, 131_072),
+    _hf("llama3.1-70b", 8192, 28672, 80, 64, 8, 128_256, 131_072),
+    _hf("llama3.1-405b", 16384, 53248, 126, 128, 8, 128_256, 131_072),
+    # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; config.json of
+    # mistralai/Mixtral-8x7B-v0.1): 8 experts of F 14336, top-2, 32k context.
+    _hf("mixtral-8x7b", 4096, 14336, 32, 32, 8, 32_000, 32_768, experts=8, top_k=2),
+    # Qwen3 MoE (config.json of Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B; Qwen3 Technical
+    # Report 2025, Table 2): fine-grained experts, 128 of them, top-8, no shared expert.
+    _hf("qwen3-30b-a3b", 2048, 768, 48, 32, 4, 151_936, 40_960, experts=128, top_k=8),
+    _hf("qwen3-235b-a22b", 4096, 1536, 94, 64, 4, 151_936, 40_960, experts=128, top_k=8),
     # Tiny models for tests and the quickstart (E <= 256; 8 heads so 8-way head sharding works).
     ModelConfig("tiny", 128, 512, 2, 8, 1, 16, 256, "parallel", "gelu", True),
     ModelConfig("tiny-mha", 128, 512, 2, 8, 8, 16, 256, "parallel", "gelu", True),
     ModelConfig("tiny-gqa", 128, 512, 2, 8, 2, 16, 256, "parallel", "gelu", True),
     ModelConfig("tiny-serial", 128, 512, 2, 8, 2, 16, 256, "serial", "swiglu", False),
+    # A tiny Mixtral: 4 experts of F 256, top-2 (tests; search_spaces/moe.yaml reads the same
+    # shape from its Mixtral-style config.json).
+    ModelConfig("tiny-moe", 128, 256, 2, 8, 2, 16, 256, "serial", "swiglu", False,
+                max_context=512, n_experts=4, experts_per_token=2),
     ModelConfig("small", 256, 1024, 4, 8, 1, 32, 512, "parallel", "gelu", True),
     # The calibration sweep's model (search_spaces/calibration.yaml): big enough that on a
     # 2-core host one chip's prefill of 8 x 64 tokens takes >= 50 ms and a decode step
@@ -349,6 +453,14 @@ class HardwareProfile:
     serving_handover_latency_s: float = 0.0
     serving_decode_wake_s: float = 0.0
     serving_prefill_idle_after_s: float = 0.0
+    # Precision and memory (docs/models.md). FP8 matmul FLOP/s per chip (dense, W8A8 on FP8
+    # tensor cores); 0 = no FP8 units: FP8 weights are then stored in 8 bits and computed in
+    # bf16 (weight-only, as int8).
+    fp8_flops: float = 0.0
+    # Fraction of each chip's HBM held back for the runtime (CUDA context, library
+    # workspaces, compiled graphs) and fragmentation: a plan fills at most
+    # `usable_hbm_bytes` with weights, KV cache and working set (issue 39).
+    memory_reserve: float = 0.0
     # Where a measured profile came from (`sweeper calibrate`, docs/host-calibration.md): the
     # host it describes (`host_key`), when, how long it took, the probes' held-out error.
     # Plain data, never used to predict; empty for presets and hand-written profiles.
@@ -370,6 +482,11 @@ class HardwareProfile:
     # A value measured on one host never applies to another (issue 35).
     collective_latency_max_s: float = 0.0
     multigroup_gather_scale: float = 1.0
+
+    @property
+    def usable_hbm_bytes(self) -> float:
+        """HBM per chip a model may fill: hbm_bytes less the memory_reserve."""
+        return self.hbm_bytes * (1.0 - self.memory_reserve)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -407,11 +524,15 @@ class HardwareProfile:
                     "serving_step_overhead_s", "serving_prefill_overhead_s",
                     "handover_overhead_s", "serving_prefill_wake_s",
                     "serving_prefill_first_overhead_s", "serving_handover_latency_s",
-                    "serving_decode_wake_s", "serving_prefill_idle_after_s"):
+                    "serving_decode_wake_s", "serving_prefill_idle_after_s",
+                    "fp8_flops", "memory_reserve"):
             if key in data:
                 values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
-                if values[key] < 0 or (key == "overlap" and values[key] > 1):
-                    accepted = "a number in [0, 1]" if key == "overlap" else "a number >= 0"
+                if values[key] < 0 or (key == "overlap" and values[key] > 1) \
+                        or (key == "memory_reserve" and values[key] >= 1):
+                    accepted = {"overlap": "a number in [0, 1]",
+                                "memory_reserve": "a fraction in [0, 1) of each chip's HBM"
+                                }.get(key, "a number >= 0")
                     raise ConfigError(f"{prefix}{key}", data[key], accepted, source)
         values["measured"] = bool(data.get("measured", False))
         by_kind = data.get("collective_latency_s_by_kind") or {}
@@ -571,7 +692,36 @@ PRICE_SOURCES = {
     "a100-80g": "Google Cloud a2-ultragpu-1g on-demand, US regions (2024)",
     "h100": "Google Cloud a3-highgpu-8g on-demand / 8, US regions (2024)",
     "h200": "E2E Networks on-demand H200, INR 300/h (2025)",
+    "b200": "none published (2025): give one with --price b200=DOLLARS",
 }
+
+# Precision and memory of the presets (issue 39, docs/models.md), kept apart from the
+# preset lines above:
+# - FP8: NVIDIA H100 SXM and H200 SXM datasheets, 1979 TFLOP/s dense FP8 (3958 with
+#   sparsity); B200 below. A100, TPU v4 and v5e have no FP8 units (0).
+# - Memory reserve: vLLM keeps its weights, activations and KV cache within
+#   gpu_memory_utilization = 0.9 of a GPU by default (vLLM engine arguments), leaving 10% to
+#   the CUDA context, library workspaces, CUDA graphs and fragmentation. No TPU serving
+#   engine publishes such a default; the same 10% is used for the TPU presets.
+# - B200: NVIDIA DGX B200 datasheet: 8 GPUs with 1,440 GB HBM3e in total (180 GB each) at
+#   64 TB/s (8 TB/s each), 72 PFLOP/s FP8 and 36 PFLOP/s FP16/BF16 with sparsity for the 8
+#   (dense: half, 4.5e15 FP8 and 2.25e15 BF16 per GPU), NVLink 5 at 1.8 TB/s bidirectional
+#   (900 GB/s each way), one 400 Gb/s ConnectX-7 port per GPU (5e10 B/s) between nodes. No
+#   on-demand price published at the time: None.
+# Presets fitted to published measurements (below) take these from their datasheet.
+HARDWARE_PRESETS["b200"] = HardwareProfile("b200", 2.25e15, 8e12, 180e9, 900e9, domain_chips=8,
+                                           inter_domain_bandwidth=5e10)
+_FP8_FLOPS = {"h100": 1979e12, "h200": 1979e12, "b200": 4.5e15}
+MEMORY_RESERVE = 0.1
+MEMORY_RESERVE_SOURCES = {
+    name: ("vLLM's default gpu_memory_utilization 0.9 (vLLM engine arguments)"
+           if not name.startswith("tpu") else
+           "as the GPU presets (vLLM's 0.9 utilization): no TPU serving engine publishes one")
+    for name in HARDWARE_PRESETS}
+HARDWARE_PRESETS.update({name: dataclasses.replace(profile, fp8_flops=_FP8_FLOPS.get(name, 0.0),
+                                                   memory_reserve=MEMORY_RESERVE)
+                         for name, profile in HARDWARE_PRESETS.items()})
+
 
 # Presets fitted to published measurements of real engines (`python -m benchmarks.world`
 # writes workloads/presets/world.yaml; docs/world.md): `<chip>-world`, each with its
@@ -585,10 +735,25 @@ def _load_world_presets(path: Path = WORLD_PRESETS_FILE) -> None:
     if not path.is_file():
         return
     for name, entry in (parse_yaml(read_text(path), str(path)) or {}).items():
-        HARDWARE_PRESETS[name] = HardwareProfile.from_dict(entry["profile"], source=str(path),
-                                                           prefix=f"{name}.profile.")
+        profile = HardwareProfile.from_dict(entry["profile"], source=str(path),
+                                            prefix=f"{name}.profile.")
+        HARDWARE_PRESETS[name] = _with_datasheet_precision(profile, entry["profile"],
+                                                           HARDWARE_PRESETS[entry["datasheet"]])
         WORLD_CALIBRATION[name] = {k: v for k, v in entry.items() if k != "profile"}
         PRICE_SOURCES.setdefault(name, f"as {entry['datasheet']}")
+        MEMORY_RESERVE_SOURCES.setdefault(name, f"as {entry['datasheet']}")
+
+
+def _with_datasheet_precision(fitted: HardwareProfile, given: dict,
+                              sheet: HardwareProfile) -> HardwareProfile:
+    """A fitted preset takes its datasheet's memory reserve, and FP8 units at the datasheet's
+    FP8/bf16 ratio of its fitted bf16 rate, unless its file names them (docs/models.md)."""
+    changes = {}
+    if "memory_reserve" not in given:
+        changes["memory_reserve"] = sheet.memory_reserve
+    if "fp8_flops" not in given and sheet.fp8_flops:
+        changes["fp8_flops"] = fitted.peak_flops * sheet.fp8_flops / sheet.peak_flops
+    return dataclasses.replace(fitted, **changes)
 
 
 _load_world_presets()
@@ -605,17 +770,44 @@ def _load(spec: Any, presets: Mapping, cls, kind: str, source: str | None, field
     if isinstance(spec, str):
         if spec in presets:
             return presets[spec]
+        spec = _beside(spec, source)
+        if cls is ModelConfig and hf_config.is_hf_config(spec):
+            return _load_hf_model(spec)
         if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
             data = read_yaml(spec)
             return cls.from_dict(data, source=spec)
         close = difflib.get_close_matches(spec, list(presets), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(field, spec, f"a {kind} preset {sorted(presets)}, or a YAML file{hint}", source)
+        files = "a Hugging Face config.json (or its directory) or a YAML file" if cls is ModelConfig \
+            else "or a YAML file"
+        raise ConfigError(field, spec, f"a {kind} preset {sorted(presets)}, {files}{hint}", source)
     raise ConfigError(field, spec, f"a {kind} preset name, a YAML path or a mapping", source)
 
 
+def _beside(spec: str, source: str | None) -> str:
+    """A relative path that is not there is looked up beside the file that names it (a
+    space file's `model: tiny-moe/config.json`)."""
+    path = Path(spec)
+    if path.is_absolute() or path.exists() or not source:
+        return spec
+    beside = Path(source).parent / path
+    return str(beside) if beside.exists() else spec
+
+
+def _load_hf_model(spec: str) -> ModelConfig:
+    """A Hugging Face config.json (workloads/hf_config.py); its approximations are warned."""
+    path = hf_config.config_path(spec)
+    source = str(path)
+    fields, approximations = hf_config.model_fields(read_text(path), source)
+    model = ModelConfig.from_dict({"name": hf_config.model_name(path), **fields}, source=source)
+    hf_config.warn(approximations, source)
+    return dataclasses.replace(model, approximations=approximations)
+
+
 def load_model(spec: Any, source: str | None = None, field: str = "model") -> ModelConfig:
-    """Preset name, path to a model YAML, or an inline mapping of model fields."""
+    """Preset name, path to a model YAML, a Hugging Face config.json (or the directory holding
+    one), or an inline mapping of model fields. A relative path is also looked up beside
+    `source` (the file that names it)."""
     return _load(spec, MODEL_PRESETS, ModelConfig, "model", source, field)
 
 

@@ -27,7 +27,8 @@ Per phase (prefill over B x L_input tokens, or one decode step over B tokens):
   sweeper/analysis/calibrate.py fits them to measurements without changing this structure.)
 
 Conventions that are choices, stated once:
-- KV cache is bf16. Activations are bf16.
+- KV cache is bf16 unless a trial or plan says int8 or fp8 (`kv_vector_bytes`). Activations
+  are bf16.
 - int8 weights: 1 byte per element plus one bf16 scale per output channel (per-output-channel
   symmetric quantisation, as in quant.py); embeddings stay bf16 (a lookup table and the
   unembedding are small next to the blocks, and the paper quantises the matmul weights).
@@ -46,13 +47,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from workloads.config import ConfigError, HardwareProfile, ModelConfig
+from workloads.config import ConfigError, HardwareProfile, ModelConfig, check_context
 from workloads.hostmodel import HostModel
-from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS,
+from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, KV_FORMATS, PHASES, WEIGHT_FORMATS,
                                Collective, PhaseLayout, axis_sizes, canonical_layout,
                                forward_collectives,
-                               kv_heads_per_chip, kv_heads_sharded, role_axes, split_axes,
-                               stored_weights, stores_1d, validate_layouts, validate_phase)
+                               expert_capacity, is_expert, kv_heads_per_chip, kv_heads_sharded,
+                               role_axes, split_axes, stored_weights, stores_1d, validate_layouts,
+                               validate_phase)
 
 BF16 = 2                      # bytes per bf16 element (activations, KV cache, scales)
 SOURCE = "analytical"
@@ -90,12 +92,18 @@ def check_topology(topology, chips: int) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- parameters
 
 
-def param_breakdown(model: ModelConfig) -> dict[str, int]:
-    """Matmul parameters by group (paper §2 notation: E, F, H heads, K KV heads, D head dim)."""
+def param_breakdown(model: ModelConfig, active: bool = False) -> dict[str, int]:
+    """Matmul parameters by group (paper §2 notation: E, F, H heads, K KV heads, D head dim).
+
+    A mixture-of-experts layer's `mlp` is every expert's (`active`: the experts_per_token a
+    token runs through), and its router (E x experts) is its own group."""
     e, f, h, k, d, layers = (model.d_model, model.d_ff, model.n_heads, model.n_kv_heads,
                              model.d_head, model.n_layers)
+    experts = model.active_experts if active else model.experts
     per_layer = {"W_q": e * h * d, "W_kv": 2 * e * k * d, "W_o": h * d * e,
-                 "mlp": model.mlp_matrices * e * f}
+                 "mlp": experts * model.mlp_matrices * e * f}
+    if model.moe:
+        per_layer["router"] = e * model.n_experts
     blocks = layers * sum(per_layer.values())
     embedding = model.vocab * e
     return {**{f"{name}_per_layer": v for name, v in per_layer.items()},
@@ -103,14 +111,15 @@ def param_breakdown(model: ModelConfig) -> dict[str, int]:
             "embedding": embedding, "unembedding": 0 if model.tie_embeddings else embedding}
 
 
-def block_params(model: ModelConfig) -> int:
+def block_params(model: ModelConfig, active: bool = False) -> int:
     """Parameters of the Transformer blocks only (no embeddings; norms are not matmuls)."""
-    return param_breakdown(model)["blocks"]
+    return param_breakdown(model, active)["blocks"]
 
 
-def param_count(model: ModelConfig) -> int:
-    """All matmul parameters including embeddings; tied input/output embeddings count once."""
-    parts = param_breakdown(model)
+def param_count(model: ModelConfig, active: bool = False) -> int:
+    """All matmul parameters including embeddings; tied input/output embeddings count once.
+    `active`: a mixture-of-experts model's parameters one token runs through."""
+    parts = param_breakdown(model, active)
     return parts["blocks"] + parts["embedding"] + parts["unembedding"]
 
 
@@ -118,8 +127,9 @@ def matmul_params(model: ModelConfig) -> int:
     """Parameters that take part in a matmul for every token: blocks + the unembedding.
 
     The unembedding is a V x E matmul whether or not it shares storage with the input
-    embedding, whose lookup is not a matmul (docs/architecture.md "Metrics")."""
-    return block_params(model) + model.vocab * model.d_model
+    embedding, whose lookup is not a matmul (docs/architecture.md "Metrics"). A
+    mixture-of-experts model counts the experts a token is routed to (its active ones)."""
+    return block_params(model, active=True) + model.vocab * model.d_model
 
 
 def model_flops_per_token(model: ModelConfig, keys_attended: float) -> float:
@@ -142,14 +152,18 @@ def phase_model_flops(model: ModelConfig, batch: int, phase: str, input_len: int
 
 def weight_bytes_per_chip(model: ModelConfig, chips: int, weights: str = "bf16",
                           topology: tuple[int, int, int] | None = None, one_d: bool = False,
-                          embeddings: bool = True) -> float:
+                          embeddings: bool = True, experts: str = "tp",
+                          matrices: str = "all") -> float:
     """Stored weight bytes per chip.
 
     topology=None: the even split the references count with (every matrix / chips; the GQA
     chapter's "weights split as finely as you like"). With a topology: the stored layout,
     where W_k/W_v are replicated over y*z when the KV heads do not split over all chips.
     `one_d`: both phases ws1d, weights stored E F_xyz (the 2D layout with X = 1).
-    int8: 1 byte per element + bf16 per-output-channel scales; embeddings stay bf16."""
+    int8: 1 byte per element + bf16 per-output-channel scales; embeddings stay bf16.
+    A mixture-of-experts model stores each MLP matrix once per expert, split like the dense
+    one (`experts` tp) or the experts split over all chips (ep), and a replicated bf16
+    router. `matrices`: "all", "experts" (the MLP matrices alone) or "rest"."""
     positive_int("chips", chips)
     choice("weights", weights, WEIGHT_FORMATS)
     if topology is not None:
@@ -163,33 +177,71 @@ def weight_bytes_per_chip(model: ModelConfig, chips: int, weights: str = "bf16",
 
     total = 0.0
     for w in stored_weights(model):   # layouts.STORED_WEIGHTS: the engine's table too
+        expert = is_expert(model, w.name)
+        if (matrices == "experts" and not expert) or (matrices == "rest" and expert):
+            continue
         n_in, n_out = w.shape(model)
-        elements = w.stacked * n_in * n_out / (split(w.row_role) * split(w.col_role))
-        if weights == "int8":   # scales follow the outputs
-            total += elements * 1 + w.stacked * (n_out / split(w.col_role)) * BF16
+        copies = w.stacked * (model.n_experts if expert else 1)
+        if expert and experts == "ep" and topology is not None:   # whole experts over all chips
+            copies, rows, cols = copies / chips, 1, 1
         else:
-            total += elements * BF16
+            rows, cols = split(w.row_role), split(w.col_role)
+        total += copies * n_in * n_out / (rows * cols) * weight_element_bytes(weights)
+        if weights in SCALED_WEIGHTS:   # scales follow the outputs (per expert too)
+            total += copies * (n_out / cols) * BF16
+    if model.moe and matrices != "experts":
+        total += model.d_model * model.n_experts * BF16      # the router, replicated
     total *= model.n_layers
-    if embeddings:
+    if embeddings and matrices != "experts":
         tables = 1 if model.tie_embeddings else 2
         total += tables * model.vocab * model.d_model * BF16 / chips   # stored V_xyz E
     return total
 
 
-def _gathered_weight_read_bytes(model: ModelConfig, chips: int, weights: str, m_rest: int) -> float:
+SCALED_WEIGHTS = ("int8", "fp8")  # per-output-channel scales beside 8-bit elements (quant.py)
+
+
+def weight_element_bytes(weights: str) -> int:
+    """Bytes per stored weight element: bf16 2, int8 and fp8 1."""
+    return 1 if weights in SCALED_WEIGHTS else BF16
+
+
+def kv_vector_bytes(kv_cache: str, d_head: int) -> int:
+    """Bytes of one head's K (or V) vector of D values in a KV cache of this format
+    (workloads/quant.py): bf16 2D, fp8 D, int8 D + a 2-byte scale."""
+    choice("kv_cache", kv_cache, KV_FORMATS)
+    return {"bf16": BF16 * d_head, "fp8": d_head, "int8": d_head + BF16}[kv_cache]
+
+
+def _gathered_weight_read_bytes(model: ModelConfig, chips: int, weights: str, m_rest: int,
+                                matrices: str = "all") -> float:
     """HBM bytes one chip reads per forward pass in a weight-gathered layout: every matrix
-    after the all-gather is size / M (M = chips the weights stay split over)."""
-    wbytes = 1 if weights == "int8" else BF16
-    per_layer = sum(w.stacked * math.prod(w.shape(model)) for w in stored_weights(model))
+    after the all-gather is size / M (M = chips the weights stay split over); a
+    mixture-of-experts model's experts too (tp: every expert's F / M; ep: X / M whole
+    experts), its router replicated. `matrices` as weight_bytes_per_chip's."""
+    wbytes = weight_element_bytes(weights)
+    per_layer = 0.0
+    for w in stored_weights(model):
+        expert = is_expert(model, w.name)
+        if (matrices == "experts" and not expert) or (matrices == "rest" and expert):
+            continue
+        per_layer += w.stacked * math.prod(w.shape(model)) * (model.n_experts if expert else 1)
     blocks = model.n_layers * per_layer * wbytes / m_rest
-    return blocks + model.vocab * model.d_model * BF16 / chips   # unembedding stays V_xyz
+    if matrices == "experts":
+        return blocks
+    router = model.n_layers * model.d_model * model.n_experts * BF16
+    return blocks + router + model.vocab * model.d_model * BF16 / chips   # unembedding stays V_xyz
 
 
 # --------------------------------------------------------------------------- KV cache
 
 
-def kv_bytes_per_token(model: ModelConfig, dtype_bytes: int = BF16) -> int:
-    """Whole-model KV cache per token: 2 (K and V) * n_layers * K heads * d_head * bytes."""
+def kv_bytes_per_token(model: ModelConfig, dtype_bytes: int = BF16,
+                       kv_cache: str | None = None) -> int:
+    """Whole-model KV cache per token: 2 (K and V) * n_layers * K heads * d_head * bytes
+    (`kv_cache`: a cache format's bytes per head vector, `kv_vector_bytes`, instead)."""
+    if kv_cache is not None:
+        return 2 * model.n_layers * model.n_kv_heads * kv_vector_bytes(kv_cache, model.d_head)
     return 2 * model.n_layers * model.n_kv_heads * model.d_head * dtype_bytes
 
 
@@ -221,17 +273,21 @@ def kv_placement(model: ModelConfig, chips: int, batch: int, attn: str = "head",
 
 
 def kv_bytes_per_chip(model: ModelConfig, chips: int, batch: int, context: int, attn: str = "head",
-                      topology: tuple[int, int, int] | None = None, ffn: str = "ws2d") -> float:
-    """KV-cache bytes per chip (bf16) for `batch` sequences of `context` tokens."""
+                      topology: tuple[int, int, int] | None = None, ffn: str = "ws2d",
+                      kv_cache: str = "bf16") -> float:
+    """KV-cache bytes per chip for `batch` sequences of `context` tokens (`kv_cache` format)."""
     place = kv_placement(model, chips, batch, attn, topology, ffn)
-    per_pair_token = 2 * model.n_layers * model.d_head * BF16
+    per_pair_token = 2 * model.n_layers * kv_vector_bytes(kv_cache, model.d_head)
     return float(place["pairs_per_chip"] * per_pair_token * context)
 
 
 @dataclass(frozen=True)
 class MaxContext:
-    """The longest context that fits, and the per-chip KV accounting behind it (`analytical`)."""
+    """The longest context that fits, and the per-chip KV accounting behind it (`analytical`):
+    the KV budget's, or the model's context window where that is shorter (`limited_by`)."""
     max_context: int
+    limited_by: str                 # "memory" or "context window"
+    context_window: int | None      # the model's (ModelConfig.max_context); None: not stated
     kv_bytes_per_token_per_chip: float
     kv_budget_bytes_per_chip: float
     kv_fraction: float
@@ -248,8 +304,10 @@ class MaxContext:
 
 def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, attn: str = "head",
                 kv_fraction: float = 0.3, topology: tuple[int, int, int] | None = None,
-                ffn: str = "ws2d") -> MaxContext:
-    """Longest context whose KV cache fits in kv_fraction of each chip's HBM (paper §4.2, Table 1).
+                ffn: str = "ws2d", kv_cache: str = "bf16") -> MaxContext:
+    """Longest context whose KV cache fits in kv_fraction of each chip's HBM (paper §4.2, Table 1),
+    and beside the weights within the usable HBM (HBM less the hardware's memory_reserve,
+    docs/models.md), whichever is less.
 
     Table 1 reserves 30% of 32 GiB per chip for the KV cache on 64 TPU v4 chips."""
     if isinstance(kv_fraction, bool) or not isinstance(kv_fraction, (int, float)) \
@@ -261,17 +319,22 @@ def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int,
         raise ConfigError("batch", batch, f"a multiple of chips={chips} (batch-sharded attention "
                           "splits the KV cache over all chips)")
     place = kv_placement(model, chips, batch, attn, topology, ffn)
-    per_token = kv_bytes_per_chip(model, chips, batch, 1, attn, topology, ffn)
-    budget = kv_fraction * hw.hbm_bytes
+    per_token = kv_bytes_per_chip(model, chips, batch, 1, attn, topology, ffn, kv_cache)
+    weights = weight_bytes_per_chip(model, chips)
+    budget = max(min(kv_fraction * hw.hbm_bytes, hw.usable_hbm_bytes - weights), 0.0)
+    fitting = int(budget // per_token)
+    window = model.unpadded.max_context
     return MaxContext(
-        max_context=int(budget // per_token),
+        max_context=fitting if window is None else min(fitting, window),
+        limited_by="memory" if window is None or fitting <= window else "context window",
+        context_window=window,
         kv_bytes_per_token_per_chip=per_token,
         kv_budget_bytes_per_chip=budget,
         kv_fraction=kv_fraction,
         kv_heads_per_chip=place["kv_heads_per_chip"],
         sequences_per_chip=place["sequences_per_chip"],
         kv_replication=place["replication"],
-        weight_bytes_per_chip=weight_bytes_per_chip(model, chips),
+        weight_bytes_per_chip=weights,
         attention_kind=model.attention_kind,
     )
 
@@ -533,6 +596,11 @@ class PhasePrediction:
     heads: int = 0                 # query heads as run (padded)
     unpadded_heads: int = 0        # the model's own; MFU counts these (paper §4)
     padding_params: int = 0        # parameters the padded heads add (zero weights)
+    experts: str = ""              # a mixture-of-experts model's: tp | ep ("" when dense)
+    moe_kernel: str = ""           # padded | grouped (expert_terms)
+    experts_read: float = 0.0      # expected experts per layer whose weights a chip reads
+    expert_imbalance: float = 1.0  # busiest chip's routed load over the mean (ep, grouped)
+    kv_cache: str = "bf16"         # the KV cache's format
 
     @property
     def bound(self) -> str:
@@ -551,13 +619,16 @@ class PhasePrediction:
 
 
 def working_set_bytes(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
-                      batch: int, seq_len: int, weights: str = "bf16") -> float:
+                      batch: int, seq_len: int, weights: str = "bf16", experts: str = "tp",
+                      moe_kernel: str = "grouped") -> float:
     """Rough per-chip working set of one layer beyond weights and KV cache (an estimate).
 
     Residual stream in and out, the MLP's up-projections, Q/K/V/out, and in weight-gathered
     layouts the largest gathered matrix (dequantised to bf16); int8 weight-stationary
     layouts hold one dequantised matrix. Attention scores are assumed computed in chunks
-    (not materialised whole). Calibration compares this with the compiled program's peak."""
+    (not materialised whole). Calibration compares this with the compiled program's peak.
+    A mixture-of-experts MLP holds its experts' activations and dispatch buffers instead
+    (`expert_terms`)."""
     x, y, z = topology
     n = x * y * z
     _, _, n_gather, m_rest = split_axes(layout.ffn, topology)
@@ -569,11 +640,15 @@ def working_set_bytes(model: ModelConfig, topology: tuple[int, int, int], layout
     else:
         t_loc, e_loc, f_loc, h_loc = math.ceil(batch / n_gather) * seq_len, e, f / m_rest, h / m_rest
     k_loc = kv_heads_per_chip(model, m_rest if layout.ffn.startswith("wg") else n)
-    elements = t_loc * (2 * e_loc + (model.mlp_matrices - 1) * f_loc + 2 * h_loc * d + 2 * k_loc * d)
-    largest = max(e * f, e * h * d)
+    mlp = t_loc * (model.mlp_matrices - 1) * f_loc
+    if model.moe:
+        mlp = expert_terms(model, topology, layout, batch, seq_len, experts,
+                           moe_kernel).working_elements(model, t_loc, e_loc, f_loc)
+    elements = t_loc * (2 * e_loc + 2 * h_loc * d + 2 * k_loc * d) + mlp
+    largest = max(e * f * model.experts, e * h * d)
     if layout.ffn.startswith("wg"):
         elements += largest / m_rest
-    elif weights == "int8":
+    elif weights in SCALED_WEIGHTS:
         elements += largest / n
     return elements * BF16
 
@@ -640,15 +715,171 @@ def attention_half_rows(hw: HardwareProfile) -> float:
     return float(hw.attention_half_rows)
 
 
+# --------------------------------------------------------------------------- mixture of experts
+# docs/models.md, "Mixture of experts". What an MoE layer's experts cost depends on the
+# kernel that runs them:
+#   padded   the engine's static shapes (workloads/partitioning.py): every expert computes
+#            every token of its chip (tp) or a buffer of C = ceil(T_G / M) slots per source
+#            chip (ep), dropless; every local expert's weights are read every pass;
+#   grouped  a serving engine's grouped GEMM over the routed tokens (vLLM/SGLang fused MoE,
+#            DeepEP dispatch): T x k rows, the busiest chip's share under ep (load
+#            imbalance), and only the experts some token chose are read.
+MOE_KERNELS = ("padded", "grouped")
+
+
+def default_moe_kernel(hw: HardwareProfile) -> str:
+    """padded on a measured host (only the engine runs there), grouped on a hardware preset
+    or fitted accelerator profile (what a plan is served with)."""
+    return "padded" if hw.measured else "grouped"
+
+
+def experts_hit(model: ModelConfig, tokens: float) -> float:
+    """Expected distinct experts `tokens` tokens choose, each picking k of X uniformly:
+    X (1 - (1 - k/X)^tokens). A decode step at batch 1 reads k experts; at large batch all X."""
+    x, k = model.n_experts, model.experts_per_token
+    return x * (1.0 - (1.0 - k / x) ** tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def expected_max_normal(count: int) -> float:
+    """E[max of `count` independent standard normals]: the integral of x * count * phi(x) *
+    Phi(x)^(count - 1) (trapezoid rule on [-8, 8]; 0 for one). 0.56 for 2, 1.03 for 4, 1.42
+    for 8, 1.77 for 16."""
+    if count <= 1:
+        return 0.0
+    step, total = 0.005, 0.0
+    for i in range(int(16 / step) + 1):
+        x = -8.0 + i * step
+        pdf = math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2)))
+        total += x * count * pdf * cdf ** (count - 1) * (0.5 if i in (0, int(16 / step)) else 1.0)
+    return total * step
+
+
+def expert_load_imbalance(model: ModelConfig, tokens: float, shards: int) -> float:
+    """The busiest of M = `shards` chips' routed (token, expert) pairs over the mean, when
+    `tokens` tokens each pick k distinct experts of X uniformly and every chip holds X/M: a
+    chip's count is a sum of per-token hypergeometric counts, mean T k / M, variance
+    T k (1/M)(1 - 1/M)(X - k)/(X - 1); the busiest is the mean plus E[max of M normals]
+    standard deviations (`expected_max_normal`), at least the mean rounded up (counts are
+    whole) and at most every token's min(k, X/M) pairs on one chip. 1 on one chip."""
+    if shards <= 1 or tokens <= 0:
+        return 1.0
+    x, k = model.n_experts, model.experts_per_token
+    mean = tokens * k / shards
+    std = math.sqrt(tokens * k / shards * (1 - 1 / shards) * (x - k) / max(x - 1, 1))
+    busiest = min(max(mean + expected_max_normal(shards) * std, math.ceil(mean)),
+                  tokens * min(k, x // shards))
+    return max(1.0, busiest / mean)
+
+
+def destination_chips(model: ModelConfig, shards: int) -> float:
+    """Expected distinct chips (of M, X/M experts each) holding a token's k experts: a token
+    is sent to each such chip once (DeepEP's dispatch), M (1 - C(X - X/M, k) / C(X, k))."""
+    x, k = model.n_experts, model.experts_per_token
+    return shards * (1.0 - math.comb(x - x // shards, k) / math.comb(x, k))
+
+
+@dataclass(frozen=True)
+class ExpertTerms:
+    """An MoE layer's experts in one pass of one phase (per layer; docs/models.md)."""
+
+    experts: str            # tp | ep
+    kernel: str             # padded | grouped
+    tokens: int             # T = B x L of the pass
+    group_tokens: int       # T_G: the tokens one R-group of chips holds (B / N x L)
+    shards: int             # M: chips an R-group spreads the experts (ep) or F (tp) over
+    rows: float             # expert-MLP rows the whole mesh runs (>= T x k), the busiest chip's
+    hit_fraction: float     # of a chip's expert weights read per pass
+    imbalance: float        # busiest chip's routed load over the mean (ep, grouped)
+    slots: int              # ep: C, each expert's slots per source chip (padded)
+
+    def extra_flops(self, model: ModelConfig) -> float:
+        """FLOPs run beyond the useful T x k expert rows (padding, the busiest chip's excess)."""
+        rows = self.rows - self.tokens * model.experts_per_token
+        return rows * 2.0 * model.mlp_matrices * model.d_model * model.d_ff * model.n_layers
+
+    def working_elements(self, model: ModelConfig, t_loc: float, e_loc: float, f_loc: float) -> float:
+        """Elements per chip of the experts' activations (and ep's dispatch buffers)."""
+        k, x = model.experts_per_token, model.n_experts
+        up = (model.mlp_matrices - 1)
+        if self.experts == "tp":
+            rows = t_loc * (x if self.kernel == "padded" else k)
+            return rows * (up * f_loc + e_loc)
+        rows = x * self.slots if self.kernel == "padded" else self.slots * k * self.imbalance
+        return rows * (2 * model.d_model + up * model.d_ff)
+
+
+def expert_terms(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
+                 batch: int, seq_len: int, experts: str = "tp",
+                 kernel: str = "grouped") -> ExpertTerms:
+    """The experts' rows, weight reads, imbalance and slots of one pass (module section)."""
+    choice("moe_kernel", kernel, MOE_KERNELS)
+    _, _, n_gather, m_rest = split_axes(layout.ffn, topology)
+    n = math.prod(topology)
+    tokens = batch * seq_len
+    group = math.ceil(batch / n_gather) * seq_len
+    k, x = model.experts_per_token, model.n_experts
+    ep = experts == "ep"
+    slots = expert_capacity(group, m_rest) if ep else 0
+    if kernel == "padded":
+        rows = n * x * slots if ep else tokens * x
+        return ExpertTerms(experts, kernel, tokens, group, m_rest, rows, 1.0, 1.0, slots)
+    if not ep:    # every chip holds a shard of every expert: balanced, reads the union's
+        return ExpertTerms(experts, kernel, tokens, group, m_rest, tokens * k,
+                           experts_hit(model, group) / x, 1.0, slots)
+    # ep: the step waits for the busiest chip, which routes `imbalance` x the mean pairs
+    # (a token at most min(k, X/M) of them to one chip) and reads the distinct experts its
+    # pairs hit among its X/M
+    local = x // m_rest
+    imbalance = expert_load_imbalance(model, group, m_rest)
+    busiest = imbalance * group * k / m_rest
+    return ExpertTerms(experts, kernel, tokens, group, m_rest, tokens * k * imbalance,
+                       1.0 - (1.0 - 1.0 / local) ** busiest, imbalance, slots)
+
+
+def grouped_collectives(model: ModelConfig, collectives: list[Collective], terms: ExpertTerms,
+                        ) -> list[Collective]:
+    """The layout's collectives (layouts.py: the engine's padded program) as a grouped
+    kernel moves them: tp's F-side activations of the k chosen experts instead of all X;
+    ep's dispatch and combine of each token once per chip holding one of its experts, the
+    busiest chip's share."""
+    if terms.kernel != "grouped":
+        return collectives
+    out = []
+    for c in collectives:
+        if c.what in ("ffn.in", "ffn.out"):
+            c = dataclasses.replace(c, elements=round(c.elements * model.experts_per_token
+                                                      / model.n_experts))
+        elif c.what in ("moe.dispatch", "moe.combine"):
+            # a chip sends each of its C tokens once per chip holding one of its experts and
+            # the busiest receives `imbalance` x the mean: whichever is more
+            per_token = destination_chips(model, terms.shards)
+            tokens = max(terms.slots * per_token,
+                         terms.imbalance * terms.group_tokens * per_token / terms.shards)
+            c = dataclasses.replace(c, elements=round(tokens * model.d_model))
+        out.append(c)
+    return out
+
+
 def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, phase: str,
                   input_len: int = 1, context: int | None = None,
                   layout: PhaseLayout = PhaseLayout(), weights: str = "bf16",
                   topology: tuple[int, int, int] | None = None, one_d: bool | None = None,
-                  validate: bool = True) -> PhasePrediction:
+                  validate: bool = True, experts: str = "tp",
+                  moe_kernel: str | None = None, kv_cache: str = "bf16") -> PhasePrediction:
     """Analytical latency of one phase: prefill of batch x input_len tokens, or one decode step.
 
     context: keys attended and the KV cache read (default input_len). A prefill on top of a
-    history (paper Table 2: 64 new tokens after 1920) passes input_len=64, context=1984."""
+    history (paper Table 2: 64 new tokens after 1920) passes input_len=64, context=1984.
+    A mixture-of-experts model: `experts` (tp | ep, layouts.py) and `moe_kernel` (padded:
+    the engine's program; grouped: a serving engine's; `expert_terms`; None: the engine's
+    on a measured host, a serving engine's on a hardware preset, `default_moe_kernel`).
+    Precision (docs/models.md): `weights` fp8 on hardware with FP8 units (hw.fp8_flops) runs
+    the weight matmuls at that rate (W8A8); `kv_cache` bf16, int8 or fp8 sets the bytes of
+    the KV cache held and read."""
+    moe_kernel = default_moe_kernel(hw) if moe_kernel is None else moe_kernel
+    choice("kv_cache", kv_cache, KV_FORMATS)
     positive_int("chips", chips)
     positive_int("batch", batch)
     positive_int("input_len", input_len)
@@ -661,16 +892,24 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     layout = canonical_layout(layout, topology)   # a gather over size-1 axes is weight-stationary
     one_d = (layout.ffn == "ws1d") if one_d is None else one_d
     if validate:   # this phase's constraints first (so the message names it), then storage
-        validate_phase(model, topology, layout, batch, phase)
-        validate_layouts(model, topology, layout, layout, batch)
+        check_context(model, context, "context")
+        validate_phase(model, topology, layout, batch, phase, experts=experts)
+        validate_layouts(model, topology, layout, layout, batch, experts=experts)
     seq_len = input_len if phase == "prefill" else 1
     tokens = batch * seq_len
+    moe = expert_terms(model, topology, layout, batch, seq_len, experts, moe_kernel) \
+        if model.moe else None
 
     # Paper §4: padded heads cost compute time but not MFU, which counts the unpadded
-    # model's FLOPs (`flops`); the chips execute `executed_flops`.
+    # model's FLOPs (`flops`); the chips execute `executed_flops` (with an MoE model's
+    # padded or imbalanced expert rows too).
     flops = tokens * model_flops_per_token(model.unpadded, context)
     executed_flops = tokens * model_flops_per_token(model, context)
+    if moe is not None:
+        executed_flops += moe.extra_flops(model)
     compute_s = executed_flops / (chips * hw.peak_flops)
+    if weights == "fp8" and hw.fp8_flops:    # the weight matmuls on FP8 units (W8A8)
+        compute_s -= fp8_matmul_saving_s(model, hw, chips, tokens, context, executed_flops)
     if hw.matmul_half_rows or attention_half_rows(hw):   # small per-chip matmuls run below peak
         weight_per_row, attention_per_row = _row_weighted_flops(   # (matmul_rows)
             model, topology, layout, batch, seq_len, context)
@@ -680,18 +919,16 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
         compute_s += hw.matmul_half_dim * tokens * 2.0 * matmul_params(model) \
             / weight_tile_dim(model, topology, layout.ffn) / (chips * hw.peak_flops)
 
-    stored = weight_bytes_per_chip(model, chips, weights, topology, one_d)
-    _, _, _, m_rest = split_axes(layout.ffn, topology)
-    if layout.ffn.startswith("wg"):
-        weights_read = _gathered_weight_read_bytes(model, chips, weights, m_rest)
-    else:   # the blocks and the unembedding; the input embedding is a lookup of B*L rows
-        weights_read = (weight_bytes_per_chip(model, chips, weights, topology, one_d, embeddings=False)
-                        + model.vocab * model.d_model * BF16 / chips)
-    kv = kv_bytes_per_chip(model, chips, batch, context, layout.attn, topology, layout.ffn)
+    stored = weight_bytes_per_chip(model, chips, weights, topology, one_d, experts=experts)
+    weights_read = _weights_read_bytes(model, chips, weights, topology, one_d, layout, experts, moe)
+    kv = kv_bytes_per_chip(model, chips, batch, context, layout.attn, topology, layout.ffn,
+                           kv_cache)
     memory_read = weights_read + kv     # prefill: the KV it writes; decode: the cache it reads
     memory_s = memory_read / hw.hbm_bandwidth
 
-    collectives = forward_collectives(model, topology, layout, batch, seq_len, weights)
+    collectives = forward_collectives(model, topology, layout, batch, seq_len, weights, experts)
+    if moe is not None:
+        collectives = grouped_collectives(model, collectives, moe)
     comm_s = comm_time_s(collectives, hw, topology) + group_latency_s(collectives, topology, hw)
 
     # Bytes stream and overlap (compute, HBM reads, interconnect); each collective's fixed
@@ -709,9 +946,10 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
         host = HostModel.from_dict(hw.host_model)
         share = hw.host_share * chips
         call = PhaseCall(model, chips, batch, phase, input_len, context, layout, weights,
-                         tuple(topology), one_d)
+                         tuple(topology), one_d, experts, moe_kernel, kv_cache)
         latency_s = host.seconds(host_counts(call, host.cache_for(share)), phase, share)
-    working = working_set_bytes(model, topology, layout, batch, seq_len, weights)
+    working = working_set_bytes(model, topology, layout, batch, seq_len, weights, experts,
+                                moe_kernel)
     peak = stored + kv + working
     return PhasePrediction(
         phase=phase, ffn=layout.ffn, attn=layout.attn, weights=weights, chips=chips, batch=batch,
@@ -721,10 +959,45 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
         cost_chip_s_per_token=chips * latency_s / tokens,
         weight_bytes_per_chip=stored, kv_bytes_per_chip=kv, working_set_bytes_per_chip=working,
         peak_bytes_per_chip=peak, memory_read_bytes_per_chip=memory_read,
-        comm_bytes_per_chip=float(comm_bytes(collectives)), fits=peak <= hw.hbm_bytes,
+        comm_bytes_per_chip=float(comm_bytes(collectives)), fits=peak <= hw.usable_hbm_bytes,
         hbm_bytes=hw.hbm_bytes, collectives=collectives, executed_flops=executed_flops,
         heads=model.n_heads, unpadded_heads=model.unpadded.n_heads,
-        padding_params=param_count(model) - param_count(model.unpadded))
+        padding_params=param_count(model) - param_count(model.unpadded),
+        experts=experts if model.moe else "", moe_kernel=moe_kernel if model.moe else "",
+        experts_read=(moe.hit_fraction * model.n_experts / (moe.shards if experts == "ep" else 1)
+                      if moe else 0.0),   # of the chip's own (ep: X/M; tp: shards of all X)
+        expert_imbalance=(moe.imbalance if moe else 1.0), kv_cache=kv_cache)
+
+
+def fp8_matmul_saving_s(model: ModelConfig, hw: HardwareProfile, chips: int, tokens: int,
+                        context: float, executed_flops: float) -> float:
+    """Seconds an FP8 model saves on FP8 units (hw.fp8_flops): its weight matmuls (every
+    executed FLOP but attention's, which reads the KV cache in bf16) run at the FP8 rate
+    instead of the bf16 one."""
+    attention = tokens * 4.0 * model.n_layers * model.n_heads * model.d_head * context
+    weight_flops = max(executed_flops - attention, 0.0)
+    return weight_flops / chips * (1.0 / hw.peak_flops - 1.0 / hw.fp8_flops)
+
+
+def _weights_read_bytes(model: ModelConfig, chips: int, weights: str,
+                        topology: tuple[int, int, int], one_d: bool, layout: PhaseLayout,
+                        experts: str, moe: "ExpertTerms | None") -> float:
+    """HBM bytes of weights one chip reads per pass: the blocks (as stored, or as gathered
+    in a weight-gathered layout, size / M) and the unembedding; the input embedding is a
+    lookup of B*L rows. A mixture-of-experts model reads the experts some token chose
+    (grouped kernel; all of them when padded)."""
+    _, _, _, m_rest = split_axes(layout.ffn, topology)
+
+    def part(matrices: str) -> float:
+        if layout.ffn.startswith("wg"):
+            return _gathered_weight_read_bytes(model, chips, weights, m_rest, matrices)
+        rest = 0.0 if matrices == "experts" else model.vocab * model.d_model * BF16 / chips
+        return rest + weight_bytes_per_chip(model, chips, weights, topology, one_d,
+                                            embeddings=False, experts=experts, matrices=matrices)
+
+    if moe is None:
+        return part("all")
+    return part("rest") + moe.hit_fraction * part("experts")
 
 
 # --------------------------------------------------------------------------- a calibrated host
@@ -735,22 +1008,38 @@ _HOST_UNIT = HardwareProfile("unit", 1.0, 1.0, 1e30, 1.0)
 def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]:
     """The counts of the host cost model's terms (workloads/hostmodel.py TERMS) for one call,
     summed over its devices. `cache_bytes`: the last-level cache the trial's devices share
-    (0: no cache term)."""
+    (0: no cache term).
+
+    A mixture-of-experts call counts what the engine's padded program runs (expert_terms):
+    its executed expert rows as matmul FLOPs, every local expert's weights streamed once per
+    pass, its dispatch and combine all-to-alls as exchange bytes; 8-bit weights (int8, and
+    FP8, which XLA CPU emulates) and an 8-bit KV cache as the elements turned back into bf16
+    each call (docs/models.md)."""
     p = predict_phase(hw=_HOST_UNIT, **call.arguments())
     model, topology, n = call.model, call.topology, call.chips
     layout = canonical_layout(call.layout, topology)
     seq = call.input_len if call.phase == "prefill" else 1
     tokens = call.batch * seq
     weight_rows, attention_rows = matmul_rows(model, topology, layout, call.batch, seq)
-    weight_flops = tokens * 2.0 * matmul_params(model)            # all chips together
     attention_flops = tokens * 4.0 * model.n_layers * model.n_heads * model.d_head * call.context
+    # all chips together; executed: an MoE trial's padded expert rows too
+    weight_flops = max(p.executed_flops - attention_flops, 0.0)
     _, _, _, m_rest = split_axes(layout.ffn, topology)
     gathered = layout.ffn.startswith("wg")
-    matrices = block_params(model)           # the layers' matmul weights (int8)
-    dequant = matrices / (m_rest if gathered else n) * n if call.weights == "int8" else 0.0
+    copies = n / m_rest if gathered else 1.0          # the weight copies the mesh multiplies with
+    per_expert = model.mlp_matrices * model.d_model * model.d_ff * model.n_layers if model.moe else 0
+    dense_flops = tokens * 2.0 * (matmul_params(model) - model.active_experts * per_expert)
+    # each weight element is streamed once per pass of its matmul's rows; an expert's once
+    # per pass over its whole buffer (every local expert when padded, those hit when grouped)
+    hit = expert_terms(model, topology, layout, call.batch, seq, call.experts,
+                       call.moe_kernel).hit_fraction if model.moe else 0.0
+    weights_streamed = dense_flops / weight_rows / 2.0 + copies * hit * model.n_experts * per_expert
+    matrices = block_params(model)           # the layers' matmul weights (all experts)
+    dequant = matrices * copies if call.weights in SCALED_WEIGHTS else 0.0
+    if call.kv_cache != "bf16":              # K/V read back into bf16 (workloads/kvcache.py)
+        dequant += p.kv_bytes_per_chip * n
     memory = p.memory_s * n                          # bytes read per chip (bandwidth 1) x chips
     beyond = max(0.0, 1.0 - cache_bytes / memory) if cache_bytes and memory > 0 else 0.0
-    weights_streamed = weight_flops / weight_rows / 2.0
     by_kind = {"all-gather": 0.0, "reduce-scatter": 0.0, "all-to-all": 0.0, "all-reduce": 0.0}
     ops = 0
     for c in p.collectives:
@@ -817,6 +1106,9 @@ class PhaseCall:
     weights: str
     topology: tuple[int, int, int]
     one_d: bool
+    experts: str = "tp"            # a mixture-of-experts model's experts layout
+    moe_kernel: str = "grouped"    # a trial's is "padded": the engine's program (expert_terms)
+    kv_cache: str = "bf16"
 
     def arguments(self) -> dict[str, Any]:
         """predict_phase's keyword arguments (all but hw), unvalidated (the caller checked)."""
@@ -834,7 +1126,8 @@ def phase_calls(trial) -> dict[str, PhaseCall]:
     one_d = stores_1d(trial.prefill, trial.decode)
     common = dict(model=trial.run_model, chips=trial.chips, batch=trial.batch,
                   input_len=trial.input_len, weights=trial.weights, topology=topology,
-                  one_d=one_d)
+                  one_d=one_d, experts=trial.experts, moe_kernel="padded",
+                  kv_cache=trial.kv_cache)
     return {"prefill": PhaseCall(phase="prefill", context=trial.input_len, layout=trial.prefill,
                                  **common),
             "decode": PhaseCall(phase="decode", context=decode_context(trial), layout=trial.decode,
@@ -847,12 +1140,13 @@ def predict(trial, hw: HardwareProfile):
 
     topology = trial.mesh_shape
     model = trial.run_model            # padded per trial.pad_heads (paper §4) and pad_vocab
-    validate_layouts(model, topology, trial.prefill, trial.decode, trial.batch)
+    validate_layouts(model, topology, trial.prefill, trial.decode, trial.batch,
+                     experts=trial.experts)
     calls = phase_calls(trial)
     pre, dec = calls["prefill"].predict(hw), calls["decode"].predict(hw)
     ctx = calls["decode"].context
     kv_full = max(kv_bytes_per_chip(model, trial.chips, trial.batch, trial.context_len,
-                                    layout.attn, topology, layout.ffn)
+                                    layout.attn, topology, layout.ffn, trial.kv_cache)
                   for layout in (trial.prefill, trial.decode))
     peak = pre.weight_bytes_per_chip + kv_full + max(pre.working_set_bytes_per_chip,
                                                      dec.working_set_bytes_per_chip)
@@ -872,13 +1166,16 @@ def predict(trial, hw: HardwareProfile):
     m.decode_comm_bytes_per_chip = dec.comm_bytes_per_chip
     m.prefill_compute_s, m.prefill_memory_s, m.prefill_comm_s = pre.compute_s, pre.memory_s, pre.comm_s
     m.decode_compute_s, m.decode_memory_s, m.decode_comm_s = dec.compute_s, dec.memory_s, dec.comm_s
-    m.fits = peak <= hw.hbm_bytes
+    m.fits = peak <= hw.usable_hbm_bytes
     m.collectives = {"prefill": _collective_stats(pre.collectives),
                      "decode": _collective_stats(dec.collectives)}
     m.extra = {"topology": list(topology), "decode_context": ctx,
                "prefill_bound": pre.bound, "decode_bound": dec.bound,
                "prefill_flops": pre.flops, "decode_flops": dec.flops,
                "heads": model.n_heads, "padding_params": pre.padding_params}
+    if model.moe:
+        m.extra.update(experts=trial.experts, moe_kernel=dec.moe_kernel,
+                       decode_experts_read=dec.experts_read)
     return m
 
 
@@ -894,7 +1191,7 @@ def slice_predictions(trial, hw: HardwareProfile) -> dict[str, Any]:
         m = predict(part, hw)
         working = phase_calls(part)[phase].predict(hw).working_set_bytes_per_chip
         m.peak_bytes_per_chip = m.weight_bytes_per_chip + m.kv_bytes_per_chip + working
-        m.fits = m.peak_bytes_per_chip <= hw.hbm_bytes
+        m.fits = m.peak_bytes_per_chip <= hw.usable_hbm_bytes
         out[phase] = m
     return out
 
@@ -958,10 +1255,11 @@ def feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float | None = 
         return _slices_feasibility(trial, hw, memory_budget_bytes)
     try:
         topology = trial.mesh_shape
-        validate_layouts(trial.run_model, topology, trial.prefill, trial.decode, trial.batch)
+        validate_layouts(trial.run_model, topology, trial.prefill, trial.decode, trial.batch,
+                         experts=trial.experts)
     except ConfigError as err:
         return str(err)
-    budget = hw.hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
+    budget = hw.usable_hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
     m = predict(trial, hw)
     if m.peak_bytes_per_chip > budget:
         working = m.peak_bytes_per_chip - m.weight_bytes_per_chip - m.kv_bytes_per_chip
@@ -978,7 +1276,7 @@ def _slices_feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float |
         slices = slice_predictions(trial, hw)
     except ConfigError as err:
         return str(err)
-    budget = hw.hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
+    budget = hw.usable_hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
     phase = max(slices, key=lambda name: slices[name].peak_bytes_per_chip)
     m = slices[phase]
     if m.peak_bytes_per_chip <= budget:

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from workloads.config import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareProfile, ModelConfig,
                               load_model, parse_topology)
 from workloads.hardware import load_hardware
-from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS, WEIGHT_FORMATS
+from workloads.layouts import ATTN_LAYOUTS, EXPERT_LAYOUTS, FFN_LAYOUTS, KV_FORMATS, WEIGHT_FORMATS
 from workloads.validate import ConfigError, check_keys, is_int, one_of
 
 MODES = ("aggregated", "disaggregated")
@@ -48,19 +48,25 @@ class PhaseSlice:
     batch: int          # prefill: prompts per call; decode: slots
     weights: str
     topology: tuple[int, int, int] | None = None   # None: the cost model's best split
+    experts: str = "tp"     # a mixture-of-experts model's experts layout (workloads/layouts.py)
+    kv_cache: str = "bf16"  # the KV cache's format (workloads/quant.py)
 
     def to_dict(self) -> dict:
-        return {"chips": self.chips, "replicas": self.replicas, "ffn": self.ffn,
-                "attn": self.attn, "batch": self.batch, "weights": self.weights,
-                "topology": "x".join(map(str, self.topology)) if self.topology else None}
+        out = {"chips": self.chips, "replicas": self.replicas, "ffn": self.ffn,
+               "attn": self.attn, "batch": self.batch, "weights": self.weights,
+               "topology": "x".join(map(str, self.topology)) if self.topology else None}
+        for key, default in (("experts", "tp"), ("kv_cache", "bf16")):
+            if getattr(self, key) != default:    # a plan file without them stays as it was
+                out[key] = getattr(self, key)
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, source: str | None, prefix: str) -> "PhaseSlice":
         if not isinstance(data, Mapping):
             raise ConfigError(prefix, data, "a mapping {chips, replicas, ffn, attn, batch, "
                               "weights[, topology]}", source)
-        check_keys(data, ["chips", "replicas", "ffn", "attn", "batch", "weights", "topology"],
-                   source, f"{prefix}.")
+        check_keys(data, ["chips", "replicas", "ffn", "attn", "batch", "weights", "topology",
+                          "experts", "kv_cache"], source, f"{prefix}.")
         for key in ("chips", "ffn", "attn", "batch"):
             if key not in data:
                 raise ConfigError(f"{prefix}.{key}", None, "a value (required)", source)
@@ -76,7 +82,11 @@ class PhaseSlice:
                    batch=_count(f"{prefix}.batch", data["batch"], MAX_BATCH, source),
                    weights=one_of(f"{prefix}.weights", data.get("weights", "bf16"),
                                   WEIGHT_FORMATS, source),
-                   topology=topology)
+                   topology=topology,
+                   experts=one_of(f"{prefix}.experts", data.get("experts", "tp"), EXPERT_LAYOUTS,
+                                  source),
+                   kv_cache=one_of(f"{prefix}.kv_cache", data.get("kv_cache", "bf16"), KV_FORMATS,
+                                   source))
 
     @property
     def chips_total(self) -> int:
@@ -84,8 +94,10 @@ class PhaseSlice:
 
     def describe(self) -> str:
         topo = f" {'x'.join(map(str, self.topology))}" if self.topology else ""
+        experts = f" experts {self.experts}" if self.experts != "tp" else ""
+        kv = f" KV {self.kv_cache}" if self.kv_cache != "bf16" else ""
         return (f"{self.replicas} x {self.chips} chips{topo} {self.ffn}/{self.attn} "
-                f"batch {self.batch} {self.weights}")
+                f"batch {self.batch} {self.weights}{kv}{experts}")
 
 
 @dataclass
@@ -129,8 +141,11 @@ class Deployment:
         mode = one_of("mode", data.get("mode", "aggregated"), MODES, source)
         prefill = PhaseSlice.from_dict(data["prefill"], source, "prefill")
         decode = PhaseSlice.from_dict(data["decode"], source, "decode")
+        if prefill.kv_cache != decode.kv_cache:    # the KV cache is handed over as it is
+            raise ConfigError("prefill.kv_cache", prefill.kv_cache, f"decode.kv_cache="
+                              f"{decode.kv_cache!r}: both phases hold the same KV cache", source)
         if mode == "aggregated":   # one replica runs both phases on the same stored weights
-            for key in ("chips", "replicas", "weights", "topology"):
+            for key in ("chips", "replicas", "weights", "topology", "experts", "kv_cache"):
                 if getattr(prefill, key) != getattr(decode, key) and not (
                         key == "topology" and None in (prefill.topology, decode.topology)):
                     raise ConfigError(f"prefill.{key}", getattr(prefill, key),

@@ -25,11 +25,11 @@ from jax.sharding import PartitionSpec as P
 
 from workloads import partitioning as part
 from workloads.config import ConfigError, ModelConfig
-from workloads.layouts import (AXES, WEIGHT_FORMATS, PhaseLayout, resolve_padding, stores_1d,
-                               validate_layouts)
+from workloads.layouts import (AXES, KV_FORMATS, WEIGHT_FORMATS, PhaseLayout, resolve_padding,
+                               stores_1d, validate_layouts)
 from workloads.model import check_model, init_params, pad_params, prompt_tokens, unpad_params
 from workloads.partitioning import Plan
-from workloads.quant import dequantize_params, quantize_params
+from workloads.quant import QUANTIZED, dequantize_params, quantize_params
 from workloads.trial import TrialConfig
 
 
@@ -64,6 +64,8 @@ def _layer(plan: Plan, x, w, cache, i: int, pos, prefill: bool):
     """One Transformer layer on the residual stream x (B_G L E_R). Parallel block (§3.4):
     one input all-gather and one output reduce-scatter shared by attention and MLP."""
     gather_input, qkv, ffn, attn_out, scatter_output = _FFN[plan.layout.ffn]
+    if plan.model.moe:      # the experts in this phase's layout (layouts.py, mixture of experts)
+        ffn = part.moe_ffn
     attention = _ATTN[plan.layout.attn]
 
     def attn_branch(h, cache):
@@ -104,15 +106,17 @@ class _Shapes:
 @functools.lru_cache(maxsize=64)
 def _programs(mesh: Mesh, prefill_plan: Plan, decode_plan: Plan, shapes: _Shapes, int8: bool):
     """Jitted prefill / decode / handoff, shared by every Engine with the same key (the jit
-    objects keep their compiled executables, so a second Engine does not recompile)."""
-    specs = part.param_specs(prefill_plan.model, prefill_plan.one_d, prefill_plan.kv_split, int8)
+    objects keep their compiled executables, so a second Engine does not recompile).
+    `int8`: the weights are 8-bit with scales (int8 or fp8, quant.QUANTIZED)."""
+    specs = part.param_specs(prefill_plan.model, prefill_plan.one_d, prefill_plan.kv_split, int8,
+                             prefill_plan.experts)
     logits_spec = P(None, AXES)                  # logits B V_xyz
     b, ctx = shapes.batch, shapes.context_len
     slot_p = prefill_plan.kv_slots()
 
     def prefill_body(params, tokens):
         local = prefill_plan.cache_shape(b, ctx)
-        cache = jnp.zeros(_local_shape(mesh, local, prefill_plan.cache_spec()), jnp.bfloat16)
+        cache = jnp.zeros(_local_shape(mesh, local, prefill_plan.cache_spec()), prefill_plan.cache_dtype)
         return _forward(prefill_plan, params, tokens, cache, 0, prefill=True)
 
     def decode_body(params, cache, token, pos):
@@ -171,8 +175,10 @@ class Engine:
         self.model: ModelConfig = self.trial.run_model
         self.mesh = mesh if mesh is not None else make_mesh(topology)
         one_d = stores_1d(trial.prefill, trial.decode)
-        self.prefill_plan = Plan(self.model, topology, trial.prefill, one_d)
-        self.decode_plan = Plan(self.model, topology, trial.decode, one_d)
+        self.prefill_plan = Plan(self.model, topology, trial.prefill, one_d, trial.experts,
+                                 trial.kv_cache)
+        self.decode_plan = Plan(self.model, topology, trial.decode, one_d, trial.experts,
+                                trial.kv_cache)
 
         # `params` (and the default init) are the unpadded model's; padding adds zero heads.
         # Built on the host and placed by one device_put, which slices NumPy arrays on the
@@ -180,9 +186,9 @@ class Engine:
         # compiled a few per layout).
         source = init_params(self.model.unpadded, trial.seed) if params is None else params
         source = pad_params(source, self.model)
-        self._model_params = quantize_params(source) if trial.weights == "int8" else source
-        int8 = trial.weights == "int8"
-        specs = part.param_specs(self.model, one_d, self.prefill_plan.kv_split, int8)
+        int8 = trial.weights in QUANTIZED        # int8 or fp8 weights with scales (quant.py)
+        self._model_params = quantize_params(source, trial.weights) if int8 else source
+        specs = part.param_specs(self.model, one_d, self.prefill_plan.kv_split, int8, trial.experts)
         self.params = jax.device_put(stored_params(self._model_params),
                                      jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs,
                                                   is_leaf=lambda s: isinstance(s, P)))
@@ -245,11 +251,11 @@ class Engine:
         return [jax.device_put(jnp.int32(self.trial.input_len + i), replicated) for i in range(steps)]
 
     def reference_params(self) -> dict:
-        """Unsharded bf16 weights the engine computes with (dequantised for int8), without
+        """Unsharded bf16 weights the engine computes with (dequantised for int8/fp8), without
         the zero padded heads: run the reference on `self.model.unpadded` (= trial.model)
         with these to compare like with like."""
         params = self._model_params
-        if self.trial.weights == "int8":
+        if self.trial.weights in QUANTIZED:
             params = dequantize_params(params)
         return unpad_params(params, self.model)
 
@@ -260,7 +266,7 @@ class Engine:
     def cache_struct(self, phase: str) -> jax.ShapeDtypeStruct:
         plan = self.prefill_plan if phase == "prefill" else self.decode_plan
         shape = plan.cache_shape(self.trial.batch, self.trial.context_len)
-        return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=self.cache_sharding(phase))
+        return jax.ShapeDtypeStruct(shape, plan.cache_dtype, sharding=self.cache_sharding(phase))
 
     def lowered(self) -> dict:
         """{"prefill", "decode", "handoff"}: jax.stages.Lowered, for compiled-program analysis."""
@@ -321,10 +327,13 @@ def _validate(trial: TrialConfig, topology: tuple[int, int, int]) -> None:
         raise ConfigError("topology", f"{x}x{y}x{z}", f"X*Y*Z equal to chips={trial.chips}")
     if trial.weights not in WEIGHT_FORMATS:
         raise ConfigError("weights", trial.weights, f"one of {list(WEIGHT_FORMATS)}")
+    if trial.kv_cache not in KV_FORMATS:
+        raise ConfigError("kv_cache", trial.kv_cache, f"one of {list(KV_FORMATS)}")
     for phase in ("prefill", "decode"):
         if not isinstance(getattr(trial, phase), PhaseLayout):
             raise ConfigError(phase, getattr(trial, phase), "a PhaseLayout(ffn, attn)")
     model = resolve_padding(trial.model, trial.pad_heads, topology, trial.prefill, trial.decode,
                             pad_vocab=trial.pad_vocab)
-    validate_layouts(model, topology, trial.prefill, trial.decode, trial.batch)
+    validate_layouts(model, topology, trial.prefill, trial.decode, trial.batch,
+                     experts=trial.experts)
     check_model(model)

@@ -69,6 +69,27 @@ Per forward pass, outside the layers:
                gather that follows is left out of the model)       B*E
 Left out deliberately (tiny, and listed so the compiled-program check can skip them):
 the norm statistics (psum of T values per norm), the argmax's (max, index) gather.
+
+Mixture-of-experts MLP (docs/models.md; X experts of width F, top-k routing): a router
+E x X (replicated, bf16) picks k experts per token, and the trial's `experts` layout says
+how the experts are partitioned, the same stored layout for both phases:
+  tp  every expert split like the dense MLP (W_in: [X] E_x F_yz, 1D [X] E F_xyz), so each
+      phase's FFN layout runs on all X experts at once; dropless static shapes: every
+      expert computes every token of the chip and the gates (0 for experts not chosen)
+      weigh the outputs. Collectives: the dense layout's with F -> X*F, and in ws2d the
+      router's logits all-reduced over x (its input is E_x):  AR_x(BL X)  T*X (f32)
+  ep  expert parallelism (GShard, Switch): the experts split over all chips, z-major
+      ([X]_zyx E F), so a phase whose weights are gathered over G (wg_*) gathers them
+      into X/M whole experts per chip, split over R. The FFN input must hold whole tokens
+      (E unsplit: ws1d, wg_*, ws2d with X = 1); each chip routes its own chunk of
+      C = ceil(T_G / M) of the T_G tokens it holds, writes each (token, choice) into a
+      buffer of C slots per expert (dropless: a token picks an expert at most once), and
+                  A2A_R(dispatch [X, C, E] -> the experts' chips)     X*C*E
+                  experts: each local expert on its M*C slots
+                  A2A_R(combine, back to the tokens' chips)          X*C*E
+      then weighs its tokens' k outputs by their gates into a zero B L E partial, which
+      the layout's output reduce-scatter over R sums (each token nonzero on one chip).
+      wg_*: AG_G of the experts' weights, X*E*F/M per matrix.
 """
 
 from __future__ import annotations
@@ -82,8 +103,13 @@ from workloads.config import COLLECTIVE_KINDS, ConfigError, ModelConfig  # COLLE
 AXES = ("x", "y", "z")
 FFN_LAYOUTS = ("ws1d", "ws2d", "wg_x", "wg_xy", "wg_xyz")
 ATTN_LAYOUTS = ("head", "batch")
-WEIGHT_FORMATS = ("bf16", "int8")
+WEIGHT_FORMATS = ("bf16", "int8", "fp8")      # fp8: float8_e4m3fn with scales (quant.py)
+KV_FORMATS = ("bf16", "int8", "fp8")          # the KV cache's formats (quant.py)
 PHASES = ("prefill", "decode")
+# How a mixture-of-experts model's experts are partitioned (module doc): tensor-parallel
+# like the dense MLP, or expert-parallel with all-to-all dispatch.
+EXPERT_LAYOUTS = ("tp", "ep")
+EXPERT_AXES = ("z", "y", "x")     # ep stores the experts split over these, major first
 
 # Axes the weights are all-gathered over (= axes the batch is split over), per FFN layout.
 GATHER_AXES: dict[str, tuple[str, ...]] = {
@@ -114,7 +140,7 @@ class Collective:
     kind: str                 # one of COLLECTIVE_KINDS
     axes: tuple[str, ...]     # mesh axes it runs over
     elements: int             # per chip: AG output, RS input, AR tensor, A2A tensor
-    dtype_bytes: int          # 2 for bf16 activations/weights, 1 for int8 weights
+    dtype_bytes: int          # 2 for bf16 activations/weights, 1 for int8/fp8 weights
     count: int                # how many times per forward pass (n_layers for per-layer ops)
     what: str                 # e.g. "ffn.in", "attn.q", "weights.W_in"
 
@@ -191,10 +217,19 @@ STORED_WEIGHTS: dict[str, StoredWeight] = {w.name: w for w in [
 ]}
 
 
+MLP_WEIGHTS = ("w_in", "w_gate", "w_up", "w_out")
+
+
 def stored_weights(model: ModelConfig) -> list[StoredWeight]:
-    """The matrices of one layer as stored (W_in or W_gate + W_up, W_out, W_q, W_o, W_k/W_v)."""
-    ups = ["w_gate", "w_up"] if model.mlp == "swiglu" else ["w_in"]
+    """The matrices of one layer as stored (W_in or W_gate + W_up, W_out, W_q, W_o, W_k/W_v);
+    a mixture-of-experts model stores each MLP matrix once per expert (`is_expert`)."""
+    ups = ["w_gate", "w_up"] if model.mlp_matrices == 3 else ["w_in"]
     return [STORED_WEIGHTS[name] for name in ups + ["w_out", "w_q", "w_o", "w_kv"]]
+
+
+def is_expert(model: ModelConfig, name: str) -> bool:
+    """A stacked expert matrix [X, in, out] of a mixture-of-experts model."""
+    return model.moe and name in MLP_WEIGHTS
 
 
 def role_axes(role: str, one_d: bool, kv_split: bool) -> tuple[str, ...]:
@@ -207,10 +242,17 @@ def role_axes(role: str, one_d: bool, kv_split: bool) -> tuple[str, ...]:
     return ()
 
 
-def weight_dims(name: str, one_d: bool, kv_split: bool) -> tuple[tuple[str, ...], ...]:
-    """Mesh axes of each dimension of a stored weight, major first (w_kv: [2, E, K·D])."""
+def weight_dims(name: str, one_d: bool, kv_split: bool,
+                experts: str | None = None) -> tuple[tuple[str, ...], ...]:
+    """Mesh axes of each dimension of a stored weight, major first (w_kv: [2, E, K·D]).
+    `experts` ("tp" or "ep") for a mixture-of-experts model's MLP matrices [X, in, out]:
+    tp splits each expert like the dense matrix, ep splits the experts over EXPERT_AXES."""
     w = STORED_WEIGHTS[name]
+    if experts == "ep" and name in MLP_WEIGHTS:
+        return (EXPERT_AXES, (), ())
     dims = (role_axes(w.row_role, one_d, kv_split), role_axes(w.col_role, one_d, kv_split))
+    if experts is not None and name in MLP_WEIGHTS:
+        return ((),) + dims
     return ((),) + dims if w.stacked > 1 else dims
 
 
@@ -342,7 +384,8 @@ def _reject(field: str, value, accepted: str, source: str | None):
 
 
 def validate_phase(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
-                   batch: int, phase: str, source: str | None = None) -> None:
+                   batch: int, phase: str, source: str | None = None,
+                   experts: str = "tp") -> None:
     """Reject a layout that cannot run for this shape, naming the constraint (before compiling)."""
     field = f"{phase}"
     if layout.ffn not in FFN_LAYOUTS:
@@ -355,7 +398,10 @@ def validate_phase(model: ModelConfig, topology: tuple[int, int, int], layout: P
     if batch % n_gather:
         _reject("batch", batch, f"a multiple of {n_gather} ({layout.ffn} splits the batch over "
                 f"{'·'.join(gather)}={n_gather} chips in {phase})", source)
+    whole_experts = experts == "ep" and model.moe      # experts are not split over R
     for dim, size in (("d_model", model.d_model), ("d_ff", model.d_ff), ("n_heads", model.n_heads)):
+        if dim == "d_ff" and whole_experts:
+            continue
         if size % m_rest:
             _reject(f"model.{dim}", size, f"a multiple of {m_rest} ({layout.ffn} splits {dim} over "
                     f"axes {shards} in {phase})", source)
@@ -366,17 +412,36 @@ def validate_phase(model: ModelConfig, topology: tuple[int, int, int], layout: P
     if layout.attn == "batch" and batch % n:
         _reject("batch", batch, f"a multiple of chips={n} (batch-sharded attention splits the "
                 f"KV cache over all chips in {phase})", source)
+    if experts == "ep" and model.moe and layout.ffn == "ws2d" and topology[0] > 1:
+        _reject("experts", experts, f"tp with {phase} ws2d on X={topology[0]} (expert "
+                "parallelism routes whole tokens, and ws2d splits E over x: use ws1d, a "
+                "weight-gathered layout or X = 1)", source)
+
+
+def validate_experts(model: ModelConfig, topology: tuple[int, int, int], experts: str,
+                     source: str | None = None) -> None:
+    """The experts layout suits the model and the mesh (module doc, mixture-of-experts)."""
+    if experts not in EXPERT_LAYOUTS:
+        _reject("experts", experts, f"one of {list(EXPERT_LAYOUTS)}", source)
+    n = math.prod(topology)
+    if experts == "ep" and not model.moe:
+        _reject("experts", experts, f"tp ({model.name} is dense: no experts to spread)", source)
+    if experts == "ep" and model.n_experts % n:
+        _reject("experts", experts, f"tp, or n_experts={model.n_experts} a multiple of chips={n} "
+                "(ep stores the experts split over all chips)", source)
 
 
 def validate_layouts(model: ModelConfig, topology: tuple[int, int, int], prefill: PhaseLayout,
-                     decode: PhaseLayout, batch: int, source: str | None = None) -> None:
+                     decode: PhaseLayout, batch: int, source: str | None = None,
+                     experts: str = "tp") -> None:
     """Both phases valid, and the stored weight layout serves both (no weight movement)."""
+    validate_experts(model, topology, experts, source)
     x, y, z = topology
     if not stores_1d(prefill, decode):
         for dim, size, div, axes in (("d_model", model.d_model, x, "x"),
                                      ("d_ff", model.d_ff, y * z, "y·z"),
                                      ("n_heads", model.n_heads, y * z, "y·z")):
-            if size % div:
+            if size % div and not (dim == "d_ff" and experts == "ep" and model.moe):
                 _reject(f"model.{dim}", size, f"a multiple of {div} (weights are stored "
                         f"{'E_x' if axes == 'x' else 'split over ' + axes} on topology {x}x{y}x{z})",
                         source)
@@ -387,29 +452,35 @@ def validate_layouts(model: ModelConfig, topology: tuple[int, int, int], prefill
     if model.vocab % n:
         _reject("model.vocab", model.vocab, f"a multiple of chips={n} (the embedding is stored "
                 "V_xyz E)", source)
-    validate_phase(model, topology, prefill, batch, "prefill", source)
-    validate_phase(model, topology, decode, batch, "decode", source)
+    validate_phase(model, topology, prefill, batch, "prefill", source, experts)
+    validate_phase(model, topology, decode, batch, "decode", source, experts)
 
 
 # --------------------------------------------------------------------------- collectives
 
 
 def layer_collectives(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
-                      tokens: int, weights: str = "bf16", one_d: bool = False) -> list[Collective]:
+                      tokens: int, weights: str = "bf16", one_d: bool = False,
+                      experts: str = "tp") -> list[Collective]:
     """Collectives of ONE layer for one forward pass over `tokens` = B*L tokens (count = 1).
 
     `one_d`: the weights are stored in the 1D layout (both phases ws1d), which only matters
     for the sizes of gathered weights (never gathered in ws1d) and is kept for clarity.
+    `experts`: a mixture-of-experts model's experts layout (module doc).
     """
     sizes = axis_sizes(topology)
     n = math.prod(topology)
     x, yz = sizes["x"], sizes["y"] * sizes["z"]
-    e, f, h, k, d = model.d_model, model.d_ff, model.n_heads, model.n_kv_heads, model.d_head
+    e, h, k, d = model.d_model, model.n_heads, model.n_kv_heads, model.d_head
+    ep = experts == "ep" and model.moe
+    # tp runs every expert on every token (dropless static shapes): the MLP's activations
+    # and weights are X times the dense MLP's; ep's MLP moves none of them
+    f = 0 if ep else model.d_ff * model.experts
     t = tokens
     up_matrices = model.mlp_matrices - 1      # W_in (gelu) or W_gate + W_up (swiglu)
     gather, rest, n_gather, m_rest = split_axes(layout.ffn, topology)
     act = 2                                   # activations are bf16
-    wbytes = 1 if weights == "int8" else 2
+    wbytes = 2 if weights == "bf16" else 1          # int8 and fp8 travel in 8 bits
     out: list[Collective] = []
 
     def add(kind, axes, elements, what, dtype_bytes=act):
@@ -430,6 +501,8 @@ def layer_collectives(model: ModelConfig, topology: tuple[int, int, int], layout
         for _ in range(up_matrices):
             add("reduce-scatter", ("x",), t * f // yz, "ffn.in")
         add("all-gather", ("x",), t * f // yz, "ffn.out")
+        if model.moe and not ep:    # the router's input is E_x: its logits partial over x
+            add("all-reduce", ("x",), t * model.n_experts, "moe.router", 4)
         add("reduce-scatter", ("x",), t * h * d // yz, "attn.q")
         if kv_split:
             add("reduce-scatter", ("x",), 2 * t * k * d // yz, "attn.kv")
@@ -442,7 +515,8 @@ def layer_collectives(model: ModelConfig, topology: tuple[int, int, int], layout
         for _ in range(blocks):
             add("all-gather", rest, t * e // n_gather, "resid.in")
             add("reduce-scatter", rest, t * e // n_gather, "resid.out")
-        ffn_weight = e * f // m_rest
+        # tp: [X] E x F/M per matrix; ep: the X/M whole experts of this chip's R index
+        ffn_weight = (model.n_experts * e * model.d_ff // m_rest) if ep else e * f // m_rest
         for name in (["W_gate", "W_up"] if up_matrices == 2 else ["W_in"]) + ["W_out"]:
             add("all-gather", gather, ffn_weight, f"weights.{name}", wbytes)
         add("all-gather", gather, e * h * d // m_rest, "weights.W_q", wbytes)
@@ -453,6 +527,10 @@ def layer_collectives(model: ModelConfig, topology: tuple[int, int, int], layout
         add("all-gather", kv_axes, _kv_weight_gather_elements(model, topology, gather),
             "weights.W_kv", wbytes)
 
+    if ep:   # GShard dispatch and combine over R (module doc): X experts x C slots x E
+        slots = model.n_experts * expert_capacity(t // n_gather, m_rest) * e
+        add("all-to-all", rest, slots, "moe.dispatch")
+        add("all-to-all", rest, slots, "moe.combine")
     if layout.attn == "batch":
         add("all-to-all", rest, t * h * d // n, "attn.q_to_batch")
         add("all-to-all", rest, t * h * d // n, "attn.out_to_heads")
@@ -474,11 +552,18 @@ def _kv_weight_gather_elements(model: ModelConfig, topology: tuple[int, int, int
     return full if "x" in gather else full // sizes["x"]
 
 
+def expert_capacity(group_tokens: int, shards: int) -> int:
+    """Slots per expert in a chip's ep dispatch buffer: its chunk of the `group_tokens` its
+    R-group holds, ceil(T_G / M) (a token picks an expert at most once: dropless)."""
+    return -(-group_tokens // shards)
+
+
 def forward_collectives(model: ModelConfig, topology: tuple[int, int, int], layout: PhaseLayout,
-                        batch: int, seq_len: int, weights: str = "bf16") -> list[Collective]:
+                        batch: int, seq_len: int, weights: str = "bf16",
+                        experts: str = "tp") -> list[Collective]:
     """All collectives of one forward pass (prefill: seq_len = input_len; decode: seq_len = 1)."""
     tokens = batch * seq_len
-    per_layer = layer_collectives(model, topology, layout, tokens, weights)
+    per_layer = layer_collectives(model, topology, layout, tokens, weights, experts=experts)
     out = [Collective(c.kind, c.axes, c.elements, c.dtype_bytes, model.n_layers, c.what) for c in per_layer]
     n = math.prod(topology)
     if n > 1:

@@ -43,6 +43,10 @@ from workloads.metrics import Measurement
 from workloads.trial import TrialConfig
 
 PROGRAMS = ("prefill", "handoff", "decode")
+# FP8 in the engine (workloads/quant.py): stored and moved in 8 bits, computed in bf16.
+FP8_LABEL = ("emulated: FP8 (float8_e4m3fn) weights and KV cache are stored and moved in 8 bits "
+             "and turned into bf16 before each matmul (XLA CPU has no FP8 matmul); FP8 units' "
+             "FLOP/s are in the cost model's predictions for hardware that has them, not here")
 
 # jax device_kind (lower case, substring) -> hardware preset, for MFU on real accelerators.
 DEVICE_KIND_PRESETS = (
@@ -79,7 +83,8 @@ def cache_key(trial: TrialConfig) -> tuple:
     The model is the one the engine runs (`run_model`: heads and vocabulary padded)."""
     return (tuple(sorted(trial.model.to_dict().items())), trial.run_model.n_heads,
             trial.run_model.vocab, trial.chips, tuple(trial.mesh_shape),
-            trial.batch, trial.input_len, trial.decode_steps, trial.weights,
+            trial.batch, trial.input_len, trial.decode_steps, trial.weights, trial.experts,
+            trial.kv_cache,
             (trial.prefill.ffn, trial.prefill.attn), (trial.decode.ffn, trial.decode.attn))
 
 
@@ -494,6 +499,8 @@ def run_trial(config: TrialConfig, engine_cache: dict | None = None, verify: boo
     if is_emulated():
         m.extra["note"] = (f"emulated mesh: {n} virtual devices on this host; wall times of this "
                            "host, MFU against this host's measured peak split over the chips")
+    if "fp8" in (trial.weights, trial.kv_cache):
+        m.extra["fp8"] = FP8_LABEL
     if verify:
         verify_trial(entry, trial, m)
     return m
@@ -514,9 +521,10 @@ def verify_trial(entry: CompiledTrial, trial: TrialConfig, m: Measurement) -> No
 
     run = run_once(entry, trial, keep_logits=True)
     raw = init_params(trial.model, trial.seed)
-    weights = quant.dequantize_params(quant.quantize_params(raw)) if trial.weights == "int8" else raw
+    weights = quant.weights_as_run(raw, trial.weights)
     tokens = prompt_tokens(trial.model, trial.batch, trial.input_len, trial.seed)
-    ref_logits, ref_tokens = reference_generate(trial.model, weights, tokens, trial.decode_steps)
+    ref_logits, ref_tokens = reference_generate(trial.model, weights, tokens, trial.decode_steps,
+                                                trial.kv_cache)
     vocab = trial.model.unpadded.vocab     # padded tokens' logits (masked, never picked) aside
     errors = [float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32)[..., :vocab]
                                     - jnp.asarray(r, jnp.float32))))
@@ -525,8 +533,12 @@ def verify_trial(entry: CompiledTrial, trial: TrialConfig, m: Measurement) -> No
     engine_tokens = np.stack([np.asarray(t) for t in run.tokens], axis=1)
     m.tokens_match = bool(np.array_equal(engine_tokens, np.asarray(ref_tokens)))
     m.extra["verify_steps"] = len(errors)
-    if trial.weights == "int8":
+    if trial.weights in quant.QUANTIZED:
         # Teacher-forced over the prompt and every generated token, so the number is the
         # quantisation error alone, not a diverged greedy path.
         seq = np.concatenate([tokens, engine_tokens[:, :trial.decode_steps]], axis=1)
-        m.int8_max_logit_dev = quant.max_logit_deviation(trial.model, raw, jnp.asarray(seq))
+        deviation = quant.max_logit_deviation(trial.model, raw, jnp.asarray(seq), trial.weights)
+        if trial.weights == "int8":
+            m.int8_max_logit_dev = deviation
+        else:
+            m.extra["fp8_max_logit_dev"] = deviation

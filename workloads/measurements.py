@@ -16,7 +16,7 @@ Columns (header required; the order is free):
   ffn          ws1d | ws2d | wg_x | wg_xy | wg_xyz, or `wg`: the fastest of the three
                weight-gathered variants (a figure that plots the family)        required
   attn         head | batch                                         required
-  weights      bf16 | int8                                          required
+  weights      bf16 | int8 | fp8                                    required
   block        parallel | serial: overrides the model's block       optional
   pad_heads    auto | none | N (paper §4 head padding)              optional (= auto)
   latency_s    measured seconds (of the whole phase / all steps)    one of latency_s, mfu

@@ -10,7 +10,9 @@ engine, which shards it into the stored layout (`workloads/partitioning.py`):
     norm        [E]          parallel block: one norm feeds attention and MLP (paper §3.4)
     attn_norm, mlp_norm [E]  serial block: one norm each
     w_q [E, H*D]  w_k, w_v [E, K*D]  w_o [H*D, E]
-    w_in [E, F] (gelu) or w_gate, w_up [E, F] (swiglu);  w_out [F, E]
+    w_in [E, F] (gelu) or w_gate, w_up [E, F] (swiglu, geglu);  w_out [F, E]
+    mixture of experts (X experts): w_router [E, X], and every MLP matrix stacked per
+    expert, w_gate [X, E, F] ... w_out [X, F, E]
 
 Norms are RMSNorm (no mean subtraction, no bias; a simplification of PaLM's LayerNorm
 that changes no layout). Positions are RoPE (rotate-half, base 10000).
@@ -38,7 +40,7 @@ def check_model(model: ModelConfig) -> None:
 
 
 def mlp_weight_names(model: ModelConfig) -> tuple[str, ...]:
-    return ("w_gate", "w_up", "w_out") if model.mlp == "swiglu" else ("w_in", "w_out")
+    return ("w_gate", "w_up", "w_out") if model.mlp_matrices == 3 else ("w_in", "w_out")
 
 
 def layer_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -50,8 +52,11 @@ def layer_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["attn_norm"] = (e,)
         shapes["mlp_norm"] = (e,)
     shapes.update(w_q=(e, h * d), w_k=(e, k * d), w_v=(e, k * d), w_o=(h * d, e))
+    stack = (model.n_experts,) if model.moe else ()
+    if model.moe:
+        shapes["w_router"] = (e, model.n_experts)
     for name in mlp_weight_names(model):
-        shapes[name] = (f, e) if name == "w_out" else (e, f)
+        shapes[name] = stack + ((f, e) if name == "w_out" else (e, f))
     return shapes
 
 
@@ -90,11 +95,50 @@ def init_params(model: ModelConfig, seed: int) -> dict:
     for _ in range(model.n_layers):
         layer = {}
         for name, shape in layer_shapes(model).items():
-            layer[name] = norm_scale(shape[0]) if name.endswith("norm") else normal(shape, shape[0] ** -0.5)
+            layer[name] = norm_scale(shape[0]) if name.endswith("norm") else normal(shape, shape[-2] ** -0.5)
         layers.append(layer)
     params["layers"] = layers
     params["final_norm"] = norm_scale(model.d_model)
-    return params
+    return _routing_margins(model, params, rng) if model.moe else params
+
+
+ROUTER_GAIN = 1.0      # router logit per unit of a routing feature (init_params, MoE)
+ROUTING_LEVELS = 2.0   # routing features span [-2, 2]
+
+
+def _routing_margins(model: ModelConfig, params: dict, rng) -> dict:
+    """A mixture-of-experts model whose top-k choices hold by a wide margin, like the
+    confident logits above: a random router's k-th and (k+1)-th logits are nearly tied for
+    some tokens, so bf16 rounding differences between layouts would flip experts. Here the
+    first X embedding features of each token are a permutation of X evenly spaced levels,
+    no layer writes them (zero W_o and W_out columns), the norms scale them by 1 and the
+    router reads feature j for expert j: every token's experts are its k highest levels,
+    apart by 4/(X-1) feature units (before the norm's common scale), and they vary from
+    token to token, so dispatch and combine are exercised with a non-trivial routing."""
+    x = model.n_experts
+    if x > model.d_model:
+        raise ConfigError("model.n_experts", x, f"at most d_model={model.d_model} (the engine's "
+                          "routing features, model.init_params)")
+    levels = np.linspace(-ROUTING_LEVELS, ROUTING_LEVELS, x, dtype=np.float32)
+    order = rng.random((model.vocab, x)).argsort(axis=1)
+    embed = np.asarray(params["embed"], np.float32)
+    embed[:, :x] = levels[order]
+    router = np.zeros((model.d_model, x), np.float32)
+    router[np.arange(x), np.arange(x)] = ROUTER_GAIN
+    layers = []
+    for layer in params["layers"]:
+        layer = dict(layer)
+        for name in [n for n in layer if n.endswith("norm")]:
+            scale = np.asarray(layer[name], np.float32)
+            scale[:x] = 1.0
+            layer[name] = scale.astype(jnp.bfloat16)
+        for name in ("w_o", "w_out"):
+            w = np.asarray(layer[name], np.float32)
+            w[..., :x] = 0.0
+            layer[name] = w.astype(jnp.bfloat16)
+        layer["w_router"] = router.astype(jnp.bfloat16)
+        layers.append(layer)
+    return {**params, "embed": embed.astype(jnp.bfloat16), "layers": layers}
 
 
 def init_verification_params(model: ModelConfig, seed: int, copy_gain: float = 4.0,

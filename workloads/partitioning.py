@@ -27,8 +27,10 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from workloads.config import ModelConfig
-from workloads.layouts import AXES, PhaseLayout, kv_heads_sharded, split_axes, weight_dims
+from workloads.layouts import (AXES, MLP_WEIGHTS, PhaseLayout, kv_heads_sharded, split_axes,
+                               weight_dims)
 from workloads.model import NORM_EPS, ROPE_BASE, layer_shapes
+from workloads.kvcache import kv_dequantize, kv_dtype, kv_quantize, kv_width
 from workloads.quant import is_quantized
 
 f32, bf16 = jnp.float32, jnp.bfloat16
@@ -45,6 +47,8 @@ class Plan:
     topology: tuple[int, int, int]
     layout: PhaseLayout
     one_d: bool = False          # weights stored 1D (E F_xyz): both phases use ws1d
+    experts: str = "tp"          # a mixture-of-experts model's experts layout (layouts.py)
+    kv_cache: str = "bf16"       # the KV cache's format (quant.py): bf16, int8 or fp8
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -84,6 +88,16 @@ class Plan:
     def batch_attention(self) -> bool:
         return self.layout.attn == "batch"
 
+    @property
+    def expert_parallel(self) -> bool:
+        """Experts spread over the chips, tokens dispatched by all-to-all (layouts.py, ep)."""
+        return self.model.moe and self.experts == "ep"
+
+    def dims(self, name: str) -> tuple[tuple[str, ...], ...]:
+        """Mesh axes of each dimension of stored weight `name` (layouts.weight_dims)."""
+        experts = self.experts if self.model.moe else None
+        return weight_dims(name, self.one_d, self.kv_split, experts)
+
     def live(self, axes) -> tuple[str, ...]:
         return tuple(a for a in axes if self.sizes[a] > 1)
 
@@ -108,9 +122,13 @@ class Plan:
         return np.array([s + j for s in starts for j in range(per_chip)])
 
     def cache_shape(self, batch: int, context: int) -> tuple[int, ...]:
-        """[layers, B, context, 2 (K and V), slots, D]."""
+        """[layers, B, context, 2 (K and V), slots, D] (D + 2 for an int8 cache: quant.py)."""
         m = self.model
-        return (m.n_layers, batch, context, 2, len(self.kv_slots()), m.d_head)
+        return (m.n_layers, batch, context, 2, len(self.kv_slots()), kv_width(self.kv_cache, m.d_head))
+
+    @property
+    def cache_dtype(self):
+        return kv_dtype(self.kv_cache)
 
     def cache_spec(self) -> P:
         if self.batch_attention:                  # KV cache B_xyz (Fig. 5b)
@@ -123,15 +141,17 @@ class Plan:
 # (layouts.STORED_WEIGHTS) the cost model counts bytes from too.
 
 
-def param_specs(model: ModelConfig, one_d: bool, kv_split: bool, int8: bool) -> dict:
+def param_specs(model: ModelConfig, one_d: bool, kv_split: bool, int8: bool,
+                experts: str = "tp") -> dict:
     """PartitionSpecs of the engine's stored pytree (`engine.stored_params`); int8 scales
-    are replicated (tiny; each chip slices the columns it holds)."""
+    and a mixture-of-experts router are replicated (tiny; each chip slices what it holds)."""
     def weight(name):
-        spec = P(*[axes or None for axes in weight_dims(name, one_d, kv_split)])
+        dims = weight_dims(name, one_d, kv_split, experts if model.moe else None)
+        spec = P(*[axes or None for axes in dims])
         return {"q": spec, "scale": P()} if int8 else spec
 
     names = [n for n in layer_shapes(model) if n not in ("w_k", "w_v")] + ["w_kv"]
-    layer = {n: P() if n.endswith("norm") else weight(n) for n in names}
+    layer = {n: P() if n.endswith("norm") or n == "w_router" else weight(n) for n in names}
     specs = {"embed": P(AXES, None), "final_norm": P(), "layers": [layer] * model.n_layers}
     if not model.tie_embeddings:
         specs["unembed"] = P(None, AXES)                     # unembedding E V_xyz
@@ -182,25 +202,28 @@ def local_chunk(plan: Plan, x, axes, axis: int):
 # --------------------------------------------------------------------------- weights in use
 
 
-def _dequantize(plan: Plan, leaf, out_axes):
-    """bf16 weight from a bf16 leaf or an int8 leaf (scale sliced to the local columns)."""
+def _dequantize(plan: Plan, leaf, dims):
+    """bf16 weight from a bf16 leaf or an int8 leaf. The scale [..., out] is replicated:
+    slice it to the local columns (`dims[-1]`, the axes still splitting the output) and, for
+    stacked experts, to the local experts (`dims[0]`)."""
     if not is_quantized(leaf):
         return leaf
-    scale = local_chunk(plan, leaf["scale"], out_axes, axis=-1)
+    scale = local_chunk(plan, leaf["scale"], dims[-1], axis=-1)
+    if leaf["q"].ndim == 3 and dims[0]:
+        scale = local_chunk(plan, scale, dims[0], axis=0)
     return (leaf["q"].astype(f32) * scale[..., None, :]).astype(bf16)
 
 
 def stationary_weight(plan: Plan, leaf, name: str):
     """Weight-stationary: use the local shard as stored (dequantised if int8)."""
-    dims = weight_dims(name, plan.one_d, plan.kv_split)
-    return _dequantize(plan, leaf, dims[-1])
+    return _dequantize(plan, leaf, plan.dims(name))
 
 
 def gathered_weight(plan: Plan, leaf, name: str):
     """Weight-gathered (Fig. A.2): ONE all-gather over G of the stored E_x F_yz shard, in
     its stored dtype (int8 stays int8), then dequantise. Gathered axes are always the minor
     axes of their dimension, so the result is a contiguous block, split over R only."""
-    dims = weight_dims(name, plan.one_d, plan.kv_split)
+    dims = plan.dims(name)
     gather = tuple(a for a in plan.live(plan.gather) if any(a in d for d in dims))
     q = leaf["q"] if is_quantized(leaf) else leaf
     if gather:
@@ -211,9 +234,9 @@ def gathered_weight(plan: Plan, leaf, name: str):
             order += [gather.index(a) for a in axes if a in gather] + [len(gather) + d]
         q = full.transpose(order).reshape(
             tuple(s * plan.size([a for a in dims[d] if a in gather]) for d, s in enumerate(q.shape)))
-    remaining_out = tuple(a for a in dims[-1] if a not in gather)
+    remaining = tuple(tuple(a for a in axes if a not in gather) for axes in dims)
     return _dequantize(plan, {"q": q, "scale": leaf["scale"]} if is_quantized(leaf) else q,
-                       remaining_out)
+                       remaining)
 
 
 def at_least_two_rows(product, x):
@@ -240,9 +263,12 @@ def matmul(x, w):
 
 
 def activation(model: ModelConfig, up):
-    """gelu(W_in x), or silu(W_gate x) * (W_up x) for swiglu; `up` = (in,) or (gate, up)."""
+    """gelu(W_in x), or silu(W_gate x) * (W_up x) for swiglu, gelu(W_gate x) * (W_up x) for
+    geglu; `up` = (in,) or (gate, up)."""
     if model.mlp == "swiglu":
         return (jax.nn.silu(up[0].astype(f32)) * up[1].astype(f32)).astype(bf16)
+    if model.mlp == "geglu":
+        return (jax.nn.gelu(up[0].astype(f32)) * up[1].astype(f32)).astype(bf16)
     return jax.nn.gelu(up[0].astype(f32)).astype(bf16)
 
 
@@ -256,7 +282,7 @@ def rms_norm(plan: Plan, x, scale, e_axes=()):
 
 
 def _up_names(model: ModelConfig):
-    return ("w_gate", "w_up") if model.mlp == "swiglu" else ("w_in",)
+    return ("w_gate", "w_up") if model.mlp_matrices == 3 else ("w_in",)
 
 
 # --------------------------------------------------------------------------- embedding
@@ -406,6 +432,111 @@ def wg_scatter_output(plan: Plan, y):
     return psum_scatter(plan, y, plan.rest, axis=2)             # RS_R: B_G L E partial -> B_G L E_R
 
 
+# --------------------------------------------------------------------------- mixture of experts
+# layouts.py's module doc, "Mixture-of-experts MLP". Routing (Mixtral, GShard top-k): the
+# router's logits in f32, the top k experts, their softmax (= the softmax over all experts
+# renormalised over the k) as the gates; the reference does the same (workloads/reference.py).
+
+
+def route(model: ModelConfig, logits):
+    """logits [..., X] f32 -> (the k chosen experts [..., k] int32, their gates [..., k] f32)."""
+    top, chosen = jax.lax.top_k(logits, model.experts_per_token)
+    return chosen, jax.nn.softmax(top, axis=-1)
+
+
+def router_logits(plan: Plan, h, w_router, e_axes=()):
+    """h [..., E or E-chunk] @ the router E x X -> logits [..., X] f32; with E split over
+    `e_axes` (ws2d: x) each chip multiplies its rows and the logits are psum-ed (layouts.py
+    moe.router)."""
+    w = local_chunk(plan, w_router, e_axes, axis=0)
+    return psum(plan, jnp.einsum("...e,ex->...x", h, w, preferred_element_type=f32), e_axes)
+
+
+def expert_matmul(x, w, per_expert: bool):
+    """Stacked experts w [X, in, out] on x: [..., in], every expert on every row, or
+    (`per_expert`) [X, ..., in], each expert on its own rows -> [X, ..., out]; bf16 inputs,
+    f32 accumulation. (Experts lead: XLA CPU has no bf16 dot with f32 output whose batch
+    dimension is not the operands' first.)"""
+    eq = "n...i,nio->n...o" if per_expert else "...i,nio->n...o"
+    return jnp.einsum(eq, x, w, preferred_element_type=f32).astype(bf16)
+
+
+def _experts_mlp(plan: Plan, h, w, weight_fn, scatter_up=(), gather_act=(), per_expert=False):
+    """The experts on h: [..., E], every expert on every row, or (`per_expert`) [X, ..., E];
+    optionally each up-projection reduce-scattered over `scatter_up` and the activation
+    all-gathered over `gather_act` along F (ws2d's RS_x / AG_x). -> [X, ..., E-part],
+    partial over the axes F is split over."""
+    up = [expert_matmul(h, weight_fn(plan, w[n], n), per_expert) for n in _up_names(plan.model)]
+    up = [psum_scatter(plan, u, scatter_up, axis=u.ndim - 1) for u in up]
+    act = activation(plan.model, up)
+    act = all_gather(plan, act, gather_act, axis=act.ndim - 1)
+    return expert_matmul(act, weight_fn(plan, w["w_out"], "w_out"), per_expert=True)
+
+
+def _weigh(out, chosen, gates):
+    """Sum over experts of out [X, ..., E] weighted by the gates of the chosen ones (0 for
+    the others), in f32 -> [..., E] bf16."""
+    dense = jnp.sum(jax.nn.one_hot(chosen, out.shape[0], dtype=f32) * gates[..., None], axis=-2)
+    return jnp.sum(out.astype(f32) * jnp.moveaxis(dense, -1, 0)[..., None], axis=0).astype(bf16)
+
+
+def moe_tensor_parallel(plan: Plan, h, w):
+    """tp: the phase's FFN layout on all X experts at once (dropless static shapes: every
+    expert computes every row; the gates weigh them). Same output layout as the dense FFN:
+    ws1d BLE partial-xyz, ws2d BLE_x partial-yz, wg_* B_G L E partial-R."""
+    ffn = plan.layout.ffn
+    if ffn == "ws2d":
+        chosen, gates = route(plan.model, router_logits(plan, h, w["w_router"], ("x",)))
+        out = _experts_mlp(plan, h, w, stationary_weight, ("x",), ("x",))
+    else:
+        chosen, gates = route(plan.model, router_logits(plan, h, w["w_router"]))
+        weight_fn = stationary_weight if ffn == "ws1d" else gathered_weight
+        out = _experts_mlp(plan, h, w, weight_fn)
+    return _weigh(out, chosen, gates)
+
+
+def moe_expert_parallel(plan: Plan, h, w):
+    """ep (GShard/Switch): h [b, L, E] holds whole tokens, replicated over R. This chip routes
+    its chunk of C = ceil(bL / M) of them (z-major over R), scatters each (token, choice)
+    into its expert's C-slot buffer, all-to-alls the buffers to the experts' chips over R
+    (experts split z-major, as stored), runs its X/M experts on the M*C slots each received,
+    all-to-alls the outputs back, weighs its tokens' k outputs by their gates and returns
+    B L E partial over R: its own rows, zero elsewhere (the layout's output reduce-scatter
+    sums them). Dropless: a token picks an expert at most once, so C slots always suffice."""
+    model, axes = plan.model, plan.live(plan.head_axes)
+    b, length, e = h.shape
+    shards, experts = plan.size(axes), model.n_experts
+    tokens = b * length
+    chunk = -(-tokens // shards)
+    rows = jnp.pad(h.reshape(tokens, e), ((0, chunk * shards - tokens), (0, 0)))
+    start = axis_index(plan, axes) * chunk
+    mine = jax.lax.dynamic_slice_in_dim(rows, start, chunk, axis=0)          # [C, E]
+    chosen, gates = route(model, router_logits(plan, mine, w["w_router"]))  # [C, k]
+    flat = chosen.reshape(-1)                                               # (token, choice)
+    one_hot = jax.nn.one_hot(flat, experts, dtype=jnp.int32)
+    position = jnp.sum((jnp.cumsum(one_hot, axis=0) - 1) * one_hot, axis=-1)  # within its expert
+    slot = flat * chunk + position                                          # unique slots
+    send = jnp.zeros((experts * chunk, e), bf16).at[slot].set(
+        jnp.repeat(mine, model.experts_per_token, axis=0))
+    send = send.reshape(shards, experts // shards, chunk, e)                # by expert's chip
+    received = all_to_all(plan, send, axes, split_axis=0, concat_axis=0)    # [M src, X/M, C, E]
+    weight_fn = gathered_weight if plan.gather else stationary_weight
+    local = experts // shards
+    out = _experts_mlp(plan, received.transpose(1, 0, 2, 3).reshape(local, shards * chunk, e), w,
+                       weight_fn, per_expert=True)                          # [X/M, M*C, E]
+    out = out.reshape(local, shards, chunk, e).transpose(1, 0, 2, 3)        # [M, X/M, C, E]
+    back = all_to_all(plan, out, axes, split_axis=0, concat_axis=0)         # [M, X/M, C, E]
+    picked = back.reshape(experts * chunk, e)[slot].reshape(chunk, -1, e)    # [C, k, E]
+    y = jnp.sum(picked.astype(f32) * gates[..., None], axis=1).astype(bf16)
+    full = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((chunk * shards, e), bf16), y, start, 0)
+    return full[:tokens].reshape(b, length, e)
+
+
+def moe_ffn(plan: Plan, h, w):
+    """A mixture-of-experts layer's MLP in this phase's layout (tp or ep)."""
+    return moe_expert_parallel(plan, h, w) if plan.expert_parallel else moe_tensor_parallel(plan, h, w)
+
+
 # --------------------------------------------------------------------------- attention
 # Figure 4 / 5, §3.3. q: [b, L, heads, D] head-sharded (this chip's chunk, Plan.head_axes);
 # kv: [b, L, 2, kv heads, D], head-sharded like q when K % n == 0, else all K heads.
@@ -423,7 +554,7 @@ def head_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: b
         kv = jax.lax.dynamic_slice_in_dim(kv, first, cache.shape[4], axis=3)
     if jnp.ndim(pos):   # per-row positions (serving slots): this chip's rows, B_G
         pos = local_chunk(plan, pos, plan.gather, axis=0)
-    return attend(q, kv, cache, layer, pos, prefill)
+    return attend(q, kv, cache, layer, pos, prefill, plan.kv_cache)
 
 
 def batch_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: bool):
@@ -438,23 +569,24 @@ def batch_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: 
     # else: the *_qkv function already projected only this chip's sequences (_kv_by_batch)
     if jnp.ndim(pos):   # per-row positions (serving slots): this chip's rows, B_xyz as the cache
         pos = local_chunk(plan, pos, AXES, axis=0)
-    out, cache = attend(q, kv, cache, layer, pos, prefill)
+    out, cache = attend(q, kv, cache, layer, pos, prefill, plan.kv_cache)
     out = all_to_all(plan, _heads_in_mesh_order(plan, out, axis=2), rest, split_axis=2, concat_axis=0)
     return out, cache
 
 
-def attend(q, kv, cache, layer: int, pos, prefill: bool):
-    """Local causal attention with RoPE; writes this step's K/V into the cache at `pos`.
-    Prefill attends to its own fresh K/V, decode to the cache (masked beyond `pos`).
-    `pos` a vector [b]: each row at its own position (serving slots, `attend_rows`)."""
+def attend(q, kv, cache, layer: int, pos, prefill: bool, kv_cache: str = "bf16"):
+    """Local causal attention with RoPE; writes this step's K/V into the cache at `pos` (in
+    the cache's format, quant.py). Prefill attends to its own fresh K/V, decode to the
+    cache (masked beyond `pos`); both read K/V at the cache's precision. `pos` a vector
+    [b]: each row at its own position (serving slots, `attend_rows`)."""
     if jnp.ndim(pos):
-        return attend_rows(q, kv, cache, layer, pos)
+        return attend_rows(q, kv, cache, layer, pos, kv_cache)
     b, lq, hq, d = q.shape
     positions = pos + jnp.arange(lq)
     q = rope(q, positions)
-    kv = jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2)
+    kv = kv_quantize(jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2), kv_cache)
     cache = write_rows(cache, kv[None].astype(cache.dtype), (layer, 0, pos, 0, 0, 0))
-    keys = kv if prefill else cache[layer]
+    keys = kv_dequantize(kv if prefill else cache[layer], kv_cache)
     hk = keys.shape[3]
     key_pos = jnp.arange(keys.shape[1])
     qg = q.reshape(b, lq, hk, hq // hk, d)          # query head i reads KV head i // (hq/hk)
@@ -465,40 +597,49 @@ def attend(q, kv, cache, layer: int, pos, prefill: bool):
     return out.astype(bf16).reshape(b, lq, hq, d), cache
 
 
+def _as_bits(x):
+    """A float cache as the unsigned integers of its width (bitcasts are free), or None for an
+    integer cache (int8 KV), which XLA CPU already writes in place."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return None
+    return jax.lax.bitcast_convert_type(x, {2: jnp.uint16, 1: jnp.uint8}[x.dtype.itemsize])
+
+
 def write_rows(cache, update, start):
-    """dynamic_update_slice of a bf16 cache, as the 16-bit integers it is made of: XLA CPU
-    runs a bf16 dynamic-update-slice in f32, converting the WHOLE cache to f32 and back to
-    write a few rows, on every layer of every decode step (a step then costs O(layers x
-    cache) instead of O(new rows); docs/performance.md "The KV-cache write"). A bitcast to
-    uint16 and back is free and keeps the write an in-place copy of the new rows."""
-    if cache.dtype != bf16:
+    """dynamic_update_slice of a float cache (bf16, or FP8 for an 8-bit KV cache) as the
+    integers it is made of: XLA CPU runs a bf16 or fp8 dynamic-update-slice in f32,
+    converting the WHOLE cache to f32 and back to write a few rows, on every layer of every
+    decode step (a step then costs O(layers x cache) instead of O(new rows);
+    docs/performance.md "The KV-cache write"). A bitcast to uint16/uint8 and back is free and
+    keeps the write an in-place copy of the new rows."""
+    bits = _as_bits(cache)
+    if bits is None:
         return jax.lax.dynamic_update_slice(cache, update, start)
-    as_bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)  # noqa: E731
-    written = jax.lax.dynamic_update_slice(as_bits(cache), as_bits(update), start)
-    return jax.lax.bitcast_convert_type(written, bf16)
+    written = jax.lax.dynamic_update_slice(bits, _as_bits(update), start)
+    return jax.lax.bitcast_convert_type(written, cache.dtype)
 
 
 def _scatter_rows(cache, index, update):
-    """`cache.at[index].set(update)`, on the cache's 16-bit integers for a bf16 cache (as
-    `write_rows`: XLA CPU would run the bf16 scatter in f32 over the whole cache)."""
-    if cache.dtype != bf16:
+    """`cache.at[index].set(update)`, on the cache's integers for a float cache (as
+    `write_rows`: XLA CPU would run the bf16/fp8 scatter in f32 over the whole cache)."""
+    bits = _as_bits(cache)
+    if bits is None:
         return cache.at[index].set(update)
-    as_bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)  # noqa: E731
-    return jax.lax.bitcast_convert_type(as_bits(cache).at[index].set(as_bits(update)), bf16)
+    return jax.lax.bitcast_convert_type(bits.at[index].set(_as_bits(update)), cache.dtype)
 
 
-def attend_rows(q, kv, cache, layer: int, pos):
+def attend_rows(q, kv, cache, layer: int, pos, kv_cache: str = "bf16"):
     """Decode attention where row r is at position pos[r] (one new token per row): each row
     writes its K/V at its own position and attends to its own prefix. The slots of a serving
     decode batch (workloads/serving.py) hold requests at different points of their answers."""
     b, lq, hq, d = q.shape
     positions = pos[:, None] + jnp.arange(lq)[None, :]                  # [b, lq]
     q = rope(q, positions)
-    kv = jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2)
+    kv = kv_quantize(jnp.stack([rope(kv[:, :, 0], positions), kv[:, :, 1]], axis=2), kv_cache)
     rows = jnp.arange(b)
     for i in range(lq):
         cache = _scatter_rows(cache, (layer, rows, positions[:, i]), kv[:, i].astype(cache.dtype))
-    keys = cache[layer]
+    keys = kv_dequantize(cache[layer], kv_cache)
     hk = keys.shape[3]
     key_pos = jnp.arange(keys.shape[1])
     qg = q.reshape(b, lq, hk, hq // hk, d)

@@ -22,12 +22,13 @@ Pure Python (no JAX); plain dataclasses cross the module boundary.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, ModelConfig
-from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS, PhaseLayout,
-                               canonical_layout, resolve_padding)
+from workloads.layouts import (ATTN_LAYOUTS, EXPERT_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS,
+                               PhaseLayout, canonical_layout, resolve_padding)
 
 # Why a layout was not recommended (Rejected.kind).
 HEADS, BATCH, DIMENSIONS, MEMORY = ("heads do not divide", "batch does not divide",
@@ -44,6 +45,7 @@ class Candidate:
     heads: int                                  # query heads as run (padded)
     prediction: costmodel.PhasePrediction
     aliases: list[str] = field(default_factory=list)   # requested ffn names that are this program
+    experts: str = "tp"                         # a mixture-of-experts model's (layouts.py)
 
     @property
     def fits(self) -> bool:
@@ -52,6 +54,7 @@ class Candidate:
     def summary(self) -> dict:
         p = self.prediction
         return {"ffn": self.ffn, "attn": self.attn, "topology": list(self.topology),
+                "experts": self.experts,
                 "heads": self.heads, "same_program_as": list(self.aliases),
                 "latency_s": p.latency_s, "compute_s": p.compute_s, "memory_s": p.memory_s,
                 "comm_s": p.comm_s, "mfu": p.mfu, "peak_bytes_per_chip": p.peak_bytes_per_chip,
@@ -156,14 +159,16 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
               input_len: int = 1, context: float | None = None, weights: str = "bf16",
               topology: tuple[int, int, int] | None = None, ffn: str | None = None,
               attn: str | None = None, search_topology: bool = False,
-              pad_heads: str | int = "auto", pad_vocab: str = "auto") -> Recommendation:
+              pad_heads: str | int = "auto", pad_vocab: str = "auto",
+              experts: str | None = None, kv_cache: str = "bf16") -> Recommendation:
     """The fastest valid (ffn, attn, topology) for one phase; see the module docstring.
 
     Every candidate is predicted as both phases' layout (the stored weights serve it).
     Ranking: those that fit in HBM first, then latency, then the topology order (the
     paper's best 2D split first). `ffn`, `attn` restrict the search; `topology` fixes the
     mesh, `search_topology=True` tries every factorisation of `chips` the hardware has axes
-    for (`hw.torus_dims`)."""
+    for (`hw.torus_dims`). A mixture-of-experts model's `experts` layout (tp | ep) is
+    searched too unless given."""
     costmodel.positive_int("chips", chips)
     costmodel.positive_int("batch", batch)
     costmodel.choice("phase", phase, PHASES)
@@ -172,28 +177,28 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
     attns = ATTN_LAYOUTS if attn is None else (costmodel.choice("attn", attn, ATTN_LAYOUTS),)
     topologies = _topologies(model.unpadded, chips, topology, search_topology, hw.torus_dims)
 
+    expert_layouts = ((experts,) if experts is not None     # on one chip ep is tp
+                      else EXPERT_LAYOUTS if model.moe and chips > 1 else ("tp",))
     evaluated: dict[tuple, Candidate] = {}
     rejected: list[Rejected] = []
-    for t in topologies:
-        for f in ffns:
-            for a in attns:
-                layout = canonical_layout(PhaseLayout(f, a), t)
-                key = (layout.ffn, layout.attn, t)
-                if key in evaluated:        # a degenerate name for a program already predicted
-                    evaluated[key].aliases.append(f)
-                    continue
-                try:
-                    run_model = resolve_padding(model, pad_heads, t, layout, layout,
-                                                pad_vocab=pad_vocab)
-                    prediction = costmodel.predict_phase(run_model, hw, chips, batch, phase,
-                                                         input_len, context, layout, weights, t)
-                except ConfigError as err:
-                    rejected.append(Rejected(f, a, t, rejection_kind(err), str(err)))
-                    continue
-                evaluated[key] = Candidate(layout.ffn, layout.attn, t, run_model.n_heads, prediction,
-                                           [f] if f != layout.ffn else [])
-                if not prediction.fits:
-                    rejected.append(Rejected(layout.ffn, a, t, MEMORY, _memory_reason(prediction)))
+    for t, f, a, e in itertools.product(topologies, ffns, attns, expert_layouts):
+        layout = canonical_layout(PhaseLayout(f, a), t)
+        key = (layout.ffn, layout.attn, t, e)
+        if key in evaluated:        # a degenerate name for a program already predicted
+            evaluated[key].aliases.append(f)
+            continue
+        try:
+            run_model = resolve_padding(model, pad_heads, t, layout, layout, pad_vocab=pad_vocab)
+            prediction = costmodel.predict_phase(run_model, hw, chips, batch, phase, input_len,
+                                                 context, layout, weights, t, experts=e,
+                                                 kv_cache=kv_cache)
+        except ConfigError as err:
+            rejected.append(Rejected(f, a, t, rejection_kind(err), str(err)))
+            continue
+        evaluated[key] = Candidate(layout.ffn, layout.attn, t, run_model.n_heads, prediction,
+                                   [f] if f != layout.ffn else [], e)
+        if not prediction.fits:
+            rejected.append(Rejected(layout.ffn, a, t, MEMORY, _memory_reason(prediction, hw)))
     if not evaluated:   # nothing can run: say why for each layout
         reasons = "; ".join(f"{r.ffn}/{r.attn} on {'x'.join(map(str, r.topology))}: {r.reason}"
                             for r in rejected)
@@ -211,8 +216,10 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
                           ws2d_crossover_chips=costmodel.ws2d_crossover_chips(model.unpadded))
 
 
-def _memory_reason(p: costmodel.PhasePrediction) -> str:
+def _memory_reason(p: costmodel.PhasePrediction, hw: HardwareProfile) -> str:
+    reserve = (f" less its {hw.memory_reserve:.0%} reserve ({costmodel.bytes_text(hw.usable_hbm_bytes)})"
+               if hw.memory_reserve else "")
     return (f"peak {costmodel.bytes_text(p.peak_bytes_per_chip)} per chip (weights "
             f"{costmodel.bytes_text(p.weight_bytes_per_chip)}, KV cache "
             f"{costmodel.bytes_text(p.kv_bytes_per_chip)}) exceeds HBM "
-            f"{costmodel.bytes_text(p.hbm_bytes)}")
+            f"{costmodel.bytes_text(p.hbm_bytes)}{reserve}")

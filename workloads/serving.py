@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 from workloads.config import ConfigError, ModelConfig
 from workloads.layouts import WEIGHT_FORMATS, PhaseLayout, validate_phase
 from workloads.partitioning import write_rows
+from workloads.quant import QUANTIZED
 from workloads.servingprofile import Request
 
 
@@ -105,7 +106,7 @@ class SlotServer:
         self.engine = Engine(trial, mesh=self.mesh)
         self.model = self.engine.model
         self.params = self.engine.params
-        self._int8 = spec.weights == "int8"
+        self._int8 = spec.weights in QUANTIZED     # int8 or fp8 weights with scales
         self._replicated = NamedSharding(self.mesh, P())
         if spec.decode is not None:
             plan = self.engine.decode_plan

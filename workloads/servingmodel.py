@@ -179,7 +179,40 @@ def phase_prediction(deployment: Deployment, phase: str, batch: int, input_len: 
     hw = per_chip(d.hardware, part.chips)
     return costmodel.predict_phase(model, hw, part.chips, batch, phase, input_len, context,
                                    PhaseLayout(part.ffn, part.attn), part.weights,
-                                   part.topology, one_d)
+                                   part.topology, one_d, experts=part.experts,
+                                   kv_cache=part.kv_cache)
+
+
+def memory_budget(deployment: Deployment, input_len: int, context: int) -> dict:
+    """Per chip of each slice (aggregated: the replica's): HBM, the hardware's reserve
+    (HardwareProfile.memory_reserve), the weights, the working set (aggregated: decode's and
+    prefill's, both live), the KV cache of every slot at `context` tokens (a prefill slice:
+    one call's prompts of `input_len`), what is left, and the KV capacity: tokens of KV cache
+    (over all the slice's sequences) that fit beside the weights and working set (issue 39)."""
+    d = deployment
+    phases = {"replica": "decode"} if d.mode == "aggregated" else {"prefill": "prefill",
+                                                                   "decode": "decode"}
+    out = {}
+    for name, phase in phases.items():
+        part = d.prefill if phase == "prefill" else d.decode
+        pred = (phase_prediction(d, "prefill", part.batch, input_len) if phase == "prefill"
+                else phase_prediction(d, "decode", part.batch, 1, context))
+        working = pred.working_set_bytes_per_chip
+        if d.mode == "aggregated":    # a prefill call's working set beside the slots' cache
+            working += phase_prediction(d, "prefill", d.prefill.batch,
+                                        input_len).working_set_bytes_per_chip
+        hw = per_chip(d.hardware, part.chips)
+        tokens = part.batch * (input_len if phase == "prefill" else context)
+        per_token = pred.kv_bytes_per_chip / tokens
+        room = hw.usable_hbm_bytes - pred.weight_bytes_per_chip - working
+        out[name] = {"chips": part.chips, "hbm_bytes": hw.hbm_bytes,
+                     "reserve_bytes": hw.hbm_bytes - hw.usable_hbm_bytes,
+                     "weights_bytes": pred.weight_bytes_per_chip, "working_bytes": working,
+                     "kv_bytes": pred.kv_bytes_per_chip, "kv_tokens": tokens,
+                     "free_bytes": room - pred.kv_bytes_per_chip,
+                     "kv_bytes_per_token": per_token,
+                     "kv_capacity_tokens": max(int(room // per_token), 0) if per_token else None}
+    return out
 
 
 def kv_link_bandwidth(deployment: Deployment) -> tuple[float, str]:
@@ -225,7 +258,7 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
         return a + b * context
 
     bandwidth, _ = kv_link_bandwidth(d)
-    per_token = costmodel.kv_bytes_per_token(d.model)
+    per_token = costmodel.kv_bytes_per_token(d.model, kv_cache=d.decode.kv_cache)
 
     def kv_transfer_s(input_len: int) -> float:
         return per_token * input_len / bandwidth
@@ -262,6 +295,14 @@ def tpot_of(first_token_s: np.ndarray, finish_s: np.ndarray, output_len: np.ndar
     steps = output_len - 1
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(steps > 0, (finish_s - first_token_s) / np.maximum(steps, 1), np.nan)
+
+
+def goodput_rps(meets: np.ndarray, span_s: float) -> float:
+    """Completed requests meeting the SLO per second, over the span `throughput_rps` divides
+    by (first arrival to last finish), so goodput <= throughput always (docs/serving.md;
+    issue 39: goodput was attainment x the offered rate, which overtook the throughput of a
+    deployment that falls behind)."""
+    return float(np.count_nonzero(meets)) / span_s if span_s > 0 else float("nan")
 
 
 def meets_slo(ttft_s: np.ndarray, tpot_s: np.ndarray, profile: AppProfile) -> np.ndarray:
@@ -335,13 +376,7 @@ def stream_summary(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: n
     if profile is not None:
         ok = meets_slo(ttft, tpot, profile)
         out["slo_attainment"] = float(ok.mean()) if n else float("nan")
-        # requests/s meeting both SLOs: attainment x the offered rate (the profile's
-        # Poisson rate, else the stream's), so a finite run's drain (the last answers
-        # finishing after the last arrival) and one sample's rate do not skew it; for a
-        # burst, those meeting over the span
-        offered = profile.rate if profile.rate is not None else out["offered_rps"]
-        out["goodput_rps"] = (out["slo_attainment"] * offered if offered
-                              else float(ok.sum()) / span if span > 0 else float("nan"))
+        out["goodput_rps"] = goodput_rps(ok, span)
         out["ttft_slo_stat_s"] = statistic(ttft, profile.ttft_statistic)
         out["tpot_slo_stat_s"] = statistic(tpot, profile.tpot_statistic)
     else:

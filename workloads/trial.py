@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
-from workloads.config import (ConfigError, ModelConfig, check_keys, load_model, parse_topology,
-                              read_yaml)
+from workloads.config import (ConfigError, ModelConfig, check_context, check_keys, load_model,
+                              parse_topology, read_yaml)
 from workloads.costmodel import best_topology
-from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, PAD_HEADS_CHOICES, PAD_VOCAB_CHOICES,
-                               WEIGHT_FORMATS, PhaseLayout, resolve_padding, validate_layouts,
-                               validate_phase)
+from workloads.layouts import (ATTN_LAYOUTS, EXPERT_LAYOUTS, FFN_LAYOUTS, KV_FORMATS, PAD_HEADS_CHOICES,
+                               PAD_VOCAB_CHOICES, WEIGHT_FORMATS, PhaseLayout, resolve_padding,
+                               validate_layouts, validate_phase)
 from workloads.servingprofile import FIELDS as PROFILE_FIELDS
 from workloads.servingprofile import block_profile
 from workloads.validate import integer, is_int, number, one_of
@@ -129,6 +129,15 @@ class TrialConfig:
         parse=_parse_topology, searchable=True)
     weights: str = _field("bf16", help="weight storage format", choices=WEIGHT_FORMATS,
                           searchable=True, layout=True)
+    # The KV cache's format (workloads/quant.py): bf16, int8 (a bf16 scale per head vector)
+    # or fp8 (float8_e4m3fn); attention reads K and V at that precision.
+    kv_cache: str = _field("bf16", help="KV cache format: bf16, int8 (per-vector scales) or fp8",
+                           choices=KV_FORMATS, searchable=True, layout=True)
+    # A mixture-of-experts model's experts (layouts.py): tp, each split like the dense MLP;
+    # ep, spread over the chips with all-to-all dispatch (GShard/Switch). Both phases.
+    experts: str = _field("tp", help="a mixture-of-experts model's experts: tp (each split "
+                          "like the dense MLP) or ep (spread over the chips, tokens dispatched "
+                          "by all-to-all)", choices=EXPERT_LAYOUTS, searchable=True, layout=True)
     prefill: PhaseLayout = _field(
         factory=PhaseLayout, help="the prefill phase's layout {ffn, attn} (paper §3.2-3.3)",
         parts=PHASE_PARTS, searchable=True, layout=True)
@@ -223,13 +232,24 @@ class TrialConfig:
                 "decode": dataclasses.replace(self, prefill=self.decode, **half)}
 
     def validate(self, source: str | None = None) -> "TrialConfig":
+        check_context(self.model, self.context_len, "input_len", self.input_len, source,
+                      f"input_len {self.input_len} + decode_steps {self.decode_steps} = "
+                      f"{self.context_len} tokens")
+        if self.serving is not None:     # the slot server (workloads/serving.py) keeps its own
+            for name, default in (("kv_cache", "bf16"), ("experts", "tp")):   # cache and layout
+                if getattr(self, name) != default:
+                    raise ConfigError(name, getattr(self, name), f"{default} in a serving trial "
+                                      "(its slot server runs a bf16 KV cache and tp experts)",
+                                      source)
         if self.disaggregated:
             return self._validate_slices(source)
         model = resolve_padding(self.model, self.pad_heads, self.mesh_shape, self.prefill,
                                 self.decode, source, pad_vocab=self.pad_vocab)
-        validate_layouts(model, self.mesh_shape, self.prefill, self.decode, self.batch, source)
+        validate_layouts(model, self.mesh_shape, self.prefill, self.decode, self.batch, source,
+                         self.experts)
         if self.serving is not None:    # a serving trial prefills one prompt per call
-            validate_phase(model, self.mesh_shape, self.prefill, 1, "prefill", source)
+            validate_phase(model, self.mesh_shape, self.prefill, 1, "prefill", source,
+                           self.experts)
         return self
 
     def _validate_slices(self, source: str | None) -> "TrialConfig":
@@ -242,7 +262,7 @@ class TrialConfig:
                 model = resolve_padding(part.model, part.pad_heads, part.mesh_shape, part.prefill,
                                         part.decode, source, pad_vocab=part.pad_vocab)
                 validate_phase(model, part.mesh_shape, getattr(part, phase), part.batch, phase,
-                               source)
+                               source, part.experts)
                 part.validate(source)
             except ConfigError as err:
                 x, y, z = part.mesh_shape

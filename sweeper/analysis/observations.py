@@ -165,6 +165,8 @@ def config_of(row: Mapping, configs: Mapping[int, Mapping] | None) -> TrialConfi
             "batch": int(row["batch"]), "input_len": int(row["input_len"]),
             "decode_steps": int(row["decode_steps"]),
             "weights": row.get("weights") or TRIAL_DEFAULTS["weights"],
+            "experts": row.get("experts") or TRIAL_DEFAULTS["experts"],
+            "kv_cache": row.get("kv_cache") or TRIAL_DEFAULTS["kv_cache"],
             "topology": topology if isinstance(topology, str) and topology else None,
             "prefill": {"ffn": row["prefill_ffn"], "attn": row["prefill_attn"]},
             "decode": {"ffn": row["decode_ffn"], "attn": row["decode_attn"]}}
@@ -194,9 +196,11 @@ def trial_scale(config: TrialConfig, row: Mapping, base: HardwareProfile) -> flo
 
 def trial_info(config: TrialConfig, phase: str) -> dict[str, Any]:
     layout = config.prefill if phase == "prefill" else config.decode
-    return {"layout": str(layout), "ffn": layout.ffn, "attn": layout.attn,
+    experts = "/ep" if config.model.moe and config.experts == "ep" else ""   # docs/models.md
+    return {"layout": f"{layout}{experts}", "ffn": layout.ffn, "attn": layout.attn,
             "topology": "x".join(map(str, config.mesh_shape)), "batch": config.batch,
-            "model": config.model.name, "weights": config.weights,
+            "model": config.model.name, "weights": config.weights, "experts": config.experts,
+            "kv_cache": config.kv_cache,
             "input_len": config.input_len, "decode_steps": config.decode_steps,
             "seed": config.seed}
 
@@ -206,7 +210,7 @@ def from_config(config: TrialConfig, phase: str, measured_s: float, trial: int =
     """One measured phase time of a trial (`measured_s`: seconds of the prefill or one step)."""
     c = config
     replicate = (phase, c.model.name, c.weights, c.input_len, c.decode_steps, c.batch, c.chips,
-                 tuple(c.mesh_shape), str(c.prefill), str(c.decode))
+                 tuple(c.mesh_shape), str(c.prefill), str(c.decode), c.experts, c.kv_cache)
     return Observation(measured_s, "latency_s", phase,
                        (Call(1.0, 0, costmodel.phase_calls(config)[phase]),), group=trial,
                        uncertainty=ci_rel, scale=scale, trial=trial, config=config,

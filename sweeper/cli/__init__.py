@@ -30,6 +30,7 @@ from sweeper.sweep.stopping import Terminated   # SIGTERM's stop (stdlib only)
 from sweeper.sweep.workers import ClusterLost   # (imports no Ray: that is lazy)
 from sweeper.tracking.store_health import StoreLost   # (stdlib only)
 from workloads.config import ConfigError
+from workloads.hf_config import ModelApproximation
 
 
 class _Parser(argparse.ArgumentParser):
@@ -287,10 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None,
+                  _default=warnings.showwarning):
+    """A model approximation (workloads/hf_config.py) is one stderr line; others as Python shows them."""
+    if issubclass(category, ModelApproximation):
+        print(f"warning: {message}", file=sys.stderr)
+        return
+    _default(message, category, filename, lineno, file, line)
+
+
 def _main(argv: list[str] | None) -> int:
     # JAX warns at every fork once it is imported; the forks here are Ray's and the
     # calibration's subprocesses, which exec at once (no JAX state is used in the child)
     warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler

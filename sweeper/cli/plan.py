@@ -15,7 +15,8 @@ from pathlib import Path
 from sweeper.cli.output import print_json, say_profile
 from workloads import servingprofile as workload
 from workloads.deployment import MAX_TOTAL_CHIPS, MODES
-from workloads.config import PRICE_SOURCES, WORLD_CALIBRATION, ConfigError, read_yaml
+from workloads.config import (HARDWARE_PRESETS, MEMORY_RESERVE_SOURCES, PRICE_SOURCES,
+                              WORLD_CALIBRATION, ConfigError, read_yaml)
 
 
 def add_parser(sub) -> None:
@@ -32,6 +33,9 @@ def add_parser(sub) -> None:
     workload.add_arguments(p)
     p.add_argument("--max-chips", metavar="N", help="chip budget: the most goodput within N "
                    "chips (default: the cheapest plan, searched up to 4096 chips)")
+    p.add_argument("--memory-reserve", metavar="SHARE", help="share of each chip's HBM held "
+                   "back for the runtime and fragmentation (default: the hardware's own, 0.1 "
+                   "for the presets; docs/models.md)")
     p.add_argument("--mode", choices=["aggregated", "disaggregated", "both"], default="both",
                    help="serving modes to search (default both)")
     p.add_argument("--requests", metavar="N", default="400",
@@ -110,6 +114,7 @@ def question_from_args(args: argparse.Namespace):
     model = load_model(model_spec, args.space, "--model" if args.model else "model")
     hardware = load_hardware(hardware_spec, args.space,
                              "--hardware" if args.hardware else "hardware")
+    hardware = with_memory_reserve(hardware, args.memory_reserve)
     say_profile(hardware)
     max_chips = (None if args.max_chips is None
                  else _int_flag(args.max_chips, "--max-chips", 1, MAX_TOTAL_CHIPS))
@@ -120,6 +125,32 @@ def question_from_args(args: argparse.Namespace):
     return PlanQuestion(model, hardware, profile, modes=modes, max_chips=max_chips,
                         requests=_int_flag(args.requests, "--requests", 10, MAX_REQUESTS),
                         seed=_int_flag(args.seed, "--seed", 0, MAX_SEED), coverage=coverage)
+
+
+def with_memory_reserve(hardware, value: str | None):
+    """The profile with --memory-reserve's share of HBM held back (None: its own)."""
+    if value is None:
+        return hardware
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share < 1:
+        raise ConfigError("--memory-reserve", value, "a share in [0, 1) of each chip's HBM, "
+                          "such as 0.1")
+    return dataclasses.replace(hardware, memory_reserve=share)
+
+
+def reserve_source(hardware, override: str | None) -> dict:
+    """The plan's memory reserve per chip and where it comes from (docs/models.md)."""
+    preset = HARDWARE_PRESETS.get(hardware.name)
+    if override is not None:
+        source = "--memory-reserve"
+    elif preset is not None and preset.memory_reserve == hardware.memory_reserve:
+        source = MEMORY_RESERVE_SOURCES.get(hardware.name, "the preset")
+    else:
+        source = "the hardware file's memory_reserve"
+    return {"share": hardware.memory_reserve, "source": source}
 
 
 def _space_hardware(spec, space: str):
@@ -158,6 +189,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         data["mlflow_run_id"] = log_plan(result, args.tracking_uri)
     data["launch"] = best_launch_lines(result)
+    data["memory_reserve"] = reserve_source(question.hardware, args.memory_reserve)
     if out_dir:
         data["files"] = write_files(out_dir, [choice_of(result)], result.question)
     if args.json:
@@ -207,18 +239,41 @@ def _line(plan: dict, stat_ttft: str, stat_tpot: str) -> str:
             f"{cost_text}  binds: {plan['binding']}  band: {band}{bands}{risk}")
 
 
+def _precision(s: dict) -> str:
+    """A slice's weights, and its KV cache and experts layout where they are not the defaults."""
+    kv = f", KV {s['kv_cache']}" if s.get("kv_cache", "bf16") != "bf16" else ""
+    experts = f", experts {s['experts']}" if s.get("experts", "tp") != "tp" else ""
+    return f"{s['weights']}{kv}{experts}"
+
+
 def _slices(plan: dict) -> str:
     def one(name, s):
         topo = f" {s['topology']}" if s.get("topology") else ""
         return (f"{name} {s['replicas']} x {s['chips']} chips{topo} {s['ffn']}/{s['attn']} "
-                f"batch {s['batch']} {s['weights']}")
+                f"batch {s['batch']} {_precision(s)}")
     if plan["mode"] == "aggregated":
         return (f"    {plan['decode']['replicas']} replica(s) x {plan['decode']['chips']} chips "
-                f"({plan['decode']['topology']}, {plan['decode']['weights']}): prefill "
+                f"({plan['decode']['topology']}, {_precision(plan['decode'])}): prefill "
                 f"{plan['prefill']['ffn']}/{plan['prefill']['attn']} {plan['prefill']['batch']} "
                 f"prompts per call, decode {plan['decode']['ffn']}/{plan['decode']['attn']} "
                 f"{plan['decode']['batch']} slots")
     return f"    {one('prefill', plan['prefill'])}; {one('decode', plan['decode'])}"
+
+
+def _memory_lines(plan: dict) -> list[str]:
+    """Each slice's memory per chip: HBM, reserve, weights, working set, the slots' KV cache
+    at the longest request, and the KV capacity in tokens."""
+    def gb(value):
+        return f"{value / 1e9:.1f} GB"
+
+    out = []
+    for name, m in (plan.get("memory_per_chip") or {}).items():
+        capacity = m["kv_capacity_tokens"]
+        out.append(f"    memory per chip ({name}): {gb(m['hbm_bytes'])} HBM, {gb(m['reserve_bytes'])} "
+                   f"reserved, weights {gb(m['weights_bytes'])}, working set "
+                   f"{gb(m['working_bytes'])}, KV cache {gb(m['kv_bytes'])} for {m['kv_tokens']:,} "
+                   f"tokens; KV capacity {capacity:,} tokens" if capacity is not None else "")
+    return [line for line in out if line]
 
 
 def render(result, data: dict) -> str:
@@ -228,6 +283,10 @@ def render(result, data: dict) -> str:
     lines = [f"{q.model.name} on {q.hardware.name}: {p.describe()}"]
     if q.max_chips:
         lines[0] += f"; budget {q.max_chips} chips"
+    if data.get("memory_reserve"):
+        r = data["memory_reserve"]
+        lines.append(f"memory: {r['share']:.0%} of each chip's HBM reserved for the runtime and "
+                     f"fragmentation ({r['source']}); plans fill the rest")
     lines.append("best plan per mode:")
     for mode, plan in data["best_per_mode"].items():
         if plan is None:
@@ -235,6 +294,7 @@ def render(result, data: dict) -> str:
         else:
             lines.append("  " + _line(plan, st, sp))
             lines.append(_slices(plan))
+            lines += _memory_lines(plan)
     if data["plans"]:
         lines.append(f"plans on the cost/latency frontier (none beats another on chips, TTFT {st} and TPOT {sp}):")
         for plan in data["plans"][:12]:

@@ -15,7 +15,9 @@ attention (ws1d/head, paper §3.2.1), so a ws2d or weight-gathered layout, batch
 attention or different layouts per phase are flagged; so are int8 weights (the engine takes
 them from a quantized checkpoint, not a flag), replicas (one line per replica behind a
 router) and disaggregated plans (the engine's prefill/decode disaggregation, a launch per
-pool). An empty `lacks`: the engine runs the plan as is.
+pool). An empty `lacks`: the engine runs the plan as is. FP8 weights, an FP8 KV cache, expert
+parallelism and vLLM's share of HBM (all but the hardware's memory reserve) are flags
+(docs/models.md); an int8 KV cache is flagged (these engines' 8-bit cache is FP8).
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from workloads.config import HardwareProfile, ModelConfig
 from workloads.servingprofile import AppProfile, length_stats
 
 # Hugging Face checkpoints of the model presets with one; others are named by a placeholder.
-CHECKPOINTS = {"llama2-13b": "meta-llama/Llama-2-13b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf"}
+CHECKPOINTS = {"llama2-13b": "meta-llama/Llama-2-13b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf",
+               "llama3.1-8b": "meta-llama/Llama-3.1-8B", "llama3.1-70b": "meta-llama/Llama-3.1-70B",
+               "llama3.1-405b": "meta-llama/Llama-3.1-405B",
+               "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+               "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B"}
 GPU_ENGINES = ("vllm", "sglang")
 TPU_ENGINES = ("jetstream",)
 
@@ -50,6 +56,12 @@ def _lacks(plan: dict, engine: str) -> list[str]:
     if dec["weights"] == "int8":
         out.append("int8 weights: serve an int8 weight-only checkpoint (no flag quantizes them"
                    + (")" if engine != "jetstream" else "; MaxText: quantization=int8)"))
+    if dec.get("kv_cache") == "int8" and engine != "jetstream":
+        out.append("int8 KV cache: the engine's 8-bit KV cache is FP8 (--kv-cache-dtype fp8)")
+    if dec.get("kv_cache", "bf16") != "bf16" and engine == "jetstream":
+        out.append(f"{dec['kv_cache']} KV cache (MaxText: quantize_kvcache=true, int8)")
+    if dec["weights"] == "fp8" and engine == "jetstream":
+        out.append("fp8 weights (the chip has no FP8 units)")
     if dec["replicas"] > 1 or pre["replicas"] > 1:
         out.append(f"{dec['replicas']} replicas: one line per replica behind a request router")
     return out
@@ -64,14 +76,24 @@ def launch_lines(plan: dict, model: ModelConfig, hardware: HardwareProfile,
     dec = plan["decode"]
     chips, slots = dec["chips"], dec["batch"]
     checkpoint = CHECKPOINTS.get(model.name, f"<{model.name} checkpoint>")
+    # precision and expert parallelism (docs/models.md): FP8 weights quantised at load, an
+    # FP8 KV cache, experts spread over the tensor-parallel chips
+    fp8 = " --quantization fp8" if dec["weights"] == "fp8" else ""
+    kv_fp8 = dec.get("kv_cache") == "fp8"
+    ep = dec.get("experts") == "ep"
     commands = {
         "vllm": (f"vllm serve {checkpoint} --tensor-parallel-size {chips} --max-num-seqs {slots} "
                  f"--max-model-len {longest} --max-num-batched-tokens "
                  f"{max(longest, plan['prefill']['batch'] * prompt)} --no-enable-chunked-prefill "
-                 "--dtype bfloat16"),
+                 "--dtype bfloat16" + fp8 + (" --kv-cache-dtype fp8" if kv_fp8 else "")
+                 # the HBM the plan fills: all but the hardware's reserve (docs/models.md)
+                 + f" --gpu-memory-utilization {1 - hardware.memory_reserve:.2g}"
+                 + (" --enable-expert-parallel" if ep else "")),
         "sglang": (f"python -m sglang.launch_server --model-path {checkpoint} --tp {chips} "
                    f"--max-running-requests {slots} --context-length {longest} "
-                   "--chunked-prefill-size -1 --dtype bfloat16"),
+                   "--chunked-prefill-size -1 --dtype bfloat16" + fp8
+                   + (" --kv-cache-dtype fp8_e4m3" if kv_fp8 else "")
+                   + (f" --ep-size {chips}" if ep else "")),
         "jetstream": (f"python -m MaxText.maxengine_server MaxText/configs/base.yml "
                       f"model_name={model.name} ici_tensor_parallelism={chips} "
                       f"per_device_batch_size={slots / chips:g} max_prefill_predict_length={prompt} "

@@ -37,11 +37,12 @@ from functools import lru_cache
 from sweeper.serving import bands as bands_mod
 from workloads.deployment import MODES, Deployment, PhaseSlice
 from workloads.servingmodel import (SimResult, StepTimes, cost_model_step_times,
-                                   kv_link_bandwidth, simulate)
+                                   kv_link_bandwidth, memory_budget, simulate)
 from workloads.servingprofile import AppProfile, length_stats, mean_rate, requests
 from workloads import costmodel
-from workloads.config import ConfigError, HardwareProfile, ModelConfig
+from workloads.config import ConfigError, HardwareProfile, ModelConfig, check_context
 from workloads.hardware import per_chip   # a measured host profile is split over its chips
+from workloads.layouts import EXPERT_LAYOUTS
 from workloads.recommend import recommend, torus_topologies
 
 SLOT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -83,10 +84,12 @@ class PhaseOption:
     step_s: float                 # one call (prefill) or one step (decode) at the mean lengths
     peak_bytes: float
     working_bytes: float
+    experts: str = "tp"           # a mixture-of-experts model's experts layout (tp | ep)
+    kv_cache: str = "bf16"        # the KV cache's format
 
     def slice(self, replicas: int) -> PhaseSlice:
         return PhaseSlice(self.chips, replicas, self.ffn, self.attn, self.batch, self.weights,
-                          self.topology)
+                          self.topology, self.experts, self.kv_cache)
 
 
 @dataclass
@@ -100,6 +103,7 @@ class Plan:
     utilization: dict           # phase -> rate / capacity
     memory: float               # peak bytes / HBM of the fullest slice
     band: dict | None = None    # filled for reported plans
+    budget: dict | None = None  # memory per chip of each slice, filled for reported plans
     config: tuple | None = field(default=None, repr=False)   # the search's (mode, pre, dec)
 
     @property
@@ -134,13 +138,19 @@ class Plan:
                "prefill": _slice_dict(d.prefill), "decode": _slice_dict(d.decode)}
         if self.band is not None:
             out.update(self.band)
+        if self.budget is not None:
+            out["memory_per_chip"] = self.budget
         return out
 
 
 def _slice_dict(part: PhaseSlice) -> dict:
-    return {"chips": part.chips, "replicas": part.replicas, "ffn": part.ffn, "attn": part.attn,
-            "batch": part.batch, "weights": part.weights,
-            "topology": "x".join(map(str, part.topology)) if part.topology else None}
+    out = {"chips": part.chips, "replicas": part.replicas, "ffn": part.ffn, "attn": part.attn,
+           "batch": part.batch, "weights": part.weights,
+           "topology": "x".join(map(str, part.topology)) if part.topology else None}
+    out["kv_cache"] = part.kv_cache
+    if part.experts != "tp":      # a mixture-of-experts model's expert parallelism
+        out["experts"] = part.experts
+    return out
 
 
 def _round(value: float) -> float:
@@ -197,6 +207,7 @@ class _Options:
         self.input_mean = lengths["input_mean"]
         self.output_mean = lengths["output_mean"]
         self.context_full = lengths["input_max"] + lengths["output_max"]
+        self.input_max = lengths["input_max"]
         self.context_mean = self.input_mean + self.output_mean / 2
         self.pruned: dict[str, str] = {}
         cap = q.max_chips or DEFAULT_CHIP_CAP
@@ -207,16 +218,25 @@ class _Options:
     @property
     def fewest_fitting(self) -> int:
         """The smallest slice that holds the weights and one decode slot's KV cache."""
-        return next((c for c in self.slice_chips if any(self.decode(c, w) for w in WEIGHTS)),
+        return next((c for c in self.slice_chips if any(self.decode(c, w) for w in self.weights)),
                     math.inf)
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return weight_formats(self.q.hardware)
+
+    @property
+    def kv_formats(self) -> tuple[str, ...]:
+        return kv_formats(self.q.hardware)
 
     def _weights_fit(self, chips: int, weights: str) -> bool:
         params = costmodel.param_count(self.q.model.unpadded)
-        need = params * (1 if weights == "int8" else 2)
-        if need > chips * per_chip(self.q.hardware, chips).hbm_bytes:
+        need = params * costmodel.weight_element_bytes(weights)
+        if need > chips * per_chip(self.q.hardware, chips).usable_hbm_bytes:
             self.pruned["memory"] = (     # the largest slice tried is the one to report
                 f"{self.q.model.name}'s {weights} weights ({need / 2**30:.0f} GiB) need "
-                f"more than {chips} x {per_chip(self.q.hardware, chips).hbm_bytes / 2**30:.0f} GiB")
+                f"more than {chips} x {per_chip(self.q.hardware, chips).usable_hbm_bytes / 2**30:.0f}"
+                " GiB (HBM less its reserve)")
             return False
         return True
 
@@ -230,24 +250,27 @@ class _Options:
         if not self._weights_fit(chips, weights):
             return out
         topo = self.topology(chips)
-        for slots in SLOT_BATCHES:
-            try:
-                rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, slots, "decode",
-                                context=self.context_full, weights=weights, topology=topo)
-            except ConfigError:
-                continue
-            best = rec.best
-            if not best.fits:
-                self.pruned["memory"] = (f"decode: {slots} slots of {self.context_full} tokens "
-                                         f"do not fit {chips} chips ({weights})")
-                break
-            step = costmodel.predict_phase(
-                self._padded(best), per_chip(self.q.hardware, chips), chips, slots, "decode", 1,
-                self.context_mean,
-                costmodel.PhaseLayout(best.ffn, best.attn), weights, topo).latency_s
-            out.append(PhaseOption("decode", chips, weights, slots, best.ffn, best.attn, topo, step,
-                                   best.prediction.peak_bytes_per_chip,
-                                   best.prediction.working_set_bytes_per_chip))
+        for experts, kv in itertools.product(expert_layouts(self.q.model, chips), self.kv_formats):
+            for slots in SLOT_BATCHES:
+                try:
+                    rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, slots,
+                                    "decode", context=self.context_full, weights=weights,
+                                    topology=topo, experts=experts, kv_cache=kv)
+                except ConfigError:
+                    continue
+                best = rec.best
+                if not best.fits:
+                    self.pruned["memory"] = (f"decode: {slots} slots of {self.context_full} tokens "
+                                             f"do not fit {chips} chips ({weights})")
+                    break
+                step = costmodel.predict_phase(
+                    self._padded(best), per_chip(self.q.hardware, chips), chips, slots, "decode", 1,
+                    self.context_mean,
+                    costmodel.PhaseLayout(best.ffn, best.attn), weights, topo,
+                    experts=experts, kv_cache=kv).latency_s
+                out.append(PhaseOption("decode", chips, weights, slots, best.ffn, best.attn, topo,
+                                       step, best.prediction.peak_bytes_per_chip,
+                                       best.prediction.working_set_bytes_per_chip, experts, kv))
         return out
 
     @lru_cache(maxsize=None)
@@ -257,18 +280,21 @@ class _Options:
             return out
         topo = self.topology(chips)
         length = int(math.ceil(self.input_mean))
-        for batch in PREFILL_BATCHES:
-            try:
-                rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, batch, "prefill",
-                                input_len=length, weights=weights, topology=topo)
-            except ConfigError:
-                continue
-            best = rec.best
-            if not best.fits:
-                break
-            out.append(PhaseOption("prefill", chips, weights, batch, best.ffn, best.attn, topo,
-                                   best.prediction.latency_s, best.prediction.peak_bytes_per_chip,
-                                   best.prediction.working_set_bytes_per_chip))
+        for experts, kv in itertools.product(expert_layouts(self.q.model, chips), self.kv_formats):
+            for batch in PREFILL_BATCHES:
+                try:
+                    rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, batch,
+                                    "prefill", input_len=length, weights=weights, topology=topo,
+                                    experts=experts, kv_cache=kv)
+                except ConfigError:
+                    continue
+                best = rec.best
+                if not best.fits:
+                    break
+                out.append(PhaseOption("prefill", chips, weights, batch, best.ffn, best.attn, topo,
+                                       best.prediction.latency_s,
+                                       best.prediction.peak_bytes_per_chip,
+                                       best.prediction.working_set_bytes_per_chip, experts, kv))
         return out
 
     def _padded(self, candidate) -> ModelConfig:
@@ -323,13 +349,14 @@ class _Search:
         for chips in o.slice_chips:
             if self.mode == "aggregated":
                 configs = []
-                for weights in WEIGHTS:
+                for weights in o.weights:
                     for pre, dec in itertools.product(o.prefill(chips, weights),
                                                       o.decode(chips, weights)):
-                        if pre.topology != dec.topology:
-                            continue
-                        if dec.peak_bytes + pre.working_bytes > per_chip(self.q.hardware,
-                                                                          chips).hbm_bytes:
+                        if (pre.topology != dec.topology or pre.experts != dec.experts
+                                or pre.kv_cache != dec.kv_cache):
+                            continue     # one replica stores one copy of the weights and cache
+                        if dec.peak_bytes + pre.working_bytes > per_chip(
+                                self.q.hardware, chips).usable_hbm_bytes:
                             o.pruned.setdefault("memory", "slots' KV cache + prefill working set "
                                                 "exceed HBM")
                             continue
@@ -341,14 +368,15 @@ class _Search:
             def best_of(phase):
                 out = []
                 for chips in o.slice_chips:
-                    options = [x for w in WEIGHTS for x in
+                    options = [x for w in o.weights for x in
                                (o.prefill(chips, w) if phase == "prefill" else o.decode(chips, w))]
                     out += _undominated(options, lambda x: (x.step_s, self._busy(x)))
                 return out
             prefills = best_of("prefill")
             for dec in best_of("decode"):
                 for pre in prefills:
-                    self._add(("disaggregated", pre, dec))
+                    if pre.kv_cache == dec.kv_cache:     # the cache is handed over as it is
+                        self._add(("disaggregated", pre, dec))
 
     def _busy(self, option: PhaseOption) -> float:
         """Seconds of one slice per request (prefill: a share of a call; decode: K - 1 steps
@@ -410,7 +438,8 @@ class _Search:
         times = self._times[key]
         if deployment.mode == "disaggregated":   # the link depends on the chips in total
             bandwidth, _ = kv_link_bandwidth(deployment)
-            per_token = costmodel.kv_bytes_per_token(deployment.model)
+            per_token = costmodel.kv_bytes_per_token(deployment.model,
+                                                     kv_cache=deployment.decode.kv_cache)
             times = dataclasses.replace(times, kv_transfer_s=lambda n: per_token * n / bandwidth)
         return times
 
@@ -436,10 +465,10 @@ class _Search:
         else:
             utilization = {"prefill": self.rate * prefill_busy / d.prefill.replicas,
                            "decode": self.rate * decode_busy / d.decode.replicas}
-        hbm = per_chip(self.q.hardware, dec.chips).hbm_bytes
+        hbm = per_chip(self.q.hardware, dec.chips).usable_hbm_bytes   # HBM less its reserve
         memory = (dec.peak_bytes + (pre.working_bytes if d.mode == "aggregated" else 0)) / hbm
         if d.mode == "disaggregated":
-            memory = max(memory, pre.peak_bytes / per_chip(self.q.hardware, pre.chips).hbm_bytes)
+            memory = max(memory, pre.peak_bytes / per_chip(self.q.hardware, pre.chips).usable_hbm_bytes)
         return Plan(d, s, meets, violations, utilization, memory, config=config)
 
     def run(self) -> tuple[Plan | None, list[Plan]]:
@@ -556,8 +585,42 @@ def band_label(hardware: HardwareProfile, pre, dec) -> str:
 # --------------------------------------------------------------------------- the answer
 
 
+def weight_formats(hw: HardwareProfile) -> tuple[str, ...]:
+    """Weight formats a plan searches: int8 and bf16, and fp8 where the chips have FP8 units
+    (an FP8 matmul runs there at hw.fp8_flops; elsewhere fp8 storage is int8's twin)."""
+    return ("fp8",) + WEIGHTS if hw.fp8_flops else WEIGHTS
+
+
+def kv_formats(hw: HardwareProfile) -> tuple[str, ...]:
+    """KV cache formats a plan searches: bf16 and one 8-bit format, fp8 where the chips have
+    FP8 units, else int8 (the two hold the same bytes: one is enough to search)."""
+    return ("bf16", "fp8" if hw.fp8_flops else "int8")
+
+
+def expert_layouts(model: ModelConfig, chips: int) -> tuple[str, ...]:
+    """The experts layouts a plan searches: tp and ep for a mixture-of-experts model on more
+    than one chip (on one, ep is tp: every expert is local)."""
+    return EXPERT_LAYOUTS if model.moe and chips > 1 else ("tp",)
+
+
+def check_context_window(q: PlanQuestion) -> None:
+    """ConfigError (naming --input-len) when the longest prompt and answer exceed the model's
+    context window (issue 39: llama2-70b's 4k window took --input-len 200000)."""
+    lengths = length_stats(q.profile)
+    check_context(q.model, lengths["input_max"] + lengths["output_max"], "--input-len",
+                  lengths["input_max"], what=f"the longest prompt, {lengths['input_max']}, and "
+                  f"answer, {lengths['output_max']} tokens")
+
+
+def _with_budget(options: _Options, plan: Plan) -> None:
+    """Fills plan.budget: memory per chip of each slice at the longest request (servingmodel)."""
+    plan.budget = memory_budget(plan.deployment, int(math.ceil(options.input_max)),
+                                int(math.ceil(options.context_full)))
+
+
 def plan(q: PlanQuestion) -> PlanResult:
     """The cheapest deployment per mode meeting the SLO, the frontier, and why (module doc)."""
+    check_context_window(q)
     started = time.perf_counter()
     options = _Options(q)
     ratio_bands = bands_mod.profile_bands(q.hardware, q.coverage)
@@ -578,6 +641,7 @@ def plan(q: PlanQuestion) -> PlanResult:
     frontier = pareto([p for p in everything if p.meets_slo])
     for p in {id(p): p for p in [*candidates, *frontier]}.values():
         _with_band(searches[p.deployment.mode], p, ratio_bands)
+        _with_budget(options, p)
     reason = _reason(q, best, everything, options, searches)
     settle = None
     if best is not None and (best.band or {}).get("at_risk") is not False:

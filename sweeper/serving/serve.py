@@ -153,6 +153,12 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str,
     from workloads.layouts import PhaseLayout, resolve_padding, validate_layouts, validate_phase
 
     d = deployment
+    for part, name in ((d.prefill, "prefill"), (d.decode, "decode")):   # the slot server's own
+        for key, runs in (("experts", "tp"), ("kv_cache", "bf16")):      # (workloads/serving.py)
+            if getattr(part, key) != runs:
+                raise ConfigError(f"{name}.{key}", getattr(part, key), f"{runs} (the slot server "
+                                  "runs tp experts and a bf16 KV cache; the plan's prediction "
+                                  "assumes otherwise)")
     pre = PhaseLayout(d.prefill.ffn, d.prefill.attn)
     dec = PhaseLayout(d.decode.ffn, d.decode.attn)
     model = d.model.to_dict()

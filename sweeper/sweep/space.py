@@ -4,7 +4,7 @@ A space file names a model, a hardware backend, the trial fields that stay fixed
 parameters to search, what to optimise and under which constraints:
 
     name: quickstart
-    model: tiny                      # preset, model YAML (relative to this file) or mapping
+    model: tiny                      # preset, model YAML or HF config.json (relative to this file) or mapping
     hardware: host                   # host | devices | devices:<profile> | analytical:<profile or YAML>
     input_len: 32                    # any TrialConfig field not searched is fixed here
     decode_steps: 8
@@ -13,6 +13,8 @@ parameters to search, what to optimise and under which constraints:
                                      #   ffn / attn (the same layout in both phases),
                                      #   pad_heads (auto | none | N: paper §4 head padding),
                                      #   pad_vocab (auto | none: vocabulary padding),
+                                     #   kv_cache (bf16 | int8 | fp8), experts (tp | ep:
+                                     #   a mixture-of-experts model, docs/models.md),
                                      #   serving_mode (aggregated | disaggregated: a
                                      #   serving trial's deployment), and seed (replicates)
       chips: {choices: [1, 2, 4]}    # categorical (a list is shorthand for choices)
