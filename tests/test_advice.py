@@ -30,7 +30,7 @@ from requires import require
 
 ANALYTICAL = {"name": "an", "model": "palm-62b", "hardware": "analytical:tpu-v4",
               "input_len": 128, "decode_steps": 16, "sampler": {"type": "grid"},
-              "params": {"batch": [1, 8, 64], "chips": [4, 16]},
+              "params": {"batch": [1, 8, 64], "chips": [8, 16]},
               "objectives": [{"metric": "decode_step_s", "direction": "minimize"},
                              {"metric": "decode_cost_chip_s_per_token", "direction": "minimize"}],
               "trials": 6, "parallel": 1}
