@@ -35,6 +35,8 @@ MAX_TOTAL_CHIPS = 65536     # chips of a whole deployment (also `sweeper plan --
 MAX_BATCH = 65536           # decode slots, or prompts per prefill call
 MAX_PLAN_BYTES = 4 * 2**20  # a plan with a fitted profile is tens of KiB
 MAX_PLAN_DEPTH = 32         # a plan nests 4-5 levels
+MAX_STAGES = 64             # pipeline stages of one slice (more than any model has layers to split)
+MAX_CHUNK = 1 << 20         # prompt tokens per chunked-prefill step
 
 
 @dataclass
@@ -50,12 +52,24 @@ class PhaseSlice:
     topology: tuple[int, int, int] | None = None   # None: the cost model's best split
     experts: str = "tp"     # a mixture-of-experts model's experts layout (workloads/layouts.py)
     kv_cache: str = "bf16"  # the KV cache's format (workloads/quant.py)
+    # pipeline stages: the slice's `chips` are `stages` groups of chips // stages chips, each
+    # holding n_layers / stages layers; `topology` is one stage's mesh (docs/serving.md
+    # "Plan file")
+    stages: int = 1
+    # prefill only, aggregated only: prompt tokens run per decode step (chunked prefill, as
+    # Sarathi-Serve and vLLM do); 0 runs each prompt whole in its own prefill call
+    chunk: int = 0
+
+    @property
+    def stage_chips(self) -> int:
+        """Chips of one pipeline stage (the mesh the layouts split over)."""
+        return self.chips // self.stages
 
     def to_dict(self) -> dict:
         out = {"chips": self.chips, "replicas": self.replicas, "ffn": self.ffn,
                "attn": self.attn, "batch": self.batch, "weights": self.weights,
                "topology": "x".join(map(str, self.topology)) if self.topology else None}
-        for key, default in (("experts", "tp"), ("kv_cache", "bf16")):
+        for key, default in (("experts", "tp"), ("kv_cache", "bf16"), ("stages", 1), ("chunk", 0)):
             if getattr(self, key) != default:    # a plan file without them stays as it was
                 out[key] = getattr(self, key)
         return out
@@ -66,14 +80,22 @@ class PhaseSlice:
             raise ConfigError(prefix, data, "a mapping {chips, replicas, ffn, attn, batch, "
                               "weights[, topology]}", source)
         check_keys(data, ["chips", "replicas", "ffn", "attn", "batch", "weights", "topology",
-                          "experts", "kv_cache"], source, f"{prefix}.")
+                          "experts", "kv_cache", "stages", "chunk"], source, f"{prefix}.")
         for key in ("chips", "ffn", "attn", "batch"):
             if key not in data:
                 raise ConfigError(f"{prefix}.{key}", None, "a value (required)", source)
         chips = _count(f"{prefix}.chips", data["chips"], MAX_SLICE_CHIPS, source)
+        stages = _count(f"{prefix}.stages", data.get("stages", 1), MAX_STAGES, source)
+        if chips % stages:
+            raise ConfigError(f"{prefix}.stages", stages, f"a divisor of {prefix}.chips={chips} "
+                              "(each pipeline stage has the same chips)", source)
+        chunk = data.get("chunk", 0)
+        if not is_int(chunk) or not 0 <= chunk <= MAX_CHUNK:
+            raise ConfigError(f"{prefix}.chunk", chunk, f"0 (whole prompts) or a number of "
+                              f"prompt tokens per step from 1 to {MAX_CHUNK:,}", source)
         topology = data.get("topology")
         if topology is not None:
-            topology = parse_topology(topology, chips, f"{prefix}.topology", source)
+            topology = parse_topology(topology, chips // stages, f"{prefix}.topology", source)
         return cls(chips=chips,
                    replicas=_count(f"{prefix}.replicas", data.get("replicas", 1),
                                    MAX_TOTAL_CHIPS, source),
@@ -86,7 +108,8 @@ class PhaseSlice:
                    experts=one_of(f"{prefix}.experts", data.get("experts", "tp"), EXPERT_LAYOUTS,
                                   source),
                    kv_cache=one_of(f"{prefix}.kv_cache", data.get("kv_cache", "bf16"), KV_FORMATS,
-                                   source))
+                                   source),
+                   stages=stages, chunk=chunk)
 
     @property
     def chips_total(self) -> int:
@@ -96,8 +119,10 @@ class PhaseSlice:
         topo = f" {'x'.join(map(str, self.topology))}" if self.topology else ""
         experts = f" experts {self.experts}" if self.experts != "tp" else ""
         kv = f" KV {self.kv_cache}" if self.kv_cache != "bf16" else ""
-        return (f"{self.replicas} x {self.chips} chips{topo} {self.ffn}/{self.attn} "
-                f"batch {self.batch} {self.weights}{kv}{experts}")
+        stages = f" in {self.stages} stages" if self.stages > 1 else ""
+        chunk = f" chunk {self.chunk}" if self.chunk else ""
+        return (f"{self.replicas} x {self.chips} chips{stages}{topo} {self.ffn}/{self.attn} "
+                f"batch {self.batch} {self.weights}{kv}{experts}{chunk}")
 
 
 @dataclass
@@ -145,13 +170,25 @@ class Deployment:
             raise ConfigError("prefill.kv_cache", prefill.kv_cache, f"decode.kv_cache="
                               f"{decode.kv_cache!r}: both phases hold the same KV cache", source)
         if mode == "aggregated":   # one replica runs both phases on the same stored weights
-            for key in ("chips", "replicas", "weights", "topology", "experts", "kv_cache"):
+            for key in ("chips", "replicas", "weights", "topology", "experts", "kv_cache",
+                        "stages"):
                 if getattr(prefill, key) != getattr(decode, key) and not (
                         key == "topology" and None in (prefill.topology, decode.topology)):
                     raise ConfigError(f"prefill.{key}", getattr(prefill, key),
                                       f"decode.{key}={getattr(decode, key)!r}: an aggregated "
                                       "replica runs both phases on the same chips and weights",
                                       source)
+        if decode.chunk:
+            raise ConfigError("decode.chunk", decode.chunk, "0: the chunk size is the prefill "
+                              "slice's (prefill.chunk)", source)
+        if prefill.chunk and mode != "aggregated":
+            raise ConfigError("prefill.chunk", prefill.chunk, "0 in a disaggregated deployment "
+                              "(chunks are mixed into an aggregated replica's decode steps)",
+                              source)
+        for part, name in ((prefill, "prefill"), (decode, "decode")):
+            if part.stages > model.n_layers:
+                raise ConfigError(f"{name}.stages", part.stages, f"at most the model's "
+                                  f"{model.n_layers} layers", source)
         deployment = cls(model, hardware, mode, prefill, decode)
         if deployment.chips_total > MAX_TOTAL_CHIPS:
             raise ConfigError("decode.replicas", decode.replicas, f"a deployment of at most "
@@ -162,8 +199,11 @@ class Deployment:
     def describe(self) -> str:
         if self.mode == "aggregated":
             d = self.decode
-            return (f"aggregated: {d.replicas} x {d.chips} chips, prefill {self.prefill.ffn}/"
-                    f"{self.prefill.attn} batch {self.prefill.batch}, decode {d.ffn}/{d.attn} "
+            stages = f" in {d.stages} stages" if d.stages > 1 else ""
+            chunk = (f" in chunks of {self.prefill.chunk} tokens" if self.prefill.chunk else
+                     f" batch {self.prefill.batch}")
+            return (f"aggregated: {d.replicas} x {d.chips} chips{stages}, prefill "
+                    f"{self.prefill.ffn}/{self.prefill.attn}{chunk}, decode {d.ffn}/{d.attn} "
                     f"{d.batch} slots, {d.weights}")
         return (f"disaggregated: prefill {self.prefill.describe()}; decode "
                 f"{self.decode.describe()}")

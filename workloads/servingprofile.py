@@ -188,6 +188,27 @@ def _share(value: Any, name: str, source: str | None) -> float:
     return number
 
 
+def _tokens(value: Any, name: str, source: str | None) -> int:
+    text = value.strip() if isinstance(value, str) else value
+    try:
+        number = int(text) if isinstance(text, str) else text
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= 1 << 20:
+        raise ConfigError(name, value, f"a whole number of tokens from 0 to {1 << 20:,}", source)
+    return number
+
+
+def _hit_rate(value: Any, name: str, source: str | None) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not 0 <= number <= 1:
+        raise ConfigError(name, value, "a share in [0, 1], such as 0.9", source)
+    return number
+
+
 def _trace(value: Any, name: str, source: str | None) -> str | None:
     if value is None:
         return None
@@ -234,6 +255,15 @@ class AppProfile:
     attainment: float = field(default=0.99, metadata=_spec(
         _share, "--attainment", "share of requests that must meet both SLOs (default 0.99)",
         "SHARE"))
+    # prefix caching (docs/serving.md "The application profile"): the first prefix_len tokens
+    # of a prompt (a system prompt) are the same for the share prefix_hit of requests; a
+    # replica keeps their KV cache and prefills only the rest of such a prompt
+    prefix_len: int = field(default=0, metadata=_spec(
+        _tokens, "--prefix-len", "leading prompt tokens shared across requests, their KV cached "
+        "and reused (default 0: no prefix caching)", "N"))
+    prefix_hit: float = field(default=1.0, metadata=_spec(
+        _hit_rate, "--prefix-hit", "share of requests that start with the shared prefix "
+        "(default 1.0)", "SHARE"))
 
     @property
     def ttft_statistic(self) -> str:
@@ -248,6 +278,8 @@ class AppProfile:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             out[f.name] = value.to_value() if isinstance(value, Length) else value
+        if not self.prefix_len:      # without prefix caching a profile is written as before
+            del out["prefix_len"], out["prefix_hit"]
         return out
 
     def describe(self) -> str:
@@ -258,6 +290,9 @@ class AppProfile:
             stats = length_stats(self)
             stream = (f"trace {self.trace} ({mean_rate(self):.3g} req/s, input mean "
                       f"{stats['input_mean']:.0f}, output mean {stats['output_mean']:.0f} tokens)")
+        if self.prefix_len:
+            stream += (f", a shared prefix of {self.prefix_len} tokens in {self.prefix_hit:.0%} "
+                       "of prompts")
         return (f"{stream}; "
                 f"TTFT {self.ttft_statistic} <= {self.ttft:g} s, TPOT {self.tpot_statistic} <= "
                 f"{self.tpot:g} s, attainment >= {self.attainment:.0%}")
@@ -276,7 +311,18 @@ def _build(values: Mapping[str, Any], source: str | None, name_of: Callable[[str
         raise ConfigError(name_of("rate"), values.get("rate"),
                           f"exactly one of {name_of('rate')} (Poisson) or {name_of('trace')} (a "
                           "CSV of requests)", source)
-    return AppProfile(**parsed)
+    profile = AppProfile(**parsed)
+    if profile.prefix_len and profile.trace is None and profile.prefix_len >= _shortest(
+            profile.input_len):
+        raise ConfigError(name_of("prefix_len"), profile.prefix_len, f"fewer tokens than the "
+                          f"shortest prompt ({_shortest(profile.input_len)}, input_len "
+                          f"{profile.input_len}): a prompt keeps at least one token of its own",
+                          source)
+    return profile
+
+
+def _shortest(length: Length) -> int:
+    return int(length.mean) if length.dist == "fixed" else int(length.low)
 
 
 def block_profile(block: Mapping, source: str | None = None, prefix: str = "serving.") -> AppProfile:
@@ -307,7 +353,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace) -> AppProfile:
     """The AppProfile the flags describe (ConfigError names the flag)."""
     values = {f.name: getattr(args, f"serving_{f.name}") for f in dataclasses.fields(AppProfile)}
-    for key in ("ttft", "tpot", "rate", "attainment"):     # numbers arrive as text
+    for key in ("ttft", "tpot", "rate", "attainment", "prefix_hit"):     # numbers arrive as text
         if isinstance(values[key], str):
             try:
                 values[key] = float(values[key])
