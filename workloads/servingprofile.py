@@ -47,6 +47,9 @@ class Request:
     arrival_s: float
     input_len: int
     output_len: int
+    # leading prompt tokens whose KV a replica already holds (the profile's shared prefix,
+    # prefix caching): only input_len - cached_len tokens are prefilled
+    cached_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -395,12 +398,25 @@ def requests(profile: AppProfile, n: int, seed: int = 0) -> list[Request]:
     """`n` requests: Poisson arrivals at `profile.rate` with sampled lengths, or the first
     `n` rows of the trace (all of them when `n` is larger)."""
     if profile.trace is not None:
-        return read_trace(profile.trace)[:n]
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / profile.rate, size=n))
-    inputs = profile.input_len.sample(rng, n)
-    outputs = profile.output_len.sample(rng, n)
-    return [Request(float(a), int(i), int(o)) for a, i, o in zip(arrivals, inputs, outputs)]
+        stream = read_trace(profile.trace)[:n]
+    else:
+        rng = np.random.default_rng(seed)
+        arrivals = np.cumsum(rng.exponential(1.0 / profile.rate, size=n))
+        inputs = profile.input_len.sample(rng, n)
+        outputs = profile.output_len.sample(rng, n)
+        stream = [Request(float(a), int(i), int(o)) for a, i, o in zip(arrivals, inputs, outputs)]
+    return with_prefix_hits(stream, profile, seed)
+
+
+def with_prefix_hits(stream: list[Request], profile: AppProfile, seed: int = 0) -> list[Request]:
+    """The stream with `cached_len` set on the share `profile.prefix_hit` of requests that
+    start with the shared prefix (drawn from their own generator, so a profile without a
+    prefix draws the same stream as before); a prompt keeps at least one token of its own."""
+    if not profile.prefix_len:
+        return stream
+    hits = np.random.default_rng([seed, 1]).random(len(stream)) < profile.prefix_hit
+    return [dataclasses.replace(r, cached_len=min(profile.prefix_len, r.input_len - 1))
+            if hit else r for r, hit in zip(stream, hits)]
 
 
 def offered_rps(reqs: list[Request]) -> float | None:
