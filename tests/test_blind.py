@@ -296,3 +296,16 @@ def test_tiny_blind_run_end_to_end(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert (out / "blind.md").read_text() == text
     assert "4221" in readme_numbers.doc_block("blind")(out)
+
+
+def test_quickstart_with_a_floor_over_half_is_not_judged():
+    """A quickstart whose replicates disagree by more than JUDGEABLE_FLOOR would pass any
+    error at 2x its floor: the verdict is left undecided, with the reason."""
+    raw = _result(0.05, 0.02, 4)
+    raw["quickstart"] = {**raw["quickstart"], "noise_floor": 1.22,
+                         "schemes": {"chips": {"mape": 0.39, "ratio": 0.32}}}
+    target = "quickstart's closing analysis: every scheme within 2x its noise floor"
+    noisy = {v["target"]: v for v in blind.analyse(raw)["verdicts"]}[target]
+    assert noisy["met"] is None and "not judged" in noisy["responsible"]
+    raw["quickstart"]["noise_floor"] = 0.4
+    assert {v["target"]: v for v in blind.analyse(raw)["verdicts"]}[target]["met"] is True
