@@ -2,10 +2,13 @@
 devices pinned to its cores, the operations the host cost model adds up, timed one kind at a
 time, then real trials of the probe models (workloads/probes.py) through the engine.
 
-    python -m workloads.hostcal --devices N --cores 0 --tasks FILE.json
+    python -m workloads.hostcal --devices N --cores 0 --tasks FILE.json [--claim FILE]
 
 writes one JSON object per line to stdout as each measurement finishes (the parent shows
-progress and keeps whatever finished if the process is lost). Tasks (a JSON list):
+progress and keeps whatever finished if the process is lost). With `--claim`, processes on
+other cores share the list: each takes the next unclaimed task from the counter in that file
+(under a lock) until none is left, so the slots finish together whatever each task costs.
+Tasks (a JSON list):
 
   {"kind": "dispatch"}                 per-call and per-op cost of a compiled program: a chain of
                                        k tiny engine matmuls on every device, k = 1 and 1 + DEPTH
@@ -30,6 +33,7 @@ sizes its thread pool then), as a sweep's mesh worker does (sweeper/sweep/meshwo
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import os
@@ -172,11 +176,34 @@ def run(task: dict, n: int, engine_cache: dict) -> dict:
     raise ValueError(f"unknown task kind {kind!r}")
 
 
+def claim_next(path: str, total: int) -> int | None:
+    """The next unclaimed index of a shared task list (the counter in `path`, advanced under
+    an exclusive lock), None when every task is claimed."""
+    with open(path, "r+") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)
+        index = int(counter.read().strip() or 0)
+        if index >= total:
+            return None
+        counter.seek(0)
+        counter.write(str(index + 1))
+        counter.truncate()
+        counter.flush()
+        return index
+
+
+def claimed(path: str, total: int):
+    """The indices this process claims, one at a time, as it is ready for the next."""
+    while (index := claim_next(path, total)) is not None:
+        yield index
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workloads.hostcal")
     parser.add_argument("--devices", type=int, required=True)
     parser.add_argument("--cores", required=True, help="comma-separated CPU cores to pin to")
     parser.add_argument("--tasks", required=True, help="JSON list of tasks")
+    parser.add_argument("--claim", help="counter file shared with other processes on the "
+                        "same task list: each task is run by the process that claims it")
     args = parser.parse_args(argv)
     cores = {int(c) for c in args.cores.split(",")}
     os.sched_setaffinity(0, cores)             # before JAX: XLA sizes its threads then
@@ -187,14 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.tasks) as f:
         tasks = json.load(f)
     engine_cache: dict = {}
-    for index, task in enumerate(tasks):
+    indices = (claimed(args.claim, len(tasks)) if args.claim else range(len(tasks)))
+    for index in indices:
+        task = tasks[index]
         start = time.perf_counter()
         try:
             result = {"ok": True, **run(task, args.devices, engine_cache)}
         except Exception as err:     # one failed measurement is recorded, the others go on
             result = {"ok": False, "error": f"{type(err).__name__}: {err}",
                       "traceback": traceback.format_exc(limit=3)}
-        record = {"index": index, "devices": args.devices, "task": task,
+        record = {"index": index, "devices": args.devices, "task": task, "pid": os.getpid(),
                   "wall_s": time.perf_counter() - start, **result}
         print(json.dumps(record), flush=True)
     return 0

@@ -87,7 +87,7 @@ def calibrate(plan: tasks.Plan = tasks.FULL, quick: bool = False, out: Path | No
     base = hostprofile.host_profile(calibrated=False)          # the peaks (measured once, cached)
     slots = slots or runner.slots_of_this_host()
     share = len(slots[0]) / max(hostprofile.host_cores(), 1)
-    batches = tasks.batches(plan, quick=quick, slots=len(slots))
+    batches = tasks.batches(plan, quick=quick)
     total = sum(len(b.tasks) for b in batches)
     outcome = runner.run(batches, slots, _progress_counter(total, progress, start))
     cache = last_level_cache_bytes()
