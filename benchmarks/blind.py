@@ -516,7 +516,7 @@ def term_seconds(obs, profile) -> dict[str, float]:
     scale = obs.scale if not isinstance(obs.scale, tuple) else obs.scale[0]
     share = scale * call.chips
     counts = costmodel.host_counts(call, host.cache_for(share))
-    ratio = host.share / share
+    ratio = host.throughput_ratio(share, call.chips)
     return {t: float(counts[t] * c * (ratio if t in THROUGHPUT_TERMS else 1.0))
             for t, c in host.costs[call.phase].items() if counts[t] * c > 0}
 

@@ -121,6 +121,21 @@ def test_predict_phase_takes_a_calibrated_hosts_latency_from_its_model():
     assert costmodel.predict(trial, per_chip(HOST, 2, 0.5)).decode_step_s != at_calibration
 
 
+def test_more_cores_than_devices_do_not_speed_a_worker_up():
+    """A worker's extra cores speed the throughput terms up only to one core per device: a
+    one-device worker on the whole host predicts as at the calibration's one-core share, a
+    four-device one on two cores at half; a worker_cores the profile does not name is 1."""
+    costs = _costs()
+    host = hostmodel.HostModel(costs, 0.5, 0.0)
+    assert host.throughput_ratio(1.0, 1) == 1.0 and host.throughput_ratio(0.5, 1) == 1.0
+    assert host.throughput_ratio(1.0, 4) == 0.5 and host.throughput_ratio(0.5, 4) == 1.0
+    assert hostmodel.HostModel.from_dict({"share": 0.5, "costs": costs}).worker_cores == 1.0
+    hw = dataclasses.replace(HOST, host_model=host.to_dict())
+    trial = _trial(chips=1)
+    assert costmodel.predict(trial, per_chip(hw, 1, 1.0)).decode_step_s == pytest.approx(
+        costmodel.predict(trial, per_chip(hw, 1, 0.5)).decode_step_s)
+
+
 def test_profile_round_trip_and_bad_host_model(tmp_path):
     hw = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 3e7).to_dict(),
                              calibration={"host_key": "x"})

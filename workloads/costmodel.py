@@ -947,7 +947,7 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
         share = hw.host_share * chips
         call = PhaseCall(model, chips, batch, phase, input_len, context, layout, weights,
                          tuple(topology), one_d, experts, moe_kernel, kv_cache)
-        latency_s = host.seconds(host_counts(call, host.cache_for(share)), phase, share)
+        latency_s = host.seconds(host_counts(call, host.cache_for(share)), phase, share, chips)
     working = working_set_bytes(model, topology, layout, batch, seq_len, weights, experts,
                                 moe_kernel)
     peak = stored + kv + working

@@ -52,7 +52,8 @@ UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "gather_bytes
          "memory_bytes": "s/B", "dram_bytes": "s/B", "dram_weights": "s/element",
          "dequant": "s/element", "dram_dequant": "s/element"}
 # Terms whose count is work the devices share the cores for: a worker with more cores than
-# the calibration's runs them faster (`predict`'s share ratio); the dispatch terms do not.
+# the calibration's runs them faster, up to one core per device (`throughput_ratio`); the
+# dispatch terms do not.
 THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op"}
 PHASES = ("prefill", "decode")
 # Bumped whenever TERMS or a count changes: a calibration made with other terms is stale
@@ -71,25 +72,42 @@ class HostModel:
     costs: Mapping[str, Mapping[str, float]]
     share: float
     cache_bytes: float = 0.0
+    worker_cores: float = 1.0     # the cores each calibration worker had (`share` of the host)
 
     def to_dict(self) -> dict:
         return {"share": self.share, "cache_bytes": self.cache_bytes,
+                "worker_cores": self.worker_cores,
                 "costs": {phase: dict(terms) for phase, terms in self.costs.items()}}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "HostModel":
         costs = {phase: {t: float(v) for t, v in terms.items() if t in TERMS}
                  for phase, terms in (data.get("costs") or {}).items() if phase in PHASES}
-        return cls(costs, float(data.get("share", 1.0)), float(data.get("cache_bytes", 0.0)))
+        return cls(costs, float(data.get("share", 1.0)), float(data.get("cache_bytes", 0.0)),
+                   float(data.get("worker_cores", 1.0)))
+
+    def throughput_ratio(self, share: float, chips: int) -> float:
+        """The throughput terms' time on a worker with `share` of the host and `chips`
+        emulated devices, over their time at the calibration. The devices' work spreads
+        over at most one core per device: XLA CPU runs each device's ops in turn, and the
+        engine's kernels are too small to split over more cores. So a worker runs them
+        min(its cores, chips) at a time, the calibration's workers min(worker_cores, chips):
+        a one-device worker on two cores is no faster than on one (the blind benchmark's
+        aggregated serves, one worker on both cores, measured twice the TPOT a 2x-speedup
+        predicted; its one-core disaggregated workers were predicted within 20%)."""
+        cores = share / self.share * self.worker_cores
+        return min(self.worker_cores, chips) / min(cores, chips)
 
     def cache_for(self, share: float) -> float:
         """The last-level cache a worker with `share` of the host's cores has: its part of
         the host's (`cache_bytes`, the whole host's, shared by its cores)."""
         return self.cache_bytes * min(share, 1.0)
 
-    def seconds(self, term_counts: Mapping[str, float], phase: str, share: float) -> float:
-        """A call's latency (its `costmodel.host_counts`) on a worker with `share` of the host."""
-        return predict_seconds(term_counts, self.costs[phase], self.share / share)
+    def seconds(self, term_counts: Mapping[str, float], phase: str, share: float,
+                chips: int) -> float:
+        """A call's latency (its `costmodel.host_counts`) on a worker with `share` of the host
+        running `chips` devices."""
+        return predict_seconds(term_counts, self.costs[phase], self.throughput_ratio(share, chips))
 
 
 def predict_seconds(term_counts: Mapping[str, float], costs: Mapping[str, float],

@@ -48,7 +48,7 @@ def _parts(obs: Observation, host: HostModel, scale: float) -> tuple[str, np.nda
             continue
         share = scale * c.call.chips
         counts = costmodel.host_counts(c.call, host.cache_for(share))
-        ratio = host.share / share
+        ratio = host.throughput_ratio(share, c.call.chips)
         for j, terms in enumerate(GROUPS.values()):
             out[j] += c.weight * sum(counts[t] * host.costs[c.call.phase].get(t, 0.0)
                                      * (ratio if t in THROUGHPUT_TERMS else 1.0) for t in terms)

@@ -96,7 +96,7 @@ def calibrate(plan: tasks.Plan = tasks.FULL, quick: bool = False, out: Path | No
     if len({p.group for p in probes}) < 2:
         raise RuntimeError(f"only {len(probes)} probe trials finished ({len(outcome.failed)} "
                            "measurements failed): too few to fit a host model")
-    host_fit = fitting.fit(probes, micro.prior(), share, cache)
+    host_fit = fitting.fit(probes, micro.prior(), share, cache, worker_cores=len(slots[0]))
     profile = dataclasses.replace(
         base, name="host", host_model=host_fit.model.to_dict(),
         collective_latency_max_s=micro.collective_latency_max_s(),

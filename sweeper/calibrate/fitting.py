@@ -161,7 +161,8 @@ class HostFit:
                 if errs}
 
 
-def fit(points: list[Probe], prior: dict[str, float], share: float, cache_bytes: float) -> HostFit:
+def fit(points: list[Probe], prior: dict[str, float], share: float, cache_bytes: float,
+        worker_cores: float = 1.0) -> HostFit:
     """The host model fitted on every probe, and each probe model's errors from a fit without it."""
     costs, heldout = {}, {}
     for phase in PHASE_KEYS:
@@ -171,4 +172,4 @@ def fit(points: list[Probe], prior: dict[str, float], share: float, cache_bytes:
         costs[phase] = hostmodel.fit_costs(rows, measured, prior)
         heldout[phase] = [e for e in hostmodel.heldout_errors(rows, measured, groups, prior)
                           if math.isfinite(e)]
-    return HostFit(hostmodel.HostModel(costs, share, cache_bytes), heldout, points)
+    return HostFit(hostmodel.HostModel(costs, share, cache_bytes, worker_cores), heldout, points)
