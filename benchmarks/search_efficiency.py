@@ -134,7 +134,7 @@ def non_dominated_count(points: np.ndarray) -> int:
 
 
 def _space(data: dict, source: str):
-    from sweeper.sweep.space import load_space
+    from sweeper.spec.space import load_space
 
     return load_space(copy.deepcopy(data), source=source)
 
@@ -273,7 +273,7 @@ def sampler_variant(grid: Grid, name: str) -> tuple[str, dict]:
 
 def seed_descriptions(grid: Grid, variants: list[str]) -> dict[str, list[str]]:
     """Each guided variant's seeds, labelled, with their measured (table) values."""
-    from sweeper.sweep import guided
+    from sweeper.spec import guided
 
     out = {}
     for variant in variants:
@@ -338,7 +338,7 @@ def replay(grid: Grid, sampler: str, seed: int, stop_fraction: float | None) -> 
     import optuna
     from optuna.trial import TrialState
 
-    from sweeper.sweep.space import SamplerSpec
+    from sweeper.spec.space import SamplerSpec
 
     kind, options = sampler_variant(grid, sampler)
     space = dataclasses.replace(grid.space, sampler=SamplerSpec(kind, seed, dict(options)))

@@ -107,7 +107,7 @@ _SPACE = None
 def tiny_trial(params: dict, hardware: dict) -> dict:
     """The trial function both frameworks run: a point of TINY_SPACE through run_trial."""
     global _SPACE
-    from sweeper.sweep.space import load_space
+    from sweeper.spec.space import load_space
     from workloads.measure import run_trial
 
     if _SPACE is None:
@@ -135,7 +135,7 @@ def _tune_trainable(config: dict, hardware: dict) -> None:
 def run_sweeper(trials: int, storage: str, tracking_uri: str) -> dict:
     """`sweeper run` on TINY_SPACE: wall time of the whole call and its trials' run times."""
     from sweeper.sweep.controller import run_sweep
-    from sweeper.sweep.space import load_space
+    from sweeper.spec.space import load_space
 
     space = load_space(dict(TINY_SPACE, trials=trials), source="benchmarks/sweep_overhead.py")
     start_wall = time.time()
@@ -161,7 +161,7 @@ def run_tune(trials: int, tracking_uri: str, hardware: dict, workdir: str) -> di
     from ray.air.integrations.mlflow import MLflowLoggerCallback
     from ray.tune.search.optuna import OptunaSearch
 
-    from sweeper.sweep.space import load_space
+    from sweeper.spec.space import load_space
 
     space = load_space(dict(TINY_SPACE), source="benchmarks/sweep_overhead.py")
     search = OptunaSearch(space=space.distributions(), metric=space.metric_names,
@@ -406,7 +406,7 @@ import json, os, sys, time
 from sweeper.sweep import compile_cache
 compile_cache.enable(sys.argv[1])
 counter = compile_cache.CacheCounter.install()
-from sweeper.sweep.space import load_space
+from sweeper.spec.space import load_space
 from workloads.measure import compile_trial
 space = load_space("search_spaces/calibration.yaml")
 config = space.trial_config({"chips": 2, "batch": 8, "prefill_ffn": "ws2d", "decode_ffn": "ws1d",
@@ -479,7 +479,7 @@ def calibration_subset():
     both seeds kept: the same interleaving and replicates), as a SearchSpace."""
     import yaml
 
-    from sweeper.sweep.space import load_space
+    from sweeper.spec.space import load_space
 
     data = yaml.safe_load(CALIBRATION_SPACE.read_text())
     data["params"] = {**data["params"], **CALIBRATION_SUBSET}

@@ -19,7 +19,7 @@ import pytest
 from benchmarks import blind, harness, readme_numbers
 from benchmarks.render import blind as render
 from sweeper.analysis.observations import from_config, predict_latency
-from sweeper.sweep.space import load_space
+from sweeper.spec.space import load_space
 from workloads import probes
 from workloads.config import HardwareProfile
 from workloads.trial import TrialConfig

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sweeper.sweep.preflight import check_point
-from sweeper.sweep.space import load_space
+from sweeper.spec.space import load_space
 from test_bad_input import check_rejected, run_cli
 from workloads.config import HARDWARE_PRESETS, ConfigError
 from workloads.costmodel import bytes_text, predict, slice_predictions

@@ -18,7 +18,7 @@ from requires import require
 from sweeper.sweep import compile_cache
 from sweeper.sweep.meshworker import EngineCache
 from sweeper.sweep.pool import replicate_key
-from sweeper.sweep.space import load_space
+from sweeper.spec.space import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 

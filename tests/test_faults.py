@@ -40,7 +40,7 @@ import ray  # noqa: E402 - a dependency: a broken install fails here, never skip
 from sweeper.sweep.controller import Controller, choose_study, run_sweep  # noqa: E402
 from sweeper.paths import open_optuna_storage  # noqa: E402
 from sweeper.tracking.results import load_runs, load_trials  # noqa: E402
-from sweeper.sweep.space import load_space  # noqa: E402
+from sweeper.spec.space import load_space  # noqa: E402
 from sweeper.tracking.sync import sync_study  # noqa: E402
 from sweeper.tracking.mlflow_log import PARENT_TAG  # noqa: E402
 from workloads.config import ConfigError  # noqa: E402

@@ -10,9 +10,9 @@ import itertools
 import optuna
 import pytest
 
-from sweeper.sweep import guided
+from sweeper.spec import guided
 from sweeper.sweep.controller import run_sweep
-from sweeper.sweep.space import load_space
+from sweeper.spec.space import load_space
 from workloads.config import ConfigError
 from workloads.costmodel import feasibility, predict
 

@@ -193,3 +193,14 @@ def test_every_import_points_down_the_layer_drawing():
     found = upward_imports(import_graph(), layers_from_doc())
     assert not found, "imports from a layer above (docs/architecture.md, Layers): " + \
         "; ".join(found)
+
+
+def test_the_drawing_names_folders_not_modules_inside_them():
+    """Each layer is a folder (a package) or a module at a package's top (sweeper.paths): no
+    layer names a module inside a subpackage, so a folder never sits in two layers."""
+    for names in layers_from_doc():
+        for name in names:
+            parts = name.split(".")
+            path = ROOT.joinpath(*parts)
+            assert len(parts) <= 2, f"{name}: a module inside a folder, not a folder"
+            assert (path / "__init__.py").is_file() or path.with_suffix(".py").is_file(), name

@@ -306,7 +306,7 @@ def test_decode_is_timed_as_one_run_of_back_to_back_steps(measured, monkeypatch)
 
 
 def test_measurement_settings_come_from_the_space_file(tmp_path):
-    from sweeper.sweep.space import load_space
+    from sweeper.spec.space import load_space
 
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump({
@@ -332,7 +332,7 @@ def test_calibration_space_meets_its_design():
     import itertools
     from collections import defaultdict
 
-    from sweeper.sweep.space import load_space
+    from sweeper.spec.space import load_space
 
     space = load_space("search_spaces/calibration.yaml")
     names = [p.name for p in space.params]

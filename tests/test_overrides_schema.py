@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from sweeper.cli import main
-from sweeper.sweep import space as sp
-from sweeper.sweep.overrides import load_space_with_overrides, parse_override
-from sweeper.sweep.schema import space_schema
+from sweeper.spec import space as sp
+from sweeper.spec.overrides import load_space_with_overrides, parse_override
+from sweeper.spec.schema import space_schema
 from workloads.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

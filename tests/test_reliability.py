@@ -22,7 +22,7 @@ import yaml
 from requires import require
 
 from sweeper.paths import open_optuna_storage
-from sweeper.sweep.space import SearchSpace, load_space
+from sweeper.spec.space import SearchSpace, load_space
 from workloads.config import MAX_DEPTH, MAX_NODES, ConfigError
 from workloads.validate import ECHO_CHARS
 

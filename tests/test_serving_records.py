@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from sweeper.sweep.controller import run_sweep
 from sweeper.sweep.recording import prediction_note
-from sweeper.sweep.space import load_space
+from sweeper.spec.space import load_space
 from sweeper.tracking.results import load_trials
 from workloads.servingtrial import trial_requests
 

@@ -26,7 +26,7 @@ from test_bad_input import check_rejected, run_cli
 from workloads.deployment import Deployment, PhaseSlice
 from workloads.servingmodel import SimResult
 from sweeper.sweep.controller import run_sweep
-from sweeper.sweep.space import load_space
+from sweeper.spec.space import load_space
 from sweeper.tracking.results import load_runs, load_trials
 from workloads import servingprofile
 from workloads.config import ConfigError, HARDWARE_PRESETS, load_model

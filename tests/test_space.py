@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from sweeper.sweep.space import (AUTO_TOPOLOGY, NUMERIC_METRICS, PARAM_NAMES, SearchSpace, auto_topology,
+from sweeper.spec.space import (AUTO_TOPOLOGY, NUMERIC_METRICS, PARAM_NAMES, SearchSpace, auto_topology,
                            load_space)
 from workloads.config import ConfigError
 from workloads.costmodel import best_topology
@@ -267,7 +267,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def test_every_searchable_name_is_documented_in_the_module():
-    import sweeper.sweep.space as module
+    import sweeper.spec.space as module
 
     for name in PARAM_NAMES:
         assert name in module.__doc__

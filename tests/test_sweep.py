@@ -21,7 +21,7 @@ from requires import require  # noqa: E402
 
 from sweeper.sweep.controller import run_sweep  # noqa: E402
 from sweeper.tracking.results import load_runs, load_trials  # noqa: E402
-from sweeper.sweep.space import load_space  # noqa: E402
+from sweeper.spec.space import load_space  # noqa: E402
 from workloads.config import ConfigError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

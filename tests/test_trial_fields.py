@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from sweeper.sweep import space as sp
-from sweeper.sweep.schema import space_schema
+from sweeper.spec import space as sp
+from sweeper.spec.schema import space_schema
 from sweeper.tracking import results
 from workloads.config import MAX_FILE_BYTES, ConfigError, read_yaml
 from workloads.layouts import PhaseLayout

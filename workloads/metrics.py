@@ -145,7 +145,7 @@ SERVING_PREDICTIONS = ("pred_ttft_p50_s", "pred_ttft_p99_s", "pred_tpot_p50_s", 
 METRIC_NAMES = tuple(f.name for f in dataclasses.fields(Measurement)
                      if f.type in ("float", "bool | None") and f.name not in SERVING_PREDICTIONS)
 # What a serving trial reports (and only it): the metrics an objective or constraint of a
-# space with a `serving:` block names (sweeper/sweep/objectives.py).
+# space with a `serving:` block names (sweeper/spec/objectives.py).
 SERVING_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "slo_attainment",
                    "goodput_rps", "throughput_rps", "tokens_per_s_per_chip", "completed",
                    "cost_per_million_tokens")

@@ -6,7 +6,7 @@ accepts (`integer`, `minimum`, `choices` or its own `parse`), whether a space ma
 table's columns, the space's flat view), its `unit` and a `help` line. Everything else is
 derived from that metadata: `FIELDS`, `FLAT_PARAMS`, `INT_FLAT_PARAMS`, `LAYOUT_PARAMS`,
 `SEARCHABLE`, `DEFAULTS`, `to_dict` / `from_dict`, the space loader's checks and its JSON
-Schema (sweeper/sweep/space.py, schema.py) and the results columns (sweeper/tracking/results.py).
+Schema (sweeper/spec/space.py, schema.py) and the results columns (sweeper/tracking/results.py).
 
 Validation happens here, before any expensive work: every error is a `ConfigError` naming
 file, field, value and what is accepted (the validators are workloads/validate.py's).

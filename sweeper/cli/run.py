@@ -10,7 +10,7 @@ import sys
 from sweeper import paths
 from sweeper.cli.output import print_json, say_profile
 from sweeper.formatting import metric_text, one_line, percent_dash, short_number
-from sweeper.sweep.overrides import load_space_with_overrides
+from sweeper.spec.overrides import load_space_with_overrides
 from workloads.config import ConfigError
 
 

@@ -1,6 +1,6 @@
 """`sweeper export`, `sweeper compare`, `sweeper schema`: a study as a file, two studies
 side by side, the JSON Schema of space files. Libraries: sweeper/analysis/export.py,
-sweeper/analysis/compare.py, sweeper/sweep/schema.py."""
+sweeper/analysis/compare.py, sweeper/spec/schema.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 
 from sweeper.cli.output import print_json
 from sweeper.formatting import jsonable, percent_dash, short_number
-from sweeper.sweep.schema import space_schema
+from sweeper.spec.schema import space_schema
 from workloads.config import ConfigError
 
 EXPORT_FORMATS = ("csv", "parquet")

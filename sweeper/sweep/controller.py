@@ -41,7 +41,8 @@ from typing import Any, Callable
 
 from sweeper import paths
 from sweeper.formatting import one_line
-from sweeper.sweep import compile_cache, lease, oom, stopping
+from sweeper.spec import lease
+from sweeper.sweep import compile_cache, oom, stopping
 from sweeper.sweep.naming import choose_study, open_study
 from sweeper.sweep.pool import (ClusterLost, Handle, LocalPool, TrialError, WorkerLost,
                                 WorkerPool)
@@ -51,7 +52,7 @@ from sweeper.sweep.progress import ProgressLine
 from sweeper.sweep.recording import INTERRUPTED, Recorder, TrialOutcome, resume_trials
 from sweeper.sweep.result import SweepResult, pareto_rows
 from sweeper.sweep.session import RaySession, quiet_ray_auth_notice
-from sweeper.sweep.space import SearchSpace, load_space
+from sweeper.spec.space import SearchSpace, load_space
 from sweeper.sweep.workers import RayPool
 from sweeper.tracking.link import TrackingLink
 from sweeper.tracking.mlflow_log import Tracker, experiment_name
@@ -638,7 +639,7 @@ def run_sweep(space: SearchSpace | str | os.PathLike, *, storage: str | None = N
     if on_start is not None:
         on_start()
     # The claim is atomic before Ray starts: a lock file held for the whole run, then the
-    # lease attr checked again under it (sweeper/sweep/lease.py).
+    # lease attr checked again under it (sweeper/spec/lease.py).
     lock = lease.lock(storage, name) if exists else None
     try:
         if exists:

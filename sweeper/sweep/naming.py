@@ -6,7 +6,7 @@
 New sweeps get `<space>-<YYYYmmdd-HHMMSS>` (`-2`, `-3`... when taken). `--resume` without
 `--study` finds the latest study of the same space and hardware. A study continues only
 with the hardware, objectives and parameter values it was started with, and only when no
-live controller holds it (`sweeper.sweep.lease`). Every refusal is a `ConfigError` raised
+live controller holds it (`sweeper.spec.lease`). Every refusal is a `ConfigError` raised
 before Ray, Optuna's storage or MLflow are touched, apart from listing the studies.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 from sweeper import paths
 from sweeper.formatting import one_line
-from sweeper.sweep import lease
-from sweeper.sweep.space import SearchSpace
+from sweeper.spec import lease
+from sweeper.spec.space import SearchSpace
 from workloads.config import ConfigError
 
 

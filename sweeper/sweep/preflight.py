@@ -23,7 +23,7 @@ from typing import Any
 from sweeper import paths
 from sweeper.sweep.session import check_ray_address
 from sweeper.tracking.store_health import prepare_tracking_store
-from sweeper.sweep.space import MAX_CHECKED_POINTS, SearchSpace, checked_points
+from sweeper.spec.space import MAX_CHECKED_POINTS, SearchSpace, checked_points
 from workloads.config import ConfigError, HardwareProfile
 from workloads.costmodel import feasibility, predict_trial
 from workloads.hardware import load_hardware

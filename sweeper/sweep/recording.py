@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from sweeper.sweep.space import SearchSpace
+from sweeper.spec.space import SearchSpace
 from sweeper.tracking.link import TrackingLink
 from workloads.metrics import Measurement
 from workloads.trial import TrialConfig

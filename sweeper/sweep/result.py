@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.sweep.space import SearchSpace
+from sweeper.spec.space import SearchSpace
 from sweeper.tracking.study import mlflow_run_ids
 from workloads.trial import TrialConfig
 

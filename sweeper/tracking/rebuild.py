@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sweeper.paths import open_optuna_storage
-from sweeper.sweep import lease
+from sweeper.spec import lease
 from sweeper.tracking.mlflow_log import KIND_TAG, PRED_PREFIX, SWEEP_KIND, run_matches
 from workloads.config import ConfigError
 from workloads.trial import TrialConfig
@@ -60,7 +60,7 @@ def space_of(tracker, parent):
     """The space the sweep ran: its logged text, else the file its tag names."""
     import yaml
 
-    from sweeper.sweep.space import load_space
+    from sweeper.spec.space import load_space
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # no tqdm bar
     source = parent.data.tags.get("space_file") or None

@@ -23,7 +23,7 @@ the end of a resumed sweep or one that had tracking errors) and as
 
 which also creates the parent run if the store has none (e.g. the server was down when the
 sweep started, or `--tracking-uri` names a new store) and records the sweep's final counts
-on it. `sweeper sync` refuses a study that a live controller is running (see sweeper.sweep.lease).
+on it. `sweeper sync` refuses a study that a live controller is running (see sweeper.spec.lease).
 
 It repairs in both directions (issue 23):
   the Optuna file is missing, damaged (quick_check), or lacks the study
@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from sweeper import paths
-from sweeper.sweep import lease
-from sweeper.sweep.space import load_space
+from sweeper.spec import lease
+from sweeper.spec.space import load_space
 from sweeper.tracking.mlflow_log import Tracker, run_matches, trial_run_fields
 from sweeper.tracking.store_health import move_aside, store_problem
 from sweeper.tracking.study import RUN_ID_ATTR_PREFIX, load_study, mlflow_run_ids, study_counts

@@ -59,10 +59,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 # The space file's parts, each in a module of its own (re-exported here for the schema):
-from sweeper.sweep.backend import HARDWARE_KINDS, HardwareSpec  # noqa: F401
-from sweeper.sweep.objectives import (ANALYTICAL_ONLY, DIRECTIONS, NUMERIC_METRICS,  # noqa: F401
+from sweeper.spec.backend import HARDWARE_KINDS, HardwareSpec  # noqa: F401
+from sweeper.spec.objectives import (ANALYTICAL_ONLY, DIRECTIONS, NUMERIC_METRICS,  # noqa: F401
                                       Constraint, Objective, parse_goals)
-from sweeper.sweep.samplers import SAMPLERS, SamplerSpec, sampler_class  # noqa: F401
+from sweeper.spec.samplers import SAMPLERS, SamplerSpec, sampler_class  # noqa: F401
 from workloads.config import (ConfigError, ModelConfig, load_model, parse_quantity, parse_topology,
                               parse_yaml, read_text)
 from workloads.costmodel import best_topology, factorizations

@@ -1,5 +1,5 @@
 """What a sweep optimises and under which constraints: a space file's `objectives:` and
-`constraints:` (sweeper/sweep/space.py loads the rest of the file).
+`constraints:` (sweeper/spec/space.py loads the rest of the file).
 
     objectives:                      # one or more; metric = a numeric Measurement field
       - {metric: decode_step_s, direction: minimize}

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from sweeper.sweep.space import SearchSpace, load_space
+from sweeper.spec.space import SearchSpace, load_space
 from workloads.config import ConfigError, read_yaml
 
 SYNTAX = "KEY=VALUE with KEY a dotted path into the space file, e.g. params.batch=[4,8] or trials=10"

@@ -65,7 +65,7 @@ def _base_sampler(base: str, seed: int | None, options: dict):
 class GuidedSampler(BaseSampler):
     """Enqueue the cost model's recommended points, then delegate to `base` (TPE/NSGA-II).
 
-    `search_space`: the SearchSpace (sweeper/sweep/space.py) the study runs; `base_options`: the
+    `search_space`: the SearchSpace (sweeper/spec/space.py) the study runs; `base_options`: the
     base sampler's keyword arguments (e.g. {n_startup_trials: 5})."""
 
     def __init__(self, search_space, seed: int | None = None, base: str = "tpe", fronts: int = 2,

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from workloads.config import ConfigError
 from workloads.validate import check_keys, integer, one_of
 
-SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/sweep/guided.py
+SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "guided")   # guided: sweeper/spec/guided.py
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def sampler_class(kind: str):
         def after_trial(self, study, trial, state, values) -> None:
             pass
 
-    from sweeper.sweep.guided import GuidedSampler   # lazy: guided imports Optuna at top
+    from sweeper.spec.guided import GuidedSampler   # lazy: guided imports Optuna at top
 
     return {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
             "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,

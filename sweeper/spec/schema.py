@@ -2,7 +2,7 @@
 
 Built from the declarations the loader itself checks against: the trial fields' metadata
 on `TrialConfig` (workloads/trial.py: integer and minimum, choices, phase-layout parts,
-help and unit) and the space loader's tables (sweeper/sweep/space.py: field names, the
+help and unit) and the space loader's tables (sweeper/spec/space.py: field names, the
 searchable parameters, samplers, directions, metrics, hardware kinds), so it cannot drift
 from what `load_space` accepts. A trial field whose metadata a schema cannot express
 (it has its own `parse`) needs an entry in `_CUSTOM`, or `space_schema()` raises
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from sweeper.sweep import space as sp
+from sweeper.spec import space as sp
 from workloads.trial import TRIAL_FIELDS
 
 SCHEMA_ID = "https://sweeper.invalid/space.schema.json"
