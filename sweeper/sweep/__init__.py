@@ -1,1 +1,2 @@
-"""Running a sweep: the search space, the controller, worker pools, the guided sampler."""
+"""Running a sweep: the controller's trial loop, the Ray session and worker pools, recording,
+study naming, pre-flight checks. What a sweep is (its space, schema, lease) is sweeper.spec."""
