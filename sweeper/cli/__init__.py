@@ -25,6 +25,7 @@ from sweeper.cli import serve as serve_cmd   # Ray, JAX, MLflow: imported when a
 from sweeper.cli import studies   # export, compare, schema: the analysis stack when they run
 from sweeper.cli import sync   # imports no MLflow/Optuna until it runs
 from sweeper.cli import trial as trial_cmd  # imports no JAX: bad input exits 2 before JAX starts
+from sweeper.cli import options
 from sweeper.sweep import stopping as sweep_stopping
 from sweeper.sweep.stopping import Terminated   # SIGTERM's stop (stdlib only)
 from sweeper.sweep.workers import ClusterLost   # (imports no Ray: that is lazy)
@@ -57,12 +58,12 @@ def _add_engine_commands(sub) -> None:
                    "weights, prefill, decode, seed, repeats); see examples/trial.yaml")
     p.add_argument("--verify", action="store_true",
                    help="also run the unsharded reference: verify_max_abs_err, tokens_match")
-    p.add_argument("--json", action="store_true", help="print the Measurement as JSON")
+    options.add_json(p, "the Measurement as JSON")
     p.set_defaults(handler=trial_cmd.trial)
 
     p = sub.add_parser("host-profile", help="this host's measured peak FLOP/s and bandwidths "
                        "(the `host` hardware profile; cached under $SWEEPER_HOME)")
-    p.add_argument("--json", action="store_true", help="print as JSON")
+    options.add_json(p, "as JSON")
     p.add_argument("--refresh", action="store_true", help="measure again, replacing the cache")
     p.set_defaults(handler=trial_cmd.host_profile)
 
@@ -96,11 +97,11 @@ def _add_analysis_commands(sub) -> None:
 
     def study_args(p, mlflow: bool = True):
         p.add_argument("--study", required=True, help="study name (as `sweeper run` printed it)")
-        p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
+        options.add_storage(p)
         if mlflow:
             p.add_argument("--no-mlflow", action="store_true",
                            help="do not log to the sweep's MLflow parent run")
-        p.add_argument("--json", action="store_true", help="print one JSON object")
+        options.add_json(p)
 
     # The analysis stack (pandas, scipy, matplotlib) is imported when one of these runs.
     def fit(args):
@@ -129,10 +130,10 @@ def _add_analysis_commands(sub) -> None:
     source.add_argument("--measurements", metavar="FILE.csv", help="published measurements, one "
                         "row per number (format: workloads/measurements.py; e.g. "
                         "benchmarks/data/paper-tpu-v4.csv); needs --hardware")
-    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
+    options.add_storage(p)
     p.add_argument("--no-mlflow", action="store_true",
                    help="do not log to the sweep's MLflow parent run")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    options.add_json(p)
     p.add_argument("--holdout", choices=["kfold", "layout", "chips", "extrapolation", "loo", "all"], default=None,
                    help="held-out points: k-fold over trials, leave-one-layout-out, "
                    "leave-one-chip-count-out, extrapolation (fit on chip counts <= n/2, predict "
@@ -162,7 +163,7 @@ def _add_analysis_commands(sub) -> None:
                    "phase's chip-seconds per token)")
     p.add_argument("--source", choices=["optuna", "mlflow"], default="optuna",
                    help="read the trials from Optuna storage or from the MLflow runs")
-    p.add_argument("--tracking-uri", help="MLflow store for --source mlflow")
+    options.add_tracking_uri(p, "MLflow store for --source mlflow", default="")
     p.add_argument("--reference", metavar="X,Y", help="hypervolume reference point "
                    "(default: 1.1 x the worst finished value on each axis)")
     p.add_argument("--csv", metavar="FILE", help="write the frontier as CSV")

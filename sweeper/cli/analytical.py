@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Callable
 
+from sweeper.cli import options
 from sweeper.cli.output import say_profile
 from sweeper.formatting import format_fields, format_table, human_bytes, human_seconds, percent
 from workloads import costmodel
@@ -95,7 +96,7 @@ def _common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", required=True, help="hardware preset or YAML file")
     p.add_argument("--chips", type=int, required=True, help="number of chips n")
     p.add_argument("--batch", type=int, required=True, help="batch size B (sequences)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    options.add_json(p)
 
 
 def _phase_args(p: argparse.ArgumentParser) -> None:

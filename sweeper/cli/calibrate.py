@@ -7,6 +7,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from sweeper.cli import options
 from sweeper.formatting import jsonable
 from workloads.config import ConfigError
 
@@ -21,7 +22,7 @@ def add_parser(sub) -> None:
                    "$SWEEPER_HOME/calibration/host.yaml, the one `host` resolves to)")
     p.add_argument("--no-serving", action="store_true",
                    help="skip the serving loop's host costs (sweeper serve's per-step costs)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    options.add_json(p)
     p.set_defaults(handler=calibrate)
 
 

@@ -11,13 +11,14 @@ import argparse
 import sys
 
 from sweeper import paths
+from sweeper.cli import options
 from sweeper.cli.output import print_json
 from workloads.config import ConfigError, read_yaml
 
 
 def add_examples_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", help="print this space's file (default: list them all)")
-    p.add_argument("--json", action="store_true", help="print the list as one JSON object")
+    options.add_json(p, "the list as one JSON object")
 
 
 def summary(path) -> str:

@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+from sweeper.cli import options
 from sweeper.cli.trial import ensure_devices
 from sweeper.formatting import jsonable
 from workloads import opprofile
@@ -29,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", metavar="FILE.yaml", help=f"where to write it (default {DEFAULT_OUT})")
     p.add_argument("--model", default="calib",
                    help="model whose per-chip matmul shapes are timed (default calib)")
-    p.add_argument("--json", action="store_true", help="print every point and fit as JSON")
+    options.add_json(p, "every point and fit as JSON")
     p.set_defaults(handler=profile)
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 
 from sweeper import paths
+from sweeper.cli import options
 from sweeper.cli.output import print_json, say_profile
 from sweeper.formatting import metric_text, one_line, percent_dash, short_number
 from sweeper.spec.overrides import load_space_with_overrides
@@ -18,8 +19,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("space", help="search-space YAML, or the name of a shipped one (e.g. "
                    "quickstart; `sweeper examples` lists them)")
     p.add_argument("--address", help="an existing Ray cluster (default: start a local one)")
-    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite under $SWEEPER_HOME)")
+    options.add_storage(p)
+    options.add_tracking_uri(p, "MLflow tracking URI")
     p.add_argument("--study", help="study name (default: <space name>-<date-time>)")
     p.add_argument("--resume", action="store_true",
                    help="continue a study (--study, else the latest of this space)")
@@ -29,7 +30,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a field of the space file before it is validated: KEY a "
                    "dotted path (params.batch, sampler.type, objectives.0.metric), VALUE YAML "
                    "(e.g. --set params.batch=[4,8] --set trials=10); repeatable")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    options.add_json(p, "the result as one JSON object")
     p.add_argument("--no-analysis", action="store_true",
                    help="skip the end-of-sweep analysis (calibration, report)")
 
@@ -205,7 +206,7 @@ def experiment_url(experiment_id: str | None, host: str = "127.0.0.1", port: int
 def add_ui_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=5000, help="port (default 5000)")
     p.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
-    p.add_argument("--tracking-uri", help="MLflow store (default: sqlite under $SWEEPER_HOME)")
+    options.add_tracking_uri(p)
 
 
 def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:

@@ -9,6 +9,7 @@ import json
 import math
 import sys
 
+from sweeper.cli import options
 from sweeper.cli.output import print_json
 from sweeper.formatting import jsonable, percent_dash, short_number
 from sweeper.spec.schema import space_schema
@@ -19,7 +20,7 @@ EXPORT_FORMATS = ("csv", "parquet")
 
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study", required=True, help="study name (as `sweeper run` printed it)")
-    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
+    options.add_storage(p)
     p.add_argument("--format", choices=EXPORT_FORMATS, default="csv", help="csv (default) or parquet")
     p.add_argument("--out", metavar="FILE", help="where to write (default: <study>.<format>; "
                    "'-' writes CSV to stdout)")
@@ -42,12 +43,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("study_a", metavar="STUDY_A", help="the baseline study")
     p.add_argument("study_b", metavar="STUDY_B", help="the study to compare with it")
-    p.add_argument("--storage", help="Optuna RDB URL of both studies (default: sqlite under "
-                   "$SWEEPER_HOME)")
+    options.add_storage(p, "Optuna RDB URL of both studies")
     p.add_argument("--storage-b", help="Optuna RDB URL of STUDY_B if it is stored elsewhere")
     p.add_argument("--out", metavar="DIR", help="folder for the overlay plots "
                    "(compare-<phase>.png; default: no plots)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    options.add_json(p)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from sweeper import paths
+from sweeper.cli import options
 from sweeper.cli.output import print_json
 from sweeper.tracking.mlflow_log import store_error
 from sweeper.tracking.sync import sync_study
@@ -14,9 +15,9 @@ from workloads.config import ConfigError
 
 def add_sync_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study", required=True, help="study name (as `sweeper run` printed it)")
-    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under $SWEEPER_HOME)")
-    p.add_argument("--tracking-uri", help="MLflow store (default: the one the sweep logged to)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    options.add_storage(p)
+    options.add_tracking_uri(p, default="default: the one the sweep logged to")
+    options.add_json(p)
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
