@@ -145,3 +145,33 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path):
     path.write_text("name: [unclosed\n" + "#" * (MAX_FILE_BYTES - 100))   # under: parsed
     with pytest.raises(ConfigError, match="valid YAML"):
         read_yaml(path)
+
+
+def test_a_flat_row_nests_back_to_the_same_trial():
+    """`nested_of` is `flat_params_of`'s inverse (sweeper/analysis/observations.py reads a
+    results row through it): integers stored as floats, an empty topology and a NaN seed
+    fall back as the sweep would."""
+    from workloads.trial import nested_of
+
+    trial = TrialConfig.from_dict({**TRIAL, "weights": "int8", "seed": 7, "pad_heads": 16,
+                                   "prefill": {"ffn": "wg_xy", "attn": "batch"}}).resolved()
+    row = {k: float(v) if k in INT_FLAT_PARAMS else v for k, v in trial.flat_params().items()}
+    again = TrialConfig.from_dict({**nested_of(row), "model": trial.model}).resolved()
+    assert again == trial
+    sparse = nested_of({**row, "topology": "", "seed": float("nan")})
+    assert "topology" not in sparse and "seed" not in sparse
+
+
+def test_the_analytical_commands_flags_say_what_the_trial_fields_say():
+    import argparse
+
+    from sweeper.cli import analytical
+    from workloads.trial import field_help
+
+    parser = argparse.ArgumentParser()
+    analytical.add_parsers(parser.add_subparsers())
+    predict = parser._subparsers._group_actions[0].choices["predict"]
+    flags = {a.dest: a for a in predict._actions}
+    for name in ("weights", "kv_cache", "pad_heads", "pad_vocab", "topology", "chips", "batch"):
+        assert flags[name].help == field_help(name)
+    assert flags["weights"].default == TrialConfig.__dataclass_fields__["weights"].default

@@ -431,3 +431,33 @@ def flat_params_of(data: Mapping[str, Any]) -> dict[str, Any]:
         else:
             flat[p.name] = data.get(p.name, p.default)
     return flat
+
+
+def nested_of(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of `flat_params_of`: trial data nested as `from_dict` reads it, from a
+    flat row (a results table's, an MLflow run's params). A missing, empty or NaN value is
+    left out (the field's default applies); the integer fields come back as integers (a
+    table holds them as floats); the model stays as the row names it."""
+    data: dict[str, Any] = {}
+    for p in FLAT:
+        value = flat.get(p.name)
+        if value is None or value == "" or (isinstance(value, float) and value != value):
+            continue
+        if p.name in INT_FLAT_PARAMS:
+            value = int(value)
+        if p.part:
+            data.setdefault(p.field, {})[p.part] = value
+        else:
+            data[p.name] = value
+    return data
+
+
+def field_help(name: str) -> str:
+    """A trial field's help line with its choices and default, for a command's flag of it
+    (so a flag says what the field says: sweeper/cli/analytical.py)."""
+    meta = TRIAL_FIELDS[name].metadata
+    listed = meta.get("choices") and not all(c in meta["help"] for c in meta["choices"])
+    choices = f": {' | '.join(meta['choices'])}" if listed else ""
+    default = DEFAULTS.get(name)
+    return meta["help"] + choices + ("" if default is None else f" (default {default})")
+

@@ -28,7 +28,7 @@ import pandas as pd
 from workloads import costmodel
 from workloads.config import HardwareProfile, load_model
 from workloads.layouts import PHASES, PhaseLayout
-from workloads.trial import DEFAULTS as TRIAL_DEFAULTS, TrialConfig
+from workloads.trial import TrialConfig, nested_of
 
 PHASE_METRIC = {"prefill": "prefill_s", "decode": "decode_step_s"}
 METRICS = ("latency_s", "mfu")
@@ -157,22 +157,14 @@ def _float(value: Any) -> float:
 
 
 def config_of(row: Mapping, configs: Mapping[int, Mapping] | None) -> TrialConfig:
+    """The trial a results row (or its stored config) describes; the row's flat columns are
+    nested back by TrialConfig's own inverse (`nested_of`), so a trial field is read here
+    as the sweep wrote it. The seed is what replicates differ by (holdout.noise_floor)."""
     number = int(row["number"])
     if configs and number in configs:
         return TrialConfig.from_dict(configs[number], validate=False).resolved()
-    topology = row.get("topology")
-    data = {"model": load_model(row["model"]), "chips": int(row["chips"]),
-            "batch": int(row["batch"]), "input_len": int(row["input_len"]),
-            "decode_steps": int(row["decode_steps"]),
-            "weights": row.get("weights") or TRIAL_DEFAULTS["weights"],
-            "experts": row.get("experts") or TRIAL_DEFAULTS["experts"],
-            "kv_cache": row.get("kv_cache") or TRIAL_DEFAULTS["kv_cache"],
-            "topology": topology if isinstance(topology, str) and topology else None,
-            "prefill": {"ffn": row["prefill_ffn"], "attn": row["prefill_attn"]},
-            "decode": {"ffn": row["decode_ffn"], "attn": row["decode_attn"]}}
-    seed = _float(row.get("seed"))
-    if math.isfinite(seed):
-        data["seed"] = int(seed)     # replicates differ only here (holdout.noise_floor)
+    data = nested_of(row)
+    data["model"] = load_model(row["model"])
     return TrialConfig.from_dict(data, validate=False).resolved()
 
 

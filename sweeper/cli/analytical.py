@@ -41,8 +41,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--kv-fraction", type=float, default=0.3,
                    help="fraction of each chip's HBM reserved for the KV cache (default 0.3; "
                    "at most what the usable HBM holds beside the weights)")
-    p.add_argument("--kv-cache", default="bf16", help="KV cache format: bf16 | int8 | fp8 "
-                   "(default bf16)")
+    options.add_trial_flag(p, "kv_cache")
     p.set_defaults(handler=run_max_context)
 
     p = sub.add_parser("predict", help="analytical latency, MFU, cost and memory of one phase")
@@ -50,8 +49,8 @@ def add_parsers(sub) -> None:
     _phase_args(p)
     p.add_argument("--ffn", help=f"FFN layout: {' | '.join(FFN_LAYOUTS)} (default: recommended)")
     p.add_argument("--attn", help=f"attention layout: {' | '.join(ATTN_LAYOUTS)} (default: recommended)")
-    p.add_argument("--weights", default="bf16", help="bf16 | int8 | fp8 (default bf16)")
-    p.add_argument("--topology", help="XxYxZ with X*Y*Z = chips (default: the best ws2d split)")
+    options.add_trial_flag(p, "weights")
+    options.add_trial_flag(p, "topology")
     _pad_arg(p)
     _model_args(p)
     p.set_defaults(handler=run_predict)
@@ -59,7 +58,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("recommend", help="fastest FFN/attention layout for one phase, with alternatives")
     _common_args(p)
     _phase_args(p)
-    p.add_argument("--weights", default="bf16", help="bf16 | int8 | fp8 (default bf16)")
+    options.add_trial_flag(p, "weights")
     p.add_argument("--topology", help="XxYxZ to choose on (default: the best ws2d split, as the "
                    "paper keeps X, Y, Z of the stored weights)")
     p.add_argument("--search-topology", action="store_true",
@@ -71,8 +70,7 @@ def add_parsers(sub) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     """The KV cache's format and a mixture-of-experts model's experts (docs/models.md)."""
-    p.add_argument("--kv-cache", default="bf16", help="KV cache format: bf16 | int8 | fp8 "
-                   "(default bf16)")
+    options.add_trial_flag(p, "kv_cache")
     p.add_argument("--experts", help="a mixture-of-experts model's experts: tp | ep (default: "
                    "recommended; tp with --ffn and --attn given)")
 
@@ -83,19 +81,15 @@ def _model_choices(args) -> tuple[str, str | None]:
 
 
 def _pad_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pad-heads", default="auto",
-                   help="auto | none | N: pad the query heads with zero heads so the layout's "
-                        "axes divide them, as the paper padded PaLM 540B's 48 to 64 (default auto)")
-    p.add_argument("--pad-vocab", default="auto",
-                   help="auto | none: pad the vocabulary with never-used tokens to a multiple of "
-                        "the chips, as Megatron and MaxText do (default auto)")
+    options.add_trial_flag(p, "pad_heads")
+    options.add_trial_flag(p, "pad_vocab")
 
 
 def _common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model preset or YAML file")
     p.add_argument("--hardware", required=True, help="hardware preset or YAML file")
-    p.add_argument("--chips", type=int, required=True, help="number of chips n")
-    p.add_argument("--batch", type=int, required=True, help="batch size B (sequences)")
+    options.add_trial_flag(p, "chips", type=int, required=True)
+    options.add_trial_flag(p, "batch", type=int, required=True)
     options.add_json(p)
 
 

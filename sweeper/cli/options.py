@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 
+from workloads.trial import DEFAULTS as TRIAL_DEFAULTS
+from workloads.trial import field_help
+
 STORE_DEFAULT = "default: sqlite under $SWEEPER_HOME"
 
 
@@ -24,3 +27,12 @@ def add_tracking_uri(p: argparse.ArgumentParser, what: str = "MLflow store",
                      default: str = STORE_DEFAULT) -> None:
     """--tracking-uri: the MLflow store the runs are logged to or read from."""
     p.add_argument("--tracking-uri", help=f"{what} ({default})" if default else what)
+
+
+def add_trial_flag(p: argparse.ArgumentParser, name: str, **kwargs) -> None:
+    """--<name> for a trial field, its help and default the field's own (workloads/trial.py
+    TrialConfig: the one declaration of trial fields); `kwargs` go to add_argument."""
+    kwargs.setdefault("help", field_help(name))
+    if not kwargs.get("required"):
+        kwargs.setdefault("default", TRIAL_DEFAULTS.get(name))
+    p.add_argument("--" + name.replace("_", "-"), **kwargs)
