@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from workloads.validate import ConfigError, bounded, check_keys, one_of
+from workloads.validate import ConfigError, as_float, bounded, check_keys, one_of
 
 DISTS = ("fixed", "uniform", "lognormal")
 STAT = re.compile(r"^(mean|p(\d{1,2}(?:\.\d+)?))$")
@@ -160,11 +160,8 @@ def parse_stat(value: Any, name: str, source: str | None) -> str:
 
 
 def _seconds(value: Any, name: str, source: str | None) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
+    number = as_float(value)
+    if not math.isfinite(number) or number <= 0:
         raise ConfigError(name, value, "a positive number of seconds", source)
     return number
 
@@ -172,21 +169,15 @@ def _seconds(value: Any, name: str, source: str | None) -> float:
 def _rate(value: Any, name: str, source: str | None) -> float | None:
     if value is None:
         return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
+    number = as_float(value)
+    if not math.isfinite(number) or number <= 0:
         raise ConfigError(name, value, "a positive number of requests per second", source)
     return number
 
 
 def _share(value: Any, name: str, source: str | None) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not 0 < number <= 1:
+    number = as_float(value)
+    if not 0 < number <= 1:
         raise ConfigError(name, value, "a share in (0, 1], such as 0.99", source)
     return number
 
@@ -203,11 +194,8 @@ def _tokens(value: Any, name: str, source: str | None) -> int:
 
 
 def _hit_rate(value: Any, name: str, source: str | None) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not 0 <= number <= 1:
+    number = as_float(value)
+    if not 0 <= number <= 1:
         raise ConfigError(name, value, "a share in [0, 1], such as 0.9", source)
     return number
 

@@ -79,6 +79,17 @@ def number(field: str, value: Any, source: str | None = None, minimum: float = 0
     return float(value)
 
 
+def as_float(value: Any) -> float:
+    """`value` (a number or its text) as a float; NaN for a bool or anything else, so a
+    parser's range check refuses it with its own message."""
+    if isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def boolean(field: str, value: Any, source: str | None = None) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(field, value, "true or false", source)
