@@ -298,10 +298,14 @@ def _memory_lines(plan: dict) -> list[str]:
     out = []
     for name, m in (plan.get("memory_per_chip") or {}).items():
         capacity = m["kv_capacity_tokens"]
-        out.append(f"    memory per chip ({name}): {gb(m['hbm_bytes'])} HBM, {gb(m['reserve_bytes'])} "
-                   f"reserved, weights {gb(m['weights_bytes'])}, working set "
-                   f"{gb(m['working_bytes'])}, KV cache {gb(m['kv_bytes'])} for {m['kv_tokens']:,} "
-                   f"tokens; KV capacity {capacity:,} tokens" if capacity is not None else "")
+        stage = f", a chip of one of {m['stages']} stages" if m.get("stages") else ""
+        prefix = (f", shared prefix {gb(m['prefix_kv_bytes'])}" if m.get("prefix_kv_bytes")
+                  else "")
+        out.append(f"    memory per chip ({name}{stage}): {gb(m['hbm_bytes'])} HBM, "
+                   f"{gb(m['reserve_bytes'])} reserved, weights {gb(m['weights_bytes'])}, working "
+                   f"set {gb(m['working_bytes'])}, KV cache {gb(m['kv_bytes'])} for "
+                   f"{m['kv_tokens']:,} tokens{prefix}; KV capacity {capacity:,} tokens"
+                   if capacity is not None else "")
     return [line for line in out if line]
 
 

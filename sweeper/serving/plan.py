@@ -257,7 +257,7 @@ class _Options:
         precision (a pipeline of the same chips as more replicas is no cheaper: decode
         steps as slow, the same memory per chip)."""
         out = [(c, 1) for c in self.slice_chips]
-        if self.stage_counts and not self.decode(self.slice_chips[-1], weights):
+        if self.stage_counts and not self.decode(self.slice_chips[-1], weights, 1):
             out += [(self.slice_chips[-1], s) for s in self.stage_counts]
         return out
 
