@@ -286,3 +286,39 @@ def test_launch_lines_carry_stages_chunks_and_the_prefix_cache():
                           prefixed)
     assert any("pipeline stages" in f for f in tpu["lacks"])
     assert any("chunked prefill" in f for f in tpu["lacks"])
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--hardware", "tpu-v5e", "--weights", "fp8"], "--weights"),   # no FP8 units
+    (["--hardware", "h100", "--weights", "bf16,fp4"], "--weights"),
+])
+def test_bad_weights_are_one_line_exit_2(flags, needle, capsys, tmp_path, monkeypatch):
+    from sweeper.cli import main
+
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path))
+    assert main(["plan", "--model", "llama3.1-8b", "--rate", "1", "--no-mlflow", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_a_plan_with_a_shared_prefix_is_answered_and_carries_its_fields(capsys, tmp_path,
+                                                                        monkeypatch):
+    """The JSON answer of a profile with a prefix: every plan's slices carry stages and chunk,
+    the memory budget the prefix's copy, the launch line the prefix cache."""
+    import json
+
+    from sweeper.cli import main
+
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path))
+    code = main(["plan", "--model", "llama3.1-8b", "--hardware", "h100", "--rate", "4",
+                 "--input-len", "2048", "--output-len", "64", "--prefix-len", "1024",
+                 "--ttft", "1", "--tpot", "0.05", "--requests", "100", "--mode", "aggregated",
+                 "--json", "--no-mlflow"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["profile"]["prefix_len"] == 1024
+    best = data["best"]
+    assert {"stages", "chunk"} <= set(best["prefill"]) and best["decode"]["stages"] == 1
+    assert best["memory_per_chip"]["replica"]["prefix_kv_bytes"] > 0
+    vllm = next(x for x in data["launch"] if x["engine"] == "vllm")["command"]
+    assert "--enable-prefix-caching" in vllm
