@@ -322,3 +322,30 @@ def test_a_plan_with_a_shared_prefix_is_answered_and_carries_its_fields(capsys, 
     assert best["memory_per_chip"]["replica"]["prefix_kv_bytes"] > 0
     vllm = next(x for x in data["launch"] if x["engine"] == "vllm")["command"]
     assert "--enable-prefix-caching" in vllm
+
+
+def test_a_staged_prefill_slice_pipelines_consecutive_calls():
+    """Disaggregated, two stages: a burst's calls enter the pipeline one stage time apart,
+    each first token a whole pipeline's time after its call entered; the KV transfers go out
+    one at a time after each call's first tokens. Without pipelining each call waits for the
+    previous one's first tokens and transfers."""
+    model = load_model("llama3.1-8b")
+
+    def deployment(stages):
+        part = PhaseSlice(2, 1, "ws1d", "head", 1, "bf16", stages=stages)
+        return Deployment(model, H100, "disaggregated", part, dataclasses.replace(part, batch=4))
+
+    burst = [Request(0.0, 128, 2) for _ in range(3)]
+    piped = StepTimes(lambda b, n: 0.3, lambda b, c: 0.01, lambda n: 0.2,
+                      prefill_interval_s=lambda b, n, o: 0.1)
+    result = simulate(deployment(2), burst, piped)
+    assert list(result.first_token_s) == pytest.approx([0.3, 0.4, 0.5])
+    # the link: 0.3 -> 0.5, then 0.5 -> 0.7, then 0.7 -> 0.9; one decode step each after
+    assert sorted(result.finish_s) == pytest.approx([0.51, 0.71, 0.91])
+    serial = simulate(deployment(1), burst, dataclasses.replace(piped, prefill_interval_s=None))
+    assert list(serial.first_token_s) == pytest.approx([0.3, 0.8, 1.3])
+    # the cost model's: the interval is one stage and a transfer, well under the call
+    times = cost_model_step_times(_aggregated(chunk=0, model="llama3.1-70b", chips=16,
+                                              stages=2))
+    assert times.prefill_interval_s(1, 2048, 0) < 0.6 * times.prefill_s(1, 2048)
+    assert cost_model_step_times(_aggregated(chunk=0)).prefill_interval_s is None

@@ -53,9 +53,9 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   takes S x one stage's time at the micro-batch plus the S - 1 activation transfers
   (`stage_links`: the fast interconnect inside a domain, `inter_domain_bandwidth` across
   one); a prefill call goes through the stages as one micro-batch (its first tokens after
-  S stage times and the transfers). Consecutive prefill calls do not overlap in the
-  simulation (a real pipeline overlaps them across stages: the model's prefill throughput
-  of a staged slice is a lower bound);
+  S stage times and the transfers); a disaggregated prefill slice pipelines consecutive
+  calls (`StepTimes.prefill_interval_s`: the next enters the first stage one stage time
+  later), an aggregated replica's loop does not (a call holds it until its first tokens);
 - requests go to replicas round-robin in arrival order (decode slices too, among the
   answers of more than one token: `decode_route`), so every replica is simulated on its own (fast, and a real router's choice is no worse);
 - TTFT = first token - arrival; TPOT = (finish - first token) / (output_len - 1), as the
@@ -151,6 +151,11 @@ class StepTimes:
     # chunked prompt's earlier chunks), attending to them. None: priced as a prefill of
     # the new tokens alone (`prefill_s(prompts, tokens)`).
     prefill_at_s: Callable[[int, int, int], float] | None = None
+    # Optional, a pipelined (staged) prefill slice: (prompts, tokens, offset) -> seconds from
+    # a call's start until the next call may enter the first stage (one stage's time and
+    # its transfer out), the call's own first tokens still `prefill_call_s` after its start.
+    # None: a call holds the loop until its first tokens (one stage, or not pipelined).
+    prefill_interval_s: Callable[[int, int, int], float] | None = None
 
     def prefill_call_s(self, prompts: int, tokens: int, offset: int = 0) -> float:
         """One prefill call of `tokens` new tokens per prompt after `offset` cached ones."""
@@ -372,6 +377,17 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
         return prefill_at_s(batch, input_len, 0)
 
     @lru_cache(maxsize=None)
+    def prefill_interval_s(batch: int, tokens: int, offset: int) -> float:
+        """The first stage's time and its slowest boundary's transfer: after that the next
+        call may enter the pipeline (the stages work on consecutive calls at once)."""
+        new = padded(tokens)
+        stage = phase_prediction(d, "prefill", batch, new,
+                                 None if offset == 0 else offset + new).latency_s
+        size = batch * new * d.model.d_model * costmodel.BF16
+        return stage + max(size / bandwidth for bandwidth, _ in stage_links(
+            d.hardware, d.prefill.stage_chips, d.prefill.stages))
+
+    @lru_cache(maxsize=None)
     def decode_at(batch: int, context: int) -> float:
         """With stages: the slots in up to `stages` micro-batches, each through every stage
         (module docstring, pipeline stages)."""
@@ -402,6 +418,7 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
     hw = d.hardware
     return StepTimes(prefill_s, decode_step_s, kv_transfer_s, source=costmodel.SOURCE,
                      decode_affine=decode_affine, prefill_at_s=prefill_at_s,
+                     prefill_interval_s=prefill_interval_s if d.prefill.stages > 1 else None,
                      step_overhead_s=hw.serving_step_overhead_s,
                      prefill_overhead_per_prompt_s=hw.serving_prefill_overhead_s,
                      handover_overhead_s=hw.handover_overhead_s,
@@ -730,7 +747,10 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
                    first: np.ndarray, ready: np.ndarray, transfer: np.ndarray) -> float:
     """Prefill calls back to back in arrival order, each followed by its requests' KV
     transfers one at a time, sent by the prefill slice before its next call (server.py
-    `serve_prefill`: the export and send are in the prefill loop)."""
+    `serve_prefill`: the export and send are in the prefill loop). A pipelined slice
+    (`StepTimes.prefill_interval_s`, stages): `_pipelined_prefill_slice`."""
+    if times.prefill_interval_s is not None:
+        return _pipelined_prefill_slice(d, reqs, ids, times, first, ready, transfer)
     t, busy = 0.0, 0.0
     queue = deque(ids)
     prefill_factor, _ = times.spread_draws()
@@ -755,6 +775,43 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
             t += transfer[i]
             busy += transfer[i]
             ready[i] = t + times.handover_latency_s   # the transport: the loop goes on
+    return busy
+
+
+def _pipelined_prefill_slice(d: Deployment, reqs: list[Request], ids: list[int],
+                             times: StepTimes, first: np.ndarray, ready: np.ndarray,
+                             transfer: np.ndarray) -> float:
+    """A staged prefill slice: the next call enters the first stage `prefill_interval_s`
+    (plus the call's host work) after the previous one did, while that one goes on through
+    the later stages; a call's first tokens come `prefill_call_s` after its start, then its
+    requests' KV goes out one transfer at a time on the slice's link (after the previous
+    calls' transfers)."""
+    t, busy, link_free = 0.0, 0.0, 0.0
+    queue = deque(ids)
+    prefill_factor, _ = times.spread_draws()
+    idle = True
+    while queue:
+        idle = idle or reqs[queue[0]].arrival_s > t
+        t = max(t, reqs[queue[0]].arrival_s)
+        take = []
+        while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
+            take.append(queue.popleft())
+        factor = prefill_factor()
+        longest = max(reqs[i].input_len for i in take)
+        new = max(reqs[i].input_len - reqs[i].cached_len for i in take)
+        before, after = times.prefill_host_s(len(take), idle, factor)
+        idle = False
+        first[take] = t + _prefill_call_s(times, d.prefill.batch, reqs, take) * factor + before
+        gap = times.prefill_interval_s(d.prefill.batch, new, longest - new) * factor \
+            + before + after
+        sent = max(link_free, float(first[take[0]]) + after)
+        for i in take:
+            transfer[i] = times.kv_transfer_s(reqs[i].input_len)
+            sent += transfer[i]
+            ready[i] = sent + times.handover_latency_s
+        busy += gap + (sent - max(link_free, float(first[take[0]]) + after))
+        link_free = sent
+        t += gap
     return busy
 
 
@@ -867,7 +924,13 @@ def capacity_rps(deployment: Deployment, times: StepTimes, input_len: float, out
     decode_steps = max(output_len - 1, 0.0)
     per_request_decode = decode_steps * step / d.decode.batch       # replica-seconds
     if d.mode == "disaggregated":
-        per_request_prefill += times.kv_transfer_s(int(math.ceil(input_len)))
+        kv = times.kv_transfer_s(int(math.ceil(input_len)))
+        if times.prefill_interval_s is not None:   # pipelined: calls and link overlap
+            gap = (times.prefill_interval_s(d.prefill.batch, new, cached)
+                   + sum(times.prefill_host_s(d.prefill.batch, False)))
+            per_request_prefill = max(gap / d.prefill.batch, kv)
+        else:
+            per_request_prefill += kv
         per_request_decode += times.handover_overhead_s
     if d.mode == "aggregated":
         per_request = per_request_decode + per_request_prefill

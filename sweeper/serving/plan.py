@@ -652,10 +652,11 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
     for end, (fp, fd) in (("low", (pre.low, dec.low)), ("high", (pre.high, dec.high))):
         affine = base.decode_affine
         # the band scales the engine's step times; the serving host costs stay as measured
-        at = base.prefill_at_s
+        at, gap = base.prefill_at_s, base.prefill_interval_s
         scaled = dataclasses.replace(
             base, prefill_s=lambda b, n, f=fp: base.prefill_s(b, n) * f,
             prefill_at_s=None if at is None else (lambda b, n, o, f=fp: at(b, n, o) * f),
+            prefill_interval_s=None if gap is None else (lambda b, n, o, f=fp: gap(b, n, o) * f),
             decode_step_s=lambda b, c, f=fd: base.decode_step_s(b, c) * f,
             decode_affine=None if affine is None else
             (lambda b, f=fd: tuple(f * x for x in affine(b))))
