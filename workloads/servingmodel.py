@@ -302,9 +302,9 @@ def memory_budget(deployment: Deployment, input_len: int, context: int,
     (over all the slice's sequences) that fit beside the weights and working set (issue 39).
     With pipeline stages, of a chip of the fullest stage: its layers' weights on its chips
     (weights / chips, plus the embeddings every stage is charged), the KV cache of its layers
-    for every slot. `prefix_len` > 0 (prefix caching): one copy of the shared prefix's KV per
-    replica (and per prefill slice) beside the slots', `prefix_kv_bytes` (counted in full
-    beside the slots' caches, which hold their own copy: an upper bound)."""
+    for every slot. `prefix_len` > 0 (prefix caching): `prefix_kv_bytes`, one copy of the
+    shared prefix's KV per slice (disaggregated: of either phase), beside the slots' caches,
+    which hold their own copy of it (an upper bound)."""
     d = deployment
     phases = {"replica": "decode"} if d.mode == "aggregated" else {"prefill": "prefill",
                                                                    "decode": "decode"}
