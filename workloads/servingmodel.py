@@ -39,6 +39,23 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   (the larger of the two; measured, 0 by default);
 - optionally (`StepTimes.prefill_spread`, `step_spread`), each call's duration scaled by a
   factor of mean 1 drawn from a measured spread (seeded): the tails of interrupted calls;
+- chunked prefill (aggregated, `prefill.chunk` > 0; Sarathi-Serve, vLLM): no whole-prompt
+  prefill calls; each loop iteration runs one decode step of the busy slots and the next
+  chunk of up to `chunk` tokens of the oldest waiting prompt, priced as a prefill of that
+  many tokens on top of the prompt's earlier chunks (`StepTimes.prefill_call_s`); the prompt
+  holds a slot from its first chunk, its first token comes with its last;
+- prefix caching (`Request.cached_len`, the profile's `prefix_len`/`prefix_hit`): such a
+  request's call prefills its `input_len - cached_len` remaining tokens on top of the cached
+  ones (a call of several prompts: the longest uncached part, on the longest prompt's cache);
+- pipeline stages (`PhaseSlice.stages` = S): a stage is priced as the cost model's call of
+  a model of n_layers / S layers (the fullest stage) on the stage's chips; a decode step
+  splits the slots into up to S micro-batches, each passing every stage in turn, so a step
+  takes S x one stage's time at the micro-batch plus the S - 1 activation transfers
+  (`stage_links`: the fast interconnect inside a domain, `inter_domain_bandwidth` across
+  one); a prefill call goes through the stages as one micro-batch (its first tokens after
+  S stage times and the transfers); a disaggregated prefill slice pipelines consecutive
+  calls (`StepTimes.prefill_interval_s`: the next enters the first stage one stage time
+  later), an aggregated replica's loop does not (a call holds it until its first tokens);
 - requests go to replicas round-robin in arrival order (decode slices too, among the
   answers of more than one token: `decode_route`), so every replica is simulated on its own (fast, and a real router's choice is no worse);
 - TTFT = first token - arrival; TPOT = (finish - first token) / (output_len - 1), as the
@@ -57,6 +74,7 @@ its own `StepTimes` (measured step times, for example).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import deque
@@ -69,6 +87,7 @@ import numpy as np
 from workloads.deployment import Deployment, PhaseSlice
 from workloads.servingprofile import AppProfile, Request
 from workloads import costmodel
+from workloads.config import HardwareProfile, ModelConfig
 from workloads.hardware import per_chip
 from workloads.layouts import PhaseLayout, resolve_padding, stores_1d
 
@@ -127,6 +146,22 @@ class StepTimes:
     # its first tokens (its KV exported and sent, the loop not yet warm: measured with the
     # handover latency above); 0: the closed loop's per-prompt work alone.
     prefill_idle_after_s: float = 0.0
+    # Optional: (prompts, tokens, offset) -> one prefill call of `tokens` new tokens per
+    # prompt on top of `offset` tokens whose KV cache is already there (a cached prefix, a
+    # chunked prompt's earlier chunks), attending to them. None: priced as a prefill of
+    # the new tokens alone (`prefill_s(prompts, tokens)`).
+    prefill_at_s: Callable[[int, int, int], float] | None = None
+    # Optional, a pipelined (staged) prefill slice: (prompts, tokens, offset) -> seconds from
+    # a call's start until the next call may enter the first stage (one stage's time and
+    # its transfer out), the call's own first tokens still `prefill_call_s` after its start.
+    # None: a call holds the loop until its first tokens (one stage, or not pipelined).
+    prefill_interval_s: Callable[[int, int, int], float] | None = None
+
+    def prefill_call_s(self, prompts: int, tokens: int, offset: int = 0) -> float:
+        """One prefill call of `tokens` new tokens per prompt after `offset` cached ones."""
+        if offset == 0 or self.prefill_at_s is None:
+            return self.prefill_s(prompts, tokens)
+        return self.prefill_at_s(prompts, tokens, offset)
 
     def prefill_host_s(self, prompts: int, idle: bool, factor: float = 1.0) -> tuple[float, float]:
         """A prefill call's host work: (before its first tokens, after them), seconds. Before:
@@ -154,20 +189,93 @@ class StepTimes:
 
 
 def run_model(deployment: Deployment):
-    """The model as run: query heads padded for the layouts (paper §4, layouts.resolve_padding)."""
+    """The model as run: query heads padded for the layouts (paper §4, layouts.resolve_padding),
+    over one pipeline stage's mesh (the whole slice's without stages)."""
     d = deployment
     pre, dec = PhaseLayout(d.prefill.ffn, d.prefill.attn), PhaseLayout(d.decode.ffn, d.decode.attn)
-    topology = d.decode.topology or costmodel.best_topology(d.model.unpadded, d.decode.chips)
+    topology = d.decode.topology or costmodel.best_topology(d.model.unpadded, d.decode.stage_chips)
     if d.mode == "aggregated":
         return resolve_padding(d.model, "auto", topology, pre, dec)
-    pre_topology = d.prefill.topology or costmodel.best_topology(d.model.unpadded, d.prefill.chips)
+    pre_topology = d.prefill.topology or costmodel.best_topology(d.model.unpadded,
+                                                                 d.prefill.stage_chips)
     return (resolve_padding(d.model, "auto", pre_topology, pre, pre),
             resolve_padding(d.model, "auto", topology, dec, dec))
 
 
+# --------------------------------------------------------------------------- pipeline stages
+
+
+def stage_layers(model: ModelConfig, stages: int) -> int:
+    """Layers of the fullest pipeline stage: the pipeline runs at its pace."""
+    return -(-model.n_layers // stages)
+
+
+def stage_model(model: ModelConfig, stages: int) -> ModelConfig:
+    """One pipeline stage as a model of its own: the fullest stage's layers, and (an
+    approximation, a few per cent of a large model) the embedding and unembedding in every
+    stage, where a real pipeline has them in its first and last. The model itself for one
+    stage."""
+    if stages == 1:
+        return model
+    layers = stage_layers(model, stages)
+    base = model.padded_from
+    return dataclasses.replace(model, n_layers=layers, padded_from=None if base is None else
+                               dataclasses.replace(base, n_layers=layers))
+
+
+def micro_batch(batch: int, stages: int) -> int:
+    """Sequences per micro-batch: a call's batch split into up to `stages` micro-batches so
+    the stages work on different ones at once (GPipe-style; vLLM's virtual engines)."""
+    return -(-batch // min(stages, batch))
+
+
+def stage_links(hardware: HardwareProfile, stage_chips: int, stages: int) -> list[tuple[float, str]]:
+    """Per chip, the bandwidth of each stage boundary (stages - 1 of them) and its link: each
+    chip sends the activations to its peer in the next stage, over the fast interconnect
+    inside a domain (an 8-GPU NVLink node) and `inter_domain_bandwidth` where the boundary
+    crosses one (stage k's chips are [k * stage_chips, (k + 1) * stage_chips) of the slice,
+    the slice starting a domain)."""
+    domain = hardware.domain_chips
+    out = []
+    for boundary in range(1, stages):
+        first_next = boundary * stage_chips
+        crosses = domain > 0 and (stage_chips >= domain or first_next % domain == 0
+                                  or (first_next - 1) // domain != first_next // domain)
+        if not crosses:
+            out.append((hardware.ici_bandwidth, "fast interconnect"))
+        elif hardware.inter_domain_bandwidth > 0:
+            out.append((hardware.inter_domain_bandwidth, "between domains"))
+        else:
+            out.append((hardware.ici_bandwidth, "between domains (bandwidth unknown: ICI assumed)"))
+    return out
+
+
+def transfer_s(model: ModelConfig, hardware: HardwareProfile, stage_chips: int, stages: int,
+               tokens: int) -> float:
+    """Seconds of the inter-stage transfers of one micro-batch of `tokens` tokens through a
+    pipeline: its activations (tokens x d_model, bf16) over each boundary in turn (0 for
+    one stage)."""
+    size = tokens * model.d_model * costmodel.BF16
+    return sum(size / bandwidth for bandwidth, _ in stage_links(hardware, stage_chips, stages))
+
+
+def stage_transfer_s(deployment: Deployment, part: PhaseSlice, tokens: int) -> float:
+    """`transfer_s` of a slice of this deployment."""
+    return transfer_s(deployment.model, deployment.hardware, part.stage_chips, part.stages, tokens)
+
+
+def pipelined_s(stage_s: float, transfer_s: float, stages: int) -> float:
+    """A micro-batch's time through the pipeline: every stage in turn and the transfers
+    between them. In a decode step each of the up to `stages` micro-batches takes this, the
+    stages busy with the others meanwhile (steady state: the step time of one stage holding
+    all the slots, the bubble where fewer micro-batches than stages); one stage: its time."""
+    return stages * stage_s + transfer_s
+
+
 def phase_prediction(deployment: Deployment, phase: str, batch: int, input_len: int,
                      context: float | None = None) -> costmodel.PhasePrediction:
-    """The cost model's prediction of one call of `phase` in this deployment."""
+    """The cost model's prediction of one call of `phase` in this deployment; with pipeline
+    stages, of one stage (its layers, its chips, `batch` sequences)."""
     d = deployment
     part: PhaseSlice = d.prefill if phase == "prefill" else d.decode
     models = run_model(d)
@@ -177,18 +285,26 @@ def phase_prediction(deployment: Deployment, phase: str, batch: int, input_len: 
     else:
         model, one_d = models[0 if phase == "prefill" else 1], part.ffn == "ws1d"
     hw = per_chip(d.hardware, part.chips)
-    return costmodel.predict_phase(model, hw, part.chips, batch, phase, input_len, context,
+    # one pipeline stage: its layers on its chips (the whole model and slice without stages)
+    return costmodel.predict_phase(stage_model(model, part.stages), hw, part.stage_chips, batch,
+                                   phase, input_len, context,
                                    PhaseLayout(part.ffn, part.attn), part.weights,
                                    part.topology, one_d, experts=part.experts,
                                    kv_cache=part.kv_cache)
 
 
-def memory_budget(deployment: Deployment, input_len: int, context: int) -> dict:
+def memory_budget(deployment: Deployment, input_len: int, context: int,
+                  prefix_len: int = 0) -> dict:
     """Per chip of each slice (aggregated: the replica's): HBM, the hardware's reserve
     (HardwareProfile.memory_reserve), the weights, the working set (aggregated: decode's and
     prefill's, both live), the KV cache of every slot at `context` tokens (a prefill slice:
     one call's prompts of `input_len`), what is left, and the KV capacity: tokens of KV cache
-    (over all the slice's sequences) that fit beside the weights and working set (issue 39)."""
+    (over all the slice's sequences) that fit beside the weights and working set (issue 39).
+    With pipeline stages, of a chip of the fullest stage: its layers' weights on its chips
+    (weights / chips, plus the embeddings every stage is charged), the KV cache of its layers
+    for every slot. `prefix_len` > 0 (prefix caching): `prefix_kv_bytes`, one copy of the
+    shared prefix's KV per slice (disaggregated: of either phase), beside the slots' caches,
+    which hold their own copy of it (an upper bound)."""
     d = deployment
     phases = {"replica": "decode"} if d.mode == "aggregated" else {"prefill": "prefill",
                                                                    "decode": "decode"}
@@ -205,6 +321,8 @@ def memory_budget(deployment: Deployment, input_len: int, context: int) -> dict:
         tokens = part.batch * (input_len if phase == "prefill" else context)
         per_token = pred.kv_bytes_per_chip / tokens
         room = hw.usable_hbm_bytes - pred.weight_bytes_per_chip - working
+        prefix = per_token * prefix_len
+        room -= prefix
         out[name] = {"chips": part.chips, "hbm_bytes": hw.hbm_bytes,
                      "reserve_bytes": hw.hbm_bytes - hw.usable_hbm_bytes,
                      "weights_bytes": pred.weight_bytes_per_chip, "working_bytes": working,
@@ -212,6 +330,10 @@ def memory_budget(deployment: Deployment, input_len: int, context: int) -> dict:
                      "free_bytes": room - pred.kv_bytes_per_chip,
                      "kv_bytes_per_token": per_token,
                      "kv_capacity_tokens": max(int(room // per_token), 0) if per_token else None}
+        if part.stages > 1:
+            out[name]["stages"] = part.stages
+        if prefix_len:
+            out[name]["prefix_kv_bytes"] = prefix
     return out
 
 
@@ -237,14 +359,44 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
     in the context (the KV read, the attention FLOPs)."""
     d = deployment
 
+    def padded(tokens: int) -> int:
+        return tokens if tokens <= 64 else -(-tokens // 64) * 64
+
     @lru_cache(maxsize=None)
+    def prefill_at_s(batch: int, tokens: int, offset: int) -> float:
+        """With stages: the call's prompts through every stage in turn (one micro-batch),
+        so its first tokens come after all of them and the transfers between them."""
+        new = padded(tokens)
+        stage = phase_prediction(d, "prefill", batch, new,
+                                 None if offset == 0 else offset + new).latency_s
+        if d.prefill.stages == 1:
+            return stage
+        return pipelined_s(stage, stage_transfer_s(d, d.prefill, batch * new), d.prefill.stages)
+
     def prefill_s(batch: int, input_len: int) -> float:
-        padded = input_len if input_len <= 64 else -(-input_len // 64) * 64
-        return phase_prediction(d, "prefill", batch, padded).latency_s
+        return prefill_at_s(batch, input_len, 0)
+
+    @lru_cache(maxsize=None)
+    def prefill_interval_s(batch: int, tokens: int, offset: int) -> float:
+        """The first stage's time and its slowest boundary's transfer: after that the next
+        call may enter the pipeline (the stages work on consecutive calls at once)."""
+        new = padded(tokens)
+        stage = phase_prediction(d, "prefill", batch, new,
+                                 None if offset == 0 else offset + new).latency_s
+        size = batch * new * d.model.d_model * costmodel.BF16
+        return stage + max(size / bandwidth for bandwidth, _ in stage_links(
+            d.hardware, d.prefill.stage_chips, d.prefill.stages))
 
     @lru_cache(maxsize=None)
     def decode_at(batch: int, context: int) -> float:
-        return phase_prediction(d, "decode", batch, 1, context).latency_s
+        """With stages: the slots in up to `stages` micro-batches, each through every stage
+        (module docstring, pipeline stages)."""
+        stages = d.decode.stages
+        if stages == 1:
+            return phase_prediction(d, "decode", batch, 1, context).latency_s
+        micro = micro_batch(batch, stages)
+        stage = phase_prediction(d, "decode", micro, 1, context).latency_s
+        return pipelined_s(stage, stage_transfer_s(d, d.decode, micro), stages)
 
     @lru_cache(maxsize=None)
     def decode_affine(batch: int) -> tuple[float, float]:
@@ -265,7 +417,8 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
 
     hw = d.hardware
     return StepTimes(prefill_s, decode_step_s, kv_transfer_s, source=costmodel.SOURCE,
-                     decode_affine=decode_affine,
+                     decode_affine=decode_affine, prefill_at_s=prefill_at_s,
+                     prefill_interval_s=prefill_interval_s if d.prefill.stages > 1 else None,
                      step_overhead_s=hw.serving_step_overhead_s,
                      prefill_overhead_per_prompt_s=hw.serving_prefill_overhead_s,
                      handover_overhead_s=hw.handover_overhead_s,
@@ -469,8 +622,81 @@ def _decode_run(slots: _Slots, times: StepTimes, batch: int, t: float, until: fl
     return t, steps, t - start, slots.advance(steps)
 
 
+def _prefill_call_s(times: StepTimes, prompts: int, reqs: list[Request], take: list[int]) -> float:
+    """One prefill call of the requests `take`, priced at `prompts` prompts (the engine pads a
+    partial call) of the longest uncached part among them, on top of what the longest prompt
+    has cached (prefix caching: a request's first `cached_len` tokens are not prefilled)."""
+    longest = max(reqs[i].input_len for i in take)
+    new = max(reqs[i].input_len - reqs[i].cached_len for i in take)
+    return times.prefill_call_s(prompts, new, longest - new)
+
+
+def _chunked_replica(d: Deployment, reqs: list[Request], ids: list[int], times: StepTimes,
+                     first: np.ndarray, finish: np.ndarray) -> tuple[float, float]:
+    """An aggregated replica with chunked prefill (Sarathi-Serve, vLLM): each iteration runs
+    one decode step of the busy slots and the next chunk of up to `prefill.chunk` tokens of
+    the oldest waiting prompt, priced as a prefill of the chunk on top of the prompt's
+    earlier chunks (and its cached prefix). The prompt holds a free slot from its first
+    chunk; its first token comes at the end of its last chunk's iteration, and it decodes
+    from the next. No prompt waiting or no slot free: decode steps alone, as unchunked."""
+    slots = _Slots(d.decode.batch)
+    waiting: deque[int] = deque()
+    pending = deque(ids)
+    prefill_factor, step_factor = times.spread_draws()
+    t, prefill_busy, decode_busy = 0.0, 0.0, 0.0
+    current: list[int] | None = None        # [request, its tokens whose KV is there]
+    idle = True
+    while pending or waiting or current is not None or slots.active:
+        while pending and reqs[pending[0]].arrival_s <= t:
+            waiting.append(pending.popleft())
+        if current is None and waiting and slots.free:
+            i = waiting.popleft()
+            current = [i, reqs[i].cached_len]
+        if current is None:
+            if not slots.active:
+                t = reqs[pending[0]].arrival_s
+                idle = True
+                continue
+            until = reqs[pending[0]].arrival_s if (slots.free and pending) else math.inf
+            t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until,
+                                                   step_factor)
+            decode_busy += duration
+            finish[finished] = t
+            continue
+        i, done = current
+        size = min(d.prefill.chunk, reqs[i].input_len - done)
+        last = done + size >= reqs[i].input_len
+        chunk_s = times.prefill_call_s(1, size, done)
+        if slots.active:
+            factor = step_factor()
+            step_s = (times.decode_step_s(d.decode.batch, slots.mean_context())
+                      + times.step_overhead_s) * factor
+        else:
+            factor, step_s = prefill_factor(), times.step_overhead_s
+        before, after = times.prefill_host_s(1, idle, factor) if last else (0.0, 0.0)
+        idle = False
+        t += step_s + chunk_s * factor + before
+        decode_busy += step_s
+        prefill_busy += chunk_s * factor + before + after
+        if slots.active:
+            finish[slots.advance(1)] = t
+        if not last:
+            current[1] += size
+            continue
+        first[i] = t
+        t += after
+        current = None
+        if reqs[i].output_len <= 1:
+            finish[i] = first[i]
+        else:
+            slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
+    return prefill_busy, decode_busy
+
+
 def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], times: StepTimes,
                         first: np.ndarray, finish: np.ndarray) -> tuple[float, float]:
+    if d.prefill.chunk:
+        return _chunked_replica(d, reqs, ids, times, first, finish)
     slots = _Slots(d.decode.batch)
     waiting: deque[int] = deque()
     pending = deque(ids)               # in arrival order
@@ -488,7 +714,7 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
         if waiting and slots.free and not (prefilled_since_step and slots.active):
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
             factor = prefill_factor()
-            call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take)) * factor
+            call = _prefill_call_s(times, d.prefill.batch, reqs, take) * factor
             before, after = times.prefill_host_s(len(take), idle, factor)
             call += before
             idle = False
@@ -521,7 +747,10 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
                    first: np.ndarray, ready: np.ndarray, transfer: np.ndarray) -> float:
     """Prefill calls back to back in arrival order, each followed by its requests' KV
     transfers one at a time, sent by the prefill slice before its next call (server.py
-    `serve_prefill`: the export and send are in the prefill loop)."""
+    `serve_prefill`: the export and send are in the prefill loop). A pipelined slice
+    (`StepTimes.prefill_interval_s`, stages): `_pipelined_prefill_slice`."""
+    if times.prefill_interval_s is not None:
+        return _pipelined_prefill_slice(d, reqs, ids, times, first, ready, transfer)
     t, busy = 0.0, 0.0
     queue = deque(ids)
     prefill_factor, _ = times.spread_draws()
@@ -533,7 +762,7 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
         while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
             take.append(queue.popleft())
         factor = prefill_factor()
-        call = times.prefill_s(d.prefill.batch, max(reqs[i].input_len for i in take)) * factor
+        call = _prefill_call_s(times, d.prefill.batch, reqs, take) * factor
         before, after = times.prefill_host_s(len(take), idle, factor)
         call += before
         idle = False
@@ -546,6 +775,43 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
             t += transfer[i]
             busy += transfer[i]
             ready[i] = t + times.handover_latency_s   # the transport: the loop goes on
+    return busy
+
+
+def _pipelined_prefill_slice(d: Deployment, reqs: list[Request], ids: list[int],
+                             times: StepTimes, first: np.ndarray, ready: np.ndarray,
+                             transfer: np.ndarray) -> float:
+    """A staged prefill slice: the next call enters the first stage `prefill_interval_s`
+    (plus the call's host work) after the previous one did, while that one goes on through
+    the later stages; a call's first tokens come `prefill_call_s` after its start, then its
+    requests' KV goes out one transfer at a time on the slice's link (after the previous
+    calls' transfers)."""
+    t, busy, link_free = 0.0, 0.0, 0.0
+    queue = deque(ids)
+    prefill_factor, _ = times.spread_draws()
+    idle = True
+    while queue:
+        idle = idle or reqs[queue[0]].arrival_s > t
+        t = max(t, reqs[queue[0]].arrival_s)
+        take = []
+        while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
+            take.append(queue.popleft())
+        factor = prefill_factor()
+        longest = max(reqs[i].input_len for i in take)
+        new = max(reqs[i].input_len - reqs[i].cached_len for i in take)
+        before, after = times.prefill_host_s(len(take), idle, factor)
+        idle = False
+        first[take] = t + _prefill_call_s(times, d.prefill.batch, reqs, take) * factor + before
+        gap = times.prefill_interval_s(d.prefill.batch, new, longest - new) * factor \
+            + before + after
+        sent = max(link_free, float(first[take[0]]) + after)
+        for i in take:
+            transfer[i] = times.kv_transfer_s(reqs[i].input_len)
+            sent += transfer[i]
+            ready[i] = sent + times.handover_latency_s
+        busy += gap + (sent - max(link_free, float(first[take[0]]) + after))
+        link_free = sent
+        t += gap
     return busy
 
 
@@ -631,22 +897,40 @@ def simulate(deployment: Deployment, requests: list[Request], step_times: StepTi
         step_source=times.source)
 
 
-def capacity_rps(deployment: Deployment, times: StepTimes, input_len: float, output_len: float) -> dict:
+def capacity_rps(deployment: Deployment, times: StepTimes, input_len: float, output_len: float,
+                 cached_len: float = 0.0) -> dict:
     """Analytical upper bounds on requests/s (the planner prunes with them):
     decode: slots x replicas / ((output_len - 1) x step); prefill: batch x replicas / call
     (aggregated: the replica's time is shared, 1 / (prefill share + decode share)). Steps
     and calls include the serving host costs; disaggregated, the prefill slice's time per
-    request includes its KV transfer and the decode slice's the handover's host work."""
+    request includes its KV transfer and the decode slice's the handover's host work.
+    `cached_len`: the prompt tokens a request has cached on average (prefix caching), not
+    prefilled. Chunked prefill: a request's chunks, each at the mean offset of its chunks."""
     d = deployment
     context = input_len + output_len / 2
     step = times.decode_step_s(d.decode.batch, context) + times.step_overhead_s
-    call = (times.prefill_s(d.prefill.batch, int(math.ceil(input_len)))
-            + sum(times.prefill_host_s(d.prefill.batch, False)))
+    new = max(int(math.ceil(input_len - cached_len)), 1)
+    cached = int(math.ceil(input_len)) - new
+    if d.prefill.chunk:
+        chunks = -(-new // d.prefill.chunk)
+        size = min(d.prefill.chunk, new)
+        call = (chunks * times.prefill_call_s(1, size, cached + (new - size) // 2)
+                + sum(times.prefill_host_s(1, False)))
+        per_request_prefill = call
+    else:
+        call = (times.prefill_call_s(d.prefill.batch, new, cached)
+                + sum(times.prefill_host_s(d.prefill.batch, False)))
+        per_request_prefill = call / d.prefill.batch
     decode_steps = max(output_len - 1, 0.0)
     per_request_decode = decode_steps * step / d.decode.batch       # replica-seconds
-    per_request_prefill = call / d.prefill.batch
     if d.mode == "disaggregated":
-        per_request_prefill += times.kv_transfer_s(int(math.ceil(input_len)))
+        kv = times.kv_transfer_s(int(math.ceil(input_len)))
+        if times.prefill_interval_s is not None:   # pipelined: calls and link overlap
+            gap = (times.prefill_interval_s(d.prefill.batch, new, cached)
+                   + sum(times.prefill_host_s(d.prefill.batch, False)))
+            per_request_prefill = max(gap / d.prefill.batch, kv)
+        else:
+            per_request_prefill += kv
         per_request_decode += times.handover_overhead_s
     if d.mode == "aggregated":
         per_request = per_request_decode + per_request_prefill

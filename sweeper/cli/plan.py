@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
                    "for the presets; docs/models.md)")
     p.add_argument("--mode", choices=["aggregated", "disaggregated", "both"], default="both",
                    help="serving modes to search (default both)")
+    p.add_argument("--weights", metavar="FORMATS", help="weight formats to search, comma-"
+                   "separated (bf16, int8, fp8; default: every one the chips run, fp8 where "
+                   "they have FP8 units)")
     p.add_argument("--requests", metavar="N", default="400",
                    help="requests simulated per deployment (default 400)")
     p.add_argument("--seed", metavar="N", default="0", help="seed of the simulated arrivals")
@@ -124,7 +127,24 @@ def question_from_args(args: argparse.Namespace):
     modes = MODES if args.mode == "both" else (args.mode,)
     return PlanQuestion(model, hardware, profile, modes=modes, max_chips=max_chips,
                         requests=_int_flag(args.requests, "--requests", 10, MAX_REQUESTS),
-                        seed=_int_flag(args.seed, "--seed", 0, MAX_SEED), coverage=coverage)
+                        seed=_int_flag(args.seed, "--seed", 0, MAX_SEED), coverage=coverage,
+                        weights=weights_flag(getattr(args, "weights", None), hardware))
+
+
+def weights_flag(value: str | None, hardware) -> tuple[str, ...] | None:
+    """--weights bf16,fp8 as a tuple (None: every format the planner searches); a format the
+    chips do not run as a plan may (fp8 without FP8 units) is refused."""
+    from sweeper.serving.plan import weight_formats   # the planner's stack: inputs first
+
+    if value is None:
+        return None
+    searched = weight_formats(hardware)
+    formats = tuple(dict.fromkeys(w.strip() for w in str(value).split(",")))
+    for w in formats:
+        if w not in searched:
+            raise ConfigError("--weights", value, f"weight formats from {', '.join(searched)} "
+                              f"on {hardware.name}, comma-separated")
+    return formats
 
 
 def with_memory_reserve(hardware, value: str | None):
@@ -246,16 +266,25 @@ def _precision(s: dict) -> str:
     return f"{s['weights']}{kv}{experts}"
 
 
+def _stages(s: dict) -> str:
+    """' in 2 stages of 8' for a pipelined slice ('' without stages)."""
+    stages = s.get("stages", 1)
+    return f" in {stages} stages of {s['chips'] // stages}" if stages > 1 else ""
+
+
 def _slices(plan: dict) -> str:
     def one(name, s):
         topo = f" {s['topology']}" if s.get("topology") else ""
-        return (f"{name} {s['replicas']} x {s['chips']} chips{topo} {s['ffn']}/{s['attn']} "
-                f"batch {s['batch']} {_precision(s)}")
+        return (f"{name} {s['replicas']} x {s['chips']} chips{_stages(s)}{topo} {s['ffn']}/"
+                f"{s['attn']} batch {s['batch']} {_precision(s)}")
     if plan["mode"] == "aggregated":
-        return (f"    {plan['decode']['replicas']} replica(s) x {plan['decode']['chips']} chips "
-                f"({plan['decode']['topology']}, {_precision(plan['decode'])}): prefill "
-                f"{plan['prefill']['ffn']}/{plan['prefill']['attn']} {plan['prefill']['batch']} "
-                f"prompts per call, decode {plan['decode']['ffn']}/{plan['decode']['attn']} "
+        pre = plan["prefill"]
+        prompts = (f"in chunks of {pre['chunk']} tokens per decode step" if pre.get("chunk")
+                   else f"{pre['batch']} prompts per call")
+        return (f"    {plan['decode']['replicas']} replica(s) x {plan['decode']['chips']} chips"
+                f"{_stages(plan['decode'])} ({plan['decode']['topology']}, "
+                f"{_precision(plan['decode'])}): prefill {pre['ffn']}/{pre['attn']} {prompts}, "
+                f"decode {plan['decode']['ffn']}/{plan['decode']['attn']} "
                 f"{plan['decode']['batch']} slots")
     return f"    {one('prefill', plan['prefill'])}; {one('decode', plan['decode'])}"
 
@@ -269,10 +298,14 @@ def _memory_lines(plan: dict) -> list[str]:
     out = []
     for name, m in (plan.get("memory_per_chip") or {}).items():
         capacity = m["kv_capacity_tokens"]
-        out.append(f"    memory per chip ({name}): {gb(m['hbm_bytes'])} HBM, {gb(m['reserve_bytes'])} "
-                   f"reserved, weights {gb(m['weights_bytes'])}, working set "
-                   f"{gb(m['working_bytes'])}, KV cache {gb(m['kv_bytes'])} for {m['kv_tokens']:,} "
-                   f"tokens; KV capacity {capacity:,} tokens" if capacity is not None else "")
+        stage = f", a chip of one of {m['stages']} stages" if m.get("stages") else ""
+        prefix = (f", shared prefix {gb(m['prefix_kv_bytes'])}" if m.get("prefix_kv_bytes")
+                  else "")
+        out.append(f"    memory per chip ({name}{stage}): {gb(m['hbm_bytes'])} HBM, "
+                   f"{gb(m['reserve_bytes'])} reserved, weights {gb(m['weights_bytes'])}, working "
+                   f"set {gb(m['working_bytes'])}, KV cache {gb(m['kv_bytes'])} for "
+                   f"{m['kv_tokens']:,} tokens{prefix}; KV capacity {capacity:,} tokens"
+                   if capacity is not None else "")
     return [line for line in out if line]
 
 

@@ -3,11 +3,18 @@
     launch_lines(plan_dict, model, hardware, profile)   # [{engine, command, lacks}, ...]
 
 GPUs: vLLM (`vllm serve`) and SGLang (`sglang.launch_server`); TPUs: JetStream with MaxText
-(`maxengine_server`). Each line carries the plan's tensor-parallel degree (its slice's chips),
-its decode slots (vLLM --max-num-seqs, SGLang --max-running-requests, MaxText
-per_device_batch_size = slots / chips), the longest request (prompt + answer) and prefill
-without chunking: the serving model inserts whole prefill calls between decode steps
-(workloads/servingmodel.py), so chunked prefill is switched off where the engine has it on.
+(`maxengine_server`). Each line carries the plan's tensor-parallel degree (the chips of one
+pipeline stage: the slice's chips without stages), its pipeline stages (vLLM
+--pipeline-parallel-size, SGLang --pp-size), its decode slots (vLLM --max-num-seqs, SGLang
+--max-running-requests, MaxText per_device_batch_size = slots / chips) and the longest
+request (prompt + answer). Prefill as the plan runs it (workloads/servingmodel.py): a plan
+without chunks inserts whole prefill calls between decode steps, so chunked prefill is
+switched off where the engine has it on; a plan with `prefill.chunk` mixes one chunk of that
+many prompt tokens into each decode step (vLLM --enable-chunked-prefill with a token budget
+of the chunk plus one token per decoding slot, as vLLM counts them; SGLang
+--chunked-prefill-size with --enable-mixed-chunk). A profile with a shared prefix turns
+prefix caching on (vLLM --enable-prefix-caching; SGLang's radix cache, its default), one
+without turns SGLang's radix cache off (--disable-radix-cache) as the model reuses nothing.
 
 `lacks` names what the plan uses that the engine has no flag for, so the line alone does not
 run the plan: these engines shard every weight the 1-D Megatron way with head-sharded
@@ -64,6 +71,13 @@ def _lacks(plan: dict, engine: str) -> list[str]:
         out.append("fp8 weights (the chip has no FP8 units)")
     if dec["replicas"] > 1 or pre["replicas"] > 1:
         out.append(f"{dec['replicas']} replicas: one line per replica behind a request router")
+    if engine == "jetstream":     # JetStream serves one tensor/data-parallel slice per engine
+        if dec.get("stages", 1) > 1 or pre.get("stages", 1) > 1:
+            out.append(f"{dec.get('stages', 1)} pipeline stages (JetStream has no pipeline-"
+                       "parallel serving)")
+        if pre.get("chunk"):
+            out.append(f"chunked prefill of {pre['chunk']} tokens mixed into decode steps (no "
+                       "flag in this line)")
     return out
 
 
@@ -73,8 +87,10 @@ def launch_lines(plan: dict, model: ModelConfig, hardware: HardwareProfile,
     lengths = length_stats(profile)
     prompt = int(math.ceil(lengths["input_max"]))
     longest = int(math.ceil(lengths["input_max"] + lengths["output_max"]))
-    dec = plan["decode"]
-    chips, slots = dec["chips"], dec["batch"]
+    dec, pre = plan["decode"], plan["prefill"]
+    stages, chunk = dec.get("stages", 1), pre.get("chunk", 0)
+    chips, slots = dec["chips"] // stages, dec["batch"]   # tensor parallel inside one stage
+    prefix = profile.prefix_len > 0
     checkpoint = CHECKPOINTS.get(model.name, f"<{model.name} checkpoint>")
     # precision and expert parallelism (docs/models.md): FP8 weights quantised at load, an
     # FP8 KV cache, experts spread over the tensor-parallel chips
@@ -82,16 +98,24 @@ def launch_lines(plan: dict, model: ModelConfig, hardware: HardwareProfile,
     kv_fp8 = dec.get("kv_cache") == "fp8"
     ep = dec.get("experts") == "ep"
     commands = {
-        "vllm": (f"vllm serve {checkpoint} --tensor-parallel-size {chips} --max-num-seqs {slots} "
-                 f"--max-model-len {longest} --max-num-batched-tokens "
-                 f"{max(longest, plan['prefill']['batch'] * prompt)} --no-enable-chunked-prefill "
-                 "--dtype bfloat16" + fp8 + (" --kv-cache-dtype fp8" if kv_fp8 else "")
+        "vllm": (f"vllm serve {checkpoint} --tensor-parallel-size {chips}"
+                 + (f" --pipeline-parallel-size {stages}" if stages > 1 else "")
+                 + f" --max-num-seqs {slots} --max-model-len {longest} "
+                 + (f"--enable-chunked-prefill --max-num-batched-tokens {chunk + slots} "
+                    if chunk else f"--max-num-batched-tokens {max(longest, pre['batch'] * prompt)} "
+                    "--no-enable-chunked-prefill ")
+                 + ("--enable-prefix-caching " if prefix else "")
+                 + "--dtype bfloat16" + fp8 + (" --kv-cache-dtype fp8" if kv_fp8 else "")
                  # the HBM the plan fills: all but the hardware's reserve (docs/models.md)
                  + f" --gpu-memory-utilization {1 - hardware.memory_reserve:.2g}"
                  + (" --enable-expert-parallel" if ep else "")),
         "sglang": (f"python -m sglang.launch_server --model-path {checkpoint} --tp {chips} "
-                   f"--max-running-requests {slots} --context-length {longest} "
-                   "--chunked-prefill-size -1 --dtype bfloat16" + fp8
+                   + (f"--pp-size {stages} " if stages > 1 else "")
+                   + f"--max-running-requests {slots} --context-length {longest} "
+                   + (f"--chunked-prefill-size {chunk} --enable-mixed-chunk " if chunk
+                      else "--chunked-prefill-size -1 ")
+                   + ("" if prefix else "--disable-radix-cache ")
+                   + "--dtype bfloat16" + fp8
                    + (" --kv-cache-dtype fp8_e4m3" if kv_fp8 else "")
                    + (f" --ep-size {chips}" if ep else "")),
         "jetstream": (f"python -m MaxText.maxengine_server MaxText/configs/base.yml "

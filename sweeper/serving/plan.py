@@ -5,9 +5,13 @@
 
 The search, per mode (aggregated, disaggregated):
 1. Slices: chips per slice (powers of two inside one fast-interconnect domain), weights
-   (int8, bf16), the topology the hardware has axes for, and per phase the fastest layout
-   that fits in HBM (workloads/recommend.py): decode per slot batch (1 .. 256, KV cache for
-   the longest request in every slot), prefill per prompts per call (1 .. 16).
+   (int8, bf16, fp8 where the chips have FP8 units; --weights restricts them), the topology
+   the hardware has axes for, and per phase the fastest layout that fits in HBM
+   (workloads/recommend.py): decode per slot batch (1 .. 256, KV cache for the longest
+   request in every slot, and the shared prefix's once with prefix caching), prefill per
+   prompts per call (1 .. 16). Where the weights do not fit one domain in a precision,
+   pipelines of whole-domain stages too (STAGE_COUNTS: tensor parallel inside an 8-GPU node,
+   stages across nodes). Aggregated plans also with chunked prefill (CHUNK_SIZES).
 2. Analytical bounds prune before any simulation: memory (the slice must hold the weights
    and the slots' KV cache), TTFT >= one prefill call, TPOT >= one decode step, and the
    replicas the rate needs (utilisation < 1 from the per-request busy time of each phase).
@@ -37,7 +41,8 @@ from functools import lru_cache
 from sweeper.serving import bands as bands_mod
 from workloads.deployment import MODES, Deployment, PhaseSlice
 from workloads.servingmodel import (SimResult, StepTimes, cost_model_step_times,
-                                   kv_link_bandwidth, memory_budget, simulate)
+                                   kv_link_bandwidth, memory_budget, micro_batch, pipelined_s,
+                                   simulate, stage_model, transfer_s)
 from workloads.servingprofile import AppProfile, length_stats, mean_rate, requests
 from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, ModelConfig, check_context
@@ -49,6 +54,16 @@ SLOT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCHES = (1, 2, 4, 8, 16)
 WEIGHTS = ("int8", "bf16")
 MAX_SLICE_CHIPS = 256          # the search's largest slice (a TPU v4 4x8x8)
+# Pipeline stages: whole domains (8-GPU nodes) per stage, tensor parallel inside each, as
+# 405B-class models are served across nodes (vLLM's TP 8 x PP 2); up to this many chips
+STAGE_COUNTS = (2, 4, 8, 16)
+MAX_PIPELINE_CHIPS = 128
+# Chunked prefill's token budgets per step (aggregated), clipped to the longest prompt:
+# vLLM's first default with chunked prefill on (--max-num-batched-tokens 512, the best
+# inter-token latency on A100 in vllm-project/vllm#4580) and the budgets of a few hundred to
+# a few thousand tokens Sarathi-Serve (Agrawal et al. 2024) and SGLang's
+# --chunked-prefill-size use; 0: whole prompts in their own prefill calls
+CHUNK_SIZES = (0, 256, 512, 1024, 2048)
 DEFAULT_CHIP_CAP = 4096        # total chips searched without --max-chips (a TPU v4 pod)
 FRONTIER_FACTOR = 2.0          # the frontier is searched up to this x the cheapest plan
 BAND_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")   # Plan.band["bands_s"]
@@ -68,6 +83,7 @@ class PlanQuestion:
     coverage: float = bands_mod.DEFAULT_COVERAGE
     max_simulations: int = 300    # per mode
     frontier_simulations: int = 40   # per mode, after the cheapest plan is found
+    weights: tuple[str, ...] | None = None   # weight formats searched (None: every one the chips run)
 
 
 @dataclass
@@ -86,10 +102,12 @@ class PhaseOption:
     working_bytes: float
     experts: str = "tp"           # a mixture-of-experts model's experts layout (tp | ep)
     kv_cache: str = "bf16"        # the KV cache's format
+    stages: int = 1               # pipeline stages (chips: all of them; topology: one stage's)
+    chunk: int = 0                # prefill, aggregated: chunked prefill's tokens per step
 
     def slice(self, replicas: int) -> PhaseSlice:
         return PhaseSlice(self.chips, replicas, self.ffn, self.attn, self.batch, self.weights,
-                          self.topology, self.experts, self.kv_cache)
+                          self.topology, self.experts, self.kv_cache, self.stages, self.chunk)
 
 
 @dataclass
@@ -150,6 +168,8 @@ def _slice_dict(part: PhaseSlice) -> dict:
     out["kv_cache"] = part.kv_cache
     if part.experts != "tp":      # a mixture-of-experts model's expert parallelism
         out["experts"] = part.experts
+    out["stages"] = part.stages
+    out["chunk"] = part.chunk
     return out
 
 
@@ -214,16 +234,45 @@ class _Options:
         domain = q.hardware.domain_chips or MAX_SLICE_CHIPS
         self.slice_chips = [c for c in (2 ** i for i in range(0, 10))
                             if c <= min(cap, domain, MAX_SLICE_CHIPS)]
+        # prefix caching: the mean cached tokens of a prompt, and one prefix copy's KV per slice
+        self.prefix_len = q.profile.prefix_len
+        self.cached_mean = q.profile.prefix_len * q.profile.prefix_hit
+        self.stage_counts = self._stage_counts(cap)
+
+    def _stage_counts(self, cap: int) -> tuple[int, ...]:
+        """Pipeline stages searched over slices of whole domains (the largest slice per stage:
+        an 8-GPU node, tensor parallel inside it), up to MAX_PIPELINE_CHIPS chips and the
+        model's layers; none where the domain is larger than a slice (a TPU pod: one slice
+        inside it serves as it is) or unknown."""
+        hw = self.q.hardware
+        if not hw.domain_chips or hw.domain_chips > MAX_SLICE_CHIPS or not self.slice_chips:
+            return ()
+        stage = self.slice_chips[-1]
+        return tuple(s for s in STAGE_COUNTS if s <= self.q.model.n_layers
+                     and stage * s <= min(cap, MAX_PIPELINE_CHIPS))
+
+    def shapes(self, weights: str) -> list[tuple[int, int]]:
+        """(chips per stage, stages) searched in this precision: every slice inside a domain,
+        and pipelines of whole-domain stages where the weights do not fit one domain in this
+        precision (a pipeline of the same chips as more replicas is no cheaper: decode
+        steps as slow, the same memory per chip)."""
+        out = [(c, 1) for c in self.slice_chips]
+        if self.stage_counts and not self.decode(self.slice_chips[-1], weights, 1):
+            out += [(self.slice_chips[-1], s) for s in self.stage_counts]
+        return out
 
     @property
     def fewest_fitting(self) -> int:
         """The smallest slice that holds the weights and one decode slot's KV cache."""
-        return next((c for c in self.slice_chips if any(self.decode(c, w) for w in self.weights)),
-                    math.inf)
+        return min((c * s for w in self.weights for c, s in self.shapes(w)
+                    if self.decode(c, w, s)), default=math.inf)
 
     @property
     def weights(self) -> tuple[str, ...]:
-        return weight_formats(self.q.hardware)
+        formats = weight_formats(self.q.hardware)
+        if self.q.weights is None:
+            return formats
+        return tuple(w for w in formats if w in self.q.weights)
 
     @property
     def kv_formats(self) -> tuple[str, ...]:
@@ -244,62 +293,102 @@ class _Options:
     def topology(self, chips: int) -> tuple[int, int, int]:
         return torus_topologies(self.q.model.unpadded, chips, self.q.hardware.torus_dims)[0]
 
+    def _prefix_bytes(self, model: ModelConfig, chips: int, candidate, kv: str) -> float:
+        """Per chip, one copy of the shared prefix's KV cache (prefix caching; 0 without)."""
+        if not self.prefix_len:
+            return 0.0
+        return costmodel.kv_bytes_per_chip(model, chips, 1, self.prefix_len, candidate.attn,
+                                           candidate.prediction.topology, candidate.ffn, kv)
+
     @lru_cache(maxsize=None)
-    def decode(self, chips: int, weights: str) -> list[PhaseOption]:
+    def decode(self, chips: int, weights: str, stages: int = 1) -> list[PhaseOption]:
+        """Decode options of a slice of `chips` chips per stage in `stages` stages: per slot
+        batch the fastest layout whose stage holds its layers' weights, every slot's KV
+        cache of those layers and the shared prefix's; the step pipelined (servingmodel)."""
         out = []
-        if not self._weights_fit(chips, weights):
+        if not self._weights_fit(chips * stages, weights):
             return out
         topo = self.topology(chips)
+        model = stage_model(self.q.model.unpadded, stages)
+        hw = per_chip(self.q.hardware, chips * stages)
         for experts, kv in itertools.product(expert_layouts(self.q.model, chips), self.kv_formats):
             for slots in SLOT_BATCHES:
                 try:
-                    rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, slots,
-                                    "decode", context=self.context_full, weights=weights,
-                                    topology=topo, experts=experts, kv_cache=kv)
+                    rec = recommend(model, hw, chips, slots, "decode", context=self.context_full,
+                                    weights=weights, topology=topo, experts=experts, kv_cache=kv)
                 except ConfigError:
                     continue
                 best = rec.best
-                if not best.fits:
+                peak = best.prediction.peak_bytes_per_chip + self._prefix_bytes(model, chips,
+                                                                                best, kv)
+                if not best.fits or peak > hw.usable_hbm_bytes:
                     self.pruned["memory"] = (f"decode: {slots} slots of {self.context_full} tokens "
-                                             f"do not fit {chips} chips ({weights})")
+                                             f"do not fit {chips * stages} chips ({weights})")
                     break
-                step = costmodel.predict_phase(
-                    self._padded(best), per_chip(self.q.hardware, chips), chips, slots, "decode", 1,
-                    self.context_mean,
-                    costmodel.PhaseLayout(best.ffn, best.attn), weights, topo,
-                    experts=experts, kv_cache=kv).latency_s
-                out.append(PhaseOption("decode", chips, weights, slots, best.ffn, best.attn, topo,
-                                       step, best.prediction.peak_bytes_per_chip,
-                                       best.prediction.working_set_bytes_per_chip, experts, kv))
+                layout = costmodel.PhaseLayout(best.ffn, best.attn)
+                micro = micro_batch(slots, stages)
+                try:
+                    stage_s = costmodel.predict_phase(
+                        self._padded(best, stages), hw, chips, micro, "decode", 1,
+                        self.context_mean, layout, weights, topo, experts=experts,
+                        kv_cache=kv).latency_s
+                except ConfigError:      # the layout cannot split a micro-batch this small
+                    continue
+                step = pipelined_s(stage_s, transfer_s(self.q.model, self.q.hardware, chips,
+                                                       stages, micro), stages)
+                out.append(PhaseOption("decode", chips * stages, weights, slots, best.ffn,
+                                       best.attn, topo, step, peak,
+                                       best.prediction.working_set_bytes_per_chip, experts, kv,
+                                       stages))
         return out
 
     @lru_cache(maxsize=None)
-    def prefill(self, chips: int, weights: str) -> list[PhaseOption]:
+    def prefill(self, chips: int, weights: str, stages: int = 1) -> list[PhaseOption]:
+        """Prefill options per prompts per call, as `decode`; the call's time at the mean
+        prompt, less its mean cached prefix (prefix caching), through every stage."""
         out = []
-        if not self._weights_fit(chips, weights):
+        if not self._weights_fit(chips * stages, weights):
             return out
         topo = self.topology(chips)
         length = int(math.ceil(self.input_mean))
+        new = max(int(math.ceil(self.input_mean - self.cached_mean)), 1)
+        model = stage_model(self.q.model.unpadded, stages)
+        hw = per_chip(self.q.hardware, chips * stages)
         for experts, kv in itertools.product(expert_layouts(self.q.model, chips), self.kv_formats):
             for batch in PREFILL_BATCHES:
                 try:
-                    rec = recommend(self.q.model, per_chip(self.q.hardware, chips), chips, batch,
-                                    "prefill", input_len=length, weights=weights, topology=topo,
-                                    experts=experts, kv_cache=kv)
+                    rec = recommend(model, hw, chips, batch, "prefill", input_len=length,
+                                    weights=weights, topology=topo, experts=experts, kv_cache=kv)
                 except ConfigError:
                     continue
                 best = rec.best
-                if not best.fits:
+                peak = best.prediction.peak_bytes_per_chip + self._prefix_bytes(model, chips,
+                                                                                best, kv)
+                if not best.fits or peak > hw.usable_hbm_bytes:
                     break
-                out.append(PhaseOption("prefill", chips, weights, batch, best.ffn, best.attn, topo,
-                                       best.prediction.latency_s,
-                                       best.prediction.peak_bytes_per_chip,
-                                       best.prediction.working_set_bytes_per_chip, experts, kv))
+                stage_s = best.prediction.latency_s
+                if new < length:     # the cached prefix is not prefilled
+                    stage_s = costmodel.predict_phase(
+                        self._padded(best, stages), hw, chips, batch, "prefill", new, length,
+                        costmodel.PhaseLayout(best.ffn, best.attn), weights, topo,
+                        experts=experts, kv_cache=kv).latency_s
+                step = pipelined_s(stage_s, transfer_s(self.q.model, self.q.hardware, chips,
+                                                       stages, batch * new), stages)
+                out.append(PhaseOption("prefill", chips * stages, weights, batch, best.ffn,
+                                       best.attn, topo, step, peak,
+                                       best.prediction.working_set_bytes_per_chip, experts, kv,
+                                       stages))
         return out
 
-    def _padded(self, candidate) -> ModelConfig:
+    def chunk_sizes(self) -> tuple[int, ...]:
+        """Chunked prefill's token budgets searched (CHUNK_SIZES clipped to the longest
+        prompt, 0 first)."""
+        longest = int(math.ceil(self.input_max))
+        return tuple(dict.fromkeys(min(c, longest) if c else 0 for c in CHUNK_SIZES))
+
+    def _padded(self, candidate, stages: int = 1) -> ModelConfig:
         from workloads.layouts import pad_model
-        return pad_model(self.q.model.unpadded, candidate.heads)
+        return pad_model(stage_model(self.q.model.unpadded, stages), candidate.heads)
 
 
 # --------------------------------------------------------------------------- search
@@ -346,30 +435,40 @@ class _Search:
         count, one that is no faster per call and serves no more requests per second than
         another is never cheaper (both fit; the simulation sees only their step times)."""
         o = self.o
-        for chips in o.slice_chips:
+        shapes = sorted({shape for w in o.weights for shape in o.shapes(w)},
+                        key=lambda cs: (cs[0] * cs[1], cs[1]))
+        for chips, stages in shapes:
             if self.mode == "aggregated":
                 configs = []
                 for weights in o.weights:
-                    for pre, dec in itertools.product(o.prefill(chips, weights),
-                                                      o.decode(chips, weights)):
+                    if (chips, stages) not in o.shapes(weights):
+                        continue
+                    for pre, dec in itertools.product(o.prefill(chips, weights, stages),
+                                                      o.decode(chips, weights, stages)):
                         if (pre.topology != dec.topology or pre.experts != dec.experts
                                 or pre.kv_cache != dec.kv_cache):
                             continue     # one replica stores one copy of the weights and cache
                         if dec.peak_bytes + pre.working_bytes > per_chip(
-                                self.q.hardware, chips).usable_hbm_bytes:
+                                self.q.hardware, chips * stages).usable_hbm_bytes:
                             o.pruned.setdefault("memory", "slots' KV cache + prefill working set "
                                                 "exceed HBM")
                             continue
                         configs.append(("aggregated", pre, dec))
-                for config in _undominated(configs, lambda c: (
-                        c[1].step_s, c[2].step_s, self._busy(c[1]) + self._busy(c[2]))):
-                    self._add(config)
+                # chunked prefill: one prompt's chunk per decode step (no prompts per call)
+                for chunk in o.chunk_sizes():
+                    group = configs if not chunk else [
+                        ("aggregated", dataclasses.replace(pre, chunk=chunk), dec)
+                        for _, pre, dec in configs if pre.batch == 1]
+                    for config in _undominated(group, lambda c: (
+                            c[1].step_s, c[2].step_s, self._busy(c[1]) + self._busy(c[2]))):
+                        self._add(config)
         if self.mode == "disaggregated":
             def best_of(phase):
                 out = []
-                for chips in o.slice_chips:
-                    options = [x for w in o.weights for x in
-                               (o.prefill(chips, w) if phase == "prefill" else o.decode(chips, w))]
+                for chips, stages in shapes:
+                    options = [x for w in o.weights if (chips, stages) in o.shapes(w) for x in
+                               (o.prefill(chips, w, stages) if phase == "prefill"
+                                else o.decode(chips, w, stages))]
                     out += _undominated(options, lambda x: (x.step_s, self._busy(x)))
                 return out
             prefills = best_of("prefill")
@@ -553,8 +652,11 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
     for end, (fp, fd) in (("low", (pre.low, dec.low)), ("high", (pre.high, dec.high))):
         affine = base.decode_affine
         # the band scales the engine's step times; the serving host costs stay as measured
+        at, gap = base.prefill_at_s, base.prefill_interval_s
         scaled = dataclasses.replace(
             base, prefill_s=lambda b, n, f=fp: base.prefill_s(b, n) * f,
+            prefill_at_s=None if at is None else (lambda b, n, o, f=fp: at(b, n, o) * f),
+            prefill_interval_s=None if gap is None else (lambda b, n, o, f=fp: gap(b, n, o) * f),
             decode_step_s=lambda b, c, f=fd: base.decode_step_s(b, c) * f,
             decode_affine=None if affine is None else
             (lambda b, f=fd: tuple(f * x for x in affine(b))))
@@ -615,7 +717,7 @@ def check_context_window(q: PlanQuestion) -> None:
 def _with_budget(options: _Options, plan: Plan) -> None:
     """Fills plan.budget: memory per chip of each slice at the longest request (servingmodel)."""
     plan.budget = memory_budget(plan.deployment, int(math.ceil(options.input_max)),
-                                int(math.ceil(options.context_full)))
+                                int(math.ceil(options.context_full)), options.prefix_len)
 
 
 def plan(q: PlanQuestion) -> PlanResult:
