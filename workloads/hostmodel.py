@@ -94,7 +94,7 @@ class HostModel:
         min(its cores, chips) at a time, the calibration's workers min(worker_cores, chips):
         a one-device worker on two cores is no faster than on one (the blind benchmark's
         aggregated serves, one worker on both cores, measured twice the TPOT a 2x-speedup
-        predicted; its one-core disaggregated workers were predicted within 20%)."""
+        predicted; its one-core disaggregated workers were mostly within target)."""
         cores = share / self.share * self.worker_cores
         return min(self.worker_cores, chips) / min(cores, chips)
 

@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+from sweeper.cli import options
 from sweeper.cli.output import print_json, say_profile
 from workloads import servingprofile as workload
 from workloads.deployment import MAX_TOTAL_CHIPS, MODES
@@ -48,10 +49,10 @@ def add_parser(sub) -> None:
                    help="coverage of the error bands (default 0.9)")
     p.add_argument("--out", metavar="PLAN.json", help="write the best plan for `sweeper serve "
                    "--plan`")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    options.add_json(p)
     p.add_argument("--no-mlflow", action="store_true", help="do not log the plan to MLflow")
     add_world_arguments(p)
-    p.add_argument("--tracking-uri", help="MLflow store (default: sqlite under $SWEEPER_HOME)")
+    options.add_tracking_uri(p)
     p.set_defaults(handler=cmd_plan)
 
 
