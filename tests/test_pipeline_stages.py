@@ -183,7 +183,7 @@ def test_staged_slot_server_serves_the_reference_tokens():
     model = four_layers("tiny-serial")
     server = StagedSlotServer(SlotSpec(model, (1, 1, 1), PhaseLayout("ws1d", "head"),
                                        PhaseLayout("ws2d", "batch"), slots=4, prefill_batch=2,
-                                       context_len=16), stages=2)
+                                       context_len=16), stages=2, micro_batches=2)
     assert server.micro_batches == 2 and len(server.devices) == 2
     reqs = [Request(0.0, 8, 5), Request(0.0, 6, 3), Request(0.0, 8, 1), Request(0.0, 8, 6),
             Request(0.0, 6, 4)]

@@ -337,12 +337,12 @@ class StagedSlotServer:
     """`SlotServer`'s interface (workloads/serving.py) on `stages` pipeline stages, so that
     `serve_aggregated`, `serve_prefill_slice` and `serve_decode_slice` run it unchanged.
     `spec.topology` is ONE stage's mesh (a plan's PhaseSlice.topology); the server spans
-    stages x spec.chips devices. Decode slots are split into `micro_batches` (default: the
-    stages, when the slots divide evenly and each piece is a valid batch; else 1); a
-    prefill call is one micro-batch."""
+    stages x spec.chips devices. Decode slots are split into `micro_batches` (each a valid
+    decode batch); a prefill call is one micro-batch. One by default: on the emulated CPU
+    mesh the stages share the host's few cores, so micro-batches overlap little and each
+    adds its programs' dispatches (measured slower, docs/engine.md "Pipeline stages")."""
 
-    def __init__(self, spec: SlotSpec, stages: int, micro_batches: int | None = None,
-                 devices=None):
+    def __init__(self, spec: SlotSpec, stages: int, micro_batches: int = 1, devices=None):
         if spec.prefill is None and spec.decode is None:
             raise ConfigError("roles", None, "a prefill layout, a decode layout or both")
         if spec.weights not in WEIGHT_FORMATS:
@@ -355,8 +355,6 @@ class StagedSlotServer:
                             topology=tuple(spec.topology), weights=spec.weights, prefill=prefill,
                             decode=decode, seed=spec.seed, pad_heads=spec.pad_heads)
         check_stages(spec.model, stages)
-        if micro_batches is None:
-            micro_batches = _default_micro_batches(trial, spec, stages)
         check_micro_batches(micro_batches, spec.slots)
         self.engine = StagedEngine(trial, stages, devices=devices)
         self.model = self.engine.model
@@ -482,18 +480,6 @@ class StagedSlotServer:
             times["transfer_s"] = float(np.median(
                 self.engine.transfer_seconds("decode", size, 1, repeats)))
         return times
-
-
-def _default_micro_batches(trial: TrialConfig, spec: SlotSpec, stages: int) -> int:
-    """As many micro-batches as stages when the slots split into valid decode batches, else 1."""
-    if spec.decode is None or spec.slots % stages:
-        return 1
-    try:
-        validate_phase(trial.run_model, tuple(spec.topology), spec.decode, spec.slots // stages,
-                       "decode")
-    except ConfigError:
-        return 1
-    return stages
 
 
 def slot_server(spec: SlotSpec, stages: int = 1, mesh=None):
