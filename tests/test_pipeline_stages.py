@@ -21,7 +21,7 @@ from workloads.config import MODEL_PRESETS, ConfigError  # noqa: E402
 from workloads.engine import Engine  # noqa: E402
 from workloads.layouts import PhaseLayout  # noqa: E402
 from workloads.model import init_params, prompt_tokens  # noqa: E402
-from workloads.pipeline import StagedEngine, StagedSlotServer  # noqa: E402
+from workloads.pipeline import StagedEngine, StagedSlotServer, slot_server  # noqa: E402
 from workloads.quant import dequantize_params, quantize_params  # noqa: E402
 from workloads.reference import reference_generate  # noqa: E402
 from workloads.serving import SlotServer, SlotSpec, reference_generation, serve_aggregated  # noqa: E402
@@ -148,10 +148,12 @@ def test_stage_counts_the_layers_do_not_split_into_are_refused(stages, accepted)
         StagedEngine(trial, stages)
     assert err.value.field == "stages" and accepted in str(err.value)
     assert "\n" not in str(err.value)
+    spec = SlotSpec(four_layers("tiny"), (1, 1, 1), PhaseLayout("ws1d", "head"),
+                    PhaseLayout("ws1d", "head"))
     with pytest.raises(ConfigError) as err:
-        StagedSlotServer(SlotSpec(four_layers("tiny"), (1, 1, 1), PhaseLayout("ws1d", "head"),
-                                  PhaseLayout("ws1d", "head")), stages)
+        slot_server(spec, stages)                  # the staged server for stages != 1
     assert err.value.field == "stages" and accepted in str(err.value)
+    assert type(slot_server(spec, 1)) is SlotServer
 
 
 def test_more_stages_than_devices_and_uneven_micro_batches_are_refused():
