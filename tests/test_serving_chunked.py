@@ -214,3 +214,31 @@ def test_sweeper_serve_chunked_and_prefix_cached_real(tmp_path, capsys, sweeper_
         _, ref = reference_generation(MODEL, 1, prompt, r.output_len - 1)   # weights: seed 1
         assert record["tokens"] == [int(t) for t in ref], f"request {i}"
         assert record["finish_s"] >= record["first_token_s"] >= r.arrival_s
+
+
+def test_a_serving_trial_with_a_prefix_serves_the_references_tokens():
+    """A serving trial whose `serving:` block has prefix_len / prefix_hit (docs/space-files.md
+    "Serving trials"): its server caches the shared prefix and every request, hit or not,
+    gets the unsharded reference's tokens for its prompt."""
+    from sweeper.sweep.space import load_space
+    from workloads.config import HARDWARE_PRESETS
+    from workloads.model import prompt_tokens
+    from workloads.serving import reference_generation, shared_prefix
+    from workloads.servingtrial import run_serving_trial, trial_requests
+
+    space = load_space({"name": "s", "model": "tiny-serial", "hardware": "host", "chips": 2,
+                        "batch": 2, "serving": {"rate": 40, "requests": 5, "input_len": 10,
+                                                "output_len": 4, "prefix_len": 6,
+                                                "prefix_hit": 0.6}})
+    trial = space.trial_config({})
+    measurement = run_serving_trial(trial, HARDWARE_PRESETS["tpu-v4"])
+    reqs = trial_requests(trial)
+    assert 0 < sum(r.cached_len > 0 for r in reqs) < len(reqs)
+    assert measurement.completed == len(reqs)
+    served = measurement.extra["serving"]["per_request"]
+    for i, (r, record) in enumerate(zip(reqs, served)):
+        prompt = prompt_tokens(trial.model, 1, r.input_len, trial.seed * 1_000_003 + i)[0]
+        prompt[:r.cached_len] = shared_prefix(trial.model, 6)[:r.cached_len]
+        _, ref = reference_generation(trial.model, trial.seed, prompt, r.output_len - 1)
+        assert record["tokens"] == [int(t) for t in ref], f"request {i}"
+        assert record["cached_len"] == r.cached_len
