@@ -30,7 +30,7 @@ def stream(cached: int) -> list[Request]:
 
 
 def prompts_of(reqs: list[Request], prefix_len: int) -> list[np.ndarray]:
-    from workloads.serving import request_prompt
+    from sweeper.serving.server import request_prompt
 
     return [request_prompt(MODEL, i, r.input_len, SEED, r.cached_len, prefix_len)
             for i, r in enumerate(reqs)]
@@ -190,7 +190,8 @@ def test_sweeper_serve_chunked_and_prefix_cached_real(tmp_path, capsys, sweeper_
 
     from sweeper.paths import default_tracking_uri
     from sweeper.serving.serve import KEYS, prefix_len_of
-    from workloads.serving import reference_generation, request_prompt
+    from sweeper.serving.server import request_prompt
+    from workloads.serving import reference_generation
     from workloads.servingprofile import AppProfile, Length, requests
 
     plan = plan_file(tmp_path, chunk, prefix_len)

@@ -92,13 +92,10 @@ def shared_prefix(model: ModelConfig, prefix_len: int) -> np.ndarray:
     return prefix
 
 
-def request_prompt(model: ModelConfig, index: int, input_len: int, seed: int,
-                   cached_len: int = 0, prefix_len: int = 0) -> np.ndarray:
-    """Request `index`'s prompt (hostcosts.prompt_for, deterministic from the seed), its
-    first `cached_len` tokens the shared prefix's (prefix caching)."""
-    from workloads.hostcosts import prompt_for   # lazy: hostcosts imports this module lazily
-
-    prompt = np.array(prompt_for(model, index, input_len, seed), np.int32)
+def with_shared_prefix(model: ModelConfig, prompt, cached_len: int, prefix_len: int) -> np.ndarray:
+    """A request's prompt [L] with its first `cached_len` tokens the shared prefix's (prefix
+    caching; `prefix_len`: the prefix the servers cache)."""
+    prompt = np.array(prompt, np.int32)
     if cached_len:
         prompt[:cached_len] = shared_prefix(model.unpadded, max(prefix_len, cached_len))[:cached_len]
     return prompt
@@ -206,7 +203,7 @@ class SlotServer:
         if not np.array_equal(prompts[:, :cached_len],
                               np.broadcast_to(self.prefix_tokens[:cached_len], (len(prompts), cached_len))):
             raise ConfigError("prompts", "a prompt with cached_len > 0", "prompts that start with "
-                              "the shared prefix (serving.request_prompt)")
+                              "the shared prefix (serving.with_shared_prefix)")
         source = self.prefix_cache(rows)
         return _copy_program(self.mesh, source.sharding)(source)
 

@@ -328,7 +328,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     from workloads.measure import hardware_label
     from workloads.model import prompt_tokens
     from workloads.serving import (SlotServer, SlotSpec, serve_aggregated, serve_prefill_slice,
-                                   shared_prefix)
+                                   with_shared_prefix)
 
     if trial.hosts != 1:
         raise ValueError("a serving trial runs on one host (hosts: 1)")
@@ -371,9 +371,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
         """Request i's prompt, made when it is prefilled (as `sweeper serve` makes it),
         starting with the shared prefix when it hits it."""
         tokens = prompt_tokens(model, 1, reqs[i].input_len, trial.seed * 1_000_003 + i)[0]
-        if reqs[i].cached_len:
-            tokens[:reqs[i].cached_len] = shared_prefix(model, prefix_len)[:reqs[i].cached_len]
-        return tokens
+        return with_shared_prefix(model, tokens, reqs[i].cached_len, prefix_len)
 
     host = HostSampler().start()
     start_at = time.time() + START_MARGIN_S

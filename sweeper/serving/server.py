@@ -42,7 +42,7 @@ import re
 import time
 from typing import Any
 
-from workloads.hostcosts import _nowhere, prompt_for  # noqa: F401 (tests read it here)
+from workloads.hostcosts import _nowhere, prompt_for
 from workloads.servingprofile import Request
 
 try:    # the sweep's mesh-worker helpers (sweeper/sweep/meshworker.py since the workers split)
@@ -112,9 +112,7 @@ class ServingWorker:
 
     def prompt(self, index: int, input_len: int, seed: int, cached_len: int = 0):
         """A request's prompt: from the seed and its index in the whole stream, starting with
-        the shared prefix when it hits it (workloads/serving.py `request_prompt`)."""
-        from workloads.serving import request_prompt   # lazy: imports JAX
-
+        the shared prefix when it hits it (`request_prompt`)."""
         return request_prompt(self.server.model.unpadded, index, input_len, seed, cached_len,
                               self.spec.prefix_len)
 
@@ -326,6 +324,17 @@ class ServingWorker:
         from workloads.hostcosts import handover_receive   # lazy: imports JAX
 
         return handover_receive(self.server, handover)
+
+
+def request_prompt(model, index: int, input_len: int, seed: int, cached_len: int = 0,
+                   prefix_len: int = 0):
+    """Request `index`'s prompt (`prompt_for`: from the seed and its index in the whole
+    stream), its first `cached_len` tokens the shared prefix's when it hits it (prefix
+    caching; workloads/serving.py `with_shared_prefix`)."""
+    from workloads.serving import with_shared_prefix   # lazy: imports JAX
+
+    return with_shared_prefix(model, prompt_for(model, index, input_len, seed), cached_len,
+                              prefix_len)
 
 
 def check_handovers(ray, pending: list) -> None:
