@@ -174,6 +174,24 @@ def test_serve_rejects_stages_before_ray_starts(tmp_path, capsys):
     assert before or "ray" not in sys.modules
 
 
+@pytest.mark.parametrize("flags,needle", [
+    (["--prefix-len", "9"], "--prefix-len"),          # the whole prompt: none of its own
+    (["--prefix-len", "x"], "--prefix-len"),
+    (["--prefix-len", "4", "--prefix-hit", "1.5"], "--prefix-hit"),
+])
+def test_bad_prefix_flags_are_one_line_before_ray_starts(tmp_path, capsys, flags, needle):
+    """`sweeper serve --prefix-len/--prefix-hit` are checked as `sweeper plan`'s profile
+    flags: a bad one is one line naming it, exit 2, before Ray starts."""
+    import sys
+
+    before = "ray" in sys.modules
+    plan = plan_file(tmp_path, 4, 0)
+    assert main(["serve", "--plan", str(plan), "--rate", "2", "--no-mlflow", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert before or "ray" not in sys.modules
+
+
 @pytest.mark.slow
 @pytest.mark.ci_slow
 @pytest.mark.parametrize("chunk,prefix_len", [(4, 0), (3, 5)])
