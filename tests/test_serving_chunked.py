@@ -59,15 +59,21 @@ def test_chunked_aggregated_loop_gives_the_reference_tokens(chunk, prefix_len):
     """Chunks of 3 or 4 tokens (ragged last chunks) interleaved with decode steps on two
     slots, with and without a cached prefix: every request completes with the reference's
     tokens; the call log has one chunk per ceil((input_len - cached_len) / chunk), each
-    after a decode step while any slot was busy."""
+    after a decode step while any slot was busy; the chunks compiled one program."""
     from workloads.serving import serve_aggregated
+
+    from workloads.engine import _extend_program
 
     server = server_for(chunk, prefix_len)
     reqs = stream(prefix_len)
     prompts = prompts_of(reqs, prefix_len)
     calls: list = []
+    extend = _extend_program(server.mesh, server.engine.prefill_plan, False)
+    compiled = extend._cache_size()         # the prefix's extend: compiled at set-up
     served = serve_aggregated(server, reqs, lambda i: prompts[i], calls=calls)
     assert_reference_tokens(reqs, prompts, served)
+    # ragged last chunks of 1 to chunk - 1 tokens, padded: one program for every chunk
+    assert extend._cache_size() - compiled <= 1
     chunks = [c for c in calls if c[0] == "chunk"]
     for i, r in enumerate(reqs):
         mine = [c for c in chunks if c[3] == i]

@@ -348,8 +348,13 @@ def _greedy_program(mesh: Mesh, vocab: int):
 
 @functools.lru_cache(maxsize=16)
 def _zeros_program(mesh: Mesh, shape: tuple, dtype, spec: P):
-    """A zero array made on the mesh in its sharding (nothing built on the host)."""
-    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=NamedSharding(mesh, spec))
+    """A zero array made on the mesh in its sharding (nothing built on the host). Made by a
+    shard_map, as the programs' outputs are, so that its sharding is written as theirs: an
+    equal sharding written otherwise (`P(('z', 'y', 'x'))` for `P('z')` on a 1x1x2 mesh)
+    would compile the extend program a second time."""
+    local = _local_shape(mesh, shape, spec)
+    return jax.jit(jax.shard_map(lambda: jnp.zeros(local, dtype), mesh=mesh, in_specs=(),
+                                 out_specs=spec))
 
 
 @dataclasses.dataclass
