@@ -120,9 +120,10 @@ CALIBRATION_SPACE = {
     "max_retries": 1, "memory_budget_bytes": "2GiB"}
 
 
-def _part(chips, ffn, attn, batch):
-    return {"chips": chips, "replicas": 1, "ffn": ffn, "attn": attn, "batch": batch,
-            "weights": "bf16"}
+def _part(chips, ffn, attn, batch, chunk=0):
+    out = {"chips": chips, "replicas": 1, "ffn": ffn, "attn": attn, "batch": batch,
+           "weights": "bf16"}
+    return {**out, "chunk": chunk} if chunk else out
 
 
 # Worker chips <= 2: a worker runs on 1-2 of this host's 2 cores (module docstring).
@@ -133,7 +134,15 @@ DEPLOYMENTS = {
     "dis-1+1chip-4slots": ("disaggregated", _part(1, "ws2d", "head", 1), _part(1, "ws2d", "head", 4)),
     "dis-1+1chip-8slots": ("disaggregated", _part(1, "ws2d", "head", 1), _part(1, "ws2d", "head", 8)),
     "dis-1+2chip-4slots": ("disaggregated", _part(1, "ws2d", "head", 1), _part(2, "ws1d", "head", 4)),
+    # the serving behaviours of issue 38: prefill in chunks of 8 tokens mixed into the decode
+    # steps (Sarathi-Serve, vLLM); a shared prefix whose KV the worker caches (PREFIX)
+    "agg-2chip-8slots-chunk8": ("aggregated", _part(2, "ws2d", "head", 1, chunk=8),
+                                _part(2, "ws2d", "batch", 8)),
+    "agg-1chip-4slots-prefix16": ("aggregated", _part(1, "ws2d", "head", 1),
+                                  _part(1, "ws2d", "head", 4)),
 }
+# Deployments whose streams share a prompt prefix (prefix caching): (prefix_len, prefix_hit)
+PREFIX = {"agg-1chip-4slots-prefix16": (16, 0.8)}
 
 
 def calibrate(keep: Path | None = None, fitted_yaml: Path = FITTED_PROFILE) -> dict:
@@ -249,12 +258,28 @@ def deployment(name: str, profile: Path):
                                  "prefill": prefill, "decode": decode}, str(profile))
 
 
-def stream(rate: float, n: int, seed: int):
+def stream(rate: float, n: int, seed: int, name: str | None = None):
+    """A stream of fixed lengths; deployment `name`'s shared prefix (PREFIX), if it has one."""
     from workloads.servingprofile import AppProfile, Length, requests
 
+    prefix_len, prefix_hit = PREFIX.get(name, (0, 1.0))
     return requests(AppProfile(rate=rate, input_len=Length("fixed", INPUT_LEN, INPUT_LEN, INPUT_LEN),
-                               output_len=Length("fixed", OUTPUT_LEN, OUTPUT_LEN, OUTPUT_LEN)),
+                               output_len=Length("fixed", OUTPUT_LEN, OUTPUT_LEN, OUTPUT_LEN),
+                               prefix_len=prefix_len, prefix_hit=prefix_hit),
                     n, seed)
+
+
+def features() -> dict[str, str]:
+    """The deployments that exercise a serving behaviour, and which (the renderer's note)."""
+    out = {}
+    for name, (_, prefill, _) in DEPLOYMENTS.items():
+        if prefill.get("chunk"):
+            out[name] = (f"chunked prefill: {prefill['chunk']}-token chunks of the prompts mixed "
+                         "into the decode steps")
+    for name, (length, hit) in PREFIX.items():
+        out[name] = (f"prefix caching: {hit:.0%} of the prompts start with a shared "
+                     f"{length}-token prefix whose KV the worker computed before the streams")
+    return out
 
 
 def step_times(d, session, costs: dict) -> dict:
@@ -354,8 +379,10 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
     for name in names:
         d = deployment(name, profile)
         t0 = time.time()
+        prefix_len = PREFIX.get(name, (0, 1.0))[0]
         with ServingSession(d, context, sorted({INPUT_LEN // 2, INPUT_LEN}), seed=0,
-                            cores_per_worker=CORES_PER_WORKER) as session:
+                            cores_per_worker=CORES_PER_WORKER, prefix_len=prefix_len,
+                            cached=[(INPUT_LEN, prefix_len)] if prefix_len else None) as session:
             setup_s = time.time() - t0
             costs = measure_session(session, INPUT_LEN, OUTPUT_LEN)   # before any stream
             # the measured host costs into the deployment's profile (the step, the prefill
@@ -382,7 +409,7 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
                     # the stepping handovers' call log (~600 calls) once per deployment
                     row_costs = costs if load == loads[0] and seed == SEEDS[0] else \
                         without_stepping_calls(costs)
-                    reqs = stream(rate, n_requests, seed)
+                    reqs = stream(rate, n_requests, seed, name)
                     near = measure_session(session, INPUT_LEN, OUTPUT_LEN) if remeasure else None
                     result = session.run(reqs, seed)
                     replay = result.replayed      # the model on the stream's own call log
@@ -410,6 +437,7 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
             "context": {**common.machine_context(since=start), "load_average_before": load_before},
             "wall_s": time.time() - started, "model": MODEL, "input_len": INPUT_LEN,
             "output_len": OUTPUT_LEN, "loads": loads, "seeds": list(SEEDS),
+            "features": {k: v for k, v in features().items() if k in names},
             "profile": calibration["used"], "calibration": calibration, "target": TARGET,
             "command": "python -m benchmarks.serving_validation"
                        + (f" --requests {n_requests}" if n_requests != DEFAULT_REQUESTS else "")
@@ -612,7 +640,7 @@ def row_durations(row: dict, profile: Path, costs: dict | None = None) -> dict:
 
     costs = costs or row["host_costs"]
     d = with_deployment_overheads(deployment(row["deployment"], profile), costs)
-    requests = stream(row["rate_rps"], row["requests"], row["seed"])
+    requests = stream(row["rate_rps"], row["requests"], row["seed"], row["deployment"])
     spread = duration_spread(costs)
     times = dataclasses.replace(loop_step_times(d, costs), prefill_spread=spread[0],
                                 step_spread=spread[1])

@@ -82,15 +82,17 @@ def _layer(plan: Plan, x, w, cache, i: int, pos, prefill: bool):
     return x + scatter_output(plan, ffn(plan, gather_input(plan, x, w["mlp_norm"]), w)), cache
 
 
-def _forward(plan: Plan, params, tokens, cache, pos, prefill: bool):
+def _forward(plan: Plan, params, tokens, cache, pos, prefill: bool, last=None):
     """Embedding, layers (unrolled: the compiled program lists every layer's collectives),
-    unembedding of the last position. Runs per chip inside shard_map."""
+    unembedding of the last position (`last`: the index of the last real token, for an
+    extend whose tokens end in padding). Runs per chip inside shard_map."""
     x = part.embed(plan, tokens, params["embed"])
     for i, w in enumerate(params["layers"]):
         x, cache = _layer(plan, x, w, cache, i, pos, prefill)
     tied = "unembed" not in params
     table = params["embed"] if tied else params["unembed"]
-    return part.unembed(plan, x[:, -1], params["final_norm"], table, tied), cache
+    x_last = x[:, -1] if last is None else jax.lax.dynamic_index_in_dim(x, last, 1, keepdims=False)
+    return part.unembed(plan, x_last, params["final_norm"], table, tied), cache
 
 
 # --------------------------------------------------------------------------- programs
@@ -138,6 +140,28 @@ def _programs(mesh: Mesh, prefill_plan: Plan, decode_plan: Plan, shapes: _Shapes
     handoff = jax.jit(lambda c: c if same_slots else jnp.take(c, take, axis=4),
                       out_shardings=decode_cache)
     return prefill, decode, handoff, identity
+
+
+@functools.lru_cache(maxsize=32)
+def _extend_program(mesh: Mesh, plan: Plan, int8: bool):
+    """Jitted extend in `plan`'s layout: tokens [B, L] at positions [pos, pos + L) into a KV
+    cache [layers, B, ctx, ...] that holds [0, pos); the logits of position pos + last.
+
+    The decode path of `_forward` (prefill=False) with L tokens: each layer writes the L new
+    K/V at pos, then attends to the whole cache under the causal mask (key <= query
+    position), so the new tokens see the cached prefix and each other, never the stale or
+    padding positions beyond. One jit: it compiles once per token shape [B, L] (the
+    serving loop pads a ragged last chunk to the chunk size: one program per chunk size).
+    The cache is donated (written in place, as decode's)."""
+    specs = part.param_specs(plan.model, plan.one_d, plan.kv_split, int8, plan.experts)
+
+    def extend_body(params, cache, tokens, pos, last):
+        return _forward(plan, params, tokens, cache, pos, prefill=False, last=last)
+
+    return jax.jit(jax.shard_map(extend_body, mesh=mesh,
+                                 in_specs=(specs, plan.cache_spec(), P(), P(), P()),
+                                 out_specs=(P(None, AXES), plan.cache_spec())),
+                   donate_argnums=1)
 
 
 def _local_shape(mesh: Mesh, shape, spec: P):
@@ -216,6 +240,37 @@ class Engine:
         """token [B] int32 at position pos -> (logits [B, V] f32, KV cache). The cache is donated."""
         return self._decode(params, kv_cache, jnp.asarray(token, jnp.int32), jnp.asarray(pos, jnp.int32))
 
+    def extend(self, params, kv_cache, tokens, pos, last=None):
+        """Prefill tokens [B, L] at positions [pos, pos + L) into `kv_cache` (the prefill
+        layout's, [layers, B, ctx, ...], `empty_cache`), which holds positions [0, pos):
+        chunked prefill (one call per chunk) and prefix caching (a cached prefix's KV, then
+        the rest of the prompt). -> (logits [B, V] f32 of position pos + `last`, default the
+        last token's; the updated cache). Tokens after `last` are padding: their K/V land
+        beyond the prompt, where the causal mask never reads them before a later token
+        overwrites them. The cache is donated; pos + L must fit in its ctx positions."""
+        if not isinstance(tokens, jax.Array):     # replicated, as decode's token input
+            tokens = jax.device_put(np.asarray(tokens, np.int32), NamedSharding(self.mesh, P()))
+        length, ctx = tokens.shape[1], kv_cache.shape[2]
+        if isinstance(pos, (int, np.integer)) and not 0 <= pos <= ctx - length:
+            raise ConfigError("pos", int(pos), f"0 to {ctx - length} (the {length} tokens must fit "
+                              f"in the cache's {ctx} positions)")
+        last = length - 1 if last is None else last
+        if isinstance(last, (int, np.integer)) and not 0 <= last < length:
+            raise ConfigError("last", int(last), f"0 to {length - 1} (a token of the extend)")
+        if self.model.moe:
+            raise ConfigError("model.moe", True, "a dense model (extend, chunked prefill and "
+                              "prefix caching run dense models only)")
+        return _extend_program(self.mesh, self.prefill_plan, self.trial.weights in QUANTIZED)(
+            params, kv_cache, tokens, jnp.asarray(pos, jnp.int32), jnp.asarray(last, jnp.int32))
+
+    def empty_cache(self, batch: int | None = None, context: int | None = None) -> jax.Array:
+        """A zero KV cache in the prefill layout [layers, batch, context, ...] (default the
+        trial's batch and context_len): `extend`'s starting point."""
+        plan = self.prefill_plan
+        shape = plan.cache_shape(self.trial.batch if batch is None else batch,
+                                 self.trial.context_len if context is None else context)
+        return _zeros_program(self.mesh, shape, plan.cache_dtype, plan.cache_spec())()
+
     # ---- conveniences
 
     def input_tokens(self) -> jax.Array:
@@ -289,6 +344,17 @@ def _greedy_program(mesh: Mesh, vocab: int):
         real = jnp.arange(logits.shape[-1]) < vocab
         return jnp.argmax(jnp.where(real, logits, -jnp.inf), axis=-1).astype(jnp.int32)
     return jax.jit(greedy, out_shardings=NamedSharding(mesh, P()))
+
+
+@functools.lru_cache(maxsize=16)
+def _zeros_program(mesh: Mesh, shape: tuple, dtype, spec: P):
+    """A zero array made on the mesh in its sharding (nothing built on the host). Made by a
+    shard_map, as the programs' outputs are, so that its sharding is written as theirs: an
+    equal sharding written otherwise (`P(('z', 'y', 'x'))` for `P('z')` on a 1x1x2 mesh)
+    would compile the extend program a second time."""
+    local = _local_shape(mesh, shape, spec)
+    return jax.jit(jax.shard_map(lambda: jnp.zeros(local, dtype), mesh=mesh, in_specs=(),
+                                 out_specs=spec))
 
 
 @dataclasses.dataclass

@@ -577,8 +577,11 @@ def batch_sharded_attention(plan: Plan, q, kv, cache, layer: int, pos, prefill: 
 def attend(q, kv, cache, layer: int, pos, prefill: bool, kv_cache: str = "bf16"):
     """Local causal attention with RoPE; writes this step's K/V into the cache at `pos` (in
     the cache's format, quant.py). Prefill attends to its own fresh K/V, decode to the
-    cache (masked beyond `pos`); both read K/V at the cache's precision. `pos` a vector
-    [b]: each row at its own position (serving slots, `attend_rows`)."""
+    cache (masked beyond `pos`); both read K/V at the cache's precision. Decode with L > 1
+    tokens is the engine's extend (chunked prefill, prefix caching; engine.py
+    `_extend_program`): the L new K/V written at [pos, pos + L), each query attending to the
+    cached prefix and the new keys up to its own position. `pos` a vector [b]: each row at
+    its own position (serving slots, `attend_rows`)."""
     if jnp.ndim(pos):
         return attend_rows(q, kv, cache, layer, pos, kv_cache)
     b, lq, hq, d = q.shape

@@ -5,6 +5,8 @@ decode steps (iteration-level batching, as JetStream's slots and vLLM do; issue 
     server = SlotServer(SlotSpec(model, topology, prefill=..., decode=..., slots=4,
                                  prefill_batch=1, context_len=96))
     first, kv = server.prefill(prompts)          # prompts [n <= prefill_batch, L]
+    staged = server.begin_prompt(prompt)         # chunked prefill (SlotSpec.chunk > 0):
+    done = server.prefill_chunk(staged)          # ... a Prefilled after the last chunk
     server.insert(slot, kv, row, first[row])      # between decode steps
     tokens = server.step()                        # next token of every slot [slots]
     server.release(slot)
@@ -14,6 +16,14 @@ The programs are the engine's own (`workloads/engine.py` `_programs`): prefill a
 trial, decode with a vector of per-row positions (`partitioning.attend_rows`). A slot's
 cache row keeps stale K/V past its position from an earlier request; the causal mask never
 reads them and each step writes its position before attending.
+
+Chunked prefill (`SlotSpec.chunk`, aggregated only; Sarathi-Serve, vLLM): a prompt is
+prefilled `chunk` tokens at a time into a staging KV cache by the engine's extend program
+(workloads/engine.py `Engine.extend`), one chunk per loop iteration after the decode step,
+its first token after its last chunk; then it takes a slot as a whole prompt does. Prefix
+caching (`SlotSpec.prefix_len`): the server computes the shared prefix's KV once when it is
+built; a request that starts with it (`Request.cached_len` > 0) prefills only the rest of
+its prompt, extending a copy of that KV.
 
 Roles: an aggregated server runs both phases on one mesh (weights stored once for both
 layouts); a disaggregated deployment runs a prefill-only server and a decode-only server
@@ -60,10 +70,50 @@ class SlotSpec:
     weights: str = "bf16"
     seed: int = 0
     pad_heads: str | int = "auto"
+    chunk: int = 0                   # prompt tokens per chunked-prefill step (0: whole prompts)
+    prefix_len: int = 0              # the shared prefix's tokens whose KV is cached (0: none)
 
     @property
     def chips(self) -> int:
         return math.prod(self.topology)
+
+
+PREFIX_SEED = 424_242      # the shared prefix's tokens: the same in every stream (a system prompt)
+
+
+@functools.lru_cache(maxsize=8)
+def shared_prefix(model: ModelConfig, prefix_len: int) -> np.ndarray:
+    """The shared prefix every prefix-hitting request starts with [prefix_len] int32 (a
+    request with cached_len < prefix_len starts with its first cached_len tokens)."""
+    from workloads.model import prompt_tokens   # lazy, as hostcosts.prompt_for
+
+    prefix = prompt_tokens(model, 1, prefix_len, PREFIX_SEED)[0]
+    prefix.setflags(write=False)
+    return prefix
+
+
+def with_shared_prefix(model: ModelConfig, prompt, cached_len: int, prefix_len: int) -> np.ndarray:
+    """A request's prompt [L] with its first `cached_len` tokens the shared prefix's (prefix
+    caching; `prefix_len`: the prefix the servers cache)."""
+    prompt = np.array(prompt, np.int32)
+    if cached_len:
+        prompt[:cached_len] = shared_prefix(model.unpadded, max(prefix_len, cached_len))[:cached_len]
+    return prompt
+
+
+@dataclasses.dataclass
+class Staged:
+    """A prompt being prefilled in chunks: its tokens, the next position to prefill and the
+    staging KV cache (prefill layout, [layers, chunk_rows, context_len + chunk, ...])."""
+
+    prompt: np.ndarray
+    pos: int
+    cache: jax.Array
+    began: float                     # perf_counter when its first chunk began
+
+    @property
+    def remaining(self) -> int:
+        return len(self.prompt) - self.pos
 
 
 @dataclasses.dataclass
@@ -88,6 +138,7 @@ class SlotServer:
             raise ConfigError("roles", None, "a prefill layout, a decode layout or both")
         if spec.weights not in WEIGHT_FORMATS:
             raise ConfigError("weights", spec.weights, f"one of {list(WEIGHT_FORMATS)}")
+        _check_chunk_prefix(spec)
         prefill = spec.prefill or spec.decode
         decode = spec.decode or spec.prefill
         self.spec = spec
@@ -116,6 +167,45 @@ class SlotServer:
             self.tokens = np.zeros(spec.slots, np.int32)
             self.positions = np.zeros(spec.slots, np.int32)
             self.active = np.zeros(spec.slots, bool)
+        plan = self.engine.prefill_plan
+        # a chunk runs one prompt: the fewest rows the prefill layout splits (the batch
+        # over its gathered axes, and over every chip for batch-sharded attention)
+        self.chunk_rows = math.lcm(plan.n_gather, plan.n if plan.batch_attention else 1)
+        # the staging cache of a chunked or prefix-extended prompt: a padded last chunk
+        # writes up to `chunk` positions past the prompt (never read; insert cuts them off)
+        self.staging_len = spec.context_len + spec.chunk
+        self._prefix: dict[int, jax.Array] = {}    # rows -> the shared prefix's KV
+        if spec.prefix_len and spec.prefill is not None:   # set-up: outside any stream
+            self.prefix_tokens = shared_prefix(self.model.unpadded, spec.prefix_len)
+            self.prefix_cache(self.chunk_rows if spec.chunk else spec.prefill_batch)
+
+    # ---- prefix caching
+
+    def prefix_cache(self, rows: int) -> jax.Array:
+        """The shared prefix's KV in the prefill layout [layers, rows, staging_len, ...]
+        (every row the same), computed once per row count: an extend from position 0."""
+        if rows not in self._prefix:
+            tokens = np.broadcast_to(self.prefix_tokens, (rows, len(self.prefix_tokens)))
+            _, cache = self.engine.extend(self.params, self.engine.empty_cache(rows, self.staging_len),
+                                          jax.device_put(np.array(tokens), self._replicated), 0)
+            self._prefix[rows] = jax.block_until_ready(cache)
+        return self._prefix[rows]
+
+    def _check_cached(self, cached_len: int) -> None:
+        if self.spec.prefill is None or not 0 < cached_len <= self.spec.prefix_len:
+            raise ConfigError("cached_len", cached_len, f"0 (no prefix) or 1 to prefix_len="
+                              f"{self.spec.prefix_len} (the server's cached prefix)")
+
+    def _cached_start(self, prompts: np.ndarray, cached_len: int, rows: int) -> jax.Array:
+        """A copy of the prefix's KV for prompts that start with its first `cached_len`
+        tokens (the extend donates the cache it is given; the prefix's stays)."""
+        self._check_cached(cached_len)
+        if not np.array_equal(prompts[:, :cached_len],
+                              np.broadcast_to(self.prefix_tokens[:cached_len], (len(prompts), cached_len))):
+            raise ConfigError("prompts", "a prompt with cached_len > 0", "prompts that start with "
+                              "the shared prefix (serving.with_shared_prefix)")
+        source = self.prefix_cache(rows)
+        return _copy_program(self.mesh, source.sharding)(source)
 
     # ---- prefill
 
@@ -126,9 +216,12 @@ class SlotServer:
         return _programs(self.mesh, self.engine.prefill_plan, self.engine.decode_plan, shapes,
                          self._int8)[0]
 
-    def prefill(self, prompts) -> Prefilled:
+    def prefill(self, prompts, cached_len: int = 0) -> Prefilled:
         """prompts [n, L] (n <= prefill_batch; missing rows are padding) -> first tokens and
-        the cache, synchronised (the first tokens are on the host)."""
+        the cache, synchronised (the first tokens are on the host). `cached_len` > 0: the
+        prompts start with that much of the shared prefix (prefix caching), whose KV is
+        extended by the rest (one program per distinct remaining length, as a whole
+        prompt's prefill compiles per length)."""
         if self.spec.prefill is None:
             raise ConfigError("prefill", None, "a server with a prefill layout")
         prompts = np.asarray(prompts, np.int32)
@@ -137,19 +230,75 @@ class SlotServer:
             raise ConfigError("prompts", n, f"1 to prefill_batch={self.spec.prefill_batch} prompts")
         if self.spec.decode is not None and length >= self.spec.context_len:
             raise ConfigError("input_len", length, f"less than context_len={self.spec.context_len}")
+        if self.spec.chunk:
+            raise ConfigError("chunk", self.spec.chunk, "0 for whole-prompt prefill calls (a "
+                              "chunked server prefills with begin_prompt / prefill_chunk)")
         batch = np.zeros((self.spec.prefill_batch, length), np.int32)
         batch[:n] = prompts
+        if cached_len:       # padding rows start with the prefix too (they share its KV)
+            batch[n:, :cached_len] = self.prefix_tokens[:cached_len]
         start = time.perf_counter()
-        logits, cache = self._prefill_program(length)(self.params, jax.device_put(batch, self._replicated))
+        if cached_len:       # prefix caching: only the rest of the prompts, after the prefix's KV
+            cache = self._cached_start(batch, cached_len, self.spec.prefill_batch)
+            logits, cache = self.engine.extend(
+                self.params, cache, jax.device_put(batch[:, cached_len:], self._replicated),
+                cached_len)
+        else:
+            logits, cache = self._prefill_program(length)(self.params,
+                                                          jax.device_put(batch, self._replicated))
         first = np.asarray(self.engine.greedy(logits))[:n]
         return Prefilled(first, cache, length, time.perf_counter() - start, logits)
+
+    # ---- chunked prefill
+
+    def begin_prompt(self, prompt, cached_len: int = 0) -> Staged:
+        """Start prefilling one prompt [L] in chunks (`prefill_chunk`), from the shared
+        prefix's KV when it starts with it (`cached_len` > 0), else from an empty cache."""
+        if not self.spec.chunk:
+            raise ConfigError("chunk", 0, "a chunk size > 0 (SlotSpec.chunk) to prefill in chunks")
+        prompt = np.asarray(prompt, np.int32).reshape(-1)
+        if not cached_len < len(prompt) < self.spec.context_len:
+            raise ConfigError("input_len", len(prompt), f"more than cached_len={cached_len} and "
+                              f"less than context_len={self.spec.context_len}")
+        began = time.perf_counter()
+        rows = self.chunk_rows
+        cache = (self._cached_start(np.broadcast_to(prompt, (rows, len(prompt))), cached_len, rows)
+                 if cached_len else self.engine.empty_cache(rows, self.staging_len))
+        return Staged(prompt, cached_len, cache, began)
+
+    def prefill_chunk(self, staged: Staged) -> Prefilled | None:
+        """The next chunk of up to `chunk` tokens of a staged prompt (a ragged last chunk
+        padded to `chunk`: one program; synchronised). After the last chunk: the prompt's
+        first token and KV (a Prefilled, `insert` puts it in a slot; `seconds` from its
+        first chunk); before it, None."""
+        chunk = self.spec.chunk
+        take = min(chunk, staged.remaining)
+        tokens = np.zeros((self.chunk_rows, chunk), np.int32)
+        tokens[:, :take] = staged.prompt[staged.pos:staged.pos + take]
+        logits, staged.cache = self.engine.extend(
+            self.params, staged.cache, jax.device_put(tokens, self._replicated), staged.pos,
+            take - 1)
+        staged.pos += take
+        if staged.remaining:
+            jax.block_until_ready(staged.cache)
+            return None
+        first = np.asarray(self.engine.greedy(logits))[:1]
+        return Prefilled(first, staged.cache, len(staged.prompt),
+                         time.perf_counter() - staged.began, logits)
+
+    def prefill_chunked(self, prompt, cached_len: int = 0) -> Prefilled:
+        """One prompt prefilled in chunks back to back (no decode steps between them)."""
+        staged = self.begin_prompt(prompt, cached_len)
+        while (done := self.prefill_chunk(staged)) is None:
+            pass
+        return done
 
     def export_kv(self, done: Prefilled, row: int) -> np.ndarray:
         """Row `row`'s KV cache as a logical host array [layers, L, 2, K, D] (K: the run
         model's KV heads), for a decode server on another mesh."""
         slots = self.engine.prefill_plan.kv_slots()
         first = [int(np.flatnonzero(slots == kv)[0]) for kv in range(self.model.n_kv_heads)]
-        return np.asarray(done.cache[:, row])[:, :, :, first]
+        return np.asarray(done.cache[:, row])[:, :done.prompt_len][:, :, :, first]
 
     # ---- slots
 
@@ -195,14 +344,24 @@ class SlotServer:
         self.positions = np.where(self.active, self.positions + 1, 0).astype(np.int32)
         return out
 
-    def warm_up(self, prompt_len: int, repeats: int = 9) -> dict[str, float]:
+    def warm_up(self, prompt_len: int, repeats: int = 9, cached_len: int = 0) -> dict[str, float]:
         """Compile and run every program once (so no request pays a compile), then time
-        `repeats` warm calls of each: their median seconds (a diagnostic, not a prediction)."""
+        `repeats` warm calls of each: their median seconds (a diagnostic, not a prediction).
+        Chunked: `prefill_s` is a whole prompt's chunks back to back, `chunk_s` one chunk's.
+        `cached_len`: prompts that start with that much of the shared prefix."""
         prompt = np.zeros((1, prompt_len), np.int32)
+        if cached_len:
+            self._check_cached(cached_len)
+            prompt[0, :cached_len] = self.prefix_tokens[:cached_len]
         times: dict[str, float] = {}
         done = None
-        if self.spec.prefill is not None:
-            runs = [self.prefill(prompt) for _ in range(repeats + 1)]
+        if self.spec.prefill is not None and self.spec.chunk:
+            runs = [self.prefill_chunked(prompt[0], cached_len) for _ in range(repeats + 1)]
+            done = runs[-1]
+            times["prefill_s"] = float(np.median([r.seconds for r in runs[1:]]))
+            times["chunk_s"] = times["prefill_s"] / -(-(prompt_len - cached_len) // self.spec.chunk)
+        elif self.spec.prefill is not None:
+            runs = [self.prefill(prompt, cached_len) for _ in range(repeats + 1)]
             done = runs[-1]
             times["prefill_s"] = float(np.median([r.seconds for r in runs[1:]]))
             if self.spec.decode is None:
@@ -256,16 +415,22 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
     against, sweeper/serving/serve.py `replay_step_times`; docs/serving.md "Checking the
     model against the server").
 
+    With prefix caching, one call takes prompts of one (input_len, cached_len). With
+    chunked prefill (the server's `chunk` > 0) the loop is `_serve_chunked`: a decode step,
+    then one chunk, per iteration (no whole-prompt calls; `prefill_batch` unused).
+
     Per request: `first_token_s` (the first token on the host) and `finish_s` (the last),
     seconds after the start, and its tokens. `records`: when given, those records are built
     in this list as the loop goes (`records` is returned), so that another thread can read
     what has completed (sweeper/serving/server.py `progress`: `sweeper serve` keeps it when a
     worker is lost)."""
+    if server.spec.chunk:
+        return _serve_chunked(server, reqs, prompt, start_at, timings, calls, records)
     slots = server.spec.slots
     most = server.spec.prefill_batch if prefill_batch is None else prefill_batch
     n = len(reqs)
     out = _records(records, n)
-    input_lens = [r.input_len for r in reqs]
+    input_lens = [(r.input_len, r.cached_len) for r in reqs]   # one prefill call, one shape
     order = sorted(range(n), key=lambda i: reqs[i].arrival_s)
     if start_at is None:
         start_at, pending, waiting = time.time(), deque(), deque(order)
@@ -288,7 +453,7 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
             began = time.perf_counter()
             call_start = time.time() - start_at
             take = take_one_length(waiting, input_lens, min(most, len(free)))
-            done = server.prefill([prompt(i) for i in take])
+            done = server.prefill([prompt(i) for i in take], reqs[take[0]].cached_len)
             t = time.time() - start_at
             for row, i in enumerate(take):
                 first = int(done.first_tokens[row])
@@ -319,6 +484,77 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
     return out
 
 
+def _serve_chunked(server: SlotServer, reqs: Sequence[Request], prompt: Callable[[int], Any],
+                   start_at: float | None, timings: dict | None, calls: list | None,
+                   records: list | None) -> list[dict[str, Any]]:
+    """`serve_aggregated` with chunked prefill (SlotSpec.chunk > 0; Sarathi-Serve, vLLM):
+    each iteration runs a decode step of every slot (when any is busy), then one chunk of
+    up to `chunk` tokens of the prompt being prefilled: the oldest waiting one, begun when
+    a slot is free. Two programs per iteration (Sarathi fuses them into one batch). After
+    its last chunk a prompt's first token is out and it takes the free slot (an answer of
+    one token takes none). `calls`: `("step", ...)` as `serve_aggregated`'s and
+    `("chunk", start, end, request, tokens, first token on the host or None)` per chunk;
+    `timings`: `step_s` and `chunk_s`."""
+    slots = server.spec.slots
+    n = len(reqs)
+    out = _records(records, n)
+    order = sorted(range(n), key=lambda i: reqs[i].arrival_s)
+    if start_at is None:
+        start_at, pending, waiting = time.time(), deque(), deque(order)
+    else:
+        pending, waiting = deque(order), deque()
+    slot_request = [-1] * slots
+    remaining = [0] * slots
+    staged, staged_request = None, -1
+    sleep_until(start_at)
+    while pending or waiting or staged is not None or any(r >= 0 for r in slot_request):
+        now = time.time() - start_at
+        while pending and reqs[pending[0]].arrival_s <= now:
+            waiting.append(pending.popleft())
+        active = sum(r >= 0 for r in slot_request)
+        if not waiting and not active and staged is None:
+            sleep_until(start_at + reqs[pending[0]].arrival_s)
+            continue
+        if active:
+            began, call_start = time.perf_counter(), time.time() - start_at
+            tokens = server.step()
+            t = time.time() - start_at
+            advance_slots(server, tokens, t, slot_request, remaining, out)
+            if calls is not None:
+                calls.append(("step", call_start, t, active, time.time() - start_at))
+            if timings is not None:
+                timings.setdefault("step_s", []).append(time.perf_counter() - began)
+        free = [s for s in range(slots) if slot_request[s] < 0]
+        if staged is None and waiting and free:     # the slot it takes stays free: only
+            staged_request = waiting.popleft()     # a finished prompt takes one
+            staged = server.begin_prompt(prompt(staged_request), reqs[staged_request].cached_len)
+        if staged is None:
+            continue
+        began, call_start = time.perf_counter(), time.time() - start_at
+        chunk_tokens = min(server.spec.chunk, staged.remaining)
+        done = server.prefill_chunk(staged)
+        t = time.time() - start_at
+        i = staged_request
+        if done is not None:
+            first = int(done.first_tokens[0])
+            out[i].update(first_token_s=t, tokens=[first])
+            if reqs[i].output_len <= 1:
+                out[i]["finish_s"] = t
+            else:
+                slot = free[0]
+                server.insert(slot, done, 0, first)
+                slot_request[slot], remaining[slot] = i, reqs[i].output_len - 1
+            staged, staged_request = None, -1
+        if calls is not None:
+            calls.append(("chunk", call_start, time.time() - start_at, i, chunk_tokens,
+                          t if done is not None else None))
+        if timings is not None:
+            if done is not None:
+                jax.block_until_ready(server.cache)
+            timings.setdefault("chunk_s", []).append(time.perf_counter() - began)
+    return out
+
+
 # A disaggregated deployment's two loops (docs/serving.md "Real serving runs"): a prefill
 # slice and a decode slice, each on its own mesh and process, the KV cache handed over by
 # the caller's transport (`send`, `inbox`: Ray in `sweeper serve`'s workers,
@@ -341,7 +577,7 @@ def serve_prefill_slice(server: SlotServer, reqs: Sequence[dict], prompt: Callab
     spec = server.spec
     n = len(reqs)
     out = _records(records, n)
-    input_lens = [r["input_len"] for r in reqs]
+    input_lens = [(r["input_len"], r.get("cached_len", 0)) for r in reqs]   # one call, one shape
     queue_ = deque(sorted(range(n), key=lambda i: reqs[i]["arrival_s"]))
     calls = [] if calls is None else calls
     sleep_until(start_at)
@@ -353,7 +589,7 @@ def serve_prefill_slice(server: SlotServer, reqs: Sequence[dict], prompt: Callab
         take = take_one_length(arrived, input_lens, spec.prefill_batch)
         for i in take:
             queue_.remove(i)
-        done = server.prefill([prompt(i) for i in take])
+        done = server.prefill([prompt(i) for i in take], reqs[take[0]].get("cached_len", 0))
         t = time.time() - start_at
         calls.append(("prefill", now, t, list(take)))
         handover = []
@@ -444,9 +680,10 @@ def sleep_until(when: float) -> None:
         time.sleep(delay)
 
 
-def take_one_length(waiting: deque, input_lens: Sequence[int], most: int) -> list[int]:
+def take_one_length(waiting: deque, input_lens: Sequence, most: int) -> list[int]:
     """Up to `most` waiting requests with the first one's prompt length (one prefill call
-    has one shape), in arrival order; removed from `waiting`."""
+    has one shape; with prefix caching a length is (input_len, cached_len)), in arrival
+    order; removed from `waiting`."""
     length = input_lens[waiting[0]]
     take = [i for i in waiting if input_lens[i] == length][:most]
     for i in take:
@@ -479,10 +716,34 @@ def _insert_program(mesh, cache_spec: P, src_slots: tuple, dst_slots: tuple):
 
     def insert(cache, source, row, slot):
         piece = jax.lax.dynamic_index_in_dim(source, row, axis=1, keepdims=True)
-        piece = jnp.take(piece, take, axis=4).astype(cache.dtype)
+        # a staging cache (chunked or prefix-extended prefill) is `chunk` positions longer
+        # than a slot: the padding's positions, cut off
+        piece = jnp.take(piece[:, :, :cache.shape[2]], take, axis=4).astype(cache.dtype)
         return write_rows(cache, piece, (0, slot, 0, 0, 0, 0))   # in place (partitioning.py)
 
     return jax.jit(insert, out_shardings=NamedSharding(mesh, cache_spec), donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=8)
+def _copy_program(mesh, sharding):
+    """A copy of an array in the same sharding (the prefix's KV, before an extend donates it)."""
+    return jax.jit(lambda a: jnp.array(a, copy=True), out_shardings=sharding)
+
+
+def _check_chunk_prefix(spec: SlotSpec) -> None:
+    """The chunk size and the shared prefix suit the server (one ConfigError line)."""
+    if not isinstance(spec.chunk, int) or spec.chunk < 0:
+        raise ConfigError("chunk", spec.chunk, "0 (whole prompts) or a number of prompt tokens "
+                          "per step")
+    if spec.chunk and (spec.prefill is None or spec.decode is None):
+        raise ConfigError("chunk", spec.chunk, "0 on a prefill-only or decode-only server "
+                          "(chunks are mixed into an aggregated server's decode steps)")
+    if not isinstance(spec.prefix_len, int) or not 0 <= spec.prefix_len < spec.context_len:
+        raise ConfigError("prefix_len", spec.prefix_len, f"0 (no prefix caching) or fewer "
+                          f"tokens than context_len={spec.context_len}")
+    if (spec.chunk or spec.prefix_len) and spec.model.moe:
+        raise ConfigError("model.moe", True, "a dense model (chunked prefill and prefix "
+                          "caching run dense models only)")
 
 
 def reference_generation(model: ModelConfig, seed: int, prompt, steps: int):

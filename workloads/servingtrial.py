@@ -104,14 +104,16 @@ def trial_deployment(trial: TrialConfig, hardware: HardwareProfile) -> Deploymen
                       phase(trial.decode, trial.batch, td))
 
 
-def slice_specs(trial: TrialConfig, context: int):
-    """A disaggregated trial's (prefill, decode) SlotSpecs (workloads/serving.py)."""
+def slice_specs(trial: TrialConfig, context: int, prefix_len: int = 0):
+    """A disaggregated trial's (prefill, decode) SlotSpecs (workloads/serving.py); the
+    prefill slice caches the shared prefix's KV (`prefix_len`, prefix caching)."""
     from workloads.serving import SlotSpec   # lazy: imports JAX (only where a trial runs)
 
     tp, td = slice_topologies(trial)
     common = dict(context_len=context, weights=trial.weights, seed=trial.seed,
                   pad_heads=trial.pad_heads, prefill_batch=1)
-    return (SlotSpec(trial.model, tp, trial.prefill, None, slots=1, **common),
+    return (SlotSpec(trial.model, tp, trial.prefill, None, slots=1, prefix_len=prefix_len,
+                     **common),
             SlotSpec(trial.model, td, None, trial.decode, slots=trial.batch, **common))
 
 
@@ -325,7 +327,8 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     from workloads.hoststate import HostSampler
     from workloads.measure import hardware_label
     from workloads.model import prompt_tokens
-    from workloads.serving import SlotServer, SlotSpec, serve_aggregated, serve_prefill_slice
+    from workloads.serving import (SlotServer, SlotSpec, serve_aggregated, serve_prefill_slice,
+                                   with_shared_prefix)
 
     if trial.hosts != 1:
         raise ValueError("a serving trial runs on one host (hosts: 1)")
@@ -339,18 +342,24 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
         raise RuntimeError(f"the serving trial's request stream cannot be drawn: {err}") from None
     setup = time.perf_counter()
     lengths = sorted({r.input_len for r in reqs})
+    # prefix caching (the block's prefix_len, prefix_hit): the shared prefix's KV computed
+    # when the server is built, the prompts that hit it extended from it
+    prefix_len = max((r.cached_len for r in reqs), default=0)
     warmup: dict = {}
     if mode == "disaggregated":
-        prefill_spec, decode_spec = slice_specs(trial, context_len(reqs))
+        prefill_spec, decode_spec = slice_specs(trial, context_len(reqs), prefix_len)
         server = SlotServer(prefill_spec)
         warmup["decode"] = decode_slice.setup(decode_spec, lengths)
     else:
         server = SlotServer(SlotSpec(trial.model, tuple(trial.mesh_shape), trial.prefill,
                                      trial.decode, slots=trial.batch, prefill_batch=1,
                                      context_len=context_len(reqs), weights=trial.weights,
-                                     seed=trial.seed, pad_heads=trial.pad_heads))
+                                     seed=trial.seed, pad_heads=trial.pad_heads,
+                                     prefix_len=prefix_len))
     for length in lengths:
         warmup[length] = server.warm_up(length)
+    for length, cached_len in sorted({(r.input_len, r.cached_len) for r in reqs if r.cached_len}):
+        warmup[f"{length}/{cached_len}"] = server.warm_up(length, cached_len=cached_len)
     model = server.model.unpadded
     compile_s = time.perf_counter() - setup
     # this host's profile: the deployment's calls and host costs measured now, before the
@@ -359,8 +368,10 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
              if measures_before_stream(hardware) and predictable(trial, hardware) else None)
 
     def prompt(i: int):
-        """Request i's prompt, made when it is prefilled (as `sweeper serve` makes it)."""
-        return prompt_tokens(model, 1, reqs[i].input_len, trial.seed * 1_000_003 + i)[0]
+        """Request i's prompt, made when it is prefilled (as `sweeper serve` makes it),
+        starting with the shared prefix when it hits it."""
+        tokens = prompt_tokens(model, 1, reqs[i].input_len, trial.seed * 1_000_003 + i)[0]
+        return with_shared_prefix(model, tokens, reqs[i].cached_len, prefix_len)
 
     host = HostSampler().start()
     start_at = time.time() + START_MARGIN_S
@@ -403,7 +414,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
         # per request: its times on the arrivals' clock and its tokens (the engine's
         # answer: tests/test_serving_trials.py compares them with the unsharded reference)
         "per_request": [{"arrival_s": r.arrival_s, "input_len": r.input_len,
-                         "output_len": r.output_len, **s}
+                         "output_len": r.output_len, "cached_len": r.cached_len, **s}
                         for r, s in zip(reqs, served)]}
     return m
 

@@ -193,6 +193,9 @@ def one_run(r: dict) -> str:
     lines += report.table(["deployment", "load", "metric", "measured", "spread", "predicted",
                            "error", "within target", "loop model error", "replay error",
                            "responsible"], rows)
+    if r.get("features"):        # the deployments that exercise a serving behaviour (issue 38)
+        lines += ["", "Serving behaviours: " + "; ".join(
+            f"`{name}`, {what}" for name, what in r["features"].items()) + "."]
     lines += _steps_lines(r)
     # what the misses are made of: `analyse` simulated it (serving_validation.duration_analysis)
     lines += _durations_lines(r.get("durations") or [], r.get("groups"))

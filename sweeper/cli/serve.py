@@ -28,6 +28,11 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", default="0", metavar="S", help="arrivals, lengths and prompts (default 0)")
     p.add_argument("--input-len", metavar="N", help="prompt tokens (default: the plan's profile)")
     p.add_argument("--output-len", metavar="K", help="answer tokens (default: the plan's profile)")
+    p.add_argument("--prefix-len", metavar="N", help="leading prompt tokens shared across "
+                   "requests, their KV cached by the workers (prefix caching; default: the "
+                   "plan's profile, else 0)")
+    p.add_argument("--prefix-hit", metavar="SHARE", help="share of requests that start with "
+                   "the shared prefix (default: the plan's profile, else 1.0)")
     p.add_argument("--measure-overheads", metavar="OUT.yaml",
                    help="serve nothing: measure this host's serving host costs for the plan's "
                    "deployment (per decode step, per prefill call, per KV handover; "
@@ -79,8 +84,26 @@ def stream_of(args):
             lengths[key] = getattr(profile, key)
         else:
             raise ConfigError(flag, None, "a token count (the plan has no profile to take it from)")
-    stream = AppProfile(rate=rate, **lengths)
+    prefix = {}
+    for key in ("prefix_len", "prefix_hit"):      # the flags, else the plan's profile
+        value = getattr(args, key, None)
+        if value is None and profile is not None:
+            value = getattr(profile, key)
+        if value is not None:
+            prefix[key] = value
+    stream = profile_of(rate, lengths, prefix)
     return deployment, requests(stream, count, seed), rate, seed
+
+
+def profile_of(rate: float, lengths: dict, prefix: dict):
+    """The served stream's AppProfile; its prefix flags parsed and checked as `sweeper
+    plan`'s (workloads/servingprofile.py: ConfigError names the flag)."""
+    from workloads.servingprofile import AppProfile, _build
+
+    if not prefix:
+        return AppProfile(rate=rate, **lengths)
+    block = {"rate": rate, **{k: v.to_value() for k, v in lengths.items()}, **prefix}
+    return _build(block, None, lambda key: "--" + key.replace("_", "-"))
 
 
 def lengths_of(args) -> tuple[int, int]:
@@ -170,10 +193,11 @@ def cmd_serve(args) -> int:
     if args.measure_overheads:
         return cmd_measure_overheads(args)
     deployment, reqs, rate, seed = stream_of(args)
-    from sweeper.serving.serve import check_fits, slot_specs
+    from sweeper.serving.serve import check_fits, prefix_len_of, slot_specs
     from workloads.servingprofile import context_len
 
-    slot_specs(deployment, context_len(reqs), seed)           # every layout check before Ray and JAX
+    slot_specs(deployment, context_len(reqs), seed,           # every layout check before Ray and JAX
+               prefix_len_of(reqs))
     check_fits(deployment, context_len(reqs), max(r.input_len for r in reqs), args.plan)
     say_profile(deployment.hardware)                          # checks passed: name the profile
     result = served(deployment, reqs, seed)

@@ -147,12 +147,26 @@ def in_stream_order(routed: list[list[int]], parts: list[list[dict]], n: int) ->
     return per_request
 
 
-def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str, dict]:
+def slot_specs(deployment: Deployment, context_len: int, seed: int,
+               prefix_len: int = 0) -> dict[str, dict]:
     """The SlotSpec (as plain data) of each worker: {"aggregated": ...} or {"prefill", "decode"};
-    validated here, before Ray or JAX start (ConfigError names the plan field)."""
+    validated here, before Ray or JAX start (ConfigError names the plan field). The
+    prefill slice's `chunk` (aggregated) and the stream's shared `prefix_len` (prefix
+    caching) go to the servers that prefill."""
     from workloads.layouts import PhaseLayout, resolve_padding, validate_layouts, validate_phase
 
     d = deployment
+    for part, name in ((d.prefill, "prefill"), (d.decode, "decode")):
+        if part.stages > 1:
+            raise ConfigError(f"{name}.stages", part.stages, "1 (the slot server runs one "
+                              "pipeline stage; staged serving is not built yet)")
+    if (d.prefill.chunk or prefix_len) and d.model.moe:
+        raise ConfigError("prefill.chunk" if d.prefill.chunk else "prefix_len",
+                          d.prefill.chunk or prefix_len, "0 for a mixture-of-experts model "
+                          "(chunked prefill and prefix caching run dense models only)")
+    if prefix_len >= context_len:
+        raise ConfigError("prefix_len", prefix_len, f"fewer tokens than a slot holds "
+                          f"({context_len})")
     for part, name in ((d.prefill, "prefill"), (d.decode, "decode")):   # the slot server's own
         for key, runs in (("experts", "tp"), ("kv_cache", "bf16")):      # (workloads/serving.py)
             if getattr(part, key) != runs:
@@ -168,7 +182,9 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int) -> dict[str,
                 "prefill": [prefill.ffn, prefill.attn] if prefill else None,
                 "decode": [decode.ffn, decode.attn] if decode else None,
                 "slots": d.decode.batch if decode else 1, "prefill_batch": d.prefill.batch,
-                "context_len": context_len, "weights": weights, "seed": seed}
+                "context_len": context_len, "weights": weights, "seed": seed,
+                "chunk": d.prefill.chunk if prefill and decode else 0,
+                "prefix_len": prefix_len if prefill else 0}
 
     def check(topology, prefill, decode):
         both = (prefill or decode, decode or prefill)
@@ -325,10 +341,14 @@ class ServingSession:
     kept (docs/reliability.md, "Serving")."""
 
     def __init__(self, deployment: Deployment, context_len: int, prompt_lens: list[int],
-                 seed: int = 0, emulated: bool = True, cores_per_worker: int | None = None):
+                 seed: int = 0, emulated: bool = True, cores_per_worker: int | None = None,
+                 prefix_len: int = 0, cached: list[tuple[int, int]] | None = None):
         """`cores_per_worker`: pin each worker to that many of this process's cores (disjoint
         while they last) instead of sharing all of them out, so that every worker runs on
-        the share a calibration sweep's trials ran on (docs/serving.md, validation)."""
+        the share a calibration sweep's trials ran on (docs/serving.md, validation).
+        `prefix_len`: the shared prefix whose KV the prefilling workers cache (prefix
+        caching); `cached`: the (input_len, cached_len) shapes of the prompts that hit it,
+        warmed up too (`prefix_shapes`)."""
         from sweeper import paths
         from sweeper.serving.server import ServingWorker, actor_options, worker_cores
         from sweeper.sweep.session import RaySession
@@ -342,7 +362,8 @@ class ServingSession:
         # the serving host costs (a prefill on an idle loop, the part of a prefill's host
         # work before its first tokens, ...) are the deployment's hardware profile's
         # (overheads.py `with_deployment_overheads`), not attributes of the session
-        specs = slot_specs(deployment, context_len, seed)
+        specs = slot_specs(deployment, context_len, seed, prefix_len)
+        self.prefix_len = prefix_len
         self.names = list(specs)
         self.actors: dict[str, Any] = {}
         self.workers: dict[str, Any] = {}
@@ -380,7 +401,7 @@ class ServingSession:
                 raise WorkerLost(self._stop_for(err, {ref: n for n, ref in wheres.items()},
                                                 "as it started")) from None
             self.workers["emulated"] = emulated
-            setups = {n: self.actors[n].setup.remote(specs[n], sorted(set(prompt_lens)))
+            setups = {n: self.actors[n].setup.remote(specs[n], sorted(set(prompt_lens)), cached)
                       for n in self.names}
             try:
                 self.warmup = dict(zip(setups, ray.get(list(setups.values()),
@@ -630,12 +651,25 @@ def serve(deployment: Deployment, requests: list[Request], seed: int = 0,
     from sweeper.sweep.stopping import held
 
     session = ServingSession(deployment, context_len(requests), [r.input_len for r in requests],
-                             seed, emulated)
+                             seed, emulated, prefix_len=prefix_len_of(requests),
+                             cached=prefix_shapes(requests))
     try:
         return session.run(requests, seed, on_start)
     finally:
         with held():          # a signal now must not cut the shutdown short (stray processes)
             session.close()
+
+
+def prefix_len_of(requests: list[Request]) -> int:
+    """The shared prefix a stream's workers cache: its longest `cached_len` (a request
+    that hits it caches all of it unless its prompt is shorter; 0: no prefix caching)."""
+    return max((r.cached_len for r in requests), default=0)
+
+
+def prefix_shapes(requests: list[Request]) -> list[tuple[int, int]]:
+    """The (input_len, cached_len) of a stream's prompts that start with the shared
+    prefix: the extends a worker warms up before the stream."""
+    return sorted({(r.input_len, r.cached_len) for r in requests if r.cached_len})
 
 
 def prediction_deployment(deployment: Deployment, share: float) -> Deployment:
@@ -736,6 +770,15 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list],
         return [d for name, ids in zip(names, routed) for d in prefills(
             calls[name], None if ids is None else [requests[i].arrival_s for i in ids])]
 
+    if deployment.mode == "aggregated" and deployment.prefill.chunk:
+        # chunked prefill (serving.py `_serve_chunked`): each chunk's call is a "prefill"
+        # duration (its prompt tokens at most `chunk`), each decode step as logged; the
+        # loop's host work between them is in neither (an approximation: the serving
+        # model's chunked iteration is the model helper's to replay exactly)
+        names = aggregated_names(deployment.decode.replicas)
+        log = [c for name in names for c in calls[name]]
+        return StepTimes(replay([c[2] - c[1] for c in log if c[0] == "chunk"]),
+                         replay([c[4] - c[1] for c in log if c[0] == "step"]), source="replay")
     if deployment.mode == "aggregated":
         names = aggregated_names(deployment.decode.replicas)
         prefill = replicas_prefills(names)

@@ -5,7 +5,10 @@ Aggregated: one `ServingWorker` runs prefill and decode on its mesh, in the engi
 aggregated loop (workloads/serving.py `serve_aggregated`, the loop the serving model
 simulates, workloads/servingmodel.py `_aggregated_replica`): when prompts wait and
 slots are free, one prefill call (at most `prefill.batch` prompts of one length) is inserted
-between two decode steps; the decode step runs every slot.
+between two decode steps; the decode step runs every slot. With chunked prefill
+(`prefill.chunk`), each iteration is a decode step then one chunk of the oldest waiting
+prompt. With prefix caching (the profile's `prefix_len`) the worker computes the shared
+prefix's KV at set-up and prefills only the rest of the prompts that start with it.
 
 Disaggregated: a prefill worker runs prefill calls back to back in arrival order and hands
 each request's KV cache (a host array) to its decode worker (serve.py routes them) in one
@@ -32,6 +35,7 @@ chip count in XLA_FLAGS before JAX starts, pinned to its share of this process's
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import re
@@ -73,9 +77,12 @@ class ServingWorker:
     def where(self) -> dict[str, Any]:
         return {**where_am_i(), "cores": self.cores}
 
-    def setup(self, spec: dict, prompt_lens: list[int]) -> dict[str, float]:
-        """Build the slot server and warm up every program it will run (no request pays a
-        compile); the warm calls' seconds (a diagnostic, see serve.py)."""
+    def setup(self, spec: dict, prompt_lens: list[int],
+              cached: list[tuple[int, int]] | None = None) -> dict[str, float]:
+        """Build the slot server (with prefix caching, the shared prefix's KV: set-up, not
+        the stream) and warm up every program it will run (no request pays a compile); the
+        warm calls' seconds (a diagnostic, see serve.py). `cached`: the (input_len,
+        cached_len) of the stream's prompts that start with the shared prefix."""
         from workloads.serving import SlotServer, SlotSpec
         from workloads.config import ModelConfig
         from workloads.layouts import PhaseLayout
@@ -95,7 +102,19 @@ class ServingWorker:
                 times[f"prefill_s@{length}"] = warm["prefill_s"]
             if "decode_step_s" in warm:
                 times["decode_step_s"] = warm["decode_step_s"]
+            if "chunk_s" in warm:
+                times["chunk_s"] = warm["chunk_s"]
+        for length, cached_len in sorted(set(map(tuple, cached or []))):
+            if self.spec.prefill is not None:
+                warm = self.server.warm_up(length, cached_len=cached_len)
+                times[f"prefill_s@{length}/{cached_len}"] = warm["prefill_s"]
         return times
+
+    def prompt(self, index: int, input_len: int, seed: int, cached_len: int = 0):
+        """A request's prompt: from the seed and its index in the whole stream, starting with
+        the shared prefix when it hits it (`request_prompt`)."""
+        return request_prompt(self.server.model.unpadded, index, input_len, seed, cached_len,
+                              self.spec.prefix_len)
 
     # ---- aggregated
 
@@ -106,13 +125,13 @@ class ServingWorker:
         whole stream (one replica's share, serve.py `route`), which its prompt is made from."""
         from workloads.serving import serve_aggregated   # lazy: imports JAX (the worker's mesh)
 
-        model = self.server.model.unpadded
         reqs = [Request(**r) for r in requests]
         index = list(indices) if indices is not None else list(range(len(reqs)))
         self.calls = []
-        return serve_aggregated(self.server, reqs,
-                                lambda i: prompt_for(model, index[i], reqs[i].input_len, seed),
-                                start_at, calls=self.calls, records=self._new_stream([], index))
+        return serve_aggregated(
+            self.server, reqs,
+            lambda i: self.prompt(index[i], reqs[i].input_len, seed, reqs[i].cached_len),
+            start_at, calls=self.calls, records=self._new_stream([], index))
 
     def _new_stream(self, records: list | dict, index: list[int] | None) -> list | dict:
         """Start `progress`'s record of a new stream; the records the loop fills."""
@@ -164,7 +183,6 @@ class ServingWorker:
         import ray   # lazy: only inside a Ray worker
         from workloads.serving import serve_prefill_slice   # lazy: imports JAX
 
-        model = self.server.model.unpadded
         index = list(indices) if indices is not None else list(range(len(requests)))
         decodes = decode if isinstance(decode, list) else [decode]
         target = list(targets) if targets is not None else [0] * len(requests)
@@ -186,7 +204,8 @@ class ServingWorker:
         self.calls = []
         out, sent = serve_prefill_slice(
             self.server, requests,
-            lambda i: prompt_for(model, index[i], requests[i]["input_len"], seed),
+            lambda i: self.prompt(index[i], requests[i]["input_len"], seed,
+                                  requests[i].get("cached_len", 0)),
             start_at, send if decode is not None else _nowhere, self.calls,
             records=self._new_stream([], index))
         if sent:
@@ -229,8 +248,16 @@ class ServingWorker:
             import ray   # lazy: only with a decode worker, inside a Ray worker
 
             send, wait = decode.sink.remote, ray.get
-        return measure_loop(self.server, input_len, output_len, rounds, blocks, min_block_s,
-                            wake_requests, idle_gap_s, send=send, wait=wait)
+        # a chunked server's loop is measured as its whole-prompt loop (the closed loop pairs
+        # whole prefill calls with the engine's; an approximation of its host costs, which
+        # the chunked loop pays per chunk rather than per prompt)
+        chunk = self.server.spec.chunk
+        self.server.spec = dataclasses.replace(self.server.spec, chunk=0)
+        try:
+            return measure_loop(self.server, input_len, output_len, rounds, blocks, min_block_s,
+                                wake_requests, idle_gap_s, send=send, wait=wait)
+        finally:
+            self.server.spec = dataclasses.replace(self.server.spec, chunk=chunk)
 
     def export_for_handover(self, done, row: int):
         """What serve_prefill does per request before sending: the KV as a host array."""
@@ -297,6 +324,17 @@ class ServingWorker:
         from workloads.hostcosts import handover_receive   # lazy: imports JAX
 
         return handover_receive(self.server, handover)
+
+
+def request_prompt(model, index: int, input_len: int, seed: int, cached_len: int = 0,
+                   prefix_len: int = 0):
+    """Request `index`'s prompt (`prompt_for`: from the seed and its index in the whole
+    stream), its first `cached_len` tokens the shared prefix's when it hits it (prefix
+    caching; workloads/serving.py `with_shared_prefix`)."""
+    from workloads.serving import with_shared_prefix   # lazy: imports JAX
+
+    return with_shared_prefix(model, prompt_for(model, index, input_len, seed), cached_len,
+                              prefix_len)
 
 
 def check_handovers(ray, pending: list) -> None:
