@@ -147,10 +147,10 @@ HARDWARE = {"name": "test-host", "peak_flops": 9e10, "hbm_bandwidth": 6e9, "hbm_
             "ici_bandwidth": 1e9, "measured": True}
 
 
-def plan_file(tmp_path, chunk: int, prefix_len: int):
+def plan_file(tmp_path, chunk: int, prefix_len: int, stages: int = 1):
     def part(ffn, attn, batch, chunk=0):
         out = {"chips": 2, "replicas": 1, "ffn": ffn, "attn": attn, "batch": batch,
-               "weights": "bf16"}
+               "weights": "bf16", "stages": stages}
         return {**out, "chunk": chunk} if chunk else out
 
     profile = {"rate": 4.0, "input_len": 9, "output_len": 4, "ttft": 1.0, "tpot": 0.2}
@@ -165,18 +165,23 @@ def plan_file(tmp_path, chunk: int, prefix_len: int):
     return path
 
 
-def test_serve_rejects_stages_before_ray_starts(tmp_path, capsys):
+@pytest.mark.parametrize("chunk,stages,needle", [(4, 2, "extend"), (0, 3, "divisor")])
+def test_serve_rejects_stages_it_cannot_run_before_ray_starts(tmp_path, capsys, chunk, stages,
+                                                               needle):
+    """Pipeline stages with chunked prefill (the staged server has no extend program), or a
+    stage count that does not divide the layers: one line naming stages, before Ray."""
     import sys
 
-    plan = json.loads(plan_file(tmp_path, 0, 0).read_text())
+    plan = json.loads(plan_file(tmp_path, chunk, 0).read_text())
     for phase in ("prefill", "decode"):
-        plan["deployment"][phase]["stages"] = 2
+        plan["deployment"][phase].update(stages=stages, chips=stages)
+    plan["deployment"]["model"] = {**MODEL.to_dict(), "n_layers": 4, "name": "tiny-4"}
     path = tmp_path / "staged.json"
     path.write_text(json.dumps(plan))
     before = "ray" in sys.modules
     assert main(["serve", "--plan", str(path), "--rate", "2", "--no-mlflow"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "stages" in err, err
+    assert len(err.splitlines()) == 1 and "stages" in err and needle in err, err
     assert before or "ray" not in sys.modules
 
 
@@ -200,9 +205,9 @@ def test_bad_prefix_flags_are_one_line_before_ray_starts(tmp_path, capsys, flags
 
 @pytest.mark.slow
 @pytest.mark.ci_slow
-@pytest.mark.parametrize("chunk,prefix_len", [(4, 0), (3, 5)])
+@pytest.mark.parametrize("chunk,prefix_len,stages", [(4, 0, 1), (3, 5, 1), (0, 0, 2)])
 def test_sweeper_serve_chunked_and_prefix_cached_real(tmp_path, capsys, sweeper_home, chunk,
-                                                      prefix_len):
+                                                      prefix_len, stages):
     """`sweeper serve --json` of a 2-chip aggregated plan with prefill.chunk (and a profile
     with a shared prefix hit by 60% of prompts) on a real Ray worker, logged to a real
     MLflow store: every request served, each one's tokens the unsharded reference's for its
@@ -218,12 +223,13 @@ def test_sweeper_serve_chunked_and_prefix_cached_real(tmp_path, capsys, sweeper_
     from workloads.serving import reference_generation
     from workloads.servingprofile import AppProfile, Length, requests
 
-    plan = plan_file(tmp_path, chunk, prefix_len)
+    plan = plan_file(tmp_path, chunk, prefix_len, stages)     # stages: 2 of 1 chip each
     assert main(["serve", "--plan", str(plan), "--rate", "4", "--requests", "6", "--seed", "1",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "finished" and out["completed"] == 6
     assert out["deployment"]["prefill"].get("chunk", 0) == chunk
+    assert out["deployment"]["decode"].get("stages", 1) == stages
     for key in KEYS[:4]:
         assert out["measured"][key] > 0
     client = mlflow.tracking.MlflowClient(default_tracking_uri())
@@ -245,7 +251,7 @@ def test_a_serving_trial_with_a_prefix_serves_the_references_tokens():
     """A serving trial whose `serving:` block has prefix_len / prefix_hit (docs/space-files.md
     "Serving trials"): its server caches the shared prefix and every request, hit or not,
     gets the unsharded reference's tokens for its prompt."""
-    from sweeper.sweep.space import load_space
+    from sweeper.spec.space import load_space
     from workloads.config import HARDWARE_PRESETS
     from workloads.model import prompt_tokens
     from workloads.serving import reference_generation, shared_prefix

@@ -355,6 +355,9 @@ class StagedSlotServer:
                             topology=tuple(spec.topology), weights=spec.weights, prefill=prefill,
                             decode=decode, seed=spec.seed, pad_heads=spec.pad_heads)
         check_stages(spec.model, stages)
+        if spec.chunk or spec.prefix_len:       # both need the engine's extend program
+            raise ConfigError("chunk" if spec.chunk else "prefix_len", spec.chunk or
+                              spec.prefix_len, "0 on a staged server (no extend program)")
         check_micro_batches(micro_batches, spec.slots)
         self.engine = StagedEngine(trial, stages, devices=devices)
         self.model = self.engine.model
@@ -385,10 +388,14 @@ class StagedSlotServer:
 
     # ---- prefill
 
-    def prefill(self, prompts) -> Prefilled:
-        """As `SlotServer.prefill`; the `Prefilled.cache` is a tuple of the stages' caches."""
+    def prefill(self, prompts, cached_len: int = 0) -> Prefilled:
+        """As `SlotServer.prefill`; the `Prefilled.cache` is a tuple of the stages' caches.
+        No prefix caching: the stages have no extend program (`cached_len` must be 0)."""
         if self.spec.prefill is None:
             raise ConfigError("prefill", None, "a server with a prefill layout")
+        if cached_len:
+            raise ConfigError("cached_len", cached_len, "0 (a staged server prefills whole "
+                              "prompts: no prefix caching)")
         prompts = np.asarray(prompts, np.int32)
         n, length = prompts.shape
         if not 0 < n <= self.spec.prefill_batch:
@@ -470,11 +477,11 @@ class StagedSlotServer:
         """The last step's logits [slots, V] f32, on the host (tests compare them)."""
         return np.concatenate([np.asarray(l) for l in self._last_logits])
 
-    def warm_up(self, prompt_len: int, repeats: int = 9) -> dict[str, float]:
+    def warm_up(self, prompt_len: int, repeats: int = 9, cached_len: int = 0) -> dict[str, float]:
         """`SlotServer.warm_up` (every program compiled and run, then timed: prefill_s,
         decode_step_s), plus `transfer_s`: the median synchronised inter-stage transfer of
         one decode micro-batch's residual stream (with more than one stage)."""
-        times = SlotServer.warm_up(self, prompt_len, repeats)    # only the interface it uses
+        times = SlotServer.warm_up(self, prompt_len, repeats, cached_len)   # its interface only
         if self.spec.decode is not None and len(self.stages) > 1:
             size = self.spec.slots // self.micro_batches
             times["transfer_s"] = float(np.median(

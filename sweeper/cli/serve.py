@@ -13,6 +13,7 @@ import json
 import math
 import sys
 
+from sweeper.cli import options
 from sweeper.cli.output import say_profile
 from workloads.config import ConfigError
 
@@ -38,8 +39,8 @@ def add_parser(sub) -> None:
                    "deployment (per decode step, per prefill call, per KV handover; "
                    "docs/serving.md) and write the plan's hardware profile with them to OUT.yaml")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
-    p.add_argument("--tracking-uri", help="MLflow store (default: sqlite under $SWEEPER_HOME)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    options.add_tracking_uri(p)
+    options.add_json(p)
     p.set_defaults(handler=cmd_serve)
 
 

@@ -113,7 +113,9 @@ def relative_errors(measured: dict, predicted: dict) -> dict[str, float]:
 def topology_of(deployment: Deployment, part: PhaseSlice) -> tuple[int, int, int]:
     from workloads.costmodel import best_topology
 
-    return tuple(part.topology) if part.topology else best_topology(deployment.model.unpadded, part.chips)
+    if part.topology:                         # one pipeline stage's mesh
+        return tuple(part.topology)
+    return best_topology(deployment.model.unpadded, part.stage_chips)
 
 
 def aggregated_names(replicas: int) -> list[str]:
@@ -157,9 +159,13 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int,
 
     d = deployment
     for part, name in ((d.prefill, "prefill"), (d.decode, "decode")):
-        if part.stages > 1:
-            raise ConfigError(f"{name}.stages", part.stages, "1 (the slot server runs one "
-                              "pipeline stage; staged serving is not built yet)")
+        if d.model.n_layers % part.stages:        # workloads/pipeline.py: equal stages
+            raise ConfigError(f"{name}.stages", part.stages, f"a divisor of the model's "
+                              f"{d.model.n_layers} layers (the emulated engine gives every "
+                              "pipeline stage the same layers)")
+        if part.stages > 1 and (d.prefill.chunk or prefix_len):
+            raise ConfigError(f"{name}.stages", part.stages, "1 with chunked prefill or a "
+                              "shared prefix (the staged server has no extend program)")
     if (d.prefill.chunk or prefix_len) and d.model.moe:
         raise ConfigError("prefill.chunk" if d.prefill.chunk else "prefix_len",
                           d.prefill.chunk or prefix_len, "0 for a mixture-of-experts model "
@@ -178,7 +184,8 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int,
     model = d.model.to_dict()
 
     def spec(topology, prefill, decode, weights):
-        return {"model": model, "topology": list(topology),
+        stages = (d.decode if decode else d.prefill).stages
+        return {"model": model, "topology": list(topology), "stages": stages,
                 "prefill": [prefill.ffn, prefill.attn] if prefill else None,
                 "decode": [decode.ffn, decode.attn] if decode else None,
                 "slots": d.decode.batch if decode else 1, "prefill_batch": d.prefill.batch,
@@ -274,20 +281,23 @@ def memory_per_chip(deployment: Deployment, phase: str, context_len: int,
     from workloads.hardware import per_chip
     from workloads.layouts import PhaseLayout
 
+    from workloads.servingmodel import stage_model
+
     d = deployment
     part = getattr(d, phase)
     topology = topology_of(d, part)
     layout = PhaseLayout(part.ffn, part.attn)
-    hw = per_chip(d.hardware, part.chips)
+    model, chips = stage_model(d.model, part.stages), part.stage_chips   # one pipeline stage
+    hw = per_chip(d.hardware, chips)
     if phase == "prefill":
-        m = predict_phase(d.model, hw, part.chips, part.batch, "prefill", input_len=input_len,
+        m = predict_phase(model, hw, chips, part.batch, "prefill", input_len=input_len,
                           layout=layout, weights=part.weights, topology=topology, validate=False)
         return m.weight_bytes_per_chip, m.kv_bytes_per_chip, m.working_set_bytes_per_chip
-    m = predict_phase(d.model, hw, part.chips, part.batch, "decode", context=context_len,
+    m = predict_phase(model, hw, chips, part.batch, "decode", context=context_len,
                       layout=layout, weights=part.weights, topology=topology, validate=False)
     working = m.working_set_bytes_per_chip
     if d.mode == "aggregated":
-        working += working_set_bytes(d.model, topology, PhaseLayout(d.prefill.ffn, d.prefill.attn),
+        working += working_set_bytes(model, topology, PhaseLayout(d.prefill.ffn, d.prefill.attn),
                                      d.prefill.batch, input_len, part.weights)
     return m.weight_bytes_per_chip, m.kv_bytes_per_chip, working
 
@@ -386,7 +396,8 @@ class ServingSession:
             remote = ray.remote(ServingWorker)
             env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
             for name, mine in zip(self.names, self.cores):
-                chips = math.prod(specs[name]["topology"]) if emulated else None
+                chips = (math.prod(specs[name]["topology"]) * specs[name].get("stages", 1)
+                         if emulated else None)
                 # a second thread answers `progress` (and `where`) while the stream runs; a
                 # decode worker's third receives the handovers (`deliver`)
                 threads = 3 if name.startswith("decode") else 2

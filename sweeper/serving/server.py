@@ -83,19 +83,22 @@ class ServingWorker:
         the stream) and warm up every program it will run (no request pays a compile); the
         warm calls' seconds (a diagnostic, see serve.py). `cached`: the (input_len,
         cached_len) of the stream's prompts that start with the shared prefix."""
-        from workloads.serving import SlotServer, SlotSpec
         from workloads.config import ModelConfig
         from workloads.layouts import PhaseLayout
+        from workloads.pipeline import slot_server
+        from workloads.serving import SlotSpec
 
         spec = dict(spec)
+        stages = spec.pop("stages", 1)      # pipeline stages (workloads/pipeline.py)
         spec["model"] = ModelConfig.from_dict(spec["model"])
         spec["topology"] = tuple(spec["topology"])
         for phase in ("prefill", "decode"):
             if spec[phase] is not None:
                 spec[phase] = PhaseLayout(*spec[phase])
         self.spec = SlotSpec(**spec)
-        self.server = SlotServer(self.spec)
-        times: dict[str, float] = {"devices": float(len(self.server.mesh.devices.flat))}
+        self.server = slot_server(self.spec, stages)
+        devices = getattr(self.server, "devices", None) or list(self.server.mesh.devices.flat)
+        times: dict[str, float] = {"devices": float(len(devices))}
         for length in sorted(set(prompt_lens)):
             warm = self.server.warm_up(length)
             if "prefill_s" in warm:
