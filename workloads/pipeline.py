@@ -450,16 +450,13 @@ class StagedSlotServer:
                                          jnp.int32(local))
         self.tokens[slot], self.positions[slot], self.active[slot] = first_token, length, True
 
-    def release(self, slot: int) -> None:
-        self.active[slot] = False
-        self.tokens[slot] = self.positions[slot] = 0
+    release = SlotServer.release           # the slots' bookkeeping is the same
+    _check_room = SlotServer._check_room
 
     def step(self) -> np.ndarray:
         """One decode step of every slot, the micro-batches pipelined through the stages:
         the next token of each slot [slots], on the host."""
-        if np.any(self.positions[self.active] >= self.spec.context_len):
-            raise ConfigError("context_len", self.spec.context_len,
-                              "more positions than a slot's answer needs")
+        self._check_room()
         micro = self.micro_batches
         inputs = self.engine.split(self.tokens, micro)
         positions = list(zip(*[self.engine.split(self.positions, micro, s) for s in self.stages]))

@@ -329,12 +329,16 @@ class SlotServer:
         self.active[slot] = False
         self.tokens[slot] = self.positions[slot] = 0
 
-    def step(self) -> np.ndarray:
-        """One decode step of every slot (idle slots compute on padding at position 0):
-        the next token of each slot [slots], on the host."""
+    def _check_room(self) -> None:
+        """A busy slot at the end of its KV cache cannot step again."""
         if np.any(self.positions[self.active] >= self.spec.context_len):
             raise ConfigError("context_len", self.spec.context_len,
                               "more positions than a slot's answer needs")
+
+    def step(self) -> np.ndarray:
+        """One decode step of every slot (idle slots compute on padding at position 0):
+        the next token of each slot [slots], on the host."""
+        self._check_room()
         tokens = jax.device_put(self.tokens, self._replicated)
         positions = jax.device_put(self.positions, self._replicated)
         logits, self.cache = self.engine.decode(self.params, self.cache, tokens, positions)
@@ -431,11 +435,7 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
     n = len(reqs)
     out = _records(records, n)
     input_lens = [(r.input_len, r.cached_len) for r in reqs]   # one prefill call, one shape
-    order = sorted(range(n), key=lambda i: reqs[i].arrival_s)
-    if start_at is None:
-        start_at, pending, waiting = time.time(), deque(), deque(order)
-    else:
-        pending, waiting = deque(order), deque()
+    start_at, pending, waiting = _stream_queues(reqs, start_at)
     slot_request = [-1] * slots
     remaining = [0] * slots
     prefilled_since_step = False
@@ -498,11 +498,7 @@ def _serve_chunked(server: SlotServer, reqs: Sequence[Request], prompt: Callable
     slots = server.spec.slots
     n = len(reqs)
     out = _records(records, n)
-    order = sorted(range(n), key=lambda i: reqs[i].arrival_s)
-    if start_at is None:
-        start_at, pending, waiting = time.time(), deque(), deque(order)
-    else:
-        pending, waiting = deque(order), deque()
+    start_at, pending, waiting = _stream_queues(reqs, start_at)
     slot_request = [-1] * slots
     remaining = [0] * slots
     staged, staged_request = None, -1
@@ -671,6 +667,15 @@ def _records(records: list | None, n: int) -> list[dict[str, Any]]:
         return fresh
     records[:] = fresh
     return records
+
+
+def _stream_queues(reqs: Sequence[Request], start_at: float | None):
+    """(start_at, pending, waiting): the requests in arrival order, pending until they
+    arrive; without a start time every request is waiting from now (a closed loop)."""
+    order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_s)
+    if start_at is None:
+        return time.time(), deque(), deque(order)
+    return start_at, deque(order), deque()
 
 
 def sleep_until(when: float) -> None:

@@ -756,11 +756,7 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
     prefill_factor, _ = times.spread_draws()
     idle = True                                  # the loop had nothing to do until now
     while queue:
-        idle = idle or reqs[queue[0]].arrival_s > t
-        t = max(t, reqs[queue[0]].arrival_s)
-        take = []
-        while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
-            take.append(queue.popleft())
+        t, take, idle = _next_call(queue, reqs, t, d.prefill.batch, idle)
         factor = prefill_factor()
         call = _prefill_call_s(times, d.prefill.batch, reqs, take) * factor
         before, after = times.prefill_host_s(len(take), idle, factor)
@@ -778,6 +774,18 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
     return busy
 
 
+def _next_call(queue: deque, reqs: list[Request], t: float, batch: int, idle: bool):
+    """A prefill slice's next call: (its start, the requests it takes, whether the loop was
+    idle until then). It starts at the first queued arrival if the loop is free before it,
+    and takes up to `batch` requests that have arrived by then."""
+    idle = idle or reqs[queue[0]].arrival_s > t
+    t = max(t, reqs[queue[0]].arrival_s)
+    take = []
+    while queue and reqs[queue[0]].arrival_s <= t and len(take) < batch:
+        take.append(queue.popleft())
+    return t, take, idle
+
+
 def _pipelined_prefill_slice(d: Deployment, reqs: list[Request], ids: list[int],
                              times: StepTimes, first: np.ndarray, ready: np.ndarray,
                              transfer: np.ndarray) -> float:
@@ -791,11 +799,7 @@ def _pipelined_prefill_slice(d: Deployment, reqs: list[Request], ids: list[int],
     prefill_factor, _ = times.spread_draws()
     idle = True
     while queue:
-        idle = idle or reqs[queue[0]].arrival_s > t
-        t = max(t, reqs[queue[0]].arrival_s)
-        take = []
-        while queue and reqs[queue[0]].arrival_s <= t and len(take) < d.prefill.batch:
-            take.append(queue.popleft())
+        t, take, idle = _next_call(queue, reqs, t, d.prefill.batch, idle)
         factor = prefill_factor()
         longest = max(reqs[i].input_len for i in take)
         new = max(reqs[i].input_len - reqs[i].cached_len for i in take)
