@@ -30,8 +30,9 @@ there). Then for each model:
     (sweeper/analysis/holdout.py `noise_floor`: one measurement's error); the trials' own
     95% CIs are reported beside it.
 (b) a trial-level fit (`sweeper.analysis.fit.fit_profile`: on a calibrated profile, per-phase
-    group corrections with a prior) on at most FIT_TRIALS trials x 2 phases drawn with the
-    seed, scored on the model's other points beside (a) on the same points.
+    group corrections with a prior whose strength cross-validation over the fitted trials
+    chooses) on at most FIT_TRIALS trials x 2 phases drawn with the seed, scored on the
+    model's other points beside (a) on the same points.
 (c) for the first `--serve-models` models: `sweeper plan --hardware host` (aggregated and
     disaggregated, within MAX_CHIPS chips: this host's cores) at each load's rate, then
     `sweeper serve` of that plan: measured TTFT and TPOT p50/p99 against the serve's own
@@ -602,6 +603,7 @@ def fit_model(obs: list, calibrated, seed: int, index: int) -> dict:
                "fit_s": float(predict_latency(o, fit.profile))} for o in test]
     return {"train_trials": train_trials, "train_points": len(train), "test_points": len(test),
             "corrections": (fit.profile.host_model or {}).get("corrections"),
+            "corrections_prior": (fit.profile.host_model or {}).get("corrections_prior"),
             "success": fit.success, "message": fit.message, "points": points}
 
 

@@ -223,6 +223,45 @@ def test_study_fit_on_a_calibrated_host_fits_corrections_with_a_prior():
     assert all(0.7 < f < 1.4 for groups in one.values() for f in groups.values())
 
 
+def test_corrections_prior_is_chosen_by_cross_validation_over_trials():
+    """Where one model's errors follow a group (compute 1.3x slower) the cross-validation
+    picks a weak prior and the fit finds the factor; where they are noise that follows no
+    group (each point off by its own random factor), it picks a strong prior or none, so the
+    fit stays near the calibrated profile instead of bending to the noise."""
+    import random
+
+    from sweeper.analysis import hostfit
+    from sweeper.analysis.observations import from_config, predict_latency
+
+    base = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict())
+    slow = dataclasses.replace(base, host_model=hostmodel.HostModel(
+        {ph: {t: v * (1.3 if t in ("matmul_flops", "matmul_weights", "dequant") else 1.0)
+              for t, v in terms.items()} for ph, terms in _costs().items()}, 0.5, 0.0).to_dict())
+    draw = probes.draw(11, 2, 3, prefix="cv")
+    rng = random.Random(3)
+
+    def points(truth, noise):
+        out = []
+        for i, t in enumerate(draw.trials[:10]):
+            for ph in ("prefill", "decode"):
+                o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
+                o.measured = predict_latency(o, truth) * math.exp(rng.gauss(0.0, noise))
+                out.append(o)
+        return out
+
+    structured = hostfit.fit(points(slow, 0.0), base)[0].host_model
+    assert structured["corrections_prior"]["chosen_by"] == "cross-validation over trials"
+    assert structured["corrections_prior"]["weight"] <= 1.0
+    assert structured["corrections"]["decode"]["compute"] == pytest.approx(1.3, rel=0.1)
+    noisy = hostfit.fit(points(base, 0.3), base)[0].host_model
+    weight = noisy["corrections_prior"]["weight"]
+    assert weight is None or weight >= 1.0, noisy["corrections_prior"]
+    assert set(noisy["corrections_prior"]["heldout_mape_by_weight"]) == {str(w) for w in hostfit.PRIOR_WEIGHTS}
+    given = hostfit.fit(points(base, 0.3), base, prior_weight=math.inf)[0].host_model
+    assert given["corrections_prior"]["chosen_by"] == "given"
+    assert all(f == 1.0 for groups in given["corrections"].values() for f in groups.values())
+
+
 # ----------------------------------------------------------------------------- probes
 
 
