@@ -444,7 +444,8 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
                     replay = result.replayed      # the model on the stream's own call log
                     rows.append({
                         "deployment": name, "mode": d.mode, "load": load, "rate_rps": rate,
-                        "profile": calibration["used"],   # its predictions' (a merged file's rows differ)
+                        # the profile of its predictions (rows of a merged file may differ)
+                        "profile": calibration["used"],
                         "capacity_rps_loop": capacity, "host_costs": row_costs, "seed": seed, "requests": n_requests,
                         "measured": result.measured, "predicted": result.predicted,
                         "warmup_model": result.calibrated,

@@ -10,8 +10,8 @@ hardware has a price, its predicted percentiles, its error band and whether it i
 plan of its hardware; the serving behaviours it uses (docs/serving-behaviours.md): each
 phase's pipeline stages (`prefill_stages`, `decode_stages`: 1 without), the prefill chunk
 (`prefill_chunk`: tokens per decode step, 0 for whole prompts) and the profile's shared
-prefix it was planned for (`prefix_len`, `prefix_hit`: 0 and empty without one). The plot draws each hardware's frontier: TPOT and TTFT (the SLO's
-statistics) against dollars per hour (chips where a hardware has no price).
+prefix it was planned for (`prefix_len`, `prefix_hit`: 0 and empty without one). The plot
+draws each hardware's frontier: TPOT and TTFT (the SLO's statistics) against dollars per hour (chips where a hardware has no price).
 """
 
 from __future__ import annotations
