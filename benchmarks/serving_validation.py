@@ -8,6 +8,8 @@ serving runs on this host's emulated meshes.
     python -m benchmarks.serving_validation --profile benchmarks/results/serving_validation.fitted.yaml \
         --deployments agg-1chip-4slots --loads 0.85 --remeasure --out /tmp/sv   # closed loop before each stream too
     python -m benchmarks.serving_validation --runs 3   # three whole runs, each with its own calibration
+    python -m benchmarks.serving_validation --deployments agg-2chip-2stages-4slots --runs 3
+        # some cells only, MERGED into the results file (each run into its run, with its profile)
 
 Six deployments of the `calib` model (three aggregated, three disaggregated; on 1-2 emulated
 chips per worker, since this host has 2 cores), each served at two loads (35% and 85% of its
@@ -66,6 +68,20 @@ calibration sweep (percent of all CPUs' time, /proc/stat: benchmarks/common.py):
 processes and other guests share its cores, and on a loaded host the measured latencies
 include their interference.
 
+Partial runs (`--deployments`, `--loads`) into a folder that has a results file merge into it
+(`merge_run`): the (deployment, load) cells they serve replace that file's rows of those
+cells, every other cell stays, and the groups and summaries are computed again over the
+merged rows. Each run of the file gets the partial run's run of the same number, predicted
+with that run's fitted profile (no new calibration, so the new cells are predicted as the
+cells beside them; `--profile` overrides, and every row records its profile); a file of
+other runs, requests per stream or protocol is refused in one line before anything runs.
+The file lists the partial runs merged into it (`merged`).
+
+Issue 38's serving behaviours are cells too: prefill in chunks mixed into the decode steps,
+a shared prefix whose KV the worker caches, and a replica in two pipeline stages of one chip
+each (`agg-2chip-2stages-4slots`: predicted as `sweeper plan` prices stages,
+workloads/servingmodel.py; served by workloads/pipeline.py `StagedSlotServer`).
+
 Several runs (`--runs N`): N whole runs one after another, each with its own calibration
 (run i > 1 fits `serving_validation.fitted.run<i>.yaml` beside the first's; with
 `--keep-calibration DIR`, in DIR/run<i>) and its own host costs. The results keep every run
@@ -120,10 +136,12 @@ CALIBRATION_SPACE = {
     "max_retries": 1, "memory_budget_bytes": "2GiB"}
 
 
-def _part(chips, ffn, attn, batch, chunk=0):
+def _part(chips, ffn, attn, batch, chunk=0, stages=1):
+    """One slice of a deployment (a plan file's `prefill`/`decode`); `chunk`, `stages` written
+    only when not the default, as `sweeper plan` writes them."""
     out = {"chips": chips, "replicas": 1, "ffn": ffn, "attn": attn, "batch": batch,
            "weights": "bf16"}
-    return {**out, "chunk": chunk} if chunk else out
+    return {**out, **({"chunk": chunk} if chunk else {}), **({"stages": stages} if stages > 1 else {})}
 
 
 # Worker chips <= 2: a worker runs on 1-2 of this host's 2 cores (module docstring).
@@ -140,6 +158,12 @@ DEPLOYMENTS = {
                                 _part(2, "ws2d", "batch", 8)),
     "agg-1chip-4slots-prefix16": ("aggregated", _part(1, "ws2d", "head", 1),
                                   _part(1, "ws2d", "head", 4)),
+    # pipeline stages: the replica's 2 chips as 2 stages of one chip, each holding one of the
+    # model's 2 layers (an aggregated replica's phases have the same stages); predicted as
+    # `sweeper plan` prices a staged slice (workloads/servingmodel.py: the slots in up to 2
+    # micro-batches through both stages, the bubble, the activations' transfer)
+    "agg-2chip-2stages-4slots": ("aggregated", _part(2, "ws2d", "head", 1, stages=2),
+                                 _part(2, "ws2d", "head", 4, stages=2)),
 }
 # Deployments whose streams share a prompt prefix (prefix caching): (prefix_len, prefix_hit)
 PREFIX = {"agg-1chip-4slots-prefix16": (16, 0.8)}
@@ -276,6 +300,11 @@ def features() -> dict[str, str]:
         if prefill.get("chunk"):
             out[name] = (f"chunked prefill: {prefill['chunk']}-token chunks of the prompts mixed "
                          "into the decode steps")
+    for name, (_, _, decode) in DEPLOYMENTS.items():
+        if decode.get("stages", 1) > 1:
+            out[name] = (f"pipeline stages: {decode['stages']} stages of "
+                         f"{decode['chips'] // decode['stages']} chip(s), the layers split "
+                         "between them, the activations moved from one stage's devices to the next")
     for name, (length, hit) in PREFIX.items():
         out[name] = (f"prefix caching: {hit:.0%} of the prompts start with a shared "
                      f"{length}-token prefix whose KV the worker computed before the streams")
@@ -415,6 +444,8 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
                     replay = result.replayed      # the model on the stream's own call log
                     rows.append({
                         "deployment": name, "mode": d.mode, "load": load, "rate_rps": rate,
+                        # the profile of its predictions (rows of a merged file may differ)
+                        "profile": calibration["used"],
                         "capacity_rps_loop": capacity, "host_costs": row_costs, "seed": seed, "requests": n_requests,
                         "measured": result.measured, "predicted": result.predicted,
                         "warmup_model": result.calibrated,
@@ -677,6 +708,12 @@ def row_durations(row: dict, profile: Path, costs: dict | None = None) -> dict:
             "block_drift": block_drift(costs["detail"])}
 
 
+def _row_profile(row: dict, default: Path) -> Path:
+    """The profile a row's predictions used: its own (`profile`, since merged partial runs)
+    or its run's."""
+    return common.ROOT / row["profile"] if row.get("profile") else default
+
+
 def duration_analysis(r: dict, loads: tuple[float, ...] | None = None) -> list[dict]:
     """Per deployment at each of `loads` (default: every load of a results file's rows):
     `row_durations` per stream,
@@ -694,8 +731,9 @@ def duration_analysis(r: dict, loads: tuple[float, ...] | None = None) -> list[d
                   key=lambda k: (list(DEPLOYMENTS).index(k[0]), k[1]))
     for name, load in keys:
         reps = [x for x in r["rows"] if (x["deployment"], x["load"]) == (name, load)]
-        per = [row_durations(x, profile) for x in reps]
-        near = [row_durations(x, profile, x["host_costs_stream"]) for x in reps if x.get("host_costs_stream")]
+        per = [row_durations(x, _row_profile(x, profile)) for x in reps]
+        near = [row_durations(x, _row_profile(x, profile), x["host_costs_stream"]) for x in reps
+                if x.get("host_costs_stream")]
         measured = np.array([x["measured"]["ttft_p50_s"] for x in reps])
 
         def kinds(results):
@@ -884,10 +922,13 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                              "(with --runs N > 1: DIR/run1 ... DIR/runN)")
     parser.add_argument("--deployments", metavar="NAME,...",
                         help="only these deployments (default all: " + ",".join(DEPLOYMENTS) + "); "
-                        "with --out: a subset must not replace the full set")
+                        "a subset MERGES into the results file in --out (its cells replace theirs, "
+                        "the others stay; predicted with that file's profiles unless --profile; "
+                        "as many --runs and --requests as it has); with no file there, --out is "
+                        "required")
     parser.add_argument("--loads", metavar="FRACTION,...",
                         help="only these loads, fractions of capacity (default "
-                             + ",".join(str(x) for x in LOADS) + "); with --out")
+                             + ",".join(str(x) for x in LOADS) + "); merges as --deployments")
     parser.add_argument("--remeasure", action="store_true",
                         help="also measure the host costs right before each stream (a diagnostic: "
                              "the stream's calls against a closed loop seconds before them)")
@@ -901,9 +942,12 @@ def _bad(flag: str, message: str) -> SystemExit:
     return SystemExit(2)
 
 
-def checked(args: argparse.Namespace, argv_out_given: bool) -> tuple[list[str] | None, list[float] | None]:
+def checked(args: argparse.Namespace, argv_out_given: bool, previous: dict | None = None
+            ) -> tuple[list[str] | None, list[float] | None]:
     """--deployments and --loads as lists (None: all), after checking every flag: bad input
-    is one line and exit 2, before any measurement."""
+    is one line and exit 2, before any measurement. `previous`: the results file in --out,
+    which a partial run merges into (`merge_run`): it must be of the same protocol, as many
+    runs and requests per stream, and its profiles at hand."""
     names = loads = None
     if args.deployments:
         names = [n.strip() for n in args.deployments.split(",") if n.strip()]
@@ -919,16 +963,54 @@ def checked(args: argparse.Namespace, argv_out_given: bool) -> tuple[list[str] |
         if not loads or not all(0 < x <= 1.5 for x in loads):
             raise _bad("--loads", f"{args.loads!r} is not a list of fractions of capacity in "
                        "(0, 1.5], e.g. 0.35,0.85")
-    if (names or loads) and not argv_out_given:
-        raise _bad("--out", "required with --deployments or --loads (a subset must not replace "
-                   f"the full set in {common.RESULTS})")
     if args.runs < 1:
         raise _bad("--runs", f"{args.runs} is not a number of runs; accepted: an integer >= 1")
+    if (names or loads) and previous is not None:
+        _check_merge(args, previous)
+    elif (names or loads) and not argv_out_given:
+        raise _bad("--out", "required with --deployments or --loads where there is no results "
+                   f"file to merge into (a subset must not replace the full set in {common.RESULTS})")
     return names, loads
 
 
-def _calibration(args: argparse.Namespace, out: Path, i: int) -> dict:
-    """Run i's calibration: its own sweep and fit, or the given profile."""
+def _previous_runs(previous: dict) -> list[dict]:
+    """A results file's runs: its `runs` (several), or itself (one)."""
+    return previous["runs"] if "runs" in previous else [previous]
+
+
+def _check_merge(args: argparse.Namespace, previous: dict) -> None:
+    """A partial run merges into `previous` (one line and exit 2 where it cannot)."""
+    where = Path(args.out) / f"{NAME}.json"
+    runs = _previous_runs(previous)
+    if len(runs) != args.runs:
+        raise _bad("--runs", f"{args.runs}; {where} holds {len(runs)} run(s) and a partial run "
+                   f"(--deployments/--loads) merges into each: accepted --runs {len(runs)} "
+                   "(or another --out)")
+    for r in runs:
+        protocol = (r.get("model"), r.get("input_len"), r.get("output_len"))
+        if protocol != (MODEL, INPUT_LEN, OUTPUT_LEN):
+            raise _bad("--out", f"{where} holds another protocol (model, prompt, answer "
+                       f"{protocol}); accepted: a results file of {(MODEL, INPUT_LEN, OUTPUT_LEN)} "
+                       "to merge into, or another --out")
+        served = sorted({x["requests"] for x in r["rows"]})
+        if served and served != [args.requests]:
+            raise _bad("--requests", f"{args.requests}; the streams in {where} have "
+                       f"{','.join(map(str, served))} requests each: accepted "
+                       f"--requests {served[0]} to merge into it (or another --out)")
+        if not args.profile and not (common.ROOT / r["profile"]).is_file():
+            raise _bad("--profile", f"none given, and the profile {r['profile']} that {where}'s "
+                       "run was predicted with is missing: accepted a fitted profile file")
+
+
+def _calibration(args: argparse.Namespace, out: Path, i: int, merging: dict | None = None) -> dict:
+    """Run i's calibration: its own sweep and fit, or the given profile; `merging` (the run
+    of the results file a partial run merges into): that run's fitted profile, so the new
+    cells are predicted as the cells beside them (no sweep, no fit, no fitted file
+    overwritten under rows that stay)."""
+    if merging is not None and not args.profile:
+        return {**merging["calibration"], "used": merging["profile"],
+                "why": "the calibration of the results file this partial run merges into "
+                       f"(run {i}): {merging['calibration'].get('why', '')}"}
     if args.profile:
         path = Path(args.profile).resolve()
         return {"used": str(path.relative_to(common.ROOT)) if path.is_relative_to(common.ROOT)
@@ -944,24 +1026,72 @@ def _calibration(args: argparse.Namespace, out: Path, i: int) -> dict:
 
 
 def run_all(args: argparse.Namespace, previous: dict | None) -> dict:
-    """`--runs` whole runs, one after another; the results file is written after each."""
-    names, loads = checked(args, args.out != str(common.RESULTS))
+    """`--runs` whole runs, one after another; the results file is written after each. A
+    partial run (`--deployments`, `--loads`) into a folder with a results file MERGES into
+    it (`merge_run`, run i into its run i): the cells it serves replace theirs, the others
+    stay."""
+    names, loads = checked(args, args.out != str(common.RESULTS), previous)
+    merging = _previous_runs(previous) if (names or loads) and previous is not None else None
     out = Path(args.out)
     start, runs, result = common.machine_context(), [], {}
     for i in range(1, args.runs + 1):
-        calibration = _calibration(args, out, i)
+        calibration = _calibration(args, out, i, merging[i - 1] if merging else None)
         print(f"calibration{f' (run {i} of {args.runs})' if args.runs > 1 else ''}: "
               f"{calibration['used']} ({calibration['why']}); held-out MAPE "
               f"{calibration.get('heldout_mape')}, terms {calibration.get('terms')}", flush=True)
         runs.append(run(args.requests, calibration, names, loads, args.remeasure))
-        result = runs[0] if args.runs == 1 else \
-            runs_result(runs, runs[0]["command"] + f" --runs {args.runs}", start)
+        if merging:
+            result = merged_result(previous, runs, args.runs)
+        else:
+            result = runs[0] if args.runs == 1 else \
+                runs_result(runs, runs[0]["command"] + f" --runs {args.runs}", start)
         if 1 < len(runs) < args.runs:
             s = runs[-1]["summary"]
             print(f"run {i} of {args.runs}: p50 within target in {s['p50']['within_target']}/"
                   f"{s['p50']['cases']}, p99 in {s['p99']['within_target']}/{s['p99']['cases']}", flush=True)
         harness.write_json(NAME, result, out, RAW_KEYS)   # the numbers first: nothing is lost
     return result
+
+
+def merge_run(previous: dict, new: dict) -> dict:
+    """A partial run `new` (some deployments, some loads) merged into `previous` (a run of
+    the same protocol): previous rows of every (deployment, load) the new run did not serve
+    stay, with the profile they were predicted with; the new run's rows replace the rest.
+    Groups, summary, steps, loads and features are computed again over the merged rows; the
+    previous run's command, calibration and context stay, the new run's are listed under
+    `merged` (each partial run merged so far)."""
+    served = {(r["deployment"], r["load"]) for r in new["rows"]}
+    kept = [{**r, "profile": r.get("profile") or previous["profile"]} for r in previous["rows"]
+            if (r["deployment"], r["load"]) not in served]
+    order = list(DEPLOYMENTS)
+    rows = sorted(kept + new["rows"], key=lambda r: (order.index(r["deployment"]), r["load"],
+                                                      r["seed"]))
+    names = [n for n in order if any(r["deployment"] == n for r in rows)]
+    part = {"command": new["command"], "deployments": [n for n in order
+                                                       if any(d == n for d, _ in served)],
+            "loads": new["loads"], "profile": new["profile"], "time": new["context"].get("time"),
+            "context": new["context"], "wall_s": new["wall_s"]}
+    return {**previous, "rows": rows, "groups": groups(rows), "summary": summarize(groups(rows)),
+            "steps": deployment_steps(rows), "loads": sorted({r["load"] for r in rows}),
+            "features": {k: v for k, v in features().items() if k in names},
+            "merged": list(previous.get("merged", [])) + [part],
+            "wall_s": previous["wall_s"] + new["wall_s"]}
+
+
+def merged_result(previous: dict, runs: list[dict], n_runs: int) -> dict:
+    """The results file after a partial run's runs so far: each merged into the previous
+    file's run of the same number (the later ones as they were); several runs: the summary
+    over them again, the previous file's command and context, its `merged` list grown."""
+    before = _previous_runs(previous)
+    merged = [merge_run(p, r) for p, r in zip(before, runs)] + before[len(runs):]
+    if "runs" not in previous:
+        return merged[0]
+    over = over_runs(merged)
+    part = {"command": runs[0]["command"] + f" --runs {n_runs}",
+            "time": runs[0]["context"].get("time"), "runs_merged": len(runs)}
+    return {**previous, "runs": merged, "over_runs": over, "summary": over["summary"],
+            "wall_s": sum(r["wall_s"] for r in merged),
+            "merged": list(previous.get("merged", [])) + [part]}
 
 
 def analyse(result: dict, args: argparse.Namespace | None = None) -> dict:

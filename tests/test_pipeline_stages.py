@@ -220,3 +220,27 @@ def test_staged_servers_hand_kv_over_and_warm_up():
     times = dec.warm_up(8, repeats=3)
     assert times["decode_step_s"] > 0 and times["transfer_s"] > 0
     assert pre.warm_up(8, repeats=3)["prefill_s"] > 0
+
+
+def test_the_host_costs_are_measured_on_a_staged_server():
+    """workloads/hostcosts.py `measure_loop` (the validation benchmark's closed loop before
+    its streams) on an aggregated 2-stage server: the engine's timed calls run every stage
+    (`engine_prefill_call`, `engine_decode_call`: no SlotServer internals), and the loop's
+    step and prefill are measured beside them; the slots still decode the reference's
+    tokens afterwards."""
+    from workloads.hostcosts import engine_decode_call, engine_prefill_call, measure_loop
+
+    model = four_layers("tiny-serial")
+    server = StagedSlotServer(SlotSpec(model, (1, 1, 1), PhaseLayout("ws1d", "head"),
+                                       PhaseLayout("ws1d", "head"), slots=2, prefill_batch=1,
+                                       context_len=16), stages=2)
+    server.warm_up(8, repeats=1)
+    engine_prefill_call(server, 8)()
+    engine_decode_call(server, 8)()
+    out = measure_loop(server, 8, 4, rounds=1, blocks=1, min_block_s=0.0, wake_requests=2,
+                       idle_gap_s=0.01, prefill_pairs=2)
+    assert out["engine_prefill_s"] > 0 and out["engine_step_s"] > 0
+    assert out["loop_step_s"] > 0 and out["loop_prefill_s"] > 0
+    for slot in range(2):
+        server.release(slot)
+    served_tokens_match_reference(server, model, [Request(0.0, 8, 3), Request(0.0, 6, 2)])

@@ -349,3 +349,61 @@ def test_a_staged_prefill_slice_pipelines_consecutive_calls():
                                               stages=2))
     assert times.prefill_interval_s(1, 2048, 0) < 0.6 * times.prefill_s(1, 2048)
     assert cost_model_step_times(_aggregated(chunk=0)).prefill_interval_s is None
+
+
+# --------------------------------------------------------------------------- the frontier files
+
+
+def test_the_frontier_csv_has_each_phases_stages_the_chunk_and_the_prefix(tmp_path):
+    """`sweeper plan --out-dir`'s frontier.csv (sweeper/serving/outputs.py): per plan its
+    prefill and decode stages, its prefill chunk and the profile's shared prefix, beside the
+    layouts; a 405B plan in bf16 on H100 nodes has its stages there."""
+    import csv
+    import types
+
+    from sweeper.serving.outputs import COLUMNS, frontier_rows, write_frontier
+    from sweeper.serving.plan import HardwareChoice
+
+    result = plan(_question(weights=("bf16",)))
+    best = result.best
+    rows = frontier_rows([HardwareChoice(result, "test")])
+    (row,) = [r for r in rows if r["best"]]
+    assert row["decode_stages"] == best.deployment.decode.stages >= 2
+    assert row["prefill_stages"] == best.deployment.prefill.stages
+    assert row["prefill_chunk"] == best.deployment.prefill.chunk
+    assert row["prefix_len"] == 0 and row["prefix_hit"] is None
+    files = write_frontier(rows, tmp_path / "out")
+    read = list(csv.DictReader(open(files["csv"])))
+    assert tuple(read[0]) == COLUMNS and len(read) == len(rows)
+    assert [r["decode_stages"] for r in read] == [str(r["decode_stages"]) for r in rows]
+    # a chunked plan of a profile with a shared prefix (the plan as Plan.to_dict gives it)
+    part = dict(chips=8, replicas=1, ffn="ws1d", attn="head", batch=32, weights="bf16",
+                topology="1x8x1", stages=1, chunk=0)
+    data = {"mode": "aggregated", "prefill": {**part, "batch": 1, "chunk": 512},
+            "decode": dict(part), "chips_total": 8, "cost_per_million_tokens": 1.0,
+            "ttft_p50_s": 0.1, "ttft_p99_s": 0.2, "tpot_p50_s": 0.01, "tpot_p99_s": 0.02,
+            "goodput_rps": 1.0, "tokens_per_s_per_chip": 10.0, "binding": "tpot"}
+    one = types.SimpleNamespace(to_dict=lambda: data,
+                                summary={"ttft_slo_stat_s": 0.2, "tpot_slo_stat_s": 0.02})
+    profile = dataclasses.replace(_question().profile, prefix_len=1024, prefix_hit=0.5)
+    question = types.SimpleNamespace(hardware=H100, profile=profile)
+    fake = types.SimpleNamespace(result=types.SimpleNamespace(best=one, frontier=[one],
+                                                              question=question),
+                                 hardware=H100, price_source="test")
+    (row,) = frontier_rows([fake])
+    assert (row["prefill_stages"], row["prefill_chunk"], row["decode_stages"]) == (1, 512, 1)
+    assert (row["prefix_len"], row["prefix_hit"]) == (1024, 0.5)
+
+
+def test_a_disaggregated_launch_line_says_the_prefill_pools_stages():
+    """The line is the decode pool's (its tensor- and pipeline-parallel sizes); the flag of a
+    disaggregated plan names the prefill pool's, which may differ."""
+    model = load_model("llama3.1-405b")
+    profile = AppProfile(rate=1.0, input_len=_len(2048), output_len=_len(256), ttft=5, tpot=0.1)
+    plan_ = {**_plan_dict(stages=2), "mode": "disaggregated"}
+    plan_["prefill"] = {**plan_["prefill"], "chips": 24, "stages": 3}
+    (vllm, sglang) = launch_lines(plan_, model, H100, profile)
+    assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in vllm["command"]
+    assert "--tp 8 --pp-size 2" in sglang["command"]
+    (flag,) = [f for f in vllm["lacks"] if "disaggregated" in f]
+    assert "prefill pool's is 8 chips tensor parallel in 3 pipeline stages" in flag

@@ -246,3 +246,124 @@ def test_the_steps_table_shows_the_calibration_trial_of_the_decode_shape():
     assert row.count("|") == header.count("|")
     other = next(x for x in lines if x.startswith("| agg-1chip-4slots |") and "ms / " in x)
     assert other.count("|") == header.count("|")
+
+
+# ------------------------------------------- a partial run merges into the results file (issue 38)
+
+STAGED = "agg-2chip-2stages-4slots"
+
+
+def _partial(base: dict, cells: dict[tuple[str, float], tuple[str, float]], factor: float,
+             profile: str | None = None) -> dict:
+    """A run as `run` returns it for some cells: {(deployment, load): the committed cell
+    whose rows it copies}, every measurement `factor` times theirs."""
+    rows = []
+    for (name, load), (src, src_load) in cells.items():
+        for r in base["rows"]:
+            if (r["deployment"], r["load"]) == (src, src_load):
+                row = copy.deepcopy(r)
+                row.update(deployment=name, load=load, profile=profile or base["profile"])
+                row["measured"] = {k: v * factor if isinstance(v, float) else v
+                                   for k, v in row["measured"].items()}
+                rows.append(row)
+    loads = sorted({load for _, load in cells})
+    names = list(dict.fromkeys(name for name, _ in cells))
+    return {**copy.deepcopy(base), "rows": rows, "groups": sv.groups(rows),
+            "summary": sv.summarize(sv.groups(rows)), "steps": sv.deployment_steps(rows),
+            "loads": loads, "wall_s": 60.0, "profile": profile or base["profile"],
+            "command": f"python -m benchmarks.serving_validation --deployments {','.join(names)}",
+            "context": {**base["context"], "time": "later"}}
+
+
+def test_a_partial_run_replaces_its_cells_and_keeps_the_others():
+    base = _one_run()
+    new = _partial(base, {(STAGED, 0.35): ("agg-1chip-4slots", 0.35),
+                          ("agg-2chip-8slots", 0.85): ("agg-2chip-8slots", 0.85)}, 1.5,
+                   "elsewhere.yaml")
+    merged = sv.merge_run(base, new)
+    cells = {(r["deployment"], r["load"]) for r in merged["rows"]}
+    assert cells == {(r["deployment"], r["load"]) for r in base["rows"]} | {(STAGED, 0.35)}
+    assert len(merged["rows"]) == len(base["rows"]) + len(new["rows"]) // 2   # one cell new
+    replaced = [r for r in merged["rows"] if (r["deployment"], r["load"]) == ("agg-2chip-8slots", 0.85)]
+    assert replaced and all(r["profile"] == "elsewhere.yaml" for r in replaced)
+    kept = [r for r in merged["rows"] if r["deployment"] == "agg-1chip-4slots"]
+    assert kept and all(r["profile"] == base["profile"] for r in kept)   # predicted with its own
+    assert {g["deployment"] for g in merged["groups"]} == {d for d, _ in cells}
+    assert merged["summary"]["p50"]["cases"] == len(merged["groups"]) // 2
+    assert merged["command"] == base["command"] and merged["calibration"] == base["calibration"]
+    assert merged["merged"][-1]["deployments"] == ["agg-2chip-8slots", STAGED]
+    assert STAGED in merged["features"] and STAGED in {s["deployment"] for s in merged["steps"]}
+    again = sv.merge_run(merged, _partial(base, {(STAGED, 0.35): ("agg-1chip-4slots", 0.35)}, 2.0))
+    assert len(again["rows"]) == len(merged["rows"]) and len(again["merged"]) == 2
+    # the rows keep the deployments' order, whatever order the runs came in
+    order = [list(sv.DEPLOYMENTS).index(r["deployment"]) for r in again["rows"]]
+    assert order == sorted(order)
+    text = render.one_run(again)
+    assert STAGED in text and "Partial runs merged in since" in text and "(later)" in text
+
+
+def _args(out, *flags):
+    return harness.parser_for(sv.BENCHMARK).parse_args(["--out", str(out), *flags])
+
+
+def test_deployments_runs_only_them_and_merges_into_the_results_file(tmp_path, monkeypatch):
+    """`--deployments NAME --runs 3` into a folder with a results file of three runs: only
+    NAME is served, each run predicted with the profile of the run it merges into (no
+    calibration sweep), and the file keeps every other cell of every run."""
+    previous = json.loads(COMMITTED.read_text())
+    served = []
+
+    def fake_run(n, calibration, names, loads, remeasure):
+        served.append((names, loads, calibration["used"]))
+        base = previous["runs"][len(served) - 1]
+        return _partial(base, {(STAGED, load): ("agg-1chip-4slots", load) for load in loads or sv.LOADS},
+                        1.1, calibration["used"])
+
+    monkeypatch.setattr(sv, "run", fake_run)
+    monkeypatch.setattr(sv, "calibrate", lambda *a, **k: pytest.fail("no calibration when merging"))
+    result = sv.run_all(_args(tmp_path, "--deployments", STAGED, "--runs", "3"), previous)
+    assert [s[0] for s in served] == [[STAGED]] * 3
+    assert [s[2] for s in served] == [r["profile"] for r in previous["runs"]]
+    written = json.loads((tmp_path / "serving_validation.json").read_text())
+    assert len(written["runs"]) == 3 and written["command"] == previous["command"]
+    for before, after in zip(previous["runs"], written["runs"]):
+        cells = {(r["deployment"], r["load"]) for r in after["rows"]}
+        assert cells == {(r["deployment"], r["load"]) for r in before["rows"]} | {
+            (STAGED, load) for load in sv.LOADS}
+    assert result["summary"]["p50"]["cases"] == len(written["runs"][0]["groups"]) // 2
+    assert written["merged"][-1]["command"].endswith("--runs 3")
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--deployments", STAGED], "--runs: 1"),                   # the file holds 3 runs
+    (["--deployments", STAGED, "--runs", "3", "--requests", "8"], "--requests: 8"),
+])
+def test_a_partial_run_that_cannot_merge_is_one_line_before_any_work(tmp_path, capsys, flags,
+                                                                      needle, monkeypatch):
+    monkeypatch.setattr(sv, "run", lambda *a, **k: pytest.fail("nothing runs"))
+    previous = json.loads(COMMITTED.read_text())
+    with pytest.raises(SystemExit) as done:
+        sv.run_all(_args(tmp_path, *flags), previous)
+    assert done.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "accepted" in err[0], err
+
+
+def test_the_staged_cell_is_predicted_as_sweeper_plan_prices_stages():
+    """The pipeline-stage cell's prediction is the serving model's staged one (as `sweeper
+    plan` prices a staged slice): a decode step is 2 stages of one layer at the micro-batch
+    (4 slots in 2) plus the activations' transfer, a prefill call both stages in turn."""
+    from workloads import servingmodel as sm
+
+    d = sv.deployment(STAGED, sv.common.ROOT / PROFILE)
+    assert d.decode.stages == d.prefill.stages == 2 and d.decode.stage_chips == 1
+    times = sm.cost_model_step_times(d)
+    micro = sm.micro_batch(4, 2)
+    stage = sm.phase_prediction(d, "decode", micro, 1, 40).latency_s
+    assert micro == 2
+    assert times.decode_step_s(4, 40) == pytest.approx(
+        sm.pipelined_s(stage, sm.stage_transfer_s(d, d.decode, micro), 2))
+    first = sm.phase_prediction(d, "prefill", 1, 32).latency_s
+    assert times.prefill_s(1, 32) == pytest.approx(
+        sm.pipelined_s(first, sm.stage_transfer_s(d, d.prefill, 32), 2))
+    assert "pipeline stages" in sv.features()[STAGED]

@@ -118,26 +118,21 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     def engine_calls() -> None:
         """The engine's calls, timed as a trial times them (the first of each dropped)."""
         if spec.prefill is not None:                 # the prefill program alone
-            program = srv._prefill_program(input_len)
-            batch = np.stack([prompt_for(model, i, input_len, 7)
-                              for i in range(spec.prefill_batch)])
-            placed = jax.device_put(batch, srv._replicated)
+            program = engine_prefill_call(srv, input_len)
             calls = []
             for k in range(repeats):
                 start = time.perf_counter()
-                jax.block_until_ready(program(srv.params, placed))
+                program()
                 if k:
                     calls.append(time.perf_counter() - start)
             engine_prefill.extend(calls)
             engine_prefill_blocks.append(float(np.mean(calls)))
         if spec.decode is not None:                  # decode and argmax of the slot batch
-            tokens = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
-            positions = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
+            decode = engine_decode_call(srv, input_len)
             calls = []
             for k in range(repeats * 2):
                 start = time.perf_counter()
-                logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens, positions)
-                jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
+                decode()
                 if k:
                     calls.append(time.perf_counter() - start)
             engine_step.extend(calls)
@@ -173,8 +168,7 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
         # the engine's call of the same slot batch right before each step (paired: the
         # other processes' load of that moment is in both, docs/serving.md "Serving host
         # costs"); it writes position `input_len` of every slot, which no timing reads
-        tokens_e = jax.device_put(np.zeros(spec.slots, np.int32), srv._replicated)
-        positions_e = jax.device_put(np.full(spec.slots, input_len, np.int32), srv._replicated)
+        decode_e = engine_decode_call(srv, input_len)
         for _ in range(rounds):
             for slot in range(spec.slots):            # every slot full, no arrivals
                 srv.insert(slot, kv, 0, 0)
@@ -183,8 +177,7 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
             jax.block_until_ready(srv.cache)
             while any(r >= 0 for r in slot_request):
                 start = time.perf_counter()
-                logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens_e, positions_e)
-                jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
+                decode_e()
                 paired_engine.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 tokens = srv.step()
@@ -351,9 +344,7 @@ def paired_prefill_calls(srv, input_len: int, pairs: int, offset: int = 0
     spec = srv.spec
     model = srv.model.unpadded
     most = max(min(spec.prefill_batch, spec.slots), 1)
-    program = srv._prefill_program(input_len)
-    placed = jax.device_put(np.stack([prompt_for(model, i, input_len, 7)
-                                      for i in range(spec.prefill_batch)]), srv._replicated)
+    program = engine_prefill_call(srv, input_len)
     for slot in range(spec.slots):
         srv.release(slot)
     prompts, first, whole, calls = [], [], [], []
@@ -361,7 +352,7 @@ def paired_prefill_calls(srv, input_len: int, pairs: int, offset: int = 0
         k = (offset + n) % most + 1
         srv.step()
         start = time.perf_counter()
-        jax.block_until_ready(program(srv.params, placed))
+        program()
         engine = time.perf_counter() - start
         srv.step()
         start = time.perf_counter()
@@ -664,19 +655,67 @@ def engine_prefill_s(srv, input_len: int, repeats: int = 5) -> float:
     """The median of `repeats` timed calls of the engine's prefill program of `input_len`
     tokens (the first dropped), as `measure_loop` times it: another prompt length's engine
     call beside one measurement."""
-    import jax   # lazy: only where a mesh runs
-
-    program = srv._prefill_program(input_len)
-    batch = np.stack([prompt_for(srv.model.unpadded, i, input_len, 7)
-                      for i in range(srv.spec.prefill_batch)])
-    placed = jax.device_put(batch, srv._replicated)
+    program = engine_prefill_call(srv, input_len)
     calls = []
     for k in range(repeats + 1):
         start = time.perf_counter()
-        jax.block_until_ready(program(srv.params, placed))
+        program()
         if k:
             calls.append(time.perf_counter() - start)
     return float(np.median(calls))
+
+
+def engine_prefill_call(srv, input_len: int) -> Callable[[], None]:
+    """The engine's prefill program alone, as a call that runs it once and waits for it: the
+    prefill batch's prompts of `input_len` tokens, no host work. A pipeline-staged server
+    (workloads/pipeline.py `StagedSlotServer`) runs every stage's program in turn, the
+    residual stream moved between their devices, as its `prefill` does."""
+    import jax   # lazy: only where a mesh runs
+
+    batch = np.stack([prompt_for(srv.model.unpadded, i, input_len, 7)
+                      for i in range(srv.spec.prefill_batch)])
+    if _staged(srv):
+        from workloads.engine import _Shapes
+
+        engine, shapes = srv.engine, _Shapes(srv.spec.prefill_batch, input_len, input_len)
+        inputs = engine.split(batch, 1)
+        return lambda: jax.block_until_ready(engine.run("prefill", inputs, shapes))
+    program = srv._prefill_program(input_len)
+    placed = jax.device_put(batch, srv._replicated)
+    return lambda: jax.block_until_ready(program(srv.params, placed))
+
+
+def engine_decode_call(srv, input_len: int) -> Callable[[], None]:
+    """The engine's decode of the whole slot batch and its argmax, as a call that runs it once
+    and waits for it (every slot at position `input_len`; it writes that position of the
+    caches, which no timing reads): the step without the loop's host work. A staged server
+    runs its micro-batches through every stage as its `step` does."""
+    import jax   # lazy: only where a mesh runs
+
+    tokens = np.zeros(srv.spec.slots, np.int32)
+    positions = np.full(srv.spec.slots, input_len, np.int32)
+    if _staged(srv):
+        engine, micro = srv.engine, srv.micro_batches
+        inputs = engine.split(tokens, micro)
+        placed = list(zip(*[engine.split(positions, micro, s) for s in srv.stages]))
+
+        def staged() -> None:
+            logits, srv._caches = engine.run("decode", inputs, srv._decode_shapes, srv._caches,
+                                             placed)
+            jax.block_until_ready((srv._caches, [engine.greedy(x) for x in logits]))
+        return staged
+    tokens_d = jax.device_put(tokens, srv._replicated)
+    positions_d = jax.device_put(positions, srv._replicated)
+
+    def one() -> None:
+        logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens_d, positions_d)
+        jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
+    return one
+
+
+def _staged(srv) -> bool:
+    """A pipeline-staged slot server (its `stages`: the Stage list)."""
+    return isinstance(getattr(srv, "stages", None), list)
 
 
 # ---- a handover as a STEPPING decode loop pays it (docs/serving.md "Serving host costs",

@@ -106,6 +106,18 @@ def duration_sentence(a: dict) -> str:
             f"{a['utilisation_stream']:.0%} at the stream's calls.")
 
 
+def _merged(r: dict) -> str:
+    """The partial runs merged into a results file since its run (serving_validation.py
+    `merge_run`): their cells replace the earlier rows of the same cells."""
+    parts = r.get("merged") or []
+    if not parts:
+        return ""
+    return (" Partial runs merged in since (each replaces the rows of the cells it served; the "
+            "other cells are this command's): " + "; ".join(
+                f"`{m['command']}`" + (f" ({m['time']})" if m.get("time") else "") for m in parts)
+            + ".")
+
+
 def one_run(r: dict) -> str:
     c, cal = r["context"], r["calibration"]
     lines = ["# Serving validation: measured vs predicted TTFT and TPOT",
@@ -118,7 +130,7 @@ def one_run(r: dict) -> str:
              f"timings): {c['cpus']} CPUs, load average {cal['load_average_before']} before the "
              f"calibration, {c['load_average_before']} before serving and {c['load_average']} "
              f"after" + (f"; {report.steal_text(c)} over serving" if report.steal_text(c) else "")
-             + f"; serving wall {r['wall_s'] / 60:.1f} min.",
+             + f"; serving wall {r['wall_s'] / 60:.1f} min." + _merged(r),
              "",
              "#### Calibration (before serving, on this host, no serving run in it)",
              ""]
@@ -281,7 +293,7 @@ def several_runs(r: dict) -> str:
              "before its streams. Over all of them: load average "
              f"{c.get('load_average_before')} before and {c.get('load_average')} after"
              + (f"; {report.steal_text(c)}" if report.steal_text(c) else "")
-             + f"; serving wall {r['wall_s'] / 60:.1f} min in all.", "",
+             + f"; serving wall {r['wall_s'] / 60:.1f} min in all." + _merged(r), "",
              "#### Over the runs", ""]
     for stat, s in over["summary"].items():
         counts = ", ".join(f"{k}/{s['cases']}" for k in s["within_target_runs"])

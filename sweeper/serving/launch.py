@@ -58,8 +58,12 @@ def _lacks(plan: dict, engine: str) -> list[str]:
         if part["attn"] != "head":
             out.append(f"{phase} batch-sharded attention (the engine shards attention by head)")
     if plan["mode"] == "disaggregated":
+        stages = pre.get("stages", 1)
         out.append("disaggregated prefill/decode pools: launch each pool with the engine's "
-                   "disaggregation setup (one line per pool, KV transfer between them)")
+                   "disaggregation setup (one line per pool, KV transfer between them; this "
+                   f"line is the decode pool's, the prefill pool's is {pre['chips'] // stages} "
+                   "chips tensor parallel" + (f" in {stages} pipeline stages" if stages > 1 else "")
+                   + ")")
     if dec["weights"] == "int8":
         out.append("int8 weights: serve an int8 weight-only checkpoint (no flag quantizes them"
                    + (")" if engine != "jetstream" else "; MaxText: quantization=int8)"))

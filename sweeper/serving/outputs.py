@@ -7,8 +7,11 @@ frontier of every hardware planned, as CSV and as a PNG plot.
 A row is one plan that meets the SLO and that no other plan of its hardware beats on chips,
 TTFT and TPOT (plan.pareto), with its price per hour (chips x price per chip-hour) where the
 hardware has a price, its predicted percentiles, its error band and whether it is the best
-plan of its hardware. The plot draws each hardware's frontier: TPOT and TTFT (the SLO's
-statistics) against dollars per hour (chips where a hardware has no price).
+plan of its hardware; the serving behaviours it uses (docs/serving-behaviours.md): each
+phase's pipeline stages (`prefill_stages`, `decode_stages`: 1 without), the prefill chunk
+(`prefill_chunk`: tokens per decode step, 0 for whole prompts) and the profile's shared
+prefix it was planned for (`prefix_len`, `prefix_hit`: 0 and empty without one). The plot
+draws each hardware's frontier: TPOT and TTFT (the SLO's statistics) against dollars per hour (chips where a hardware has no price).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from pathlib import Path
 COLUMNS = ("hardware", "price_per_chip_hour", "price_source", "best", "mode", "chips_total",
            "dollars_per_hour", "cost_per_million_tokens", "ttft_p50_s", "ttft_p99_s",
            "tpot_p50_s", "tpot_p99_s", "ttft_slo_stat_s", "tpot_slo_stat_s", "goodput_rps",
-           "tokens_per_s_per_chip", "binding", "band", "at_risk", "prefill", "decode")
+           "tokens_per_s_per_chip", "binding", "band", "at_risk", "prefill", "decode",
+           "prefill_stages", "prefill_chunk", "decode_stages", "prefix_len", "prefix_hit")
 
 
 def _layout(part: dict) -> str:
@@ -33,6 +37,8 @@ def frontier_rows(choices) -> list[dict]:
     for choice in choices:
         result, price = choice.result, choice.hardware.price_per_chip_hour
         best = result.best
+        profile = result.question.profile
+        prefix_len = profile.prefix_len
         for plan in result.frontier:
             d = plan.to_dict()
             rows.append({
@@ -46,7 +52,11 @@ def frontier_rows(choices) -> list[dict]:
                 "ttft_slo_stat_s": plan.summary["ttft_slo_stat_s"],
                 "tpot_slo_stat_s": plan.summary["tpot_slo_stat_s"],
                 "band": d.get("band"), "at_risk": d.get("at_risk"),
-                "prefill": _layout(d["prefill"]), "decode": _layout(d["decode"])})
+                "prefill": _layout(d["prefill"]), "decode": _layout(d["decode"]),
+                "prefill_stages": d["prefill"].get("stages", 1),
+                "prefill_chunk": d["prefill"].get("chunk", 0),
+                "decode_stages": d["decode"].get("stages", 1),
+                "prefix_len": prefix_len, "prefix_hit": profile.prefix_hit if prefix_len else None})
     return rows
 
 
