@@ -12,7 +12,8 @@ serving runs on this host's emulated meshes.
         # some cells only, MERGED into the results file (each run into its run, with its profile)
 
 Six deployments of the `calib` model (three aggregated, three disaggregated; on 1-2 emulated
-chips per worker, since this host has 2 cores), each served at two loads (35% and 85% of its
+chips per worker, since this host has 2 cores), and three aggregated cells of the serving
+behaviours (chunked prefill, prefix caching, two pipeline stages), each served at two loads (35% and 85% of its
 capacity: the second near saturation), each load twice with different seeds (arrivals and
 prompts): the replicate spread of the measurement is stated beside every error. Each
 deployment's workers start and warm up once (sweeper/serving/serve.py `ServingSession`),
