@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from sweeper.cli import main
-from workloads.deployment import load_plan
 from sweeper.serving.plan import PlanQuestion, plan
-from workloads.servingmodel import simulate
-from workloads.servingprofile import AppProfile, parse_length, requests
 from workloads.config import load_hardware, load_model
+from workloads.deployment import load_plan
+from workloads.serving.model import simulate
+from workloads.serving.profile import AppProfile, parse_length, requests
 
 PLAN_KEYS = {"mode", "chips_total", "ttft_p99_s", "tpot_p99_s", "ttft_p50_s", "tpot_p50_s",
              "goodput_rps", "tokens_per_s_per_chip"}
@@ -160,7 +160,7 @@ def test_error_band_marks_a_plan_at_risk():
 
 
 def _scaled(result, factor):
-    from workloads.servingmodel import StepTimes, cost_model_step_times
+    from workloads.serving.model import StepTimes, cost_model_step_times
 
     base = cost_model_step_times(result.best.deployment)
     return StepTimes(lambda b, n: base.prefill_s(b, n) * factor,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sweeper.cli import options
 from sweeper.cli.output import print_json, say_profile
-from workloads import servingprofile as workload
+from workloads.serving import profile as workload
 from workloads.deployment import MAX_TOTAL_CHIPS, MODES
 from workloads.config import (HARDWARE_PRESETS, MEMORY_RESERVE_SOURCES, PRICE_SOURCES,
                               WORLD_CALIBRATION, ConfigError, read_yaml)
