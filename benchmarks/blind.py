@@ -654,7 +654,7 @@ def served_capacity(plan_path: Path) -> dict:
     from sweeper.serving.server import worker_cores
     from workloads.deployment import load_plan
     from workloads.hardware import worker_share
-    from workloads.servingmodel import capacity_rps, cost_model_step_times
+    from workloads.serving.model import capacity_rps, cost_model_step_times
 
     d = load_plan(plan_path)
     workers = d.prefill.replicas + d.decode.replicas if d.mode == "disaggregated" else d.decode.replicas

@@ -285,7 +285,7 @@ def deployment(name: str, profile: Path):
 
 def stream(rate: float, n: int, seed: int, name: str | None = None):
     """A stream of fixed lengths; deployment `name`'s shared prefix (PREFIX), if it has one."""
-    from workloads.servingprofile import AppProfile, Length, requests
+    from workloads.serving.profile import AppProfile, Length, requests
 
     prefix_len, prefix_hit = PREFIX.get(name, (0, 1.0))
     return requests(AppProfile(rate=rate, input_len=Length("fixed", INPUT_LEN, INPUT_LEN, INPUT_LEN),
@@ -317,7 +317,7 @@ def step_times(d, session, costs: dict) -> dict:
     workers' core share) plus the measured host costs, beside the serving loop's measured
     medians (closed loop, before the streams) and the workers' warm-up medians."""
     from sweeper.serving.serve import prediction_deployment
-    from workloads.servingmodel import cost_model_step_times
+    from workloads.serving.model import cost_model_step_times
 
     model = cost_model_step_times(prediction_deployment(d, session.share))
     pre = session.warmup.get("aggregated") or session.warmup["prefill"]
@@ -358,7 +358,7 @@ def loop_step_times(d, costs: dict, statistic: str = "mean"):
     handover's fixed part). Means (interruptions by other processes included: what a
     stream's queue pays, docs/serving.md "Checking the model against the server"): the
     loop-model diagnostic and the loads' capacity (module docstring); medians on request."""
-    from workloads.servingmodel import StepTimes
+    from workloads.serving.model import StepTimes
 
     detail = costs["detail"]
     pre = detail.get("aggregated") or detail["prefill"]
@@ -397,7 +397,7 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
     stream's calls can be set against a closed loop seconds before them (`duration_analysis`)."""
     from sweeper.serving.overheads import duration_spread, measure_session, with_deployment_overheads
     from sweeper.serving.serve import ServingSession, relative_errors
-    from workloads.servingmodel import capacity_rps
+    from workloads.serving.model import capacity_rps
 
     rows, started = [], time.time()
     start = common.machine_context()       # its CPU time counters: the steal over serving
@@ -667,8 +667,8 @@ def row_durations(row: dict, profile: Path, costs: dict | None = None) -> dict:
     the one the stream's calls imply (rate / the capacity at the scaled times); the loop
     model's TTFT p50 and p99 simulated again at the scaled times."""
     from sweeper.serving.overheads import with_deployment_overheads
-    from workloads.hostcosts import duration_spread
-    from workloads.servingmodel import capacity_rps, simulate
+    from workloads.serving.hostcosts import duration_spread
+    from workloads.serving.model import capacity_rps, simulate
 
     costs = costs or row["host_costs"]
     d = with_deployment_overheads(deployment(row["deployment"], profile), costs)

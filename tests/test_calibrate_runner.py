@@ -1,4 +1,4 @@
-"""`sweeper calibrate`'s runner (sweeper/calibrate/runner.py): real `workloads.hostcal`
+"""`sweeper calibrate`'s runner (sweeper/calibrate/runner.py): real `sweeper.calibrate.worker`
 processes on this host's slots share one task list, each task run once; a list whose
 processes cannot start has its tasks recorded as failed with the reason, and the run ends."""
 

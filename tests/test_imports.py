@@ -1,5 +1,6 @@
-"""The project's import graph: no cycles, `workloads` never imports `sweeper`, and every
-import points down the layer drawing of docs/architecture.md ("Layers").
+"""The project's import graph: no cycles, `workloads` never imports `sweeper` nor a
+command-line parser, and every import points down the layer drawing of docs/architecture.md
+("Layers").
 
 Read with `ast`, not by importing: every `import` statement counts, at module top or inside a
 function (a function-level import is still a dependency; it only moves when it is paid).
@@ -119,6 +120,33 @@ def test_no_import_cycles_between_project_modules():
 def test_workloads_never_imports_sweeper(module):
     graph = import_graph()
     assert not {m for m in graph[module] if m.split(".")[0] == "sweeper"}
+
+
+# The command-line parsers: `workloads` takes its inputs as values, and its flags are parsed
+# in `sweeper` (sweeper/cli/, sweeper/calibrate/worker.py).
+CLI_MODULES = {"argparse", "optparse", "getopt", "click", "typer"}
+
+
+def top_level_imports(source: str) -> set[str]:
+    """The top-level package of every absolute import in `source`, anywhere in its body."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_cli_import_check_sees_function_level_imports():
+    source = "import json\ndef main():\n    from argparse import ArgumentParser\n"
+    assert top_level_imports(source) & CLI_MODULES == {"argparse"}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in project_modules() if m.startswith("workloads")))
+def test_workloads_parses_no_command_line(module):
+    found = top_level_imports(project_modules()[module].read_text()) & CLI_MODULES
+    assert not found, f"{module} imports {sorted(found)}: parse flags in sweeper/cli"
 
 
 # ----------------------------------------------------------------------------- layers

@@ -10,7 +10,7 @@ from sweeper.serving.plan import PlanQuestion, plan
 from workloads import costmodel
 from workloads.config import (HARDWARE_PRESETS, MODEL_PRESETS, ConfigError, HardwareProfile,
                               load_hardware, load_model)
-from workloads.servingprofile import AppProfile, parse_length
+from workloads.serving.profile import AppProfile, parse_length
 from workloads.trial import TrialConfig
 
 

@@ -12,7 +12,7 @@ from workloads import costmodel as cm
 from workloads.config import MODEL_PRESETS, ConfigError, load_hardware
 from workloads.layouts import PhaseLayout, forward_collectives
 from workloads.recommend import recommend
-from workloads.servingprofile import AppProfile, parse_length
+from workloads.serving.profile import AppProfile, parse_length
 from workloads.trial import TrialConfig
 
 MIXTRAL = MODEL_PRESETS["mixtral-8x7b"]

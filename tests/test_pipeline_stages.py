@@ -1,4 +1,4 @@
-"""Pipeline stages on the emulated mesh (workloads/pipeline.py, issue 38 item 4): the staged
+"""Pipeline stages on the emulated mesh (workloads/serving/pipeline.py, issue 38 item 4): the staged
 engine's greedy tokens and logits are the unstaged engine's and the unsharded reference's;
 the staged slot server serves requests through the serving loop with the reference's tokens;
 a stage count the layers do not split into is one ConfigError line.
@@ -21,11 +21,11 @@ from workloads.config import MODEL_PRESETS, ConfigError  # noqa: E402
 from workloads.engine import Engine  # noqa: E402
 from workloads.layouts import PhaseLayout  # noqa: E402
 from workloads.model import init_params, prompt_tokens  # noqa: E402
-from workloads.pipeline import StagedEngine, StagedSlotServer, slot_server  # noqa: E402
 from workloads.quant import dequantize_params, quantize_params  # noqa: E402
 from workloads.reference import reference_generate  # noqa: E402
-from workloads.serving import SlotServer, SlotSpec, reference_generation, serve_aggregated  # noqa: E402
-from workloads.servingprofile import Request  # noqa: E402
+from workloads.serving.pipeline import StagedEngine, StagedSlotServer, slot_server  # noqa: E402
+from workloads.serving.profile import Request  # noqa: E402
+from workloads.serving.slots import SlotServer, SlotSpec, reference_generation, serve_aggregated  # noqa: E402
 from workloads.trial import TrialConfig  # noqa: E402
 
 BATCH, INPUT_LEN, STEPS = 4, 8, 4

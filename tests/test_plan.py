@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from sweeper.cli import main
-from workloads.deployment import load_plan
 from sweeper.serving.plan import PlanQuestion, plan
-from workloads.servingmodel import simulate
-from workloads.servingprofile import AppProfile, parse_length, requests
 from workloads.config import load_hardware, load_model
+from workloads.deployment import load_plan
+from workloads.serving.model import simulate
+from workloads.serving.profile import AppProfile, parse_length, requests
 
 PLAN_KEYS = {"mode", "chips_total", "ttft_p99_s", "tpot_p99_s", "ttft_p50_s", "tpot_p50_s",
              "goodput_rps", "tokens_per_s_per_chip"}
@@ -160,7 +160,7 @@ def test_error_band_marks_a_plan_at_risk():
 
 
 def _scaled(result, factor):
-    from workloads.servingmodel import StepTimes, cost_model_step_times
+    from workloads.serving.model import StepTimes, cost_model_step_times
 
     base = cost_model_step_times(result.best.deployment)
     return StepTimes(lambda b, n: base.prefill_s(b, n) * factor,
@@ -186,6 +186,23 @@ def test_bad_flags_are_one_line_exit_2(flags, needle, capsys, tmp_path, monkeypa
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_flags_override_a_space_files_serving_block(tmp_path, capsys, monkeypatch):
+    """Flags win over the file's `serving:` block, validated as flags (sweeper/cli/appprofile.py
+    declares them; `profile_from_flags` reads both back as one profile)."""
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path))
+    space = tmp_path / "space.yaml"
+    space.write_text("model: llama2-70b\nhardware: h100\nserving:\n  rate: 2\n"
+                     "  input_len: {dist: uniform, low: 256, high: 512}\n  output_len: 128\n"
+                     "  ttft: 1.0\n  tpot: 0.05\n")
+    assert main(["plan", "--space", str(space), "--json", "--no-mlflow", "--requests", "100",
+                 "--mode", "aggregated", "--rate", "3", "--ttft", "2.5"]) == 0
+    profile = json.loads(capsys.readouterr().out)["profile"]
+    assert profile["rate"] == 3 and profile["ttft"] == 2.5 and profile["tpot"] == 0.05
+    assert profile["output_len"] == 128 and profile["input_len"]["dist"] == "uniform"
+    assert main(["plan", "--space", str(space), "--no-mlflow", "--rate", "3", "--ttft", "-1"]) == 2
+    assert "--ttft" in capsys.readouterr().err
 
 
 def test_serving_block_of_a_space_file(tmp_path, capsys, monkeypatch):

@@ -17,7 +17,7 @@ from sweeper.serving import bands
 from sweeper.serving.launch import launch_lines
 from sweeper.serving.plan import PlanQuestion, plan
 from workloads.config import PRICE_SOURCES, WORLD_CALIBRATION, load_hardware, load_model
-from workloads.servingprofile import AppProfile, parse_length
+from workloads.serving.profile import AppProfile, parse_length
 
 QUESTION = ["--model", "llama2-70b", "--rate", "2", "--input-len", "512", "--output-len", "64",
             "--ttft", "1", "--tpot", "0.06", "--requests", "200", "--no-mlflow"]

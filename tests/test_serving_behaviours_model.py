@@ -1,5 +1,5 @@
 """Chunked prefill, prefix caching and pipeline stages in the serving model and planner
-(workloads/servingmodel.py, sweeper/serving/plan.py, sweeper/serving/launch.py; issue 38
+(workloads/serving/model.py, sweeper/serving/plan.py, sweeper/serving/launch.py; issue 38
 item 4; docs/serving-model.md "Chunked prefill, prefix caching, pipeline stages").
 
 Closed forms:
@@ -25,10 +25,10 @@ from sweeper.serving.plan import PlanQuestion, plan
 from workloads import costmodel
 from workloads.config import load_hardware, load_model
 from workloads.deployment import Deployment, PhaseSlice
-from workloads.servingmodel import (StepTimes, capacity_rps, cost_model_step_times,
-                                   memory_budget, phase_prediction, simulate, stage_links,
-                                   transfer_s)
-from workloads.servingprofile import AppProfile, Request, parse_length, requests
+from workloads.serving.model import (StepTimes, capacity_rps, cost_model_step_times,
+                                     memory_budget, phase_prediction, simulate, stage_links,
+                                     transfer_s)
+from workloads.serving.profile import AppProfile, Request, parse_length, requests
 
 H100 = load_hardware("h100")
 

@@ -15,7 +15,7 @@ import pytest
 from sweeper.cli import main
 from workloads.config import MODEL_PRESETS, ConfigError
 from workloads.layouts import PhaseLayout
-from workloads.servingprofile import Request
+from workloads.serving.profile import Request
 
 MODEL = MODEL_PRESETS["tiny-serial"]     # untied embeddings: varied greedy tokens
 SEED = 3                                 # the prompts'
@@ -37,7 +37,7 @@ def prompts_of(reqs: list[Request], prefix_len: int) -> list[np.ndarray]:
 
 
 def assert_reference_tokens(reqs, prompts, served) -> None:
-    from workloads.serving import reference_generation
+    from workloads.serving.slots import reference_generation
 
     for i, (r, prompt, record) in enumerate(zip(reqs, prompts, served)):
         _, ref = reference_generation(MODEL, 0, prompt, r.output_len - 1)
@@ -47,7 +47,7 @@ def assert_reference_tokens(reqs, prompts, served) -> None:
 
 def server_for(chunk: int, prefix_len: int, prefill=("ws2d", "head"), decode=("ws2d", "batch"),
                slots: int = 2, topology=(1, 1, 2), prefill_batch: int = 1):
-    from workloads.serving import SlotServer, SlotSpec
+    from workloads.serving.slots import SlotServer, SlotSpec
 
     return SlotServer(SlotSpec(MODEL, topology, PhaseLayout(*prefill), PhaseLayout(*decode),
                                slots=slots, prefill_batch=prefill_batch, context_len=18,
@@ -60,7 +60,7 @@ def test_chunked_aggregated_loop_gives_the_reference_tokens(chunk, prefix_len):
     slots, with and without a cached prefix: every request completes with the reference's
     tokens; the call log has one chunk per ceil((input_len - cached_len) / chunk), each
     after a decode step while any slot was busy; the chunks compiled one program."""
-    from workloads.serving import serve_aggregated
+    from workloads.serving.slots import serve_aggregated
 
     from workloads.engine import _extend_program
 
@@ -90,7 +90,7 @@ def test_prefix_cached_whole_prompt_calls_give_the_reference_tokens():
     """Without chunks, the prompts that hit the prefix are prefilled as one extend of their
     rest from the prefix's KV (two prompts per call: the two hits share a call, padded
     rows start with the prefix too); every token the reference's."""
-    from workloads.serving import serve_aggregated
+    from workloads.serving.slots import serve_aggregated
 
     server = server_for(0, 6, prefill=("ws2d", "head"), decode=("ws2d", "head"),
                         slots=4, prefill_batch=2)
@@ -106,8 +106,8 @@ def test_prefix_cached_whole_prompt_calls_give_the_reference_tokens():
 def test_disaggregated_prefill_slice_uses_the_prefix_cache():
     """A prefill-only server with the prefix cached hands over the whole prompt's KV
     (prefix and rest) to a decode server of another layout: the reference's tokens."""
-    from workloads.serving import (SlotServer, SlotSpec, serve_decode_slice,
-                                   serve_prefill_slice)
+    from workloads.serving.slots import (SlotServer, SlotSpec, serve_decode_slice,
+                                         serve_prefill_slice)
 
     pre = SlotServer(SlotSpec(MODEL, (1, 1, 2), PhaseLayout("ws2d", "head"), None, slots=1,
                               prefill_batch=1, context_len=18, prefix_len=5))
@@ -129,7 +129,7 @@ def test_disaggregated_prefill_slice_uses_the_prefix_cache():
 def test_bad_chunk_and_prefix_are_one_line():
     """A chunk on a prefill-only server, a prefix as long as a slot and a prompt that does
     not start with the prefix: ConfigError naming the field."""
-    from workloads.serving import SlotServer, SlotSpec
+    from workloads.serving.slots import SlotServer, SlotSpec
 
     with pytest.raises(ConfigError, match="chunk"):
         SlotServer(SlotSpec(MODEL, (1, 1, 1), PhaseLayout("ws2d", "head"), None, chunk=4))
@@ -220,8 +220,8 @@ def test_sweeper_serve_chunked_and_prefix_cached_real(tmp_path, capsys, sweeper_
     from sweeper.paths import default_tracking_uri
     from sweeper.serving.serve import KEYS, prefix_len_of
     from sweeper.serving.server import request_prompt
-    from workloads.serving import reference_generation
-    from workloads.servingprofile import AppProfile, Length, requests
+    from workloads.serving.slots import reference_generation
+    from workloads.serving.profile import AppProfile, Length, requests
 
     plan = plan_file(tmp_path, chunk, prefix_len, stages)     # stages: 2 of 1 chip each
     assert main(["serve", "--plan", str(plan), "--rate", "4", "--requests", "6", "--seed", "1",
@@ -254,8 +254,8 @@ def test_a_serving_trial_with_a_prefix_serves_the_references_tokens():
     from sweeper.spec.space import load_space
     from workloads.config import HARDWARE_PRESETS
     from workloads.model import prompt_tokens
-    from workloads.serving import reference_generation, shared_prefix
-    from workloads.servingtrial import run_serving_trial, trial_requests
+    from workloads.serving.slots import reference_generation, shared_prefix
+    from workloads.serving.trial import run_serving_trial, trial_requests
 
     space = load_space({"name": "s", "model": "tiny-serial", "hardware": "host", "chips": 2,
                         "batch": 2, "serving": {"rate": 40, "requests": 5, "input_len": 10,

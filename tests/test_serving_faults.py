@@ -176,7 +176,7 @@ def test_a_stream_cut_short_is_compared_on_the_requests_that_completed(tmp_path)
     result says so (`percentiles_of`, `status`, `stop`, the table's label)."""
     from sweeper.serving.serve import ServeResult, Stop, compare, table
     from workloads.deployment import load_plan
-    from workloads.servingprofile import AppProfile, Length, requests
+    from workloads.serving.profile import AppProfile, Length, requests
 
     deployment = load_plan(plan(tmp_path))
     reqs = requests(AppProfile(rate=RATE, input_len=Length("fixed", 8, 8, 8),
@@ -353,7 +353,7 @@ def test_a_killed_aggregated_worker_is_one_line_and_what_completed_is_kept(tmp_p
 
 def stopped_mid_stream(out_json: dict) -> None:
     """The stream ended at the fault, before its last request arrived (not at its end)."""
-    from workloads.servingprofile import AppProfile, Length, requests
+    from workloads.serving.profile import AppProfile, Length, requests
 
     reqs = requests(AppProfile(rate=RATE, input_len=Length("fixed", 8, 8, 8),
                                output_len=Length("fixed", 6, 6, 6)), REQUESTS, 0)

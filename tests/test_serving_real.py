@@ -52,7 +52,7 @@ def test_slots_match_reference(prefill, decode, topology, prefill_batch):
     at every step) and leave when done: each one's logits and tokens are the reference's."""
     from workloads.layouts import PhaseLayout
     from workloads.model import prompt_tokens
-    from workloads.serving import SlotServer, SlotSpec, reference_generation
+    from workloads.serving.slots import SlotServer, SlotSpec, reference_generation
 
     model = MODEL_PRESETS[MODEL]
     steps = 5
@@ -91,7 +91,7 @@ def test_decode_kv_from_another_mesh_matches_reference():
     on a decode server of another topology and layout, decodes the reference's tokens."""
     from workloads.layouts import PhaseLayout
     from workloads.model import prompt_tokens
-    from workloads.serving import SlotServer, SlotSpec, reference_generation
+    from workloads.serving.slots import SlotServer, SlotSpec, reference_generation
 
     model = MODEL_PRESETS[MODEL]
     pre = SlotServer(SlotSpec(model, (1, 1, 2), PhaseLayout("ws2d", "head"), None, slots=1,
@@ -118,7 +118,7 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
     import math
 
     from sweeper.serving.overheads import first_token_overhead, host_costs
-    from workloads.hostcosts import PREFILL_PAIRS
+    from workloads.serving.hostcosts import PREFILL_PAIRS
     from sweeper.serving.serve import slot_specs
     from sweeper.serving.server import ServingWorker
     from workloads.deployment import load_plan
@@ -247,8 +247,8 @@ def _served(tmp_path, capsys, mode: str, **plan) -> dict:
 
 def _check(out: dict, artifact: dict) -> None:
     from sweeper.serving.serve import KEYS
-    from workloads.servingprofile import AppProfile, Length, requests
-    from workloads.serving import reference_generation
+    from workloads.serving.profile import AppProfile, Length, requests
+    from workloads.serving.slots import reference_generation
     from sweeper.serving.server import prompt_for
 
     for side in ("measured", "predicted"):
@@ -285,7 +285,7 @@ def test_serve_aggregated_replicas_real(tmp_path, capsys, sweeper_home):
     request's tokens the unsharded reference's (each replica makes its requests' prompts
     from their index in the whole stream), one comparison of the whole stream."""
     from sweeper.serving.serve import route
-    from workloads.servingprofile import Request
+    from workloads.serving.profile import Request
 
     out, artifact = _served(tmp_path, capsys, "aggregated", chips=1, replicas=2)
     assert set(out["warmup"]) == {"aggregated", "aggregated-1"}      # two workers served
@@ -307,7 +307,7 @@ def test_serve_disaggregated_replicas_real(tmp_path, capsys, sweeper_home):
     """A disaggregated plan of 2 prefill and 2 decode slices of 1 chip: four Ray mesh
     workers; requests go to the prefill slices round-robin in arrival order (serve.py
     `route`), each sends a request's KV cache to the decode slice the serving model routes
-    it to (servingmodel.py `decode_route`, round-robin in arrival order), every slice
+    it to (workloads/serving/model.py `decode_route`, round-robin in arrival order), every slice
     serves, and every request's tokens are the unsharded reference's."""
     out, artifact = _served(tmp_path, capsys, "disaggregated", chips=1, replicas=2)
     assert set(out["warmup"]) == {"prefill", "prefill-1", "decode", "decode-1"}
@@ -325,8 +325,8 @@ def test_serve_disaggregated_replicas_real(tmp_path, capsys, sweeper_home):
 
 
 def test_decode_slices_take_the_longer_answers_round_robin_in_arrival_order():
-    from workloads.servingmodel import decode_route
-    from workloads.servingprofile import Request
+    from workloads.serving.model import decode_route
+    from workloads.serving.profile import Request
 
     arrivals = [Request(0.3, 8, 5), Request(0.1, 8, 1), Request(0.2, 8, 5),
                 Request(0.0, 8, 5), Request(0.4, 8, 5)]
@@ -445,7 +445,7 @@ def test_decode_beside_steps_until_told_to_stop(tmp_path):
 
 
 def test_stepping_decode_loop_inserts_real_handovers_in_their_windows(tmp_path):
-    """workloads/hostcosts.py `stepping_send` -> server.py `deliver` -> `stepping_decode_loop`
+    """workloads/serving/hostcosts.py `stepping_send` -> server.py `deliver` -> `stepping_decode_loop`
     on real slot servers of the tiny model (two threads, no Ray; overheads.py
     `measure_stepping_handovers` runs the same across two workers): every handover sent is
     inserted, only in the windows with handovers (`stepping_with`, plus the KV's way to the
@@ -458,7 +458,7 @@ def test_stepping_decode_loop_inserts_real_handovers_in_their_windows(tmp_path):
 
     from sweeper.serving.serve import slot_specs
     from sweeper.serving.server import ServingWorker
-    from workloads import hostcosts
+    from workloads.serving import hostcosts
     from workloads.deployment import load_plan
 
     deployment = load_plan(plan_file(tmp_path, "disaggregated", chips=1))

@@ -21,7 +21,7 @@ from sweeper.sweep.controller import run_sweep
 from sweeper.sweep.recording import prediction_note
 from sweeper.spec.space import load_space
 from sweeper.tracking.results import load_trials
-from workloads.servingtrial import trial_requests
+from workloads.serving.trial import trial_requests
 
 SPACE = {"name": "serving-records", "model": "tiny", "hardware": "host", "chips": 1,
          "batch": 2, "serving": {"rate": 40, "requests": 4, "input_len": 16, "output_len": 4},

@@ -1,4 +1,4 @@
-"""The serving model (workloads/servingmodel.py) against closed-form cases, and its inputs.
+"""The serving model (workloads/serving/model.py) against closed-form cases, and its inputs.
 
 Closed forms (docs/serving.md "The serving model"):
 - one replica, deterministic arrivals slower than service: TTFT = one prefill call, TPOT =
@@ -20,10 +20,10 @@ import pytest
 
 from sweeper.serving import bands
 from workloads.deployment import Deployment, PhaseSlice, load_plan
-from workloads.servingmodel import (StepTimes, capacity_rps, cost_model_step_times,
-                                   kv_link_bandwidth, phase_prediction, simulate)
-from workloads.servingprofile import (AppProfile, Request, parse_length, profile_from_dict,
-                                      read_trace, requests)
+from workloads.serving.model import (StepTimes, capacity_rps, cost_model_step_times,
+                                     kv_link_bandwidth, phase_prediction, simulate)
+from workloads.serving.profile import (AppProfile, Request, parse_length, profile_from_dict,
+                                       read_trace, requests)
 from workloads import costmodel
 from workloads.config import ConfigError, load_hardware, load_model
 
@@ -44,12 +44,12 @@ def _spaced(n, gap, input_len=128, output_len=10):
 
 
 def test_handover_charge_is_the_decode_process_cpu_or_the_loops_own_figure_if_more():
-    """workloads/hostcosts.py `handover_costs` and `combine`: the decode loop's charge per
+    """workloads/serving/hostcosts.py `handover_costs` and `combine`: the decode loop's charge per
     handover is the decode process's CPU per handover, or, where more, the loop's own
     figure (the closed loop's insert mean; where the stepping loop was measured, its
     figure, at least its inserts); never the idle loop's insert, which stays in the detail
     (docs/serving.md "What a handover costs a stepping decode loop")."""
-    from workloads.hostcosts import combine, handover_costs
+    from workloads.serving.hostcosts import combine, handover_costs
 
     pre = {"engine_prefill_s": 0.009, "loop_prefill_mean_s": 0.011, "loop_prefill_prompts": 1.0}
     dec = {"engine_step_s": 0.005, "loop_step_mean_s": 0.006, "loop_step_paired_extra_s": 0.0006}
@@ -77,12 +77,12 @@ def test_handover_charge_is_the_decode_process_cpu_or_the_loops_own_figure_if_mo
 
 
 def test_stepping_handover_costs_closed_form():
-    """workloads/hostcosts.py `stepping_handover_costs` on a made-up call log: windows N W W
+    """workloads/serving/hostcosts.py `stepping_handover_costs` on a made-up call log: windows N W W
     N ..., 5 ms steps; in the windows with handovers each insert takes 0.6 ms and the step
     right after it 1 ms more; one step in a window with handovers is interrupted for 40 ms
     (another process), which the medians keep out of the charge: 0.6 + 1.0 ms per handover,
     where the windows' loop times paired (a diagnostic) read it in."""
-    from workloads.hostcosts import stepping_handover_costs, stepping_partner, stepping_with
+    from workloads.serving.hostcosts import stepping_handover_costs, stepping_partner, stepping_with
 
     windows, window_s = 8, 0.2
     assert [stepping_with(k) for k in range(8)] == [False, True, True, False] * 2
@@ -294,12 +294,12 @@ def test_an_idle_prefills_work_after_its_first_tokens_is_at_least_its_measured_f
 
 
 def test_idle_handover_costs_from_served_records():
-    """workloads/hostcosts.py `idle_handover_costs`: from requests served one at a time by
+    """workloads/serving/hostcosts.py `idle_handover_costs`: from requests served one at a time by
     the slice loops, the handover's latency (insert start - send end), its insert on the
     decode loop's clock, the decode wake (decoding after the insert beyond the model's
     steps) and the idle prefill's work after its first tokens (send end - first token),
     each the median over requests, the wake at least 0."""
-    from workloads.hostcosts import idle_handover_costs
+    from workloads.serving.hostcosts import idle_handover_costs
 
     served = [{"first_token_s": 1.0 * k - 0.0005 - 0.0001 * k,
                "sent_s": 1.0 * k, "insert_start_s": 1.0 * k + lat, "kv_ready_s": 1.0 * k + lat + ins,

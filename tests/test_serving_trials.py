@@ -23,16 +23,15 @@ import pytest
 import yaml
 
 from test_bad_input import check_rejected, run_cli
-from workloads.deployment import Deployment, PhaseSlice
-from workloads.servingmodel import SimResult
-from sweeper.sweep.controller import run_sweep
 from sweeper.spec.space import load_space
+from sweeper.sweep.controller import run_sweep
 from sweeper.tracking.results import load_runs, load_trials
-from workloads import servingprofile
 from workloads.config import ConfigError, HARDWARE_PRESETS, load_model
+from workloads.deployment import Deployment, PhaseSlice
 from workloads.metrics import METRIC_NAMES, SERVING_METRICS, SERVING_PREDICTIONS
-from workloads.servingmodel import simulate
-from workloads.servingtrial import predict_stream, summarize, trial_requests
+from workloads.serving import profile as app_profile
+from workloads.serving.model import SimResult, simulate
+from workloads.serving.trial import predict_stream, summarize, trial_requests
 from workloads.trial import TrialConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +150,7 @@ def test_a_host_serving_trial_keeps_what_it_measured_before_its_stream(sweep, tm
     from mlflow.tracking import MlflowClient
 
     from workloads.model import prompt_tokens
-    from workloads.serving import reference_generation
+    from workloads.serving.slots import reference_generation
 
     study = optuna.load_study(study_name=sweep.study_name, storage=sweep.storage)
     space = load_space(str(SERVING_SPACE))
@@ -252,7 +251,7 @@ def test_a_disaggregated_trials_worker_serves_the_references_tokens(session_swee
 
     from sweeper.sweep.meshworker import MeshWorker
     from workloads.model import prompt_tokens
-    from workloads.serving import reference_generation
+    from workloads.serving.slots import reference_generation
 
     monkeypatch.setenv("SWEEPER_HOME", str(session_sweeper_home))
     trial = load_space(DISAGGREGATED).trial_config({})
@@ -413,10 +412,10 @@ def test_a_trial_file_with_a_serving_block_exits_2_with_one_line(tmp_path):
 def test_a_trials_summary_is_the_serving_models_on_the_same_requests():
     """The same statistics as `sweeper serve` (SimResult.summary) for the same requests,
     including ones that never finished and one-token answers."""
-    profile = servingprofile.profile_from_dict({"rate": 20, "input_len": 16,
+    profile = app_profile.profile_from_dict({"rate": 20, "input_len": 16,
                                                 "output_len": "uniform:1:9", "ttft": 0.05,
                                                 "tpot": 0.01})
-    reqs = servingprofile.requests(profile, 40, seed=5)
+    reqs = app_profile.requests(profile, 40, seed=5)
     rng = np.random.default_rng(0)
     first = np.array([r.arrival_s for r in reqs]) + rng.exponential(0.03, len(reqs))
     finish = first + np.array([r.output_len - 1 for r in reqs]) * rng.uniform(0.005, 0.015, len(reqs))
@@ -428,7 +427,7 @@ def test_a_trials_summary_is_the_serving_models_on_the_same_requests():
     deployment = Deployment(load_model("tiny"), hardware, "aggregated", slice_, slice_)
     theirs = SimResult(deployment, np.array([r.arrival_s for r in reqs])[done], first[done],
                        finish[done], np.array([r.output_len for r in reqs])[done],
-                       slo=servingprofile.profile_from_dict(profile.to_dict())).summary()
+                       slo=app_profile.profile_from_dict(profile.to_dict())).summary()
     theirs["completed"] = int(done.sum())
     theirs["cost_per_million_tokens"] = (theirs["cost_per_million_tokens"] * 2.0
                                          / hardware.price_per_chip_hour)
@@ -489,10 +488,10 @@ def test_a_host_trials_measurement_before_its_stream_is_cached_per_deployment_sh
     """`measure_before_stream` on a real warmed-up slot server of the trial's deployment:
     the engine's calls and host costs (finite, the engine's calls > 0), reused for the same
     shape in the same process, and the prediction's StepTimes are those engine calls."""
-    from workloads.serving import SlotServer, SlotSpec
-    from workloads.servingprofile import context_len
-    from workloads.servingtrial import (MEASURED_STEP_TIMES, measure_before_stream,
-                                        measured_step_times, trial_deployment)
+    from workloads.serving.slots import SlotServer, SlotSpec
+    from workloads.serving.profile import context_len
+    from workloads.serving.trial import (MEASURED_STEP_TIMES, measure_before_stream,
+                                         measured_step_times, trial_deployment)
 
     trial = load_space({**BASE, "serving": {**BASE["serving"], "requests": 4}}).trial_config({})
     reqs = trial_requests(trial)
@@ -520,15 +519,15 @@ def test_a_host_trials_measurement_before_its_stream_is_cached_per_deployment_sh
 
 class _DecodeSliceHere:
     """A disaggregated trial's decode slice in this process (threads, no Ray), with
-    sweeper/sweep/meshworker.py `DecodeSlice`'s interface (workloads/servingtrial.py
+    sweeper/sweep/meshworker.py `DecodeSlice`'s interface (workloads/serving/trial.py
     `run_serving_trial`) over a real slot server; `beside`: it offers `begin_beside` /
-    `end_beside` (workloads/hostcosts.py `step_beside`)."""
+    `end_beside` (workloads/serving/hostcosts.py `step_beside`)."""
 
     def __init__(self, spec, lengths, beside: bool):
         import queue
         import threading
 
-        from workloads.serving import SlotServer
+        from workloads.serving.slots import SlotServer
 
         self.server = SlotServer(spec)
         for length in lengths:
@@ -545,7 +544,7 @@ class _DecodeSliceHere:
         self.threads[name] = thread
 
     def measure_loop(self, input_len, output_len, how):
-        from workloads.hostcosts import measure_loop
+        from workloads.serving.hostcosts import measure_loop
         return measure_loop(self.server, input_len, output_len, **how)
 
     def sink(self, handover):
@@ -555,7 +554,7 @@ class _DecodeSliceHere:
         return None
 
     def receive(self, handover):
-        from workloads.hostcosts import handover_receive
+        from workloads.serving.hostcosts import handover_receive
         answer = handover_receive(self.server, handover)
         return lambda: answer
 
@@ -564,7 +563,7 @@ class _DecodeSliceHere:
         return time.process_time()
 
     def begin(self, expected, start_at):
-        from workloads.serving import serve_decode_slice
+        from workloads.serving.slots import serve_decode_slice
         self._run("serve", lambda: serve_decode_slice(self.server, self.inbox, expected, start_at))
 
     def send(self, handover):
@@ -576,7 +575,7 @@ class _DecodeSliceHere:
         return self.result["serve"]
 
     def _begin_beside(self):
-        from workloads.hostcosts import step_beside
+        from workloads.serving.hostcosts import step_beside
         self._run("beside", lambda: step_beside(self.server, self.stopped, 1, max_s=300.0))
         return 1
 
@@ -589,7 +588,7 @@ class _DecodeSliceHere:
 @pytest.mark.parametrize("beside", [True, False])
 def test_a_disaggregated_trials_prefill_closed_loop_runs_beside_a_stepping_decode_slice(
         beside, monkeypatch):
-    """workloads/servingtrial.py `measure_before_stream`, disaggregated, on real slot servers
+    """workloads/serving/trial.py `measure_before_stream`, disaggregated, on real slot servers
     (the decode slice in this process, `_DecodeSliceHere`): where the decode slice offers
     `begin_beside`, it steps while the prefill slice's closed loop runs (as `sweeper serve
     --measure-overheads`, docs/serving.md "The prefill slice beside a stepping decode
@@ -597,13 +596,13 @@ def test_a_disaggregated_trials_prefill_closed_loop_runs_beside_a_stepping_decod
     closed loop runs alone. The handover's charge is the decode CPU per handover or the closed
     loop's insert mean, the larger. No
     timing asserted."""
-    from workloads.serving import SlotServer
-    from workloads.servingprofile import context_len
-    from workloads import servingtrial
-    from workloads.servingtrial import measure_before_stream, slice_specs
+    from workloads.serving.slots import SlotServer
+    from workloads.serving.profile import context_len
+    from workloads.serving import trial as serving_trial
+    from workloads.serving.trial import measure_before_stream, slice_specs
 
     # a fresh per-process cache: another test of this process may have measured the shape
-    monkeypatch.setattr(servingtrial, "_MEASURED", {})
+    monkeypatch.setattr(serving_trial, "_MEASURED", {})
     trial = load_space({**DISAGGREGATED, "serving": {**DISAGGREGATED["serving"],
                                                      "input_len": 8 + beside}}).trial_config({})
     reqs = trial_requests(trial)

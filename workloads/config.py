@@ -446,7 +446,7 @@ class HardwareProfile:
     serving_prefill_first_overhead_s: float = 0.0
     # A disaggregated deployment's KV handover as a stream pays it (measured by lone requests
     # through the deployment's own slice loops, each finding the decode loop idle:
-    # workloads/hostcosts.py `idle_handover_costs`, docs/serving.md): the KV is ready this
+    # workloads/serving/hostcosts.py `idle_handover_costs`, docs/serving.md): the KV is ready this
     # long after the prefill slice's send (the prefill loop does not wait), an idle decode
     # loop's first step costs this much more, and an idle prefill loop's call pays at least
     # this much per prompt after its first tokens (its export and send); 0 = none.

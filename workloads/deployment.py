@@ -1,7 +1,7 @@
 """A serving deployment: how many replicas of how many chips run each phase, and how.
 
 `Deployment` is what `sweeper plan` chooses, what `sweeper serve` runs and what the serving
-model (workloads/servingmodel.py) predicts. Aggregated: each of `replicas` replicas runs
+model (workloads/serving/model.py) predicts. Aggregated: each of `replicas` replicas runs
 prefill and decode on the same chips (prefill.chips == decode.chips, same replicas, one
 stored copy of the weights: same weights and topology), `decode.batch` decode slots and
 `prefill.batch` prompts per prefill call. Disaggregated: `prefill.replicas` slices of
@@ -272,7 +272,7 @@ def load_plan(path: str | Path) -> Deployment:
 
 def load_plan_profile(path: str | Path):
     """The application profile a plan was made for (an AppProfile), or None if it has none."""
-    from workloads.servingprofile import profile_from_dict
+    from workloads.serving.profile import profile_from_dict
 
     data = read_plan(path)
     return None if data.get("profile") is None else profile_from_dict(

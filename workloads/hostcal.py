@@ -2,8 +2,9 @@
 devices pinned to its cores, the operations the host cost model adds up, timed one kind at a
 time, then real trials of the probe models (workloads/probes.py) through the engine.
 
-    python -m workloads.hostcal --devices N --cores 0 --tasks FILE.json [--claim FILE]
+    python -m sweeper.calibrate.worker --devices N --cores 0 --tasks FILE.json [--claim FILE]
 
+(its entry point, sweeper/calibrate/worker.py, parses the flags and calls `serve_tasks`)
 writes one JSON object per line to stdout as each measurement finishes (the parent shows
 progress and keeps whatever finished if the process is lost). With `--claim`, processes on
 other cores share the list: each takes the next unclaimed task from the counter in that file
@@ -26,19 +27,17 @@ Tasks (a JSON list):
 Everything is timed by the protocol of docs/architecture.md "Measurement protocol": repeats
 until the median's 95% CI is within the target, or the time budget is spent.
 
-The process pins itself to `--cores` and sets the device count BEFORE importing JAX (XLA
+`serve_tasks` pins the process to `--cores` and sets the device count BEFORE importing JAX (XLA
 sizes its thread pool then), as a sweep's mesh worker does (sweeper/sweep/meshworker.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import math
 import os
 import statistics
-import sys
 import time
 import traceback
 
@@ -197,37 +196,29 @@ def claimed(path: str, total: int):
         yield index
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.hostcal")
-    parser.add_argument("--devices", type=int, required=True)
-    parser.add_argument("--cores", required=True, help="comma-separated CPU cores to pin to")
-    parser.add_argument("--tasks", required=True, help="JSON list of tasks")
-    parser.add_argument("--claim", help="counter file shared with other processes on the "
-                        "same task list: each task is run by the process that claims it")
-    args = parser.parse_args(argv)
-    cores = {int(c) for c in args.cores.split(",")}
+def serve_tasks(devices: int, cores: set[int], tasks_file: str, claim_file: str | None = None) -> int:
+    """Run the task list of `tasks_file` (every task, or with `claim_file` those this process
+    claims) on `devices` emulated devices pinned to `cores`, one JSON record per line on
+    stdout. Call it before anything imports JAX: it pins the process and sets the device
+    count first (sweeper/calibrate/worker.py, the process's entry point, parses its flags)."""
     os.sched_setaffinity(0, cores)             # before JAX: XLA sizes its threads then
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
-    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={args.devices}"])
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    with open(args.tasks) as f:
+    with open(tasks_file) as f:
         tasks = json.load(f)
     engine_cache: dict = {}
-    indices = (claimed(args.claim, len(tasks)) if args.claim else range(len(tasks)))
+    indices = (claimed(claim_file, len(tasks)) if claim_file else range(len(tasks)))
     for index in indices:
         task = tasks[index]
         start = time.perf_counter()
         try:
-            result = {"ok": True, **run(task, args.devices, engine_cache)}
+            result = {"ok": True, **run(task, devices, engine_cache)}
         except Exception as err:     # one failed measurement is recorded, the others go on
             result = {"ok": False, "error": f"{type(err).__name__}: {err}",
                       "traceback": traceback.format_exc(limit=3)}
-        record = {"index": index, "devices": args.devices, "task": task, "pid": os.getpid(),
+        record = {"index": index, "devices": devices, "task": task, "pid": os.getpid(),
                   "wall_s": time.perf_counter() - start, **result}
         print(json.dumps(record), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

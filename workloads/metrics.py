@@ -84,7 +84,7 @@ class Measurement:
     decode_compute_s: float = math.nan
     decode_memory_s: float = math.nan
     decode_comm_s: float = math.nan
-    # Serving trials (a space's `serving:` block, workloads/servingtrial.py): one request
+    # Serving trials (a space's `serving:` block, workloads/serving/trial.py): one request
     # stream served with wall-clock arrivals; definitions as `sweeper serve`'s (docs/serving.md):
     # TTFT = first token - arrival, TPOT = (finish - first token) / (output tokens - 1),
     # percentiles over the requests; throughput and tokens over the span from the first
@@ -99,7 +99,7 @@ class Measurement:
     tokens_per_s_per_chip: float = math.nan
     completed: float = math.nan            # requests answered
     cost_per_million_tokens: float = math.nan   # output tokens; the profile's price per chip-hour
-    # The serving model's prediction of the same stream (workloads/servingmodel.py `simulate`:
+    # The serving model's prediction of the same stream (workloads/serving/model.py `simulate`:
     # the trial's deployment, its requests, the hardware profile the worker was given),
     # analytical; NaN when the profile cannot price the deployment. Named as predictions are
     # (docs/architecture.md "Names"): `pred_<metric>` beside the measured `<metric>`.

@@ -634,7 +634,7 @@ def _scatter_rows(cache, index, update):
 def attend_rows(q, kv, cache, layer: int, pos, kv_cache: str = "bf16"):
     """Decode attention where row r is at position pos[r] (one new token per row): each row
     writes its K/V at its own position and attends to its own prefix. The slots of a serving
-    decode batch (workloads/serving.py) hold requests at different points of their answers."""
+    decode batch (workloads/serving/slots.py) hold requests at different points of their answers."""
     b, lq, hq, d = q.shape
     positions = pos[:, None] + jnp.arange(lq)[None, :]                  # [b, lq]
     q = rope(q, positions)

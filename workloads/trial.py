@@ -25,8 +25,8 @@ from workloads.costmodel import best_topology
 from workloads.layouts import (ATTN_LAYOUTS, EXPERT_LAYOUTS, FFN_LAYOUTS, KV_FORMATS, PAD_HEADS_CHOICES,
                                PAD_VOCAB_CHOICES, WEIGHT_FORMATS, PhaseLayout, resolve_padding,
                                validate_layouts, validate_phase)
-from workloads.servingprofile import FIELDS as PROFILE_FIELDS
-from workloads.servingprofile import block_profile
+from workloads.serving.profile import FIELDS as PROFILE_FIELDS
+from workloads.serving.profile import block_profile
 from workloads.validate import integer, is_int, number, one_of
 
 # The parts of a phase layout (PhaseLayout's fields) and the layouts each accepts (paper §3).
@@ -64,7 +64,7 @@ SERVING_REQUESTS = 32      # requests per serving trial unless the block says `r
 def parse_serving(value: Any, where: str = "serving", source: str | None = None,
                   context: Mapping | None = None) -> dict | None:
     """A serving trial's stream: the application profile's fields (rate or trace, input_len,
-    output_len, ttft, tpot, ...; workloads/servingprofile.py) plus `requests`, the requests
+    output_len, ttft, tpot, ...; workloads/serving/profile.py) plus `requests`, the requests
     served per trial; checked by the profile's own parsers, kept as plain data
     (`AppProfile.to_dict()` plus `requests`). None: not a serving trial."""
     if value is None:
@@ -216,8 +216,8 @@ class TrialConfig:
 
     def slice_trials(self, source: str | None = None) -> dict[str, "TrialConfig"]:
         """A disaggregated serving trial's slices, each as the trial its slot server's engine
-        runs (workloads/serving.py `SlotServer`): half the chips, split as the cost model
-        splits them (`best_topology`, as workloads/servingtrial.py `slice_topologies`);
+        runs (workloads/serving/slots.py `SlotServer`): half the chips, split as the cost model
+        splits them (`best_topology`, as workloads/serving/trial.py `slice_topologies`);
         `prefill`: the prefill layout in both phases, one prompt per call (batch 1, one
         slot); `decode`: the decode layout in both phases, `batch` slots. Lengths, weights,
         padding and seed are the trial's. ConfigError (field `chips`) when the chips cannot
@@ -235,7 +235,7 @@ class TrialConfig:
         check_context(self.model, self.context_len, "input_len", self.input_len, source,
                       f"input_len {self.input_len} + decode_steps {self.decode_steps} = "
                       f"{self.context_len} tokens")
-        if self.serving is not None:     # the slot server (workloads/serving.py) keeps its own
+        if self.serving is not None:     # the slot server (workloads/serving/slots.py) keeps its own
             for name, default in (("kv_cache", "bf16"), ("experts", "tp")):   # cache and layout
                 if getattr(self, name) != default:
                     raise ConfigError(name, getattr(self, name), f"{default} in a serving trial "

@@ -2,10 +2,10 @@
 (docs/host-calibration.md "How it works").
 
 A `Batch` is a list of tasks for processes of `devices` emulated devices
-(`python -m workloads.hostcal`), one process per slot (disjoint core groups, as `sweeper run`
+(`python -m sweeper.calibrate.worker`), one process per slot (disjoint core groups, as `sweeper run`
 pins one worker per slot) at a time. Batches run largest first, and every slot that is free
 starts a process on the first batch with tasks left: the processes on one batch share its
-list (`hostcal --claim`), each taking the next task as it finishes one, so the slots finish
+list (`--claim`), each taking the next task as it finishes one, so the slots finish
 together however long each probe takes. Each task's result is one JSON line; a process that
 dies or runs past its time limit loses only the task it was running, recorded as failed
 with the reason (nothing measured is lost).
@@ -63,7 +63,7 @@ def _run_batch(batch: Batch, cores: list[int], on_record: Callable[[dict], None]
                timeout_s: float, tasks_file: str, claim_file: str) -> str | None:
     """Run one process on the batch's shared list until no task is left; None, or why it
     stopped early."""
-    cmd = [sys.executable, "-m", "workloads.hostcal", "--devices", str(batch.devices),
+    cmd = [sys.executable, "-m", "sweeper.calibrate.worker", "--devices", str(batch.devices),
            "--cores", ",".join(map(str, cores)), "--tasks", tasks_file, "--claim", claim_file]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_process_env())

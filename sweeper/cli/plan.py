@@ -12,12 +12,12 @@ import json
 import math
 from pathlib import Path
 
-from sweeper.cli import options
+from sweeper.cli import appprofile, options
 from sweeper.cli.output import print_json, say_profile
-from workloads import servingprofile as workload
-from workloads.deployment import MAX_TOTAL_CHIPS, MODES
 from workloads.config import (HARDWARE_PRESETS, MEMORY_RESERVE_SOURCES, PRICE_SOURCES,
                               WORLD_CALIBRATION, ConfigError, read_yaml)
+from workloads.deployment import MAX_TOTAL_CHIPS, MODES
+from workloads.serving import profile as serving_profile
 
 
 def add_parser(sub) -> None:
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                    "fit --out`, or a `<chip>-world` preset) gives calibrated step times and error "
                    "bands; several, comma-separated, compare them (the cheapest plan per hardware "
                    "and overall)")
-    workload.add_arguments(p)
+    appprofile.add_arguments(p)
     p.add_argument("--max-chips", metavar="N", help="chip budget: the most goodput within N "
                    "chips (default: the cheapest plan, searched up to 4096 chips)")
     p.add_argument("--memory-reserve", metavar="SHARE", help="share of each chip's HBM held "
@@ -87,23 +87,22 @@ def question_from_args(args: argparse.Namespace):
         if "serving" not in data:
             raise ConfigError("serving", None, "a serving: block (docs/serving.md)", args.space)
         block = data["serving"]
-        base = (workload.block_profile(block, args.space) if isinstance(block, dict)
-                else workload.profile_from_dict(block, args.space))
-        overrides = {f: getattr(args, f"serving_{f}") for f in workload.FIELDS
+        base = (serving_profile.block_profile(block, args.space) if isinstance(block, dict)
+                else serving_profile.profile_from_dict(block, args.space))
+        overrides = {f: getattr(args, f"serving_{f}") for f in serving_profile.FIELDS
                      if getattr(args, f"serving_{f}") is not None}
         if overrides:     # flags win over the file, validated as flags
-            merged = argparse.Namespace(**{f"serving_{f}": v for f, v in base.to_dict().items()})
+            merged = base.to_dict()
             for f, v in overrides.items():
-                setattr(merged, f"serving_{f}", v)
+                merged[f] = v
                 if f == "rate":
-                    merged.serving_trace = None
+                    merged["trace"] = None
                 if f == "trace":
-                    merged.serving_rate = None
+                    merged["rate"] = None
             for f in ("input_len", "output_len"):
-                value = getattr(merged, f"serving_{f}")
-                if isinstance(value, dict):
-                    setattr(merged, f"serving_{f}", str(getattr(base, f)))
-            profile = workload.from_args(merged)
+                if isinstance(merged[f], dict):
+                    merged[f] = str(getattr(base, f))
+            profile = serving_profile.profile_from_flags(merged)
         else:
             profile = base
     if model_spec is None:
@@ -112,7 +111,7 @@ def question_from_args(args: argparse.Namespace):
         raise ConfigError("--hardware", None, "a hardware preset or YAML (or --space with "
                           "hardware:)")
     if profile is None:
-        profile = workload.from_args(args)
+        profile = appprofile.from_args(args)
     if args.space and not args.hardware:
         hardware_spec = _space_hardware(hardware_spec, args.space)
     model = load_model(model_spec, args.space, "--model" if args.model else "model")
@@ -122,7 +121,7 @@ def question_from_args(args: argparse.Namespace):
     say_profile(hardware)
     max_chips = (None if args.max_chips is None
                  else _int_flag(args.max_chips, "--max-chips", 1, MAX_TOTAL_CHIPS))
-    coverage = workload._share(args.coverage, "--coverage", None)
+    coverage = serving_profile._share(args.coverage, "--coverage", None)
     if coverage >= 1:
         raise ConfigError("--coverage", args.coverage, "a share in (0, 1), such as 0.9")
     modes = MODES if args.mode == "both" else (args.mode,)

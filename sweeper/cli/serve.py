@@ -67,7 +67,7 @@ def _positive(value: str, flag: str, integer: bool, minimum: float,
 def stream_of(args):
     """(deployment, requests, rate, seed) from the flags and the plan; ConfigError on bad input."""
     from workloads.deployment import load_plan, load_plan_profile
-    from workloads.servingprofile import AppProfile, parse_length, requests
+    from workloads.serving.profile import AppProfile, parse_length, requests
 
     if args.rate is None:
         raise ConfigError("--rate", None, "requests per second (required unless --measure-overheads)")
@@ -98,8 +98,8 @@ def stream_of(args):
 
 def profile_of(rate: float, lengths: dict, prefix: dict):
     """The served stream's AppProfile; its prefix flags parsed and checked as `sweeper
-    plan`'s (workloads/servingprofile.py: ConfigError names the flag)."""
-    from workloads.servingprofile import AppProfile, _build
+    plan`'s (workloads/serving/profile.py: ConfigError names the flag)."""
+    from workloads.serving.profile import AppProfile, _build
 
     if not prefix:
         return AppProfile(rate=rate, **lengths)
@@ -111,7 +111,7 @@ def lengths_of(args) -> tuple[int, int]:
     """(input_len, output_len) for --measure-overheads: the flags, else the plan's profile
     (a distribution: its mean)."""
     from workloads.deployment import load_plan_profile
-    from workloads.servingprofile import parse_length
+    from workloads.serving.profile import parse_length
 
     profile = load_plan_profile(args.plan)
     out = []
@@ -195,7 +195,7 @@ def cmd_serve(args) -> int:
         return cmd_measure_overheads(args)
     deployment, reqs, rate, seed = stream_of(args)
     from sweeper.serving.serve import check_fits, prefix_len_of, slot_specs
-    from workloads.servingprofile import context_len
+    from workloads.serving.profile import context_len
 
     slot_specs(deployment, context_len(reqs), seed,           # every layout check before Ray and JAX
                prefix_len_of(reqs))

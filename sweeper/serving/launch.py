@@ -7,7 +7,7 @@ GPUs: vLLM (`vllm serve`) and SGLang (`sglang.launch_server`); TPUs: JetStream w
 pipeline stage: the slice's chips without stages), its pipeline stages (vLLM
 --pipeline-parallel-size, SGLang --pp-size), its decode slots (vLLM --max-num-seqs, SGLang
 --max-running-requests, MaxText per_device_batch_size = slots / chips) and the longest
-request (prompt + answer). Prefill as the plan runs it (workloads/servingmodel.py): a plan
+request (prompt + answer). Prefill as the plan runs it (workloads/serving/model.py): a plan
 without chunks inserts whole prefill calls between decode steps, so chunked prefill is
 switched off where the engine has it on; a plan with `prefill.chunk` mixes one chunk of that
 many prompt tokens into each decode step (vLLM --enable-chunked-prefill with a token budget
@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 
 from workloads.config import HardwareProfile, ModelConfig
-from workloads.servingprofile import AppProfile, length_stats
+from workloads.serving.profile import AppProfile, length_stats
 
 # Hugging Face checkpoints of the model presets with one; others are named by a placeholder.
 CHECKPOINTS = {"llama2-13b": "meta-llama/Llama-2-13b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf",

@@ -4,7 +4,7 @@ measured on this host outside any served stream (docs/serving.md "Serving host c
     costs = measure(deployment, input_len=32, output_len=32)    # starts its own workers
     hardware = with_overheads(deployment.hardware, costs)        # the profile fields (+ the wake)
 
-The serving model (workloads/servingmodel.py) adds them to the cost model's step times:
+The serving model (workloads/serving/model.py) adds them to the cost model's step times:
 - `serving_step_overhead_s`: per decode step, the mean step of the serving loop itself
   (`SlotServer.step()`, the clock read, the slot bookkeeping; a closed loop with every slot
   full and no arrivals; a mean, so that the host's interruptions of the loop are in it:
@@ -25,7 +25,7 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   most of it: a served call of one prompt in a 4-prompt deployment pays ~1/4 of the
   4-prompt call's host cost). Aggregated: prefill calls of 1..prefill_batch prompts, each
   paired with the engine's prefill right before it, the median of the differences per
-  prompt count, per prompt (workloads/hostcosts.py `paired_prefill_calls`: a saturated
+  prompt count, per prompt (workloads/serving/hostcosts.py `paired_prefill_calls`: a saturated
   loop of a multi-prompt prefill times one call per block). Disaggregated: measured on
   the prefill worker, paired by block (each block's mean call against the engine's blocks
   beside it, the median over blocks, as the aggregated step);
@@ -34,7 +34,7 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   the call, the insert; `decode_cpu_s`, over handovers at two KV sizes, `handover_send`),
   or, where more, the figure measured on that loop STEPPING with the prefill worker's
   handovers arriving at a stream's rate (`measure_stepping_handovers`,
-  workloads/hostcosts.py `stepping_handover_costs`: its insert, and the step right after
+  workloads/serving/hostcosts.py `stepping_handover_costs`: its insert, and the step right after
   it where slower, per handover, at least the insert). The worker's Ray threads are not on
   its pinned core, so the receipt's share of that CPU lands on the loop's core only as
   far as the other core is busy; the validation runs matched the CPU per handover better
@@ -47,7 +47,7 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   charged to either loop (its fixed part, the intercept of a straight line through the
   handovers' wall clock from export to slot, is in the detail, `fixed_s`); the bytes' part
   is the link the cost model prices. Then requests one at a time through the two workers'
-  own serving loops, the decode loop idle at each (workloads/hostcosts.py
+  own serving loops, the decode loop idle at each (workloads/serving/hostcosts.py
   `idle_handover_costs`), give `handover_latency_s` (send to insert: the KV's transport and
   the idle loop's poll, charged to neither loop), `decode_wake_s` (an idle decode loop's
   first step, beyond the model's) and `prefill_idle_after_s` (an idle prefill loop's export
@@ -55,7 +55,7 @@ The serving model (workloads/servingmodel.py) adds them to the cost model's step
   than a stepping one's) stays in the detail; docs/serving.md "Serving host costs", "What a
   handover costs a stepping decode loop".
 
-The mean is a robust one (workloads/hostcosts.py `measure_loop`, run by server.py
+The mean is a robust one (workloads/serving/hostcosts.py `measure_loop`, run by server.py
 `measure_host_costs` and by a serving trial's worker): the closed loop runs in `BLOCKS`
 blocks, each `ROUNDS` rounds (aggregated: a burst of `ROUNDS x slots` requests) repeated
 until the block has run at least `MIN_BLOCK_S` seconds (so the loop runs at least 1.25 s,
@@ -88,17 +88,17 @@ import dataclasses
 import time
 from typing import Any
 
-from workloads import hostcosts
-from workloads.deployment import Deployment
 from workloads.config import HardwareProfile
-from workloads.servingprofile import merge_decoded
+from workloads.deployment import Deployment
+from workloads.serving import hostcosts
+from workloads.serving.profile import merge_decoded
 # the measuring code and the costs from its answers live in workloads (a serving trial's
-# worker measures them too, workloads/servingtrial.py); their names stay importable here
-from workloads.hostcosts import (combine, duration_spread, first_token_overhead,  # noqa: F401
-                                 handover_costs, host_costs)
+# worker measures them too, workloads/serving/trial.py); their names stay importable here
+from workloads.serving.hostcosts import (combine, duration_spread, first_token_overhead,  # noqa: F401
+                                         handover_costs, host_costs)
 
 FIELDS = ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s")
-ROUNDS = hostcosts.ROUNDS            # rounds of the closed loop (workloads/hostcosts.py)
+ROUNDS = hostcosts.ROUNDS            # rounds of the closed loop (workloads/serving/hostcosts.py)
 BLOCKS = hostcosts.BLOCKS            # blocks; the median of the blocks' means
 MIN_BLOCK_S = hostcosts.MIN_BLOCK_S
 IDLE_HANDOVER_MARGIN_S = 0.5   # the idle handovers' start after their Ray calls are made
@@ -147,7 +147,7 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     # export and the Ray call (both in its closed loop's prefill cost, per prompt;
     # `submit_mean_s`, the submission alone, is a diagnostic).
     # the handover on an idle loop: requests one at a time through the two workers' own
-    # serving loops (workloads/hostcosts.py `idle_handover_costs`: the KV's latency to the
+    # serving loops (workloads/serving/hostcosts.py `idle_handover_costs`: the KV's latency to the
     # decode loop, its insert there, the decode loop's wake)
     reqs = hostcosts.idle_handover_requests(
         input_len, output_len, hostcosts.idle_handover_gap_s(pre, dec, output_len))
@@ -158,7 +158,7 @@ def measure_session(session, input_len: int, output_len: int, rounds: int = ROUN
     merge_decoded(served, ray.get(decoded))
     # what a handover costs the decode loop while it steps, as in a stream: the loop
     # stepping with the prefill worker's handovers arriving at a stream's rate, paired by
-    # window with the same loop without them (workloads/hostcosts.py `stepping_decode_loop`)
+    # window with the same loop without them (workloads/serving/hostcosts.py `stepping_decode_loop`)
     stepping = measure_stepping_handovers(session, pre, dec, input_len, output_len)
     return combine(pre, dec, handover_costs(samples, decode_cpu), served, stepping)
 

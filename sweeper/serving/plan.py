@@ -15,7 +15,7 @@ The search, per mode (aggregated, disaggregated):
 2. Analytical bounds prune before any simulation: memory (the slice must hold the weights
    and the slots' KV cache), TTFT >= one prefill call, TPOT >= one decode step, and the
    replicas the rate needs (utilisation < 1 from the per-request busy time of each phase).
-3. Best-first over chips in total: deployments are simulated (workloads/servingmodel.py, a
+3. Best-first over chips in total: deployments are simulated (workloads/serving/model.py, a
    bounded number of requests) cheapest first; one that misses its SLO comes back with one
    more replica of the phase that missed; the first that meets the SLO sets the price, and
    the search goes on to twice that many chips (or the budget) to draw the cost/latency
@@ -39,16 +39,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from sweeper.serving import bands as bands_mod
-from workloads.deployment import MODES, Deployment, PhaseSlice
-from workloads.servingmodel import (SimResult, StepTimes, cost_model_step_times,
-                                   kv_link_bandwidth, memory_budget, micro_batch, pipelined_s,
-                                   simulate, stage_model, transfer_s)
-from workloads.servingprofile import AppProfile, length_stats, mean_rate, requests
-from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, ModelConfig, check_context
+from workloads import costmodel
+from workloads.deployment import MODES, Deployment, PhaseSlice
 from workloads.hardware import per_chip   # a measured host profile is split over its chips
 from workloads.layouts import EXPERT_LAYOUTS
 from workloads.recommend import recommend, torus_topologies
+from workloads.serving.model import (SimResult, StepTimes, cost_model_step_times,
+                                     kv_link_bandwidth, memory_budget, micro_batch, pipelined_s,
+                                     simulate, stage_model, transfer_s)
+from workloads.serving.profile import AppProfile, length_stats, mean_rate, requests
 
 SLOT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCHES = (1, 2, 4, 8, 16)
@@ -304,7 +304,7 @@ class _Options:
     def decode(self, chips: int, weights: str, stages: int = 1) -> list[PhaseOption]:
         """Decode options of a slice of `chips` chips per stage in `stages` stages: per slot
         batch the fastest layout whose stage holds its layers' weights, every slot's KV
-        cache of those layers and the shared prefix's; the step pipelined (servingmodel)."""
+        cache of those layers and the shared prefix's; the step pipelined (workloads/serving/model.py)."""
         out = []
         if not self._weights_fit(chips * stages, weights):
             return out
@@ -715,7 +715,7 @@ def check_context_window(q: PlanQuestion) -> None:
 
 
 def _with_budget(options: _Options, plan: Plan) -> None:
-    """Fills plan.budget: memory per chip of each slice at the longest request (servingmodel)."""
+    """Fills plan.budget: memory per chip of each slice at the longest request (workloads/serving/model.py)."""
     plan.budget = memory_budget(plan.deployment, int(math.ceil(options.input_max)),
                                 int(math.ceil(options.context_full)), options.prefix_len)
 

@@ -20,12 +20,12 @@ of how much of the error is the step-time model and how much the serving model.
 
 Aggregated: one worker per replica (`replicas` workers, each on its share of this host's
 cores), requests routed as the serving model routes them, round-robin in arrival order
-(workloads/servingmodel.py `simulate`: replica r serves the r-th, (r+R)-th, ... arrival),
+(workloads/serving/model.py `simulate`: replica r serves the r-th, (r+R)-th, ... arrival),
 known in advance, so the router is exact online too; one measured/predicted/replayed
 comparison of the whole stream. Disaggregated: one worker per prefill replica and one per
 decode replica; prefill replicas get requests round-robin in arrival order and each sends a
 request's KV cache to the decode replica the serving model routes it to
-(workloads/servingmodel.py `decode_route`: the answers of more than one token, round-robin
+(workloads/serving/model.py `decode_route`: the answers of more than one token, round-robin
 in arrival order), so the router is exact online here too.
 """
 
@@ -40,10 +40,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from workloads.deployment import Deployment, PhaseSlice
-from workloads.servingprofile import Request, context_len, merge_decoded
 from workloads.config import ConfigError
+from workloads.deployment import Deployment, PhaseSlice
 from workloads.hardware import worker_share
+from workloads.serving.profile import Request, context_len, merge_decoded
 
 KEYS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "completed", "throughput_rps")
 START_MARGIN_S = 0.5          # workers start serving this long after the driver says go
@@ -134,7 +134,7 @@ def disaggregated_names(prefill_replicas: int, decode_replicas: int) -> list[str
 
 def route(requests: list[Request], replicas: int) -> list[list[int]]:
     """Each replica's requests (indices into `requests`): round-robin in arrival order, the
-    serving model's rule (workloads/servingmodel.py `simulate`)."""
+    serving model's rule (workloads/serving/model.py `simulate`)."""
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
     return [order[r::replicas] for r in range(replicas)]
 
@@ -159,7 +159,7 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int,
 
     d = deployment
     for part, name in ((d.prefill, "prefill"), (d.decode, "decode")):
-        if d.model.n_layers % part.stages:        # workloads/pipeline.py: equal stages
+        if d.model.n_layers % part.stages:        # workloads/serving/pipeline.py: equal stages
             raise ConfigError(f"{name}.stages", part.stages, f"a divisor of the model's "
                               f"{d.model.n_layers} layers (the emulated engine gives every "
                               "pipeline stage the same layers)")
@@ -174,7 +174,7 @@ def slot_specs(deployment: Deployment, context_len: int, seed: int,
         raise ConfigError("prefix_len", prefix_len, f"fewer tokens than a slot holds "
                           f"({context_len})")
     for part, name in ((d.prefill, "prefill"), (d.decode, "decode")):   # the slot server's own
-        for key, runs in (("experts", "tp"), ("kv_cache", "bf16")):      # (workloads/serving.py)
+        for key, runs in (("experts", "tp"), ("kv_cache", "bf16")):      # (workloads/serving/slots.py)
             if getattr(part, key) != runs:
                 raise ConfigError(f"{name}.{key}", getattr(part, key), f"{runs} (the slot server "
                                   "runs tp experts and a bf16 KV cache; the plan's prediction "
@@ -281,7 +281,7 @@ def memory_per_chip(deployment: Deployment, phase: str, context_len: int,
     from workloads.hardware import per_chip
     from workloads.layouts import PhaseLayout
 
-    from workloads.servingmodel import stage_model
+    from workloads.serving.model import stage_model
 
     d = deployment
     part = getattr(d, phase)
@@ -468,7 +468,7 @@ class ServingSession:
                                                              seed, ids)
                 tasks[ref] = n
             return tasks
-        from workloads.servingmodel import decode_route
+        from workloads.serving.model import decode_route
 
         d = self.deployment
         prefills = [n for n in self.names if n.startswith("prefill")]
@@ -582,7 +582,7 @@ class ServingSession:
                                                   self.diagnostic_step_times, self.duration_spread)
         calls, replayed = {}, {}
         if stop is None:
-            from workloads.servingmodel import simulate
+            from workloads.serving.model import simulate
 
             ray = self.ray
             calls = dict(zip(self.names, ray.get([self.actors[n].last_calls.remote()
@@ -698,7 +698,7 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
     step) duration factors the prediction draws from (none by default). The serving host
     costs the prediction charges (`serving_prefill_wake_s`, ...) are the deployment's
     hardware profile's (overheads.py `with_overheads`)."""
-    from workloads.servingmodel import SimResult, cost_model_step_times, simulate
+    from workloads.serving.model import SimResult, cost_model_step_times, simulate
 
     arrival = np.array([r.arrival_s for r in requests])
     first = np.array([p.get("first_token_s", np.nan) for p in per_request], dtype=float)
@@ -733,7 +733,7 @@ def completed_only(result, done: np.ndarray):
 def warmup_step_times(deployment: Deployment, warmup: dict[str, dict]):
     """StepTimes from the workers' warm-up calls (one call per shape: a diagnostic only), with
     the profile's KV handover host cost (the warm-up has no handover)."""
-    from workloads.servingmodel import StepTimes
+    from workloads.serving.model import StepTimes
 
     pre = warmup.get("aggregated") or warmup["prefill"]
     dec = warmup.get("aggregated") or warmup["decode"]
@@ -760,7 +760,7 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list],
     asks for more calls than the stream made gets the stream's mean. With `requests` (the
     stream's, for their arrivals), a prefill call that found the loop idle also lasts its
     wake-up, from the arrival to the call's start (`idle_wakes`: in no call's duration)."""
-    from workloads.servingmodel import StepTimes
+    from workloads.serving.model import StepTimes
 
     def replay(values: list[float]):
         mean = float(np.mean(values)) if values else 0.0
@@ -782,7 +782,7 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list],
             calls[name], None if ids is None else [requests[i].arrival_s for i in ids])]
 
     if deployment.mode == "aggregated" and deployment.prefill.chunk:
-        # chunked prefill (serving.py `_serve_chunked`): each chunk's call is a "prefill"
+        # chunked prefill (workloads/serving/slots.py `_serve_chunked`): each chunk's call is a "prefill"
         # duration (its prompt tokens at most `chunk`), each decode step as logged; the
         # loop's host work between them is in neither (an approximation: the serving
         # model's chunked iteration is the model helper's to replay exactly)

@@ -1,9 +1,9 @@
 """The serving workers: Ray actors that each own one emulated mesh (or the real devices) and
-serve a request stream with the engine's slot server (workloads/serving.py).
+serve a request stream with the engine's slot server (workloads/serving/slots.py).
 
 Aggregated: one `ServingWorker` runs prefill and decode on its mesh, in the engine's one
-aggregated loop (workloads/serving.py `serve_aggregated`, the loop the serving model
-simulates, workloads/servingmodel.py `_aggregated_replica`): when prompts wait and
+aggregated loop (workloads/serving/slots.py `serve_aggregated`, the loop the serving model
+simulates, workloads/serving/model.py `_aggregated_replica`): when prompts wait and
 slots are free, one prefill call (at most `prefill.batch` prompts of one length) is inserted
 between two decode steps; the decode step runs every slot. With chunked prefill
 (`prefill.chunk`), each iteration is a decode step then one chunk of the oldest waiting
@@ -19,7 +19,7 @@ charges each `handover_overhead_s` of the decode loop's time, docs/serving.md).
 
 Serving host costs (`measure_host_costs`, `handover_receive`; sweeper/serving/overheads.py):
 a worker times its own serving loop's work against the engine's timed calls of the same
-shape, outside any served stream, with workloads/hostcosts.py (the code a serving trial's
+shape, outside any served stream, with workloads/serving/hostcosts.py (the code a serving trial's
 worker runs too); a decode worker steps beside the prefill worker's measurement
 (`decode_beside`), as its loop does during a stream's prefill calls.
 
@@ -42,8 +42,8 @@ import re
 import time
 from typing import Any
 
-from workloads.hostcosts import _nowhere, prompt_for
-from workloads.servingprofile import Request
+from workloads.serving.hostcosts import _nowhere, prompt_for
+from workloads.serving.profile import Request
 
 try:    # the sweep's mesh-worker helpers (sweeper/sweep/meshworker.py since the workers split)
     from sweeper.sweep.meshworker import split_cores, where_am_i
@@ -85,11 +85,11 @@ class ServingWorker:
         cached_len) of the stream's prompts that start with the shared prefix."""
         from workloads.config import ModelConfig
         from workloads.layouts import PhaseLayout
-        from workloads.pipeline import slot_server
-        from workloads.serving import SlotSpec
+        from workloads.serving.pipeline import slot_server
+        from workloads.serving.slots import SlotSpec
 
         spec = dict(spec)
-        stages = spec.pop("stages", 1)      # pipeline stages (workloads/pipeline.py)
+        stages = spec.pop("stages", 1)      # pipeline stages (workloads/serving/pipeline.py)
         spec["model"] = ModelConfig.from_dict(spec["model"])
         spec["topology"] = tuple(spec["topology"])
         for phase in ("prefill", "decode"):
@@ -123,10 +123,10 @@ class ServingWorker:
 
     def serve_aggregated(self, requests: list[dict], start_at: float, seed: int,
                          indices: list[int] | None = None) -> list[dict]:
-        """The stream in the engine's aggregated loop (workloads/serving.py
+        """The stream in the engine's aggregated loop (workloads/serving/slots.py
         `serve_aggregated`), prompts from `seed`; `indices`: each request's index in the
         whole stream (one replica's share, serve.py `route`), which its prompt is made from."""
-        from workloads.serving import serve_aggregated   # lazy: imports JAX (the worker's mesh)
+        from workloads.serving.slots import serve_aggregated   # lazy: imports JAX (the worker's mesh)
 
         reqs = [Request(**r) for r in requests]
         index = list(indices) if indices is not None else list(range(len(reqs)))
@@ -176,7 +176,7 @@ class ServingWorker:
                       indices: list[int] | None = None,
                       targets: list[int] | None = None) -> list[dict]:
         """Prefill calls back to back in arrival order; each KV cache to a decode worker via
-        Ray (workloads/serving.py `serve_prefill_slice`, the one prefill-slice loop).
+        Ray (workloads/serving/slots.py `serve_prefill_slice`, the one prefill-slice loop).
         `decode`: one decode worker, or a list of them with `targets` (each request's index
         into it: serve.py routes as the serving model's `decode_route`); `indices`: each
         request's index in the whole stream (one replica's share), which its prompt is made
@@ -184,7 +184,7 @@ class ServingWorker:
         own indices, as an aggregated replica's. `decode` None: answers of one token only,
         nothing to hand over (`measure_host_costs`)."""
         import ray   # lazy: only inside a Ray worker
-        from workloads.serving import serve_prefill_slice   # lazy: imports JAX
+        from workloads.serving.slots import serve_prefill_slice   # lazy: imports JAX
 
         index = list(indices) if indices is not None else list(range(len(requests)))
         decodes = decode if isinstance(decode, list) else [decode]
@@ -225,8 +225,8 @@ class ServingWorker:
     def serve_decode(self, expected: int, start_at: float) -> dict[int, dict]:
         """Decode the `expected` requests the prefill worker hands over; per request, when
         its KV was in a slot, its last token's time and its decoded tokens
-        (workloads/serving.py `serve_decode_slice`, the one decode-slice loop)."""
-        from workloads.serving import serve_decode_slice   # lazy: imports JAX
+        (workloads/serving/slots.py `serve_decode_slice`, the one decode-slice loop)."""
+        from workloads.serving.slots import serve_decode_slice   # lazy: imports JAX
 
         self.calls = []
         return serve_decode_slice(self.server, self.inbox, expected, start_at, self.calls, POLL_S,
@@ -234,17 +234,17 @@ class ServingWorker:
 
 
     # ---- serving host costs (sweeper/serving/overheads.py), outside any served stream;
-    # the measuring code is workloads/hostcosts.py's (a serving trial's worker runs it too)
+    # the measuring code is workloads/serving/hostcosts.py's (a serving trial's worker runs it too)
 
     def measure_host_costs(self, input_len: int, output_len: int, rounds: int = 2,
                            blocks: int = 5, min_block_s: float = 0.25,
                            wake_requests: int = 12, idle_gap_s: float = 0.1,
                            decode=None) -> dict:
         """This worker's serving loop against the engine's timed calls of the same shapes
-        (workloads/hostcosts.py `measure_loop`, which says what each number is). `decode` (a
+        (workloads/serving/hostcosts.py `measure_loop`, which says what each number is). `decode` (a
         prefill slice's decode worker): the closed loop also hands each prefill call's KV to
         it in one Ray call (`sink` drops it), as `serve_prefill` does, not waited for."""
-        from workloads.hostcosts import measure_loop   # lazy: imports JAX (the worker's mesh)
+        from workloads.serving.hostcosts import measure_loop   # lazy: imports JAX (the worker's mesh)
 
         send = wait = None
         if decode is not None:
@@ -268,9 +268,9 @@ class ServingWorker:
 
     def handover_send(self, input_len: int, decode, repeats: int = 8) -> list[dict]:
         """KV handovers of `input_len` tokens to `decode`, as serve_prefill sends them
-        (workloads/hostcosts.py `handover_send`, one `handover_receive` Ray call each)."""
+        (workloads/serving/hostcosts.py `handover_send`, one `handover_receive` Ray call each)."""
         import ray   # lazy: only inside a Ray worker
-        from workloads.hostcosts import handover_send   # lazy: imports JAX
+        from workloads.serving.hostcosts import handover_send   # lazy: imports JAX
 
         def receive(handover):
             ref = decode.handover_receive.remote(handover)
@@ -284,25 +284,25 @@ class ServingWorker:
         it runs during most of a stream's prefill calls (overheads.py `measure_session`;
         docs/serving.md "Serving host costs"). Runs on one of the decode worker's two
         threads; the closed loop's handovers (`sink`) arrive on the other. The steps made."""
-        from workloads.hostcosts import step_beside   # lazy: as the worker's other measures
+        from workloads.serving.hostcosts import step_beside   # lazy: as the worker's other measures
 
         return step_beside(self.server, self._stopped, token, max_s)
 
     def stepping_decode(self, start_at: float, windows: int, window_s: float) -> list[tuple]:
         """The decode loop stepping from `start_at`, the handovers `deliver` receives on the
-        other thread inserted before its steps (workloads/hostcosts.py
+        other thread inserted before its steps (workloads/serving/hostcosts.py
         `stepping_decode_loop`): its call log."""
-        from workloads.hostcosts import stepping_decode_loop   # lazy: imports JAX
+        from workloads.serving.hostcosts import stepping_decode_loop   # lazy: imports JAX
 
         return stepping_decode_loop(self.server, self.inbox, start_at, windows, window_s)
 
     def stepping_send(self, input_len: int, output_len: int, start_at: float, rate: float,
                       decode, windows: int, window_s: float) -> list[int]:
         """Prompts prefilled at `rate` from `start_at`, their KV sent to `decode`'s `deliver`
-        in the windows with handovers (workloads/hostcosts.py `stepping_send`); the
+        in the windows with handovers (workloads/serving/hostcosts.py `stepping_send`); the
         handovers sent per window, after their calls are done."""
         import ray   # lazy: only inside a Ray worker
-        from workloads.hostcosts import stepping_send   # lazy: imports JAX
+        from workloads.serving.hostcosts import stepping_send   # lazy: imports JAX
 
         per_window, sent = stepping_send(self.server, input_len, output_len, start_at, rate,
                                          decode.deliver.remote, windows, window_s)
@@ -323,8 +323,8 @@ class ServingWorker:
         return time.process_time()
 
     def handover_receive(self, handover: list[dict]) -> dict[str, float]:
-        """The decode side of one handover (workloads/hostcosts.py `handover_receive`)."""
-        from workloads.hostcosts import handover_receive   # lazy: imports JAX
+        """The decode side of one handover (workloads/serving/hostcosts.py `handover_receive`)."""
+        from workloads.serving.hostcosts import handover_receive   # lazy: imports JAX
 
         return handover_receive(self.server, handover)
 
@@ -333,8 +333,8 @@ def request_prompt(model, index: int, input_len: int, seed: int, cached_len: int
                    prefix_len: int = 0):
     """Request `index`'s prompt (`prompt_for`: from the seed and its index in the whole
     stream), its first `cached_len` tokens the shared prefix's when it hits it (prefix
-    caching; workloads/serving.py `with_shared_prefix`)."""
-    from workloads.serving import with_shared_prefix   # lazy: imports JAX
+    caching; workloads/serving/slots.py `with_shared_prefix`)."""
+    from workloads.serving.slots import with_shared_prefix   # lazy: imports JAX
 
     return with_shared_prefix(model, prompt_for(model, index, input_len, seed), cached_len,
                               prefix_len)

@@ -67,7 +67,7 @@ from workloads.config import (ConfigError, ModelConfig, load_model, parse_quanti
                               parse_yaml, read_text)
 from workloads.costmodel import best_topology, factorizations
 from workloads.layouts import PhaseLayout, stores_1d, validate_layouts
-from workloads.servingprofile import block_profile, length_stats
+from workloads.serving.profile import block_profile, length_stats
 from workloads.trial import (FIELDS, FLAT_BY_NAME, PHASE_PARTS, REQUIRED, SEARCHABLE, TRIAL_FIELDS,
                              FlatParam, TrialConfig, flat_params_of, parse_field)
 from workloads.validate import boolean, check_keys as _check_keys, integer, number, one_of
@@ -448,7 +448,7 @@ def _parse_fixed(data: Mapping, source: str | None) -> dict[str, Any]:
 
 def _serving_trials(fixed: dict[str, Any], searched: set[str], hardware: HardwareSpec,
                     data: Mapping, source: str | None) -> None:
-    """A `serving:` block makes every trial a serving run (workloads/servingtrial.py): on a
+    """A `serving:` block makes every trial a serving run (workloads/serving/trial.py): on a
     real mesh, one host, its prompt and answer lengths from the block. The trial's
     `input_len` and `decode_steps` become the longest prompt and answer - 1 (the memory
     check and the prediction size the slots for them)."""

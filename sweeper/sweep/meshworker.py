@@ -10,13 +10,13 @@ compiled again (the last ENGINE_CACHE_ENTRIES shapes: each holds its weights and
 placed on the mesh, and a worker lives for the whole sweep), and the sweep's persistent
 compilation cache (`sweeper/sweep/compile_cache.py`) serves the programs another worker
 compiled. A serving trial (`TrialConfig.serving`, a space's `serving:` block) serves its
-request stream on the same mesh instead (workloads/servingtrial.py; its slot server is
+request stream on the same mesh instead (workloads/serving/trial.py; its slot server is
 built for the trial, outside the engine cache). A disaggregated serving trial runs its
 prefill slice here, on the first half of this worker's devices, and its decode slice on a
 `DecodeSliceWorker` actor this worker starts for the trial (the other half of the chips,
 its own process and device count), the KV caches handed over through Ray as `sweeper
 serve` hands them over (with `hardware: host` the decode slice also runs its part of the
-measurement before the stream, workloads/servingtrial.py `measure_before_stream`); the two
+measurement before the stream, workloads/serving/trial.py `measure_before_stream`); the two
 share this worker's cores (split in two when it has two
 or more), so the trial uses no core outside its slot (docs/space-files.md "Serving
 trials"). The actor answers `where()` (pid, Ray node
@@ -50,7 +50,7 @@ from sweeper.sweep.slices import JOIN_TIMEOUT_S, free_port
 from workloads import hoststate
 from workloads.config import HardwareProfile
 from workloads.measure import run_trial
-from workloads.servingtrial import run_serving_trial
+from workloads.serving.trial import run_serving_trial
 from workloads.trial import TrialConfig
 
 TEST_DELAY_ENV = "SWEEPER_TEST_TRIAL_DELAY_S"     # test-only, see the module docstring
@@ -137,8 +137,8 @@ class DecodeSliceWorker:
         self._stopped: set[int] = set()   # `decode_beside` runs told to stop
 
     def setup(self, spec, prompt_lens: list[int]) -> dict[str, float]:
-        """Build the decode slot server (a workloads.serving.SlotSpec) and warm it up."""
-        from workloads.serving import SlotServer   # lazy: imports JAX (this process's mesh)
+        """Build the decode slot server (a workloads.serving.slots.SlotSpec) and warm it up."""
+        from workloads.serving.slots import SlotServer   # lazy: imports JAX (this process's mesh)
 
         compile_cache.enable(os.environ.get(compile_cache.CACHE_DIR_ENV))
         self.server = SlotServer(spec)
@@ -156,15 +156,15 @@ class DecodeSliceWorker:
             self.inbox.put({**item, "delivered": delivered})
 
     def serve(self, expected: int, start_at: float) -> dict[int, dict]:
-        from workloads.serving import serve_decode_slice   # lazy: imports JAX
+        from workloads.serving.slots import serve_decode_slice   # lazy: imports JAX
 
         return serve_decode_slice(self.server, self.inbox, expected, start_at)
 
-    # serving host costs before the stream (workloads/hostcosts.py, the code `sweeper serve
-    # --measure-overheads`'s workers run; workloads/servingtrial.py `measure_before_stream`)
+    # serving host costs before the stream (workloads/serving/hostcosts.py, the code `sweeper serve
+    # --measure-overheads`'s workers run; workloads/serving/trial.py `measure_before_stream`)
 
     def measure_loop(self, input_len: int, output_len: int, how: dict) -> dict:
-        from workloads.hostcosts import measure_loop   # lazy: imports JAX
+        from workloads.serving.hostcosts import measure_loop   # lazy: imports JAX
 
         return measure_loop(self.server, input_len, output_len, **how)
 
@@ -173,7 +173,7 @@ class DecodeSliceWorker:
         the decode loop beside the prefill slice's closed loop, as during a stream's prefill
         calls (docs/serving.md "Serving host costs"); the closed loop's handovers (`sink`)
         arrive on this actor's other thread. The steps made."""
-        from workloads.hostcosts import step_beside   # lazy: imports JAX
+        from workloads.serving.hostcosts import step_beside   # lazy: imports JAX
 
         return step_beside(self.server, self._stopped, token, max_s)
 
@@ -185,7 +185,7 @@ class DecodeSliceWorker:
         return len(handover)
 
     def handover_receive(self, handover: list[dict]) -> dict[str, float]:
-        from workloads.hostcosts import handover_receive   # lazy: imports JAX
+        from workloads.serving.hostcosts import handover_receive   # lazy: imports JAX
 
         return handover_receive(self.server, handover)
 
@@ -196,7 +196,7 @@ class DecodeSliceWorker:
 
 class DecodeSlice:
     """The decode side of a disaggregated serving trial, as `run_serving_trial` uses it
-    (workloads/servingtrial.py): a `DecodeSliceWorker` actor with `chips` devices on
+    (workloads/serving/trial.py): a `DecodeSliceWorker` actor with `chips` devices on
     `cores`, started by the trial's worker and killed after the trial."""
 
     def __init__(self, chips: int, cores: list[int] | None, emulated: bool):
@@ -244,10 +244,10 @@ class DecodeSlice:
         self.ray.get(sent)
         return self.ray.get(self.serving)
 
-    # serving host costs before the stream (workloads/servingtrial.py `measure_before_stream`)
+    # serving host costs before the stream (workloads/serving/trial.py `measure_before_stream`)
 
     def measure_loop(self, input_len: int, output_len: int, how: dict) -> dict:
-        """The decode slice's closed loop (workloads/hostcosts.py `measure_loop`)."""
+        """The decode slice's closed loop (workloads/serving/hostcosts.py `measure_loop`)."""
         return self.ray.get(self.actor.measure_loop.remote(input_len, output_len, how))
 
     def sink(self, handover: list[dict]):
@@ -270,7 +270,7 @@ class DecodeSlice:
         return self.ray.get(steps)
 
     def receive(self, handover: list[dict]):
-        """One timed handover (workloads/hostcosts.py `handover_send`): sent now, its answer
+        """One timed handover (workloads/serving/hostcosts.py `handover_send`): sent now, its answer
         (`handover_receive`) when the returned call is called."""
         ref = self.actor.handover_receive.remote(handover)
         return lambda: self.ray.get(ref)
@@ -409,7 +409,7 @@ class MeshWorker:
                            "trials_run": self.trials_run}}
 
     def serve(self, trial: TrialConfig, profile: HardwareProfile | None):
-        """A serving trial (workloads/servingtrial.py); disaggregated: its decode slice on a
+        """A serving trial (workloads/serving/trial.py); disaggregated: its decode slice on a
         `DecodeSliceWorker` sharing this worker's cores (the module docstring)."""
         if trial.serving_mode != "disaggregated":
             return run_serving_trial(trial, profile)

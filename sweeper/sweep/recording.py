@@ -168,7 +168,7 @@ class Recorder:
 
 
 def prediction_note(note: dict | None) -> str:
-    """A serving trial's prediction note (workloads/servingtrial.py `predict_stream`) in one
+    """A serving trial's prediction note (workloads/serving/trial.py `predict_stream`) in one
     line: why there is no prediction (`pred_*` NaN), or its source and profile."""
     if not note:
         return "no prediction note"

@@ -52,7 +52,7 @@ from workloads.config import ConfigError, ModelConfig
 from workloads.layouts import WEIGHT_FORMATS, PhaseLayout, validate_phase
 from workloads.partitioning import write_rows
 from workloads.quant import QUANTIZED
-from workloads.servingprofile import Request
+from workloads.serving.profile import Request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,7 +388,7 @@ class SlotServer:
 
 # ---- the aggregated serving loop (docs/serving.md, "Real serving runs"): `sweeper serve`'s
 # aggregated worker, its host-cost measurement (sweeper/serving/server.py) and a serving trial
-# of `sweeper run` (workloads/servingtrial.py) all run this one loop.
+# of `sweeper run` (workloads/serving/trial.py) all run this one loop.
 
 def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callable[[int], Any],
                      start_at: float | None = None, prefill_batch: int | None = None,
@@ -396,7 +396,7 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
                      calls: list | None = None,
                      records: list | None = None) -> list[dict[str, Any]]:
     """Serve `reqs` on an aggregated slot server, in the loop the serving model simulates
-    (workloads/servingmodel.py `_aggregated_replica`): when prompts wait and slots are free,
+    (workloads/serving/model.py `_aggregated_replica`): when prompts wait and slots are free,
     one prefill call (up to `prefill_batch` waiting prompts of the first one's length, in
     arrival order; default the server's `prefill_batch`) between two decode steps while
     requests decode, its rows into free slots; then a decode step of every slot; a slot is

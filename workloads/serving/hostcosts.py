@@ -5,7 +5,7 @@ The measuring code is here, in `workloads`, so that every process that holds a s
 runs the same code: `sweeper serve --measure-overheads`'s Ray workers (sweeper/serving/
 server.py `ServingWorker.measure_host_costs`, sweeper/serving/overheads.py
 `measure_session`) and a serving trial's own worker before its stream
-(workloads/servingtrial.py; disaggregated, its decode slice's actor,
+(workloads/serving/trial.py; disaggregated, its decode slice's actor,
 sweeper/sweep/meshworker.py `DecodeSliceWorker`). What each number means, and why the
 means are paired medians of block means: sweeper/serving/overheads.py's docstring.
 
@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from workloads.servingprofile import Request
+from workloads.serving.profile import Request
 
 ROUNDS = 2      # rounds of the closed loop, repeated until a block has run MIN_BLOCK_S
 BLOCKS = 5      # blocks; the median of the blocks' means
@@ -106,7 +106,7 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     stream's prefill worker is idle between arrivals, the closed loop above never is)."""
     import jax   # lazy: JAX only in a process that holds a mesh
     import jax.numpy as jnp   # lazy: as jax
-    from workloads.serving import advance_slots   # lazy: imports JAX, as above
+    from workloads.serving.slots import advance_slots   # lazy: imports JAX, as above
 
     spec = srv.spec
     model = srv.model.unpadded
@@ -311,7 +311,7 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     if prefill_blocks:
         out["loop_prefill_prompts"] = float(np.mean(prompts))   # prompts per prefill call
     if spec.prefill is not None and wake_requests > 0:
-        from workloads.serving import serve_aggregated, serve_prefill_slice   # lazy: JAX
+        from workloads.serving.slots import serve_aggregated, serve_prefill_slice   # lazy: JAX
 
         reqs = [Request((k + 1) * idle_gap_s, input_len, 1) for k in range(wake_requests + 1)]
         start_at = time.time() + idle_gap_s
@@ -376,9 +376,9 @@ def saturated_aggregated(srv, input_len: int, output_len: int, n: int,
                          first_token: list | None = None) -> tuple[list, list, float]:
     """`serve_aggregated`'s loop on a burst of `n` requests at time 0: the seconds of each
     decode step and of each prefill branch (synchronised after its inserts, so their
-    time is the prefill's, not the next step's; workloads/serving.py `serve_aggregated`),
+    time is the prefill's, not the next step's; workloads/serving/slots.py `serve_aggregated`),
     and the mean prompts per prefill call after the first."""
-    from workloads.serving import serve_aggregated   # lazy: imports JAX (the server's mesh)
+    from workloads.serving.slots import serve_aggregated   # lazy: imports JAX (the server's mesh)
 
     model = srv.model.unpadded
     timings: dict[str, list[float]] = {"step_s": [], "prefill_s": []}

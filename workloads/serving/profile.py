@@ -5,9 +5,10 @@ block is read by the sweep's space loader and a serving trial's requests are dra
 mesh worker, both below `sweeper.serving`; the planner, the serving model and `sweeper
 serve` import it from here too: one definition.
 
-`AppProfile` is declared once; its CLI flags (`add_arguments`, `from_args`), the `serving:`
-block of a space file (`profile_from_dict`) and the validation of both come from its fields'
-metadata, so a new field is one line here. docs/serving.md "The application profile".
+`AppProfile` is declared once; its CLI flags (sweeper/cli/appprofile.py, read back by
+`profile_from_flags`), the `serving:` block of a space file (`profile_from_dict`) and the
+validation of both come from its fields' metadata, so a new field is one line here.
+docs/serving.md "The application profile".
 
     serving:
       rate: 2.0                 # requests/s, Poisson arrivals (or trace: requests.csv)
@@ -23,7 +24,6 @@ A trace CSV has a header `arrival_s,input_len,output_len` (seconds from the star
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import math
@@ -333,19 +333,13 @@ def profile_from_dict(data: Any, source: str | None = None, prefix: str = "servi
     return _build(data, source, lambda key: f"{prefix}{key}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per AppProfile field (strings; parsed and validated by `from_args`)."""
-    for f in dataclasses.fields(AppProfile):
-        meta = f.metadata
-        parser.add_argument(meta["flag"], dest=f"serving_{f.name}", metavar=meta["metavar"],
-                            help=meta["help"], default=None)
-
-
-def from_args(args: argparse.Namespace) -> AppProfile:
-    """The AppProfile the flags describe (ConfigError names the flag)."""
-    values = {f.name: getattr(args, f"serving_{f.name}") for f in dataclasses.fields(AppProfile)}
+def profile_from_flags(values: Mapping[str, Any]) -> AppProfile:
+    """The AppProfile of the command-line flags' values (field name -> the flag's text, None
+    where not given; sweeper/cli/appprofile.py declares the flags): ConfigError names the
+    flag."""
+    values = dict(values)
     for key in ("ttft", "tpot", "rate", "attainment", "prefix_hit"):     # numbers arrive as text
-        if isinstance(values[key], str):
+        if isinstance(values.get(key), str):
             try:
                 values[key] = float(values[key])
             except ValueError:

@@ -43,7 +43,7 @@ from workloads.layouts import AXES, WEIGHT_FORMATS, stores_1d, validate_phase
 from workloads.model import init_params, pad_params, prompt_tokens
 from workloads.partitioning import Plan
 from workloads.quant import QUANTIZED, quantize_params
-from workloads.serving import Prefilled, SlotServer, SlotSpec, _insert_program
+from workloads.serving.slots import Prefilled, SlotServer, SlotSpec, _insert_program
 from workloads.trial import TrialConfig
 from workloads.validate import is_int
 
@@ -334,7 +334,7 @@ class StagedEngine:
 
 
 class StagedSlotServer:
-    """`SlotServer`'s interface (workloads/serving.py) on `stages` pipeline stages, so that
+    """`SlotServer`'s interface (workloads/serving/slots.py) on `stages` pipeline stages, so that
     `serve_aggregated`, `serve_prefill_slice` and `serve_decode_slice` run it unchanged.
     `spec.topology` is ONE stage's mesh (a plan's PhaseSlice.topology); the server spans
     stages x spec.chips devices. Decode slots are split into `micro_batches` (each a valid

@@ -7,22 +7,22 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
 
 - **Deployment**: aggregated, one replica on the trial's mesh (its chips, topology,
   per-phase layouts, weights and head padding), `batch` decode slots and one prompt per
-  prefill call: the engine's slot server (workloads/serving.py), as `sweeper serve` runs an
+  prefill call: the engine's slot server (workloads/serving/slots.py), as `sweeper serve` runs an
   aggregated plan (docs/serving.md, "Real serving runs"). Disaggregated (`serving_mode`):
   a prefill slice and a decode slice of half the chips each (`slice_topologies`), the
   trial's prefill layout on one, its decode layout and `batch` slots on the other; this
   process runs the prefill slice, the caller's decode worker the decode slice
   (`run_serving_trial(decode_slice=...)`; sweeper/sweep/meshworker.py starts it as a
   second Ray mesh worker), the loops `sweeper serve` runs (`serve_prefill_slice`,
-  `serve_decode_slice` in workloads/serving.py).
-- **Stream**: `requests` requests of the block's profile (workloads/servingprofile.py):
+  `serve_decode_slice` in workloads/serving/slots.py).
+- **Stream**: `requests` requests of the block's profile (workloads/serving/profile.py):
   Poisson arrivals at `rate` (or a trace's rows), prompt and answer lengths drawn from it,
   seeded by the trial's `seed`. Arrivals are wall clock: the loop waits for each arrival
   after a common start; every program is compiled and warmed up before (no request pays a
   compile; `compile_s` is that set-up).
 - **Loop**: when prompts wait and slots are free, one prefill call (prompts of one length)
   is inserted between two decode steps; a decode step runs every slot; a slot is refilled
-  as soon as its request finishes: `workloads.serving.serve_aggregated`, the one loop
+  as soon as its request finishes: `workloads.serving.slots.serve_aggregated`, the one loop
   `sweeper serve` runs and the serving model simulates (docs/serving.md "The serving model").
 - **Metrics** (workloads/metrics.py, the serving block): TTFT = first token on the host -
   arrival; TPOT = (last token - first token) / (output tokens - 1); p50/p99 over the
@@ -30,14 +30,14 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
   to the last finish; SLO attainment = share of requests within both the `ttft` and `tpot`
   targets; goodput = attainment x the offered rate (the profile's Poisson rate, else the
   stream's); cost per million output tokens when the hardware profile has a price.
-  The same definitions as `sweeper serve` (workloads/servingmodel.py `SimResult.summary`);
+  The same definitions as `sweeper serve` (workloads/serving/model.py `SimResult.summary`);
   tests/test_serving_trials.py checks that the two agree on the same requests.
-- **Prediction** (`predict_stream`): the serving model (workloads/servingmodel.py
+- **Prediction** (`predict_stream`): the serving model (workloads/serving/model.py
   `simulate`, docs/serving.md "The serving model") serves the same requests with the same
   deployment. Step times: with this host's measured profile (`hardware: host`, which has no
   serving host costs), the deployment's engine calls and serving host costs measured on the
   trial's own warmed-up servers before the stream (`measure_before_stream`, the code of
-  `sweeper serve --measure-overheads`, workloads/hostcosts.py; never the stream's own calls;
+  `sweeper serve --measure-overheads`, workloads/serving/hostcosts.py; never the stream's own calls;
   kept in `extra["serving"]["measured_before_stream"]`); with another profile (a preset or
   a fitted YAML: `devices:<profile>`), the cost model's with it: `pred_ttft_p50_s`,
   `pred_ttft_p99_s`, `pred_tpot_p50_s`, `pred_tpot_p99_s`, analytical, beside the measured
@@ -58,9 +58,9 @@ import numpy as np
 from workloads.config import ConfigError, HardwareProfile
 from workloads.deployment import Deployment, PhaseSlice
 from workloads.metrics import SERVING_PREDICTIONS, Measurement
-from workloads.servingmodel import run_model, simulate, stream_summary
-from workloads.servingprofile import (AppProfile, Request, block_profile, context_len,
-                                      merge_decoded, offered_rps, requests)
+from workloads.serving.model import run_model, simulate, stream_summary
+from workloads.serving.profile import (AppProfile, Request, block_profile, context_len,
+                                       merge_decoded, offered_rps, requests)
 from workloads.trial import TrialConfig
 
 START_MARGIN_S = 0.05     # the stream starts this long after the set-up ends
@@ -105,9 +105,9 @@ def trial_deployment(trial: TrialConfig, hardware: HardwareProfile) -> Deploymen
 
 
 def slice_specs(trial: TrialConfig, context: int, prefix_len: int = 0):
-    """A disaggregated trial's (prefill, decode) SlotSpecs (workloads/serving.py); the
+    """A disaggregated trial's (prefill, decode) SlotSpecs (workloads/serving/slots.py); the
     prefill slice caches the shared prefix's KV (`prefix_len`, prefix caching)."""
-    from workloads.serving import SlotSpec   # lazy: imports JAX (only where a trial runs)
+    from workloads.serving.slots import SlotSpec   # lazy: imports JAX (only where a trial runs)
 
     tp, td = slice_topologies(trial)
     common = dict(context_len=context, weights=trial.weights, seed=trial.seed,
@@ -119,7 +119,7 @@ def slice_specs(trial: TrialConfig, context: int, prefix_len: int = 0):
 
 MEASURED_STEP_TIMES = "measured before the stream (closed loop), host costs measured"
 # How long a serving trial measures its deployment's calls and host costs before its stream
-# (workloads/hostcosts.py `measure_loop`): fewer and shorter blocks than `sweeper serve
+# (workloads/serving/hostcosts.py `measure_loop`): fewer and shorter blocks than `sweeper serve
 # --measure-overheads` (5 x 0.25 s, 12 idle-loop requests), so a trial pays ~1.5 s, once
 # per worker process and deployment shape (`measure_before_stream`).
 TRIAL_MEASURE = {"rounds": 2, "blocks": 5, "min_block_s": 0.12, "wake_requests": 6,
@@ -138,14 +138,14 @@ def measures_before_stream(hardware: HardwareProfile | None) -> bool:
 def measure_before_stream(trial: TrialConfig, server, reqs: list[Request], decode_slice=None
                           ) -> dict:
     """The trial's deployment measured on its own warmed-up servers before the stream, as
-    `sweeper serve --measure-overheads` measures it (workloads/hostcosts.py; docs/serving.md
+    `sweeper serve --measure-overheads` measures it (workloads/serving/hostcosts.py; docs/serving.md
     "Serving host costs"): the engine's prefill and decode calls, timed as a calibration
     trial times them, and the serving host costs (`combine`'s dict), at the stream's median
     prompt and answer lengths, and the engine's prefill at each of the stream's other
     prompt lengths (`engine_prefill_by_len_s`). Disaggregated: the prefill slice here, the
     decode slice on `decode_slice`'s worker, the KV handovers between them. Nothing of
     the stream is read. Cached per worker process and deployment shape (`cached`)."""
-    from workloads import hostcosts   # lazy: its measuring imports JAX
+    from workloads.serving import hostcosts   # lazy: its measuring imports JAX
 
     lengths = sorted({r.input_len for r in reqs})
     input_len = sorted(r.input_len for r in reqs)[len(reqs) // 2]
@@ -198,8 +198,8 @@ def idle_handovers(server, decode_slice, input_len: int, output_len: int, gap_s:
     """`hostcosts.idle_handover_requests` served by the trial's own slice loops, the KV
     through `decode_slice`'s transport as the stream's (each finds the decode loop idle):
     per request `serve_prefill_slice`'s record merged with `serve_decode_slice`'s."""
-    from workloads import hostcosts   # lazy: as measure_before_stream
-    from workloads.serving import serve_prefill_slice   # lazy: imports JAX
+    from workloads.serving import hostcosts   # lazy: as measure_before_stream
+    from workloads.serving.slots import serve_prefill_slice   # lazy: imports JAX
 
     reqs = hostcosts.idle_handover_requests(input_len, output_len, gap_s)
     model = server.model.unpadded
@@ -219,8 +219,8 @@ def measured_step_times(deployment: Deployment, costs: dict, seed: int = 0):
     each call scaled by a factor drawn from the closed loop's spread of durations (seeded),
     and a KV handover's bytes priced on the profile's link (the cost model's, as `sweeper
     serve` prices it: docs/serving.md "Serving host costs")."""
-    from workloads import hostcosts
-    from workloads.servingmodel import StepTimes, kv_link_bandwidth
+    from workloads.serving import hostcosts
+    from workloads.serving.model import StepTimes, kv_link_bandwidth
     from workloads.costmodel import kv_bytes_per_token
 
     detail = costs["detail"]
@@ -253,7 +253,7 @@ def measured_step_times(deployment: Deployment, costs: dict, seed: int = 0):
 
 def check_described(trial: TrialConfig, deployment: Deployment) -> None:
     """ValueError when the serving model does not describe the trial's deployment: it pads
-    heads as `pad_heads: auto` does (workloads/servingmodel.py `run_model`), another padding
+    heads as `pad_heads: auto` does (workloads/serving/model.py `run_model`), another padding
     is a model it does not describe."""
     model = run_model(deployment)
     if deployment.mode == "disaggregated":
@@ -318,17 +318,17 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     `finish(sent)` (wait for the sends and the decoding: per request `kv_ready_s`,
     `finish_s` and its decoded tokens); with a measured profile also, before the stream
     (`measure_before_stream`), `measure_loop(input_len, output_len, how)` (its closed loop,
-    workloads/hostcosts.py), `sink(handover)` and `wait(sent)` (the prefill closed loop's
+    workloads/serving/hostcosts.py), `sink(handover)` and `wait(sent)` (the prefill closed loop's
     handovers, dropped), `receive(handover)` (one timed handover: a call that returns its
     `handover_receive` answer) and `cpu_seconds()`; and, where it offers them,
-    `begin_beside()` (start stepping every slot back to back, workloads/hostcosts.py
+    `begin_beside()` (start stepping every slot back to back, workloads/serving/hostcosts.py
     `step_beside`; a token) and `end_beside(token)` (stop; the steps made): the prefill
     slice's closed loop then runs beside a stepping decode slice."""
     from workloads.hoststate import HostSampler
     from workloads.measure import hardware_label
     from workloads.model import prompt_tokens
-    from workloads.serving import (SlotServer, SlotSpec, serve_aggregated, serve_prefill_slice,
-                                   with_shared_prefix)
+    from workloads.serving.slots import (SlotServer, SlotSpec, serve_aggregated, serve_prefill_slice,
+                                         with_shared_prefix)
 
     if trial.hosts != 1:
         raise ValueError("a serving trial runs on one host (hosts: 1)")

@@ -84,12 +84,12 @@ from typing import Callable
 
 import numpy as np
 
-from workloads.deployment import Deployment, PhaseSlice
-from workloads.servingprofile import AppProfile, Request
-from workloads import costmodel
 from workloads.config import HardwareProfile, ModelConfig
+from workloads import costmodel
+from workloads.deployment import Deployment, PhaseSlice
 from workloads.hardware import per_chip
 from workloads.layouts import PhaseLayout, resolve_padding, stores_1d
+from workloads.serving.profile import AppProfile, Request
 
 
 # --------------------------------------------------------------------------- step times
@@ -501,7 +501,7 @@ def stream_summary(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: n
                    profile: AppProfile | None, step_source: str = "analytical") -> dict:
     """The serving metrics of a stream's finished requests (arrays in request order, seconds
     on the arrivals' clock): a simulated run's (`SimResult.summary`) and a served one's
-    (workloads/servingtrial.py), one definition (docs/serving.md)."""
+    (workloads/serving/trial.py), one definition (docs/serving.md)."""
     n = len(arrival_s)
     ttft = first_token_s - arrival_s
     tpot = tpot_of(first_token_s, finish_s, output_len)
