@@ -81,7 +81,7 @@ The file lists the partial runs merged into it (`merged`).
 Issue 38's serving behaviours are cells too: prefill in chunks mixed into the decode steps,
 a shared prefix whose KV the worker caches, and a replica in two pipeline stages of one chip
 each (`agg-2chip-2stages-4slots`: predicted as `sweeper plan` prices stages,
-workloads/servingmodel.py; served by workloads/pipeline.py `StagedSlotServer`).
+workloads/serving/model.py; served by workloads/serving/pipeline.py `StagedSlotServer`).
 
 Several runs (`--runs N`): N whole runs one after another, each with its own calibration
 (run i > 1 fits `serving_validation.fitted.run<i>.yaml` beside the first's; with
@@ -161,7 +161,7 @@ DEPLOYMENTS = {
                                   _part(1, "ws2d", "head", 4)),
     # pipeline stages: the replica's 2 chips as 2 stages of one chip, each holding one of the
     # model's 2 layers (an aggregated replica's phases have the same stages); predicted as
-    # `sweeper plan` prices a staged slice (workloads/servingmodel.py: the slots in up to 2
+    # `sweeper plan` prices a staged slice (workloads/serving/model.py: the slots in up to 2
     # micro-batches through both stages, the bubble, the activations' transfer)
     "agg-2chip-2stages-4slots": ("aggregated", _part(2, "ws2d", "head", 1, stages=2),
                                  _part(2, "ws2d", "head", 4, stages=2)),

@@ -223,12 +223,12 @@ def test_staged_servers_hand_kv_over_and_warm_up():
 
 
 def test_the_host_costs_are_measured_on_a_staged_server():
-    """workloads/hostcosts.py `measure_loop` (the validation benchmark's closed loop before
+    """workloads/serving/hostcosts.py `measure_loop` (the validation benchmark's closed loop before
     its streams) on an aggregated 2-stage server: the engine's timed calls run every stage
     (`engine_prefill_call`, `engine_decode_call`: no SlotServer internals), and the loop's
     step and prefill are measured beside them; the slots still decode the reference's
     tokens afterwards."""
-    from workloads.hostcosts import engine_decode_call, engine_prefill_call, measure_loop
+    from workloads.serving.hostcosts import engine_decode_call, engine_prefill_call, measure_loop
 
     model = four_layers("tiny-serial")
     server = StagedSlotServer(SlotSpec(model, (1, 1, 1), PhaseLayout("ws1d", "head"),

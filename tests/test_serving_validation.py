@@ -353,7 +353,7 @@ def test_the_staged_cell_is_predicted_as_sweeper_plan_prices_stages():
     """The pipeline-stage cell's prediction is the serving model's staged one (as `sweeper
     plan` prices a staged slice): a decode step is 2 stages of one layer at the micro-batch
     (4 slots in 2) plus the activations' transfer, a prefill call both stages in turn."""
-    from workloads import servingmodel as sm
+    from workloads.serving import model as sm
 
     d = sv.deployment(STAGED, sv.common.ROOT / PROFILE)
     assert d.decode.stages == d.prefill.stages == 2 and d.decode.stage_chips == 1

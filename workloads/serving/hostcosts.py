@@ -668,7 +668,7 @@ def engine_prefill_s(srv, input_len: int, repeats: int = 5) -> float:
 def engine_prefill_call(srv, input_len: int) -> Callable[[], None]:
     """The engine's prefill program alone, as a call that runs it once and waits for it: the
     prefill batch's prompts of `input_len` tokens, no host work. A pipeline-staged server
-    (workloads/pipeline.py `StagedSlotServer`) runs every stage's program in turn, the
+    (workloads/serving/pipeline.py `StagedSlotServer`) runs every stage's program in turn, the
     residual stream moved between their devices, as its `prefill` does."""
     import jax   # lazy: only where a mesh runs
 
