@@ -351,16 +351,20 @@ def test_a_partial_run_that_cannot_merge_is_one_line_before_any_work(tmp_path, c
 
 def test_the_staged_cell_is_predicted_as_sweeper_plan_prices_stages():
     """The pipeline-stage cell's prediction is the serving model's staged one (as `sweeper
-    plan` prices a staged slice): a decode step is 2 stages of one layer at the micro-batch
-    (4 slots in 2) plus the activations' transfer, a prefill call both stages in turn."""
+    plan` prices a staged slice): a decode step is 2 stages of one layer, one after the
+    other on the emulated mesh (one micro-batch of the 4 slots, each stage at the worker's
+    whole share), plus the activations' transfer; a prefill call both stages in turn."""
     from workloads.serving import model as sm
 
     d = sv.deployment(STAGED, sv.common.ROOT / PROFILE)
     assert d.decode.stages == d.prefill.stages == 2 and d.decode.stage_chips == 1
     times = sm.cost_model_step_times(d)
-    micro = sm.micro_batch(4, 2)
+    micro = sm.micro_batch(4, 2, d.hardware)
     stage = sm.phase_prediction(d, "decode", micro, 1, 40).latency_s
-    assert micro == 2
+    assert micro == 4 and sm.micro_batch(4, 2) == 2      # real chips: 2 micro-batches
+    whole = sm.stage_hardware(d.hardware, 1, 2)
+    assert whole.peak_flops == pytest.approx(2 * sm.per_chip(d.hardware, 2).peak_flops)
+    assert whole.hbm_bytes == pytest.approx(sm.per_chip(d.hardware, 2).hbm_bytes)
     assert times.decode_step_s(4, 40) == pytest.approx(
         sm.pipelined_s(stage, sm.stage_transfer_s(d, d.decode, micro), 2))
     first = sm.phase_prediction(d, "prefill", 1, 32).latency_s

@@ -47,7 +47,7 @@ from workloads.layouts import EXPERT_LAYOUTS
 from workloads.recommend import recommend, torus_topologies
 from workloads.serving.model import (SimResult, StepTimes, cost_model_step_times,
                                      kv_link_bandwidth, memory_budget, micro_batch, pipelined_s,
-                                     simulate, stage_model, transfer_s)
+                                     simulate, stage_hardware, stage_model, transfer_s)
 from workloads.serving.profile import AppProfile, length_stats, mean_rate, requests
 
 SLOT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -310,7 +310,7 @@ class _Options:
             return out
         topo = self.topology(chips)
         model = stage_model(self.q.model.unpadded, stages)
-        hw = per_chip(self.q.hardware, chips * stages)
+        hw = stage_hardware(self.q.hardware, chips, stages)
         for experts, kv in itertools.product(expert_layouts(self.q.model, chips), self.kv_formats):
             for slots in SLOT_BATCHES:
                 try:
@@ -326,7 +326,7 @@ class _Options:
                                              f"do not fit {chips * stages} chips ({weights})")
                     break
                 layout = costmodel.PhaseLayout(best.ffn, best.attn)
-                micro = micro_batch(slots, stages)
+                micro = micro_batch(slots, stages, self.q.hardware)
                 try:
                     stage_s = costmodel.predict_phase(
                         self._padded(best, stages), hw, chips, micro, "decode", 1,
@@ -353,7 +353,7 @@ class _Options:
         length = int(math.ceil(self.input_mean))
         new = max(int(math.ceil(self.input_mean - self.cached_mean)), 1)
         model = stage_model(self.q.model.unpadded, stages)
-        hw = per_chip(self.q.hardware, chips * stages)
+        hw = stage_hardware(self.q.hardware, chips, stages)
         for experts, kv in itertools.product(expert_layouts(self.q.model, chips), self.kv_formats):
             for batch in PREFILL_BATCHES:
                 try:

@@ -52,7 +52,9 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   splits the slots into up to S micro-batches, each passing every stage in turn, so a step
   takes S x one stage's time at the micro-batch plus the S - 1 activation transfers
   (`stage_links`: the fast interconnect inside a domain, `inter_domain_bandwidth` across
-  one); a prefill call goes through the stages as one micro-batch (its first tokens after
+  one); on an emulated mesh, whose staged server runs one micro-batch, the stages run one
+  after another, each at the worker's whole share of the cores (`stage_hardware`); a
+  prefill call goes through the stages as one micro-batch (its first tokens after
   S stage times and the transfers); a disaggregated prefill slice pipelines consecutive
   calls (`StepTimes.prefill_interval_s`: the next enters the first stage one stage time
   later), an aggregated replica's loop does not (a call holds it until its first tokens);
@@ -223,10 +225,27 @@ def stage_model(model: ModelConfig, stages: int) -> ModelConfig:
                                dataclasses.replace(base, n_layers=layers))
 
 
-def micro_batch(batch: int, stages: int) -> int:
+def micro_batch(batch: int, stages: int, hardware: HardwareProfile | None = None) -> int:
     """Sequences per micro-batch: a call's batch split into up to `stages` micro-batches so
-    the stages work on different ones at once (GPipe-style; vLLM's virtual engines)."""
+    the stages work on different ones at once (GPipe-style; vLLM's virtual engines). On an
+    emulated mesh (a measured host profile) the staged slot server runs one micro-batch
+    (workloads/serving/pipeline.py `StagedSlotServer`: more were measured slower there), so
+    the whole batch."""
+    if hardware is not None and hardware.measured:
+        return batch
     return -(-batch // min(stages, batch))
+
+
+def stage_hardware(hardware: HardwareProfile, stage_chips: int, stages: int) -> HardwareProfile:
+    """The per-chip profile of one pipeline stage of `stage_chips` chips. Memory: every
+    stage's chips hold their layers at once, so a measured host's memory is split over all
+    of them. Rates: on an emulated mesh the stages run one after another (one micro-batch,
+    `micro_batch`), so a stage's chips share the worker's cores with no other stage's; real
+    chips are their own (`per_chip` leaves them whole)."""
+    rates = per_chip(hardware, stage_chips)
+    if stages == 1 or not hardware.measured:
+        return rates
+    return dataclasses.replace(rates, hbm_bytes=per_chip(hardware, stage_chips * stages).hbm_bytes)
 
 
 def stage_links(hardware: HardwareProfile, stage_chips: int, stages: int) -> list[tuple[float, str]]:
@@ -284,7 +303,7 @@ def phase_prediction(deployment: Deployment, phase: str, batch: int, input_len: 
                                          PhaseLayout(d.decode.ffn, d.decode.attn))
     else:
         model, one_d = models[0 if phase == "prefill" else 1], part.ffn == "ws1d"
-    hw = per_chip(d.hardware, part.chips)
+    hw = stage_hardware(d.hardware, part.stage_chips, part.stages)
     # one pipeline stage: its layers on its chips (the whole model and slice without stages)
     return costmodel.predict_phase(stage_model(model, part.stages), hw, part.stage_chips, batch,
                                    phase, input_len, context,
@@ -394,7 +413,7 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
         stages = d.decode.stages
         if stages == 1:
             return phase_prediction(d, "decode", batch, 1, context).latency_s
-        micro = micro_batch(batch, stages)
+        micro = micro_batch(batch, stages, d.hardware)
         stage = phase_prediction(d, "decode", micro, 1, context).latency_s
         return pipelined_s(stage, stage_transfer_s(d, d.decode, micro), stages)
 
