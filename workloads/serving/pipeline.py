@@ -43,7 +43,7 @@ from workloads.layouts import AXES, WEIGHT_FORMATS, stores_1d, validate_phase
 from workloads.model import init_params, pad_params, prompt_tokens
 from workloads.partitioning import Plan
 from workloads.quant import QUANTIZED, quantize_params
-from workloads.serving.slots import Prefilled, SlotServer, SlotSpec, _insert_program
+from workloads.serving.slots import Prefilled, SlotServer, SlotSpec, _insert_program, prompt_batch
 from workloads.trial import TrialConfig
 from workloads.validate import is_int
 
@@ -391,19 +391,10 @@ class StagedSlotServer:
     def prefill(self, prompts, cached_len: int = 0) -> Prefilled:
         """As `SlotServer.prefill`; the `Prefilled.cache` is a tuple of the stages' caches.
         No prefix caching: the stages have no extend program (`cached_len` must be 0)."""
-        if self.spec.prefill is None:
-            raise ConfigError("prefill", None, "a server with a prefill layout")
         if cached_len:
             raise ConfigError("cached_len", cached_len, "0 (a staged server prefills whole "
                               "prompts: no prefix caching)")
-        prompts = np.asarray(prompts, np.int32)
-        n, length = prompts.shape
-        if not 0 < n <= self.spec.prefill_batch:
-            raise ConfigError("prompts", n, f"1 to prefill_batch={self.spec.prefill_batch} prompts")
-        if self.spec.decode is not None and length >= self.spec.context_len:
-            raise ConfigError("input_len", length, f"less than context_len={self.spec.context_len}")
-        batch = np.zeros((self.spec.prefill_batch, length), np.int32)
-        batch[:n] = prompts
+        batch, n, length = prompt_batch(self.spec, prompts)
         start = time.perf_counter()
         shapes = _Shapes(self.spec.prefill_batch, length, length)
         (logits,), (caches,) = self.engine.run("prefill", self.engine.split(batch, 1), shapes)

@@ -222,19 +222,10 @@ class SlotServer:
         prompts start with that much of the shared prefix (prefix caching), whose KV is
         extended by the rest (one program per distinct remaining length, as a whole
         prompt's prefill compiles per length)."""
-        if self.spec.prefill is None:
-            raise ConfigError("prefill", None, "a server with a prefill layout")
-        prompts = np.asarray(prompts, np.int32)
-        n, length = prompts.shape
-        if not 0 < n <= self.spec.prefill_batch:
-            raise ConfigError("prompts", n, f"1 to prefill_batch={self.spec.prefill_batch} prompts")
-        if self.spec.decode is not None and length >= self.spec.context_len:
-            raise ConfigError("input_len", length, f"less than context_len={self.spec.context_len}")
         if self.spec.chunk:
             raise ConfigError("chunk", self.spec.chunk, "0 for whole-prompt prefill calls (a "
                               "chunked server prefills with begin_prompt / prefill_chunk)")
-        batch = np.zeros((self.spec.prefill_batch, length), np.int32)
-        batch[:n] = prompts
+        batch, n, length = prompt_batch(self.spec, prompts)
         if cached_len:       # padding rows start with the prefix too (they share its KV)
             batch[n:, :cached_len] = self.prefix_tokens[:cached_len]
         start = time.perf_counter()
@@ -471,15 +462,7 @@ def serve_aggregated(server: SlotServer, reqs: Sequence[Request], prompt: Callab
                 calls.append(("prefill", call_start, t, list(take), time.time() - start_at))
             prefilled_since_step = True
             continue
-        began = time.perf_counter()
-        call_start = time.time() - start_at
-        tokens = server.step()
-        t = time.time() - start_at
-        advance_slots(server, tokens, t, slot_request, remaining, out)
-        if calls is not None:
-            calls.append(("step", call_start, t, active, time.time() - start_at))
-        if timings is not None:
-            timings.setdefault("step_s", []).append(time.perf_counter() - began)
+        decode_step(server, start_at, slot_request, remaining, out, calls, timings)
         prefilled_since_step = False
     return out
 
@@ -512,14 +495,7 @@ def _serve_chunked(server: SlotServer, reqs: Sequence[Request], prompt: Callable
             sleep_until(start_at + reqs[pending[0]].arrival_s)
             continue
         if active:
-            began, call_start = time.perf_counter(), time.time() - start_at
-            tokens = server.step()
-            t = time.time() - start_at
-            advance_slots(server, tokens, t, slot_request, remaining, out)
-            if calls is not None:
-                calls.append(("step", call_start, t, active, time.time() - start_at))
-            if timings is not None:
-                timings.setdefault("step_s", []).append(time.perf_counter() - began)
+            decode_step(server, start_at, slot_request, remaining, out, calls, timings)
         free = [s for s in range(slots) if slot_request[s] < 0]
         if staged is None and waiting and free:     # the slot it takes stays free: only
             staged_request = waiting.popleft()     # a finished prompt takes one
@@ -694,6 +670,38 @@ def take_one_length(waiting: deque, input_lens: Sequence, most: int) -> list[int
     for i in take:
         waiting.remove(i)
     return take
+
+
+def prompt_batch(spec: SlotSpec, prompts) -> tuple[np.ndarray, int, int]:
+    """(the prefill call's [prefill_batch, L] tokens, prompts n, length L) of `prompts`
+    [n, L]: checked against the server's spec, the missing rows zero padding."""
+    if spec.prefill is None:
+        raise ConfigError("prefill", None, "a server with a prefill layout")
+    prompts = np.asarray(prompts, np.int32)
+    n, length = prompts.shape
+    if not 0 < n <= spec.prefill_batch:
+        raise ConfigError("prompts", n, f"1 to prefill_batch={spec.prefill_batch} prompts")
+    if spec.decode is not None and length >= spec.context_len:
+        raise ConfigError("input_len", length, f"less than context_len={spec.context_len}")
+    batch = np.zeros((spec.prefill_batch, length), np.int32)
+    batch[:n] = prompts
+    return batch, n, length
+
+
+def decode_step(server: SlotServer, start_at: float, slot_request: list[int],
+                remaining: list[int], out, calls: list | None, timings: dict | None) -> None:
+    """One decode step of every busy slot, its tokens given to their requests
+    (`advance_slots`); `calls` gets `("step", start, end, busy slots, host time after)`,
+    `timings["step_s"]` its duration."""
+    active = sum(r >= 0 for r in slot_request)
+    began, call_start = time.perf_counter(), time.time() - start_at
+    tokens = server.step()
+    t = time.time() - start_at
+    advance_slots(server, tokens, t, slot_request, remaining, out)
+    if calls is not None:
+        calls.append(("step", call_start, t, active, time.time() - start_at))
+    if timings is not None:
+        timings.setdefault("step_s", []).append(time.perf_counter() - began)
 
 
 def advance_slots(server: SlotServer, tokens, t: float, slot_request: list[int],
