@@ -559,13 +559,13 @@ def idle_handover_costs(served: list[dict], step_s: float) -> dict[str, Any]:
     there never idles, and `handover_send` hands the KV to a decode worker waiting for it.
 
     `handover_latency_s`: the median of insert start - send end (the KV's transport to the
-    decode process and the idle loop's poll; StepTimes `handover_latency_s`).
+    decode process and the idle loop's poll; HostCosts `handover_latency_s`).
     `handover_overhead_s`: the median insert, on the decode loop's clock (what that loop
     pays per handover). `decode_wake_s`: the median of what each request's decoding took
     after its insert beyond `step_s` per step (the serving model's step), at least 0: the
-    decode process's first step after idling (StepTimes `decode_wake_s`).
+    decode process's first step after idling (HostCosts `decode_wake_s`).
     `prefill_idle_after_s`: the median of send end - first token (the prefill call's export
-    and send on an idle loop, per prompt: one per call; StepTimes `prefill_idle_after_s`).
+    and send on an idle loop, per prompt: one per call; HostCosts `prefill_idle_after_s`).
     Measured in the
     `serving-modes` trial's stream before this: its inserts took ~0.86 ms where
     `handover_send`'s took ~0.36 ms, the step after an insert ~0.75 ms where the next ones
@@ -586,7 +586,7 @@ def idle_handover_costs(served: list[dict], step_s: float) -> dict[str, Any]:
             "latency_samples_s": latency, "insert_samples_s": insert,
             "decoding_samples_s": decoding, "model_step_s": step_s,
             # an idle prefill loop's export and send after its first tokens, per prompt
-            # (one per call here): StepTimes `prefill_idle_after_s`
+            # (one per call here): HostCosts `prefill_idle_after_s`
             "prefill_idle_after_s": max(float(np.median(after)), 0.0),
             "send_after_first_token_samples_s": after}
 
@@ -617,8 +617,7 @@ def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
     step = decode.get("loop_step_paired_extra_s")
     if step is None:
         step = decode["loop_step_mean_s"] - decode["engine_step_s"]
-    return {"serving_step_overhead_s": max(step, 0.0),
-            "serving_prefill_overhead_s": per_prompt}
+    return {"step_overhead_s": max(step, 0.0), "prefill_overhead_per_prompt_s": per_prompt}
 
 
 def first_token_overhead(prefill: dict) -> float:
@@ -640,10 +639,8 @@ def first_token_overhead(prefill: dict) -> float:
 def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = None,
             idle_handovers: list[dict] | None = None,
             stepping: dict | None = None) -> dict[str, Any]:
-    """The measurement's costs (the three profile fields, `prefill_wake_s`,
-    `prefill_first_overhead_s`, and disaggregated `handover_latency_s`, `decode_wake_s`,
-    `prefill_idle_after_s`)
-    and their `detail`, from the prefill side's and the decode side's `measure_loop` (the
+    """The measurement's costs, each under its `HostCosts` name (workloads/serving/costs.py;
+    the disaggregated ones 0 or absent for an aggregated server), and their `detail`, from the prefill side's and the decode side's `measure_loop` (the
     same answer twice for an aggregated server) and, for a disaggregated deployment,
     `handover_costs`, the served `idle_handover_requests` (`idle_handover_costs`) and
     `stepping_handover_costs`. `handover_overhead_s`: the decode process's CPU per
@@ -652,8 +649,7 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
     not measured; docs/serving.md "What a handover costs a stepping decode loop"); the
     idle loop's insert stays in the detail."""
     out: dict[str, Any] = {**host_costs(prefill, decode), "handover_overhead_s": 0.0,
-                           # a prefill call on an idle loop: its extra seconds (StepTimes
-                           # `prefill_wake_s`)
+                           # a prefill call on an idle loop: its extra seconds
                            "prefill_wake_s": float(prefill.get("prefill_wake_s", 0.0)),
                            # of a prefill call's host work, the part before its first tokens
                            "prefill_first_overhead_s": first_token_overhead(prefill)}
@@ -665,7 +661,7 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
         # the handover as the stream's loops pay it replaces the closed loop's decode CPU
         # per handover (kept in detail["handover"]): measured on the loop it is charged to
         idle = idle_handover_costs(idle_handovers,
-                                   decode["engine_step_s"] + out["serving_step_overhead_s"])
+                                   decode["engine_step_s"] + out["step_overhead_s"])
         if idle["requests"]:
             # the idle loop's insert median stays in the detail, not charged: an idle
             # loop's insert is longer than a stepping one's (docs/serving.md "What a
