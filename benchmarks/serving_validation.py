@@ -108,6 +108,7 @@ import numpy as np
 import yaml
 
 from benchmarks import common, harness
+from workloads.serving.costs import HostCosts
 
 NAME = "serving_validation"
 MODEL = "calib"               # workloads/config.py: steps of ms, not tens of microseconds
@@ -328,18 +329,17 @@ def step_times(d, session, costs: dict) -> dict:
     context = INPUT_LEN + OUTPUT_LEN / 2
     prompts = loop_pre.get("loop_prefill_prompts", d.prefill.batch)   # per closed-loop call
     return {"prefill_s": {"predicted": model.prefill_s(d.prefill.batch, INPUT_LEN)
-                          + prompts * model.prefill_overhead_per_prompt_s,
+                          + prompts * model.host_costs.prefill_overhead_per_prompt_s,
                           "engine": loop_pre["engine_prefill_s"], "loop": loop_pre["loop_prefill_s"],
                           "warmup": pre[f"prefill_s@{INPUT_LEN}"]},
             "decode_step_s": {"predicted": model.decode_step_s(d.decode.batch, context)
-                              + model.step_overhead_s,
+                              + model.host_costs.step_overhead_s,
                               "engine": loop_dec["engine_step_s"], "loop": loop_dec["loop_step_s"],
                               "warmup": dec["decode_step_s"]},
-            "kv_transfer_s": {"predicted": model.kv_transfer_s(INPUT_LEN) + model.handover_overhead_s
+            "kv_transfer_s": {"predicted": model.kv_transfer_s(INPUT_LEN)
+                              + model.host_costs.handover_overhead_s
                               if d.mode == "disaggregated" else 0.0},
-            "host_costs": {k: costs[k] for k in ("serving_step_overhead_s", "serving_prefill_overhead_s",
-                                                 "handover_overhead_s", "prefill_wake_s",
-                                                 "prefill_first_overhead_s") if k in costs}}
+            "host_costs": HostCosts.from_measured(costs).to_dict()}
 
 
 def without_stepping_calls(costs: dict) -> dict:
@@ -360,6 +360,7 @@ def loop_step_times(d, costs: dict, statistic: str = "mean"):
     loop-model diagnostic and the loads' capacity (module docstring); medians on request."""
     from workloads.serving.model import StepTimes
 
+    measured = HostCosts.from_measured(costs)
     detail = costs["detail"]
     pre = detail.get("aggregated") or detail["prefill"]
     dec = detail.get("aggregated") or detail["decode"]
@@ -368,16 +369,11 @@ def loop_step_times(d, costs: dict, statistic: str = "mean"):
     per_prompt = (max(pre["loop_prefill" + suffix] - engine_prefill, 0.0)
                   / (pre.get("loop_prefill_prompts") or 1.0)) if "loop_prefill" + suffix in pre else 0.0
     if statistic == "mean":     # the measurement's own (aggregated: the paired prefill calls)
-        per_prompt = costs["serving_prefill_overhead_s"]
-    return StepTimes(lambda b, n: engine_prefill, lambda b, c: step,
-                     prefill_overhead_per_prompt_s=per_prompt,
-                     handover_overhead_s=costs["handover_overhead_s"],
-                     prefill_wake_s=costs.get("prefill_wake_s", 0.0),
-                     prefill_first_overhead_s=costs.get("prefill_first_overhead_s", 0.0),
-                     handover_latency_s=costs.get("handover_latency_s", 0.0),
-                     decode_wake_s=costs.get("decode_wake_s", 0.0),
-                     prefill_idle_after_s=costs.get("prefill_idle_after_s", 0.0),
-                     source="serving loop")
+        per_prompt = measured.prefill_overhead_per_prompt_s
+    # the loop's own step has its host work in it: no step overhead on top
+    host = dataclasses.replace(measured, step_overhead_s=0.0, prefill_overhead_per_prompt_s=per_prompt)
+    return StepTimes(lambda b, n: engine_prefill, lambda b, c: step, source="serving loop",
+                     host_costs=host)
 
 
 def handover_s(per_request: list[dict]) -> float | None:
@@ -429,8 +425,8 @@ def run(n_requests: int, calibration: dict, names: list[str] | None = None,
             capacity = capacity_rps(d, loop_step_times(d, costs, "mean"), INPUT_LEN, OUTPUT_LEN)["rps"]
             steps = step_times(d, session, costs)
             print(f"{name}: host costs " + ", ".join(
-                f"{k} {costs[k] * 1e3:.2f} ms" for k in ("serving_step_overhead_s",
-                                                        "serving_prefill_overhead_s",
+                f"{k} {costs[k] * 1e3:.2f} ms" for k in ("step_overhead_s",
+                                                        "prefill_overhead_per_prompt_s",
                                                         "handover_overhead_s"))
                   + f"; capacity {capacity:.1f} req/s", flush=True)
             for load in loads:
@@ -618,7 +614,7 @@ def stream_calls(deployment, calls: dict, requests, costs: dict) -> dict[str, di
                 out["decode_step"]["loop"].append(step)
             elif c[0] == "insert":
                 out["handover_insert"]["stream"].append(c[2] - c[1])
-                out["handover_insert"]["loop"].append(times.handover_overhead_s)
+                out["handover_insert"]["loop"].append(times.host_costs.handover_overhead_s)
     return {k: v for k, v in out.items() if v["stream"]}
 
 
@@ -632,18 +628,20 @@ def scaled_step_times(times, ratio: dict[str, float], prompts_per_call: float = 
     step, insert = ratio.get("decode_step", 1.0), ratio.get("handover_insert", 1.0)
     engine = times.prefill_s(1, INPUT_LEN)
     step_s = times.decode_step_s(1, INPUT_LEN + OUTPUT_LEN / 2)
-    before = times.prefill_first_overhead_s
+    host = times.host_costs
+    before = host.prefill_first_overhead_s
     # per call after the first tokens: prompts x per-prompt - before -> scaled by `after`,
     # while `before` is scaled by `first`
-    per_prompt = (after * times.prefill_overhead_per_prompt_s
+    per_prompt = (after * host.prefill_overhead_per_prompt_s
                   + (first - after) * before / max(prompts_per_call, 1.0))
+    host = dataclasses.replace(
+        host, prefill_first_overhead_s=before * first, prefill_wake_s=host.prefill_wake_s * first,
+        prefill_overhead_per_prompt_s=max(per_prompt, 0.0),
+        prefill_idle_after_s=host.prefill_idle_after_s * after,
+        handover_overhead_s=host.handover_overhead_s * insert)
     return dataclasses.replace(
         times, prefill_s=lambda b, n: engine * first, decode_step_s=lambda b, c: step_s * step,
-        decode_affine=None, prefill_first_overhead_s=before * first,
-        prefill_wake_s=times.prefill_wake_s * first,
-        prefill_overhead_per_prompt_s=max(per_prompt, 0.0),
-        prefill_idle_after_s=times.prefill_idle_after_s * after,
-        handover_overhead_s=times.handover_overhead_s * insert, source="serving loop, scaled")
+        decode_affine=None, host_costs=host, source="serving loop, scaled")
 
 
 def block_drift(detail: dict) -> dict[str, float]:

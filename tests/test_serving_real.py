@@ -16,6 +16,7 @@ import pytest
 
 from sweeper.cli import main
 from workloads.config import MODEL_PRESETS
+from workloads.serving.costs import HostCosts
 
 MODEL = "tiny-serial"      # untied embeddings: varied greedy tokens (model.init_params)
 ATOL = 0.1                 # as tests/test_engine_equivalence.py: bf16 rounding ~0.03, a bug O(1)
@@ -158,7 +159,7 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
     dec = results.get("aggregated", results.get("decode"))
     costs = host_costs(pre, dec)
     assert all(math.isfinite(v) and v >= 0 for v in costs.values()), costs
-    assert costs["serving_step_overhead_s"] == pytest.approx(max(dec["loop_step_paired_extra_s"], 0.0))
+    assert costs["step_overhead_s"] == pytest.approx(max(dec["loop_step_paired_extra_s"], 0.0))
     if mode == "aggregated":
         # every block pairs PREFILL_PAIRS prefill calls with the engine's, 1, 2, 1, 2, ...
         # prompts (up to the prefill batch); the costs are the median over blocks of them
@@ -173,13 +174,13 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
         whole = np.asarray(pre["prefill_pair_extra_s"])
         counts = range(1, prefill_batch + 1)
         per_prompt = sum(float(np.median(whole[np.asarray(prompts) == n])) for n in counts) / sum(counts)
-        assert costs["serving_prefill_overhead_s"] == pytest.approx(max(per_prompt, 0.0))
+        assert costs["prefill_overhead_per_prompt_s"] == pytest.approx(max(per_prompt, 0.0))
         assert 0 <= first_token_overhead(pre) <= max(float(np.mean(pre["prefill_pair_extra_s"])), 0.0)
     else:      # a prefill slice: its closed loop's calls, paired by block (no call pairs)
         assert "prefill_pair_prompts" not in pre
         blocks = pre["loop_prefill_paired_block_extra_s"]
         assert len(blocks) == 3 and pre["loop_prefill_paired_extra_s"] == pytest.approx(float(np.median(blocks)))
-        assert costs["serving_prefill_overhead_s"] == pytest.approx(
+        assert costs["prefill_overhead_per_prompt_s"] == pytest.approx(
             max(pre["loop_prefill_paired_extra_s"], 0.0) / pre["loop_prefill_prompts"])
 
 
@@ -365,11 +366,11 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
             extras = detail.pop("loop_step_paired_block_extra_s")
             assert len(extras) == 5 and all(abs(x) < 5.0 for x in extras)
             assert detail.pop("loop_step_paired_extra_s") == pytest.approx(float(np.median(extras)))
-            assert costs["serving_step_overhead_s"] == pytest.approx(max(float(np.median(extras)), 0.0))
+            assert costs["step_overhead_s"] == pytest.approx(max(float(np.median(extras)), 0.0))
         for key, value in detail.items():   # seconds, a count, samples, block means
             for one in value if isinstance(value, list) else [value]:
                 assert 0 < one < 5.0, (side, key, one)
-    assert costs["serving_step_overhead_s"] >= 0 and costs["serving_prefill_overhead_s"] >= 0
+    assert costs["step_overhead_s"] >= 0 and costs["prefill_overhead_per_prompt_s"] >= 0
     assert 0 < costs["handover_overhead_s"] < 5.0       # a Ray call and an insert: never free
     assert costs["detail"]["handover"]["samples"] >= 8
     # the decode loop stepping with the prefill worker's handovers at a stream's rate: its
@@ -388,10 +389,9 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
     assert 0 <= costs["prefill_first_overhead_s"] <= pre["loop_prefill_mean_s"] - pre["engine_prefill_s"] + 1e-12
     assert pre["loop_prefill_first_s"] <= pre["loop_prefill_s"]
     hardware = load_hardware(str(out))
-    for key in ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s"):
-        assert getattr(hardware, key) == pytest.approx(costs[key])
-    assert hardware.serving_prefill_wake_s == pytest.approx(costs["prefill_wake_s"])
-    assert hardware.serving_prefill_first_overhead_s == pytest.approx(costs["prefill_first_overhead_s"])
+    for key in ("step_overhead_s", "prefill_overhead_per_prompt_s", "handover_overhead_s",
+                "prefill_wake_s", "prefill_first_overhead_s"):
+        assert getattr(hardware.host_costs, key) == pytest.approx(costs[key])
     assert hardware.peak_flops == HARDWARE["peak_flops"]
 
 
@@ -409,7 +409,7 @@ def test_serve_says_when_a_host_profiles_prediction_lacks_serving_host_costs(tmp
     bare = dataclasses.replace(deployment, hardware=host)
     hint = host_costs_hint(bare, "plan.json")
     assert hint and "--measure-overheads" in hint and "plan.json" in hint and "`host`" in hint
-    measured = dataclasses.replace(host, serving_step_overhead_s=0.0004)
+    measured = dataclasses.replace(host, host_costs=HostCosts(step_overhead_s=0.0004))
     assert host_costs_hint(dataclasses.replace(deployment, hardware=measured), "plan.json") is None
     preset = dataclasses.replace(deployment, hardware=HARDWARE_PRESETS["tpu-v4"])
     assert host_costs_hint(preset, "plan.json") is None

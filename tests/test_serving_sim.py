@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from sweeper.serving import bands
 from workloads.deployment import Deployment, PhaseSlice, load_plan
+from workloads.serving.costs import HostCosts
 from workloads.serving.model import (StepTimes, capacity_rps, cost_model_step_times,
                                      kv_link_bandwidth, phase_prediction, simulate)
 from workloads.serving.profile import (AppProfile, Request, parse_length, profile_from_dict,
@@ -135,14 +138,14 @@ def test_prefill_slice_sends_each_kv_before_its_next_call():
 
 @pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
 def test_a_prefill_on_an_idle_loop_pays_the_wake(mode):
-    """StepTimes `prefill_wake_s` (docs/serving.md "Serving host costs"): a prefill call that
+    """HostCosts `prefill_wake_s` (docs/serving.md "Serving host costs"): a prefill call that
     starts on a loop that had nothing to do until its arrival takes the wake longer before
     its first token; one that starts right after other work does not. Two requests arriving
     together after idle: TTFT 0.25 + 0.05, then (aggregated) one decode step later the
     second's call, or (disaggregated) after the first's transfer, with no wake: 0.3 + 0.02
     + 0.25, 0.3 + 0.1 + 0.25. Spaced arrivals each find the loop idle: every TTFT 0.3."""
     d = _deployment(mode)
-    times = dataclasses.replace(_constant(0.25, 0.02, transfer_s=0.1), prefill_wake_s=0.05)
+    times = _host(_constant(0.25, 0.02, transfer_s=0.1), prefill_wake_s=0.05)
     together = simulate(d, [Request(0.0, 128, 10), Request(0.0, 128, 10)], times)
     second = 0.3 + (0.02 if mode == "aggregated" else 0.1) + 0.25
     assert np.allclose(np.sort(together.ttft_s), [0.3, second])
@@ -154,7 +157,7 @@ def test_a_prefill_on_an_idle_loop_pays_the_wake(mode):
 
 @pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
 def test_a_prefills_host_work_before_its_first_tokens_delays_them(mode):
-    """StepTimes `prefill_first_overhead_s` (docs/serving.md "Serving host costs"): of a
+    """HostCosts `prefill_first_overhead_s` (docs/serving.md "Serving host costs"): of a
     prefill call's host work (0.03 per prompt), the part before its first tokens (0.01)
     delays them on every call, the rest (0.02) comes after; the call's total is the same.
     Two requests together after idle, wake 0.005 (less than 0.01: the call pays 0.01):
@@ -162,17 +165,17 @@ def test_a_prefills_host_work_before_its_first_tokens_delays_them(mode):
     (aggregated) one decode step 0.02, or (disaggregated) the transfer 0.1, and pays 0.01
     before its first token. With a wake of 0.05 an idle call pays the wake instead."""
     d = _deployment(mode)
-    times = dataclasses.replace(_constant(0.25, 0.02, transfer_s=0.1), prefill_wake_s=0.005,
-                                prefill_overhead_per_prompt_s=0.03, prefill_first_overhead_s=0.01)
+    times = _host(_constant(0.25, 0.02, transfer_s=0.1), prefill_wake_s=0.005,
+                  prefill_overhead_per_prompt_s=0.03, prefill_first_overhead_s=0.01)
     together = simulate(d, [Request(0.0, 128, 10), Request(0.0, 128, 10)], times)
     second = 0.28 + (0.02 if mode == "aggregated" else 0.1) + 0.25 + 0.01
     assert np.allclose(np.sort(together.ttft_s), [0.26, second])
     assert np.isclose(together.prefill_busy_s, 2 * (0.28 + (0.0 if mode == "aggregated" else 0.1)))
     # all of the host work after the first tokens (0 before them): TTFT the engine's call
-    after = dataclasses.replace(times, prefill_first_overhead_s=0.0, prefill_wake_s=0.0)
+    after = _host(times, prefill_first_overhead_s=0.0, prefill_wake_s=0.0)
     assert np.allclose(np.sort(simulate(d, [Request(0.0, 128, 10)] * 2, after).ttft_s),
                        [0.25, second - 0.01])
-    woken = dataclasses.replace(times, prefill_wake_s=0.05)
+    woken = _host(times, prefill_wake_s=0.05)
     assert np.allclose(simulate(d, _spaced(5, 10.0), woken).ttft_s, 0.3)
 
 
@@ -196,8 +199,13 @@ def test_cost_model_step_times_give_the_predicted_prefill_and_transfer():
 
 
 def _with_host_costs(times, step=0.0, prefill=0.0, handover=0.0):
-    return dataclasses.replace(times, step_overhead_s=step, prefill_overhead_per_prompt_s=prefill,
-                               handover_overhead_s=handover)
+    return _host(times, step_overhead_s=step, prefill_overhead_per_prompt_s=prefill,
+                 handover_overhead_s=handover)
+
+
+def _host(times, **costs):
+    """`times` with these host costs (workloads/serving/costs.py HostCosts) replaced."""
+    return dataclasses.replace(times, host_costs=dataclasses.replace(times.host_costs, **costs))
 
 
 @pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
@@ -242,14 +250,14 @@ def test_handovers_are_serialised_through_the_decode_loop():
 
 
 def test_handover_latency_delays_the_kv_not_the_prefill_loop():
-    """StepTimes `handover_latency_s` (disaggregated: the KV's transport to the decode process
+    """HostCosts `handover_latency_s` (disaggregated: the KV's transport to the decode process
     and its idle loop's poll, charged to neither loop): at idle each request's KV is ready
     `latency` after its send, so TPOT grows by latency / (K - 1); two requests arriving
     together see the second prefill right after the first's transfer, as without it (TTFT
     0.25 and 0.6), and the prefill loop's busy time is unchanged."""
     d = _deployment("disaggregated")
     latency = 0.07
-    times = dataclasses.replace(_constant(0.25, 0.02, transfer_s=0.1), handover_latency_s=latency)
+    times = _host(_constant(0.25, 0.02, transfer_s=0.1), handover_latency_s=latency)
     idle = simulate(d, _spaced(20, 10.0), times)
     assert np.allclose(idle.ttft_s, 0.25)
     assert np.allclose(idle.tpot_s, 0.02 + (0.1 + latency) / 9)
@@ -259,36 +267,35 @@ def test_handover_latency_delays_the_kv_not_the_prefill_loop():
 
 
 def test_an_idle_decode_loops_first_step_pays_the_wake():
-    """StepTimes `decode_wake_s`: the decode slice's first step after it was idle (no slot
+    """HostCosts `decode_wake_s`: the decode slice's first step after it was idle (no slot
     busy) takes `wake` longer; a request inserted while another decodes does not wake it.
     Idle arrivals: TPOT = step + (transfer + wake) / (K - 1). Two requests 0.05 s apart
     (prefill 0.01, steps 0.02, 10 tokens): the second is inserted during the first's
     decoding, so the loop's busy time is one wake, not two."""
     d = _deployment("disaggregated", slots=4)
     wake = 0.03
-    times = dataclasses.replace(_constant(0.25, 0.02, transfer_s=0.1), decode_wake_s=wake)
+    times = _host(_constant(0.25, 0.02, transfer_s=0.1), decode_wake_s=wake)
     idle = simulate(d, _spaced(20, 10.0), times)
     assert np.allclose(idle.tpot_s, 0.02 + (0.1 + wake) / 9)
-    times = dataclasses.replace(_constant(0.01, 0.02), decode_wake_s=wake)
+    times = _host(_constant(0.01, 0.02), decode_wake_s=wake)
     close = simulate(d, [Request(0.0, 128, 10), Request(0.05, 128, 10)], times)
     assert np.isclose(close.finish_s[0], 0.01 + wake + 9 * 0.02)
     assert np.isclose(close.decode_busy_s, wake + (close.finish_s[1] - 0.01 - wake))
 
 
 def test_an_idle_prefills_work_after_its_first_tokens_is_at_least_its_measured_floor():
-    """StepTimes `prefill_idle_after_s` (disaggregated: an idle prefill loop's export and
+    """HostCosts `prefill_idle_after_s` (disaggregated: an idle prefill loop's export and
     send after its first tokens, per prompt): two requests arriving together on an idle
     prefill slice (prefill 0.25, closed-loop work per prompt 0.01, idle floor 0.04): the
     first call, on the idle loop, ends 0.04 after its first tokens, so the second's first
     token is at 0.25 + 0.04 + 0.25; the second call (not idle) keeps 0.01. A floor below
     the closed loop's work changes nothing."""
     d = _deployment("disaggregated")
-    times = dataclasses.replace(_with_host_costs(_constant(0.25, 0.02), prefill=0.01),
-                                prefill_idle_after_s=0.04)
+    times = _host(_with_host_costs(_constant(0.25, 0.02), prefill=0.01), prefill_idle_after_s=0.04)
     burst = simulate(d, [Request(0.0, 128, 10), Request(0.0, 128, 10)], times)
     assert np.allclose(np.sort(burst.first_token_s), [0.25, 0.25 + 0.04 + 0.25])
     assert np.isclose(burst.prefill_busy_s, 0.25 + 0.04 + 0.25 + 0.01)
-    low = dataclasses.replace(times, prefill_idle_after_s=0.005)
+    low = _host(times, prefill_idle_after_s=0.005)
     assert np.allclose(np.sort(simulate(d, [Request(0.0, 128, 10)] * 2, low).first_token_s),
                        [0.25, 0.25 + 0.01 + 0.25])
 
@@ -338,24 +345,48 @@ def test_saturating_load_with_host_costs_serves_at_the_capacity_they_give(mode):
 
 def test_cost_model_step_times_carry_the_profiles_host_costs():
     d = _deployment("disaggregated", slots=64)
-    hw = dataclasses.replace(d.hardware, serving_step_overhead_s=0.001,
-                             serving_prefill_overhead_s=0.002, handover_overhead_s=0.003,
-                             serving_prefill_wake_s=0.004, serving_prefill_first_overhead_s=0.005)
-    times = cost_model_step_times(dataclasses.replace(d, hardware=hw))
-    assert (times.step_overhead_s, times.prefill_overhead_per_prompt_s, times.handover_overhead_s,
-            times.prefill_wake_s, times.prefill_first_overhead_s) == (0.001, 0.002, 0.003, 0.004, 0.005)
-    plain = cost_model_step_times(d)
-    assert (plain.step_overhead_s == plain.prefill_overhead_per_prompt_s == plain.handover_overhead_s
-            == plain.prefill_wake_s == plain.prefill_first_overhead_s == 0.0)
-    # a profile file carries the wake and the prefill's first part like the three costs;
-    # a negative one is refused
+    costs = HostCosts(*(0.001 * (k + 1) for k in range(len(HostCosts.names()))))
+    hw = dataclasses.replace(d.hardware, host_costs=costs)
+    assert cost_model_step_times(dataclasses.replace(d, hardware=hw)).host_costs == costs
+    assert cost_model_step_times(d).host_costs == HostCosts() == d.hardware.host_costs
+    # a profile file carries them as a `host_costs:` mapping; a negative one is refused
     from workloads.config import ConfigError, HardwareProfile
 
-    loaded = HardwareProfile.from_dict(hw.to_dict())
-    assert (loaded.serving_prefill_wake_s, loaded.serving_prefill_first_overhead_s) == (0.004, 0.005)
-    for key in ("serving_prefill_wake_s", "serving_prefill_first_overhead_s"):
-        with pytest.raises(ConfigError, match=key):
-            HardwareProfile.from_dict({**hw.to_dict(), key: -1})
+    assert hw.to_dict()["host_costs"] == costs.to_dict()
+    assert HardwareProfile.from_dict(yaml.safe_load(yaml.safe_dump(hw.to_dict()))) == hw
+    for key in HostCosts.names():
+        with pytest.raises(ConfigError, match=f"host_costs.{key}"):
+            HardwareProfile.from_dict({**hw.to_dict(), "host_costs": {**costs.to_dict(), key: -1}})
+    with pytest.raises(ConfigError, match="step_overhead_z"):
+        HardwareProfile.from_dict({**hw.to_dict(), "host_costs": {"step_overhead_z": 0.1}})
+
+
+def test_profiles_written_before_host_costs_still_load():
+    """A profile YAML of the old flat `serving_*_s` keys (committed results, a user's host
+    profile) loads into the same HostCosts; flat keys beside a `host_costs:` mapping and a
+    negative flat one are refused."""
+    from workloads.config import ConfigError, HardwareProfile
+    from workloads.serving.costs import OLD_NAMES
+
+    d = _deployment("disaggregated")
+    costs = HostCosts(*(0.001 * (k + 1) for k in range(len(HostCosts.names()))))
+    new = {k: v for k, v in d.hardware.to_dict().items() if k != "host_costs"}
+    old_name = {new_name: old for old, new_name in OLD_NAMES.items()}
+    flat = {old_name.get(k, k): v for k, v in costs.to_dict().items()}
+    assert "serving_step_overhead_s" in flat and "handover_overhead_s" in flat
+    loaded = HardwareProfile.from_dict({**new, **flat})
+    assert loaded.host_costs == costs
+    assert loaded == dataclasses.replace(d.hardware, host_costs=costs)
+    assert HardwareProfile.from_dict(loaded.to_dict()) == loaded          # written nested
+    with pytest.raises(ConfigError, match="serving_decode_wake_s"):
+        HardwareProfile.from_dict({**new, "serving_decode_wake_s": -1})
+    with pytest.raises(ConfigError, match="serving_step_overhead_s"):
+        HardwareProfile.from_dict({**new, "serving_step_overhead_s": 0.1,
+                                   "host_costs": {"decode_wake_s": 0.1}})
+    # a committed profile of the flat keys (0 there: fitted, not measured)
+    path = Path(__file__).resolve().parents[1] / "benchmarks/results/serving_validation.fitted.yaml"
+    assert "serving_step_overhead_s" in yaml.safe_load(path.read_text())
+    assert load_hardware(str(path)).host_costs == HostCosts()
 
 
 @pytest.mark.parametrize("mode,replicas", [("aggregated", 1), ("disaggregated", 2)])
@@ -425,7 +456,7 @@ def test_deployment_round_trip_and_plan_file(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({"deployment": d.to_dict()}))
     assert load_plan(path).to_dict() == d.to_dict()
-    fitted = d.hardware.__class__(**{**d.hardware.to_dict(), "name": "mine",
+    fitted = d.hardware.from_dict({**d.hardware.to_dict(), "name": "mine",
                                      "heldout_residuals": {"decode": [0.1, -0.2]}})
     d.hardware = fitted      # a profile that is not a preset travels whole
     assert Deployment.from_dict(d.to_dict()).hardware.heldout_residuals == {"decode": [0.1, -0.2]}
@@ -549,11 +580,10 @@ def test_host_costs_are_the_loops_means_per_prompt():
               "engine_prefill_s": 0.025, "loop_prefill_s": 0.030, "loop_prefill_mean_s": 0.033,
               "loop_prefill_prompts": 4.0}
     costs = host_costs(worker, worker)
-    assert costs["serving_step_overhead_s"] == pytest.approx(0.001)
-    assert costs["serving_prefill_overhead_s"] == pytest.approx(0.002)
+    assert costs["step_overhead_s"] == pytest.approx(0.001)
+    assert costs["prefill_overhead_per_prompt_s"] == pytest.approx(0.002)
     fast = {**worker, "loop_step_mean_s": 0.003, "loop_prefill_mean_s": 0.02}
-    assert host_costs(fast, fast) == {"serving_step_overhead_s": 0.0,
-                                      "serving_prefill_overhead_s": 0.0}
+    assert host_costs(fast, fast) == {"step_overhead_s": 0.0, "prefill_overhead_per_prompt_s": 0.0}
 
 
 def test_first_token_overhead_is_the_paired_part_of_the_prefills_host_work():
@@ -581,11 +611,11 @@ def test_decode_slice_step_cost_is_the_paired_difference():
     prefill = {"engine_prefill_s": 0.008, "loop_prefill_mean_s": 0.010, "loop_prefill_prompts": 1.0}
     decode = {"engine_step_s": 0.0048, "loop_step_s": 0.0057, "loop_step_mean_s": 0.0066,
               "loop_step_paired_extra_s": 0.0007}
-    assert host_costs(prefill, decode)["serving_step_overhead_s"] == pytest.approx(0.0007)
+    assert host_costs(prefill, decode)["step_overhead_s"] == pytest.approx(0.0007)
     noisy = {**decode, "loop_step_paired_extra_s": -0.0002}     # timer noise: costs 0
-    assert host_costs(prefill, noisy)["serving_step_overhead_s"] == 0.0
+    assert host_costs(prefill, noisy)["step_overhead_s"] == 0.0
     unpaired = {k: v for k, v in decode.items() if k != "loop_step_paired_extra_s"}
-    assert host_costs(prefill, unpaired)["serving_step_overhead_s"] == pytest.approx(0.0018)
+    assert host_costs(prefill, unpaired)["step_overhead_s"] == pytest.approx(0.0018)
 
 
 def test_replay_of_a_served_aggregated_log_gives_its_first_tokens_back():

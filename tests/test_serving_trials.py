@@ -163,7 +163,7 @@ def test_a_host_serving_trial_keeps_what_it_measured_before_its_stream(sweep, tm
         loop = costs["detail"]["aggregated"]
         assert loop["engine_prefill_s"] > 0 and loop["engine_step_s"] > 0
         assert costs["engine_prefill_by_len_s"] == {"16": loop["engine_prefill_s"]}
-        for name in ("serving_step_overhead_s", "serving_prefill_overhead_s", "prefill_wake_s"):
+        for name in ("step_overhead_s", "prefill_overhead_per_prompt_s", "prefill_wake_s"):
             assert math.isfinite(costs[name]) and costs[name] >= 0, name
         assert serving["prediction"]["step_times"].startswith("measured before the stream")
         config = space.trial_config(trial.params)
@@ -513,8 +513,8 @@ def test_a_host_trials_measurement_before_its_stream_is_cached_per_deployment_sh
     assert times.prefill_s(1, 16) == loop["engine_prefill_s"]
     assert times.prefill_s(1, 40) == loop["engine_prefill_s"]     # the nearest measured length
     assert times.decode_step_s(2, 100.0) == loop["engine_step_s"]
-    assert times.step_overhead_s == first["serving_step_overhead_s"]
-    assert times.prefill_wake_s == first["prefill_wake_s"] and times.step_spread
+    assert times.host_costs.step_overhead_s == first["step_overhead_s"]
+    assert times.host_costs.prefill_wake_s == first["prefill_wake_s"] and times.step_spread
 
 
 class _DecodeSliceHere:

@@ -44,7 +44,7 @@ def test_the_fit_resolves_host_in_the_sweeps_home(tmp_path, monkeypatch):
 # --------------------------------------------- the stream's calls vs the closed loop's (issue 19)
 
 PROFILE = "benchmarks/results/serving_validation.fitted.yaml"   # the committed fitted profile
-COSTS = {"serving_step_overhead_s": 0.0005, "serving_prefill_overhead_s": 0.001,
+COSTS = {"step_overhead_s": 0.0005, "prefill_overhead_per_prompt_s": 0.001,
          "handover_overhead_s": 0.0, "prefill_wake_s": 0.002, "prefill_first_overhead_s": 0.0005,
          "detail": {"aggregated": {"engine_prefill_s": 0.008, "engine_step_s": 0.0045,
                                    "loop_step_mean_s": 0.005, "loop_step_s": 0.005,
@@ -93,14 +93,16 @@ def test_scaled_step_times_scale_each_kind_alone():
     times = sv.loop_step_times(d, COSTS)
     same = sv.scaled_step_times(times, {})
     assert same.prefill_s(1, 32) == times.prefill_s(1, 32)
-    assert same.prefill_overhead_per_prompt_s == pytest.approx(times.prefill_overhead_per_prompt_s)
+    assert same.host_costs.prefill_overhead_per_prompt_s == pytest.approx(
+        times.host_costs.prefill_overhead_per_prompt_s)
     slower = sv.scaled_step_times(times, {"prefill_first": 1.5})
     assert slower.prefill_s(1, 32) == pytest.approx(1.5 * 0.008)
-    assert slower.prefill_first_overhead_s == pytest.approx(1.5 * 0.0005)
+    assert slower.host_costs.prefill_first_overhead_s == pytest.approx(1.5 * 0.0005)
     assert slower.decode_step_s(4, 40) == times.decode_step_s(4, 40)
     # the host work after the first tokens of a 1-prompt call stays what it was
-    assert (slower.prefill_overhead_per_prompt_s - slower.prefill_first_overhead_s
-            == pytest.approx(times.prefill_overhead_per_prompt_s - times.prefill_first_overhead_s))
+    slow, base = slower.host_costs, times.host_costs
+    assert (slow.prefill_overhead_per_prompt_s - slow.prefill_first_overhead_s
+            == pytest.approx(base.prefill_overhead_per_prompt_s - base.prefill_first_overhead_s))
     assert sv.scaled_step_times(times, {"decode_step": 0.9}).decode_step_s(4, 40) == pytest.approx(0.0045)
 
 

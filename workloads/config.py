@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 from workloads import hf_config
+from workloads.serving.costs import OLD_NAMES, HostCosts
 # ConfigError and check_keys are used from here by most modules (workloads/validate.py)
 from workloads.validate import (ConfigError, boolean, bounded, check_keys, one_of,  # noqa: F401
                                 positive_int)
@@ -427,32 +428,12 @@ class HardwareProfile:
     # ({"prefill": [...], "decode": [...]}), written by `sweeper fit` into a fitted profile;
     # the serving planner's error bands are their split-conformal quantiles. Empty = unknown.
     heldout_residuals: dict = dataclasses.field(default_factory=dict, hash=False)
-    # Serving host costs (issue 19, docs/serving.md): what a serving engine adds on the host to
-    # the engine's own step time: per decode step (the token's transfer, argmax, slot
-    # bookkeeping), per prompt of a prefill call (its insert into a slot), and the decode
-    # process's CPU per KV-cache handover between slices (Ray receive + insert), beyond the
-    # bytes over the link. Means (the median of block means) measured outside the serving
-    # runs they predict (sweeper/serving/overheads.py); 0 = none (an accelerator's profile).
-    serving_step_overhead_s: float = 0.0
-    serving_prefill_overhead_s: float = 0.0
-    handover_overhead_s: float = 0.0
-    # A prefill call that starts on an idle loop takes this much longer to its first token
-    # than back-to-back calls (a host effect the closed loop above cannot see; measured by
-    # serving one-token requests 0.1 s apart, docs/serving.md); 0 = none.
-    serving_prefill_wake_s: float = 0.0
-    # Of a prefill call's host work, the part before its first tokens (the prompts made and
-    # placed: they delay the first tokens; the rest of serving_prefill_overhead_s comes after
-    # them), per call; measured paired with the engine's calls (docs/serving.md); 0 = none.
-    serving_prefill_first_overhead_s: float = 0.0
-    # A disaggregated deployment's KV handover as a stream pays it (measured by lone requests
-    # through the deployment's own slice loops, each finding the decode loop idle:
-    # workloads/serving/hostcosts.py `idle_handover_costs`, docs/serving.md): the KV is ready this
-    # long after the prefill slice's send (the prefill loop does not wait), an idle decode
-    # loop's first step costs this much more, and an idle prefill loop's call pays at least
-    # this much per prompt after its first tokens (its export and send); 0 = none.
-    serving_handover_latency_s: float = 0.0
-    serving_decode_wake_s: float = 0.0
-    serving_prefill_idle_after_s: float = 0.0
+    # Serving host costs (workloads/serving/costs.py, docs/serving.md "Serving host costs"):
+    # what a serving loop adds on the host to the engine's calls, measured outside the
+    # serving runs they predict (sweeper/serving/overheads.py); 0 = none (an accelerator's).
+    # A profile YAML holds them as a `host_costs:` mapping (older files' flat
+    # `serving_*_s` keys load too).
+    host_costs: HostCosts = dataclasses.field(default_factory=HostCosts)
     # Precision and memory (docs/models.md). FP8 matmul FLOP/s per chip (dense, W8A8 on FP8
     # tensor cores); 0 = no FP8 units: FP8 weights are then stored in 8 bits and computed in
     # bf16 (weight-only, as int8).
@@ -509,7 +490,7 @@ class HardwareProfile:
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str | None = None, prefix: str = "") -> "HardwareProfile":
-        _check_fields(cls, data, "hardware", source, prefix)
+        _check_fields(cls, _without_flat_host_costs(data), "hardware", source, prefix)
         values: dict[str, Any] = {}
         for key in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "ici_bandwidth"):
             if key not in data:
@@ -521,10 +502,6 @@ class HardwareProfile:
                     "collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
                     "collective_rendezvous_s",
                     "matmul_half_rows", "matmul_half_dim", "attention_half_rows",
-                    "serving_step_overhead_s", "serving_prefill_overhead_s",
-                    "handover_overhead_s", "serving_prefill_wake_s",
-                    "serving_prefill_first_overhead_s", "serving_handover_latency_s",
-                    "serving_decode_wake_s", "serving_prefill_idle_after_s",
                     "fp8_flops", "memory_reserve"):
             if key in data:
                 values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
@@ -553,6 +530,7 @@ class HardwareProfile:
             values[key] = _by_group(data.get(key) or {}, f"{prefix}{key}", what,
                                     positive=key.startswith("collective_bandwidth"), source=source)
         values.update(_serving_fields(data, source, prefix))
+        values["host_costs"] = _host_costs(data, source, prefix)
         calibration = data.get("calibration") or {}
         if not isinstance(calibration, Mapping):
             raise ConfigError(f"{prefix}calibration", calibration,
@@ -574,6 +552,37 @@ class HardwareProfile:
             values["host_share"] = parse_quantity(data["host_share"], f"{prefix}host_share", source)
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
+
+
+def _is_flat_host_cost(key: str) -> bool:
+    """A host cost written as a flat profile field (files written before HostCosts)."""
+    return key in OLD_NAMES or key in HostCosts.names()
+
+
+def _without_flat_host_costs(data: Any) -> Any:
+    if not isinstance(data, Mapping):
+        return data
+    return {k: v for k, v in data.items() if not _is_flat_host_cost(k)}
+
+
+def _host_costs(data: Mapping, source: str | None, prefix: str) -> HostCosts:
+    """The `host_costs:` mapping, or an older profile's flat `serving_*_s` keys (not both)."""
+    flat = {k: v for k, v in data.items() if _is_flat_host_cost(k)}
+    written, where = data.get("host_costs"), f"{prefix}host_costs."
+    if written is None:
+        written, where = flat, prefix
+    elif flat:
+        key = sorted(flat)[0]
+        raise ConfigError(f"{prefix}{key}", flat[key],
+                          "no flat host cost beside a `host_costs:` mapping", source)
+    else:
+        _check_fields(HostCosts, written, "host_costs", source, where)
+    values = {}
+    for key, value in written.items():
+        values[OLD_NAMES.get(key, key)] = number = parse_quantity(value, f"{where}{key}", source)
+        if not number >= 0:
+            raise ConfigError(f"{where}{key}", value, "a number >= 0 (seconds)", source)
+    return HostCosts(**values)
 
 
 def _serving_fields(data: Mapping, source: str | None, prefix: str) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from benchmarks import report
 from benchmarks.serving_validation import CALL_KINDS, calibration_trial
+from workloads.serving.costs import renamed
 
 
 def _durations_lines(analysis: list[dict], groups_: list[dict] | None = None) -> list[str]:
@@ -251,7 +252,7 @@ def _steps_lines(r: dict) -> list[str]:
                       "(its neighbour trial on the other core included): the point the fit saw.", ""]
     rows = []
     for s in r["steps"]:
-        hc = s.get("host_costs", {})
+        hc = renamed(s.get("host_costs", {}))    # older results: the costs' old names
         t = calibration_trial(cal, s["deployment"]) if trials else None
         rows.append([
             s["deployment"], report.ms(s["prefill_predicted_s"]), report.ms(s.get("prefill_engine_s")),
@@ -264,8 +265,8 @@ def _steps_lines(r: dict) -> list[str]:
             report.ms(s.get("decode_step_loop_s")),
             report.pct(s["decode_step_predicted_s"] / s["decode_step_loop_s"] - 1, 0)
             if s.get("decode_step_loop_s") else "-",
-            f"{report.ms(hc.get('serving_step_overhead_s'))} / "
-            f"{report.ms(hc.get('serving_prefill_overhead_s'))} / "
+            f"{report.ms(hc.get('step_overhead_s'))} / "
+            f"{report.ms(hc.get('prefill_overhead_per_prompt_s'))} / "
             f"{report.ms(hc.get('handover_overhead_s'))}"
             + (f" / {report.ms(hc['prefill_wake_s'])}" if wake else "")
             + (f" / {report.ms(hc.get('prefill_first_overhead_s'))}" if first else "") if hc else "-",

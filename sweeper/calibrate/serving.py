@@ -13,6 +13,7 @@ from typing import Any
 
 from workloads.config import HardwareProfile, ModelConfig
 from workloads.deployment import Deployment, PhaseSlice
+from workloads.serving.costs import HostCosts
 
 # A small probe model (not a preset: the blind benchmark never draws it; workloads/probes.py)
 MODEL = ModelConfig("serving-probe", 256, 1024, 2, 8, 2, 32, 1000, "serial", "swiglu", False)
@@ -29,24 +30,16 @@ def deployments(hardware: HardwareProfile) -> dict[str, Deployment]:
 
 
 def measure(profile: HardwareProfile) -> dict[str, Any]:
-    """{"fields": the profile's serving fields, "detail": what each deployment measured}."""
+    """{"fields": {"host_costs": the profile's HostCosts}, "detail": what each deployment
+    measured}: the handover's costs from the disaggregated deployment, the rest from the
+    aggregated one."""
     from sweeper.serving.overheads import measure as measure_costs
-    from sweeper.serving.overheads import with_overheads
 
-    detail, fields = {}, {}
+    detail, measured = {}, {}
     for mode, deployment in deployments(profile).items():
         costs = measure_costs(deployment, INPUT_LEN, OUTPUT_LEN)
         detail[mode] = {k: v for k, v in costs.items() if isinstance(v, (int, float))}
-        measured = with_overheads(profile, costs)
-        names = [f.name for f in dataclasses.fields(HardwareProfile) if f.name.startswith("serving_")
-                 or f.name == "handover_overhead_s"]
-        for name in names:
-            value = getattr(measured, name)
-            if mode == "aggregated" and name in ("handover_overhead_s", "serving_handover_latency_s",
-                                                 "serving_decode_wake_s", "serving_prefill_idle_after_s"):
-                continue
-            if mode == "disaggregated" and name not in ("handover_overhead_s", "serving_handover_latency_s",
-                                                        "serving_decode_wake_s", "serving_prefill_idle_after_s"):
-                continue
-            fields[name] = value
-    return {"fields": fields, "detail": detail}
+        measured[mode] = HostCosts.from_measured(costs)
+    handover = {name: getattr(measured["disaggregated"], name) for name in HostCosts.disaggregated_names()}
+    return {"fields": {"host_costs": dataclasses.replace(measured["aggregated"], **handover)},
+            "detail": detail}

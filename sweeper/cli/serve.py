@@ -143,7 +143,7 @@ def cmd_measure_overheads(args) -> int:
     input_len, output_len = lengths_of(args)
     slot_specs(deployment, input_len + output_len + 1, 0)    # every layout check before Ray and JAX
     check_fits(deployment, input_len + output_len + 1, input_len, args.plan)
-    from sweeper.serving.overheads import FIELDS, measure, with_overheads
+    from sweeper.serving.overheads import measure, with_overheads
 
     costs = measure(deployment, input_len, output_len)
     hardware = with_overheads(deployment.hardware, costs)
@@ -151,17 +151,12 @@ def cmd_measure_overheads(args) -> int:
     if args.json:
         from sweeper.formatting import jsonable
 
-        print(json.dumps(jsonable({**{k: costs[k] for k in FIELDS},
-                                   "prefill_wake_s": costs["prefill_wake_s"],
-                                   "prefill_first_overhead_s": costs["prefill_first_overhead_s"],
-                                   "detail": costs["detail"], "profile": str(out)}), indent=2))
+        print(json.dumps(jsonable({**hardware.host_costs.to_dict(), "detail": costs["detail"],
+                                   "profile": str(out)}), indent=2))
         return 0
     print(f"{deployment.describe()}; prompts {input_len}, answers {output_len} tokens")
-    for key in FIELDS:
-        print(f"{key:28}{costs[key] * 1e3:9.3f} ms")
-    print(f"{'serving_prefill_wake_s':28}{costs['prefill_wake_s'] * 1e3:9.3f} ms (a prefill on an idle loop)")
-    print(f"{'serving_prefill_first_overhead_s':28}{costs['prefill_first_overhead_s'] * 1e3:9.3f} ms (of a prefill's "
-          "host work, before its first tokens)")
+    for key, value in hardware.host_costs.to_dict().items():    # workloads/serving/costs.py
+        print(f"{key:32}{value * 1e3:9.3f} ms")
     print(f"wrote {out} (the plan's hardware profile with them; `host` timings, measured "
           "outside any served stream: docs/serving.md \"Serving host costs\")")
     return 0
@@ -172,10 +167,10 @@ def host_costs_hint(deployment, plan_path: str) -> str | None:
     its prediction is the cost model's engine calls alone, which on this host's small models
     are a fraction of what a serving loop's host work adds (docs/serving.md "Serving host
     costs")."""
-    from sweeper.serving.overheads import FIELDS
+    from workloads.serving.costs import HostCosts
 
     hw = deployment.hardware
-    if not hw.measured or any(getattr(hw, name) for name in FIELDS):
+    if not hw.measured or hw.host_costs != HostCosts():
         return None
     return (f"note: the plan's profile `{hw.name}` has no serving host costs, so the prediction "
             f"leaves out the serving loop's own work; `sweeper serve --plan {plan_path} "

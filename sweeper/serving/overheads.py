@@ -4,8 +4,10 @@ measured on this host outside any served stream (docs/serving.md "Serving host c
     costs = measure(deployment, input_len=32, output_len=32)    # starts its own workers
     hardware = with_overheads(deployment.hardware, costs)        # the profile fields (+ the wake)
 
-The serving model (workloads/serving/model.py) adds them to the cost model's step times:
-- `serving_step_overhead_s`: per decode step, the mean step of the serving loop itself
+Each cost is a field of `HostCosts` (workloads/serving/costs.py, where each is declared
+with its meaning); the serving model (workloads/serving/model.py) adds them to the cost
+model's step times:
+- `step_overhead_s`: per decode step, the mean step of the serving loop itself
   (`SlotServer.step()`, the clock read, the slot bookkeeping; a closed loop with every slot
   full and no arrivals; a mean, so that the host's interruptions of the loop are in it:
   a queue pays them) minus the median of the engine's decode call of the same slot batch
@@ -18,7 +20,7 @@ The serving model (workloads/serving/model.py) adds them to the cost model's ste
   instead of being charged to every step of every stream (unpaired, one dis-1+1chip-4slots
   measurement read 1.82 ms for a 0.85 ms median difference, and over-predicted its
   streams' TPOT by 20-68%; another, with the engine's calls caught in a burst, read 0);
-- `serving_prefill_overhead_s`: per PROMPT of a prefill call, the loop's mean prefill
+- `prefill_overhead_per_prompt_s`: per PROMPT of a prefill call, the loop's mean prefill
   (prompts, the call, argmax, sync, its rows written into slots or, on a prefill slice,
   their KV exported) minus the engine's prefill program alone (as a trial times it),
   divided by the prompts per call of the closed loop (the rows' inserts or exports are
@@ -41,7 +43,7 @@ The serving model (workloads/serving/model.py) adds them to the cost model's ste
   than the inserts alone (docs/serving.md "What a handover costs a stepping decode
   loop"). The prefill slice's share, the Ray call after the export
   (its submission and the Ray work it leaves on the prefill core), is in
-  `serving_prefill_overhead_s`: the prefill slice's closed loop sends its KV to the decode
+  `prefill_overhead_per_prompt_s`: the prefill slice's closed loop sends its KV to the decode
   worker as a stream does (server.py `measure_host_costs(decode=...)`); the rest of the
   handover's wall clock (the prefill process's work, waiting between the processes) is not
   charged to either loop (its fixed part, the intercept of a straight line through the
@@ -64,19 +66,17 @@ the mean is the MEDIAN of the blocks' means: still what a stream pays on
 average, but a burst of other processes' load over fewer than half the blocks does not move
 it (one pooled mean over a ~1 s loop once read 3.45 ms for a step whose median was 0.7 ms).
 
-Beside the three fields, `prefill_wake_s`: how much longer a prefill call on an IDLE loop
+Beside those, `prefill_wake_s`: how much longer a prefill call on an IDLE loop
 takes to its first token than the engine's prefill (server.py `measure_host_costs` serves
 one-token requests 0.1 s apart through the worker's own loop; the closed loop never idles,
-a stream's prefill worker does between arrivals): the profile's `serving_prefill_wake_s`
-(StepTimes `prefill_wake_s`).
+a stream's prefill worker does between arrivals).
 
 And `prefill_first_overhead_s`: of a prefill call's host work, the part before its first
 tokens, per call (the closed loop's calls to their first tokens minus the engine's
 prefill; aggregated, the median of the paired calls' differences; `first_token_overhead`):
 the serving model delays the first tokens by it and
-charges the rest of the per-prompt cost after them (StepTimes `prefill_first_overhead_s`).
-The profile's `serving_prefill_first_overhead_s` (`with_overheads` writes it with the others:
-a serving run's prediction reads all five from its deployment's profile).
+charges the rest of the per-prompt cost after them. `with_overheads` writes them all into
+a profile's `host_costs`: a serving run's prediction reads them from its deployment's.
 
 Each worker runs where `sweeper serve` runs it (the same cores, `ServingSession`), so the
 costs include the core share a deployment gets. A difference below zero (timer noise) is 0.
@@ -91,13 +91,14 @@ from typing import Any
 from workloads.config import HardwareProfile
 from workloads.deployment import Deployment
 from workloads.serving import hostcosts
+from workloads.serving.costs import HostCosts
 from workloads.serving.profile import merge_decoded
 # the measuring code and the costs from its answers live in workloads (a serving trial's
 # worker measures them too, workloads/serving/trial.py); their names stay importable here
 from workloads.serving.hostcosts import (combine, duration_spread, first_token_overhead,  # noqa: F401
                                          handover_costs, host_costs)
 
-FIELDS = ("serving_step_overhead_s", "serving_prefill_overhead_s", "handover_overhead_s")
+FIELDS = HostCosts.names()          # the costs, as a measurement's dict names them
 ROUNDS = hostcosts.ROUNDS            # rounds of the closed loop (workloads/serving/hostcosts.py)
 BLOCKS = hostcosts.BLOCKS            # blocks; the median of the blocks' means
 MIN_BLOCK_S = hostcosts.MIN_BLOCK_S
@@ -107,7 +108,7 @@ IDLE_HANDOVER_SEED = 9500      # their prompts' seed (no stream's)
 
 def measure_session(session, input_len: int, output_len: int, rounds: int = ROUNDS,
                     blocks: int = BLOCKS, min_block_s: float = MIN_BLOCK_S) -> dict[str, Any]:
-    """The three costs (module docstring) on a started `ServingSession`'s workers, before
+    """The costs (module docstring) on a started `ServingSession`'s workers, before
     (or between) its streams; with the medians and block means they come from."""
     ray = session.ray
     actors = session.actors
@@ -195,17 +196,9 @@ def measure(deployment: Deployment, input_len: int, output_len: int, seed: int =
 
 
 def with_overheads(hardware: HardwareProfile, costs: dict) -> HardwareProfile:
-    """`hardware` with the three measured fields, the idle-loop wake and the part of a
-    prefill's host work before its first tokens (the rest as it is); and, measured for a
-    disaggregated deployment, the handover's latency, the decode loop's wake and an idle
-    prefill's work after its first tokens (`serving_handover_latency_s`,
-    `serving_decode_wake_s`, `serving_prefill_idle_after_s`; 0 where not measured)."""
-    idle = {f"serving_{k}": float(costs.get(k, 0.0))
-            for k in ("handover_latency_s", "decode_wake_s", "prefill_idle_after_s")}
-    return dataclasses.replace(
-        hardware, **{k: float(costs[k]) for k in FIELDS}, **idle,
-        serving_prefill_wake_s=float(costs.get("prefill_wake_s", 0.0)),
-        serving_prefill_first_overhead_s=float(costs.get("prefill_first_overhead_s", 0.0)))
+    """`hardware` with the measured `HostCosts` (0 where not measured: an aggregated
+    deployment's handover costs); the rest as it is."""
+    return dataclasses.replace(hardware, host_costs=HostCosts.from_measured(costs))
 
 
 def with_deployment_overheads(deployment: Deployment, costs: dict) -> Deployment:

@@ -43,6 +43,7 @@ import numpy as np
 from workloads.config import ConfigError
 from workloads.deployment import Deployment, PhaseSlice
 from workloads.hardware import worker_share
+from workloads.serving.costs import HostCosts
 from workloads.serving.profile import Request, context_len, merge_decoded
 
 KEYS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "completed", "throughput_rps")
@@ -696,7 +697,7 @@ def compare(deployment: Deployment, requests: list[Request], per_request: list[d
     """(measured, predicted, calibrated) summaries of the same requests; `diagnostic`: the
     StepTimes of the calibrated column (default: the warm-up medians); `spread`: (prefill,
     step) duration factors the prediction draws from (none by default). The serving host
-    costs the prediction charges (`serving_prefill_wake_s`, ...) are the deployment's
+    costs the prediction charges (`HostCosts`) are the deployment's
     hardware profile's (overheads.py `with_overheads`)."""
     from workloads.serving.model import SimResult, cost_model_step_times, simulate
 
@@ -743,8 +744,8 @@ def warmup_step_times(deployment: Deployment, warmup: dict[str, dict]):
             v for k, v in pre.items() if k.startswith("prefill_s@"))))
 
     return StepTimes(prefill_s, lambda batch, context: float(dec["decode_step_s"]),
-                     lambda input_len: 0.0, source="warm-up",
-                     handover_overhead_s=deployment.hardware.handover_overhead_s)
+                     lambda input_len: 0.0, source="warm-up", host_costs=HostCosts(
+                         handover_overhead_s=deployment.hardware.host_costs.handover_overhead_s))
 
 
 def replay_step_times(deployment: Deployment, calls: dict[str, list],
@@ -796,8 +797,8 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list],
         log = [c for name in names for c in calls[name]]
         after = [(c[4] - c[2]) / len(c[3]) for c in log if c[0] == "prefill"]
         steps = [c[4] - c[1] for c in log if c[0] == "step"]
-        return StepTimes(replay(prefill), replay(steps), source="replay",
-                         prefill_overhead_per_prompt_s=float(np.mean(after)) if after else 0.0)
+        return StepTimes(replay(prefill), replay(steps), source="replay", host_costs=HostCosts(
+            prefill_overhead_per_prompt_s=float(np.mean(after)) if after else 0.0))
     # each phase's replicas' logs one after the other, replica 0 first, as `simulate`
     # asks for them
     names = disaggregated_names(deployment.prefill.replicas, deployment.decode.replicas)
@@ -809,7 +810,8 @@ def replay_step_times(deployment: Deployment, calls: dict[str, list],
     steps = [c[4] - c[1] for c in dec if c[0] == "step"]
     inserts = [c[2] - c[1] for c in dec if c[0] == "insert"]
     return StepTimes(replay(prefill), replay(steps), replay(sends), source="replay",
-                     handover_overhead_s=float(np.mean(inserts)) if inserts else 0.0)
+                     host_costs=HostCosts(
+                         handover_overhead_s=float(np.mean(inserts)) if inserts else 0.0))
 
 
 def idle_wakes(log: list, arrivals: list[float]) -> list[float]:

@@ -7,6 +7,7 @@ workers, which import it from here (docs/architecture.md, "Layers").
 - `slots`: slot serving on the sharded engine and the serving loops (`SlotServer`,
   `serve_aggregated`, `serve_prefill_slice`, `serve_decode_slice`);
 - `pipeline`: pipeline stages on the emulated mesh (`StagedEngine`, `StagedSlotServer`);
+- `costs`: the serving loop's host costs, declared once (`HostCosts`);
 - `hostcosts`: the serving loop's host costs, measured on a slot server outside any stream;
 - `trial`: a serving trial of a sweep (`run_serving_trial`).
 

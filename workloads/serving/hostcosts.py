@@ -104,229 +104,288 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     median of their TTFTs `prefill_after_idle_s`, and `prefill_wake_s` = that minus the
     engine's prefill (what a call on an idle loop adds before its first token: a
     stream's prefill worker is idle between arrivals, the closed loop above never is)."""
-    import jax   # lazy: JAX only in a process that holds a mesh
-    import jax.numpy as jnp   # lazy: as jax
-    from workloads.serving.slots import advance_slots   # lazy: imports JAX, as above
+    loop = _ClosedLoop(srv, input_len, output_len, rounds, send, prefill_pairs)
+    began = time.perf_counter()
+    loop.engine_calls()          # between the blocks: a drift in the host's load
+    for _ in range(max(blocks, 1)):
+        loop.block(min_block_s, wait)
+    out: dict[str, Any] = {"measured_s": time.perf_counter() - began, "blocks": max(blocks, 1)}
+    out.update(loop.block_figures())
+    out.update(loop.prefill_pair_figures(out.get("loop_prefill_first_paired_extra_s")))
+    out.update(loop.step_figures())
+    if srv.spec.prefill is not None and wake_requests > 0:
+        out.update(idle_prefill_wake(srv, input_len, wake_requests, idle_gap_s,
+                                     out["engine_prefill_s"]))
+    return out
 
-    spec = srv.spec
-    model = srv.model.unpadded
-    out: dict[str, Any] = {}
-    repeats = 5                 # per engine block (its first dropped): blocks + 1 of them
-    engine_prefill: list[float] = []
-    engine_step: list[float] = []
 
-    def engine_calls() -> None:
+class _ClosedLoop:
+    """`measure_loop`'s closed loop and the engine's calls beside it: what each block
+    timed, gathered over the blocks, and the figures made of them."""
+
+    REPEATS = 5          # per engine block (its first dropped): blocks + 1 of them
+
+    def __init__(self, srv, input_len: int, output_len: int, rounds: int,
+                 send: Callable[[list[dict]], Any] | None, prefill_pairs: int):
+        self.srv, self.spec, self.model = srv, srv.spec, srv.model.unpadded
+        self.input_len, self.output_len, self.rounds = input_len, output_len, rounds
+        self.send, self.prefill_pairs = send, prefill_pairs
+        self.engine_prefill: list[float] = []
+        self.engine_step: list[float] = []
+        self.pair_prompts: list[int] = []         # aggregated: each paired prefill call's prompts,
+        self.pair_first: list[float] = []         # its first tokens - the engine's call before it,
+        self.pair_whole: list[float] = []         # its whole branch - the engine's call before it
+        self.pair_calls: list[float] = []         # its whole branch
+        self.pair_first_blocks: list[float] = []  # per block: median of first tokens - engine
+        self.pair_per_prompt_blocks: list[float] = []   # per block: sum(call - engine) / prompts
+        self.paired_engine: list[float] = []     # a decode slice: the engine's call before each step
+        self.first_token: list[float] = []       # each closed-loop prefill call to its first tokens
+        self.first_blocks: list[list[float]] = []
+        self.engine_prefill_blocks: list[float] = []   # each engine block's mean prefill
+        self.engine_step_blocks: list[float] = []      # each engine block's mean decode call
+        self.first_extra: list[float] = []       # per block: to first tokens - engine blocks beside
+        self.prefill_extra: list[float] = []     # per block: mean prefill call - engine blocks beside
+        self.paired_blocks: list[float] = []     # per block: mean step - mean paired engine calls
+        self.step_blocks: list[list[float]] = []
+        self.prefill_blocks: list[list[float]] = []
+        self.prompts: list[float] = []
+        self.sent: list = []         # the closed loop's handovers through `send`, if any
+
+    def engine_calls(self) -> None:
         """The engine's calls, timed as a trial times them (the first of each dropped)."""
-        if spec.prefill is not None:                 # the prefill program alone
-            program = engine_prefill_call(srv, input_len)
-            calls = []
-            for k in range(repeats):
-                start = time.perf_counter()
-                program()
-                if k:
-                    calls.append(time.perf_counter() - start)
-            engine_prefill.extend(calls)
-            engine_prefill_blocks.append(float(np.mean(calls)))
-        if spec.decode is not None:                  # decode and argmax of the slot batch
-            decode = engine_decode_call(srv, input_len)
-            calls = []
-            for k in range(repeats * 2):
-                start = time.perf_counter()
-                decode()
-                if k:
-                    calls.append(time.perf_counter() - start)
-            engine_step.extend(calls)
-            engine_step_blocks.append(float(np.mean(calls)))
+        if self.spec.prefill is not None:                 # the prefill program alone
+            calls = self._timed(engine_prefill_call(self.srv, self.input_len), self.REPEATS)
+            self.engine_prefill.extend(calls)
+            self.engine_prefill_blocks.append(float(np.mean(calls)))
+        if self.spec.decode is not None:                  # decode and argmax of the slot batch
+            calls = self._timed(engine_decode_call(self.srv, self.input_len), self.REPEATS * 2)
+            self.engine_step.extend(calls)
+            self.engine_step_blocks.append(float(np.mean(calls)))
 
-    def loop_block() -> tuple[list[float], list[float], float]:
-        """One block of the closed loop: its steps' and prefill calls' seconds, and its
+    @staticmethod
+    def _timed(call: Callable[[], None], repeats: int) -> list[float]:
+        """`call`'s seconds, `repeats` times, the first dropped."""
+        calls = []
+        for k in range(repeats):
+            start = time.perf_counter()
+            call()
+            if k:
+                calls.append(time.perf_counter() - start)
+        return calls
+
+    def loop_once(self) -> tuple[list[float], list[float], float]:
+        """One run of the closed loop: its steps' and prefill calls' seconds, and its
         prompts per prefill call."""
-        steps: list[float] = []
-        prefills: list[float] = []
+        spec = self.spec
         if spec.prefill is not None and spec.decode is not None:
-            return saturated_aggregated(srv, input_len, output_len, rounds * spec.slots,
-                                        first_token)
+            return saturated_aggregated(self.srv, self.input_len, self.output_len,
+                                        self.rounds * spec.slots, self.first_token)
         if spec.prefill is not None:
-            for n in range(rounds * 4 + 1):
-                start = time.perf_counter()
-                take = range(spec.prefill_batch)
-                done = srv.prefill([prompt_for(model, n * 64 + i, input_len, 7) for i in take])
-                int(done.first_tokens[0])      # the first tokens on the host, as served
-                first_token.append(time.perf_counter() - start)
-                handover = [{"request": row, "kv": srv.export_kv(done, row),
-                             "first_token": int(done.first_tokens[row]),
-                             "output_len": output_len} for row in take]
-                if send is not None:      # as a stream's prefill slice sends (not waited for)
-                    sent.append(send(handover))
-                prefills.append(time.perf_counter() - start)
-            return steps, prefills, float(spec.prefill_batch)
-        kv = np.zeros((srv.model.n_layers, input_len, 2, srv.model.n_kv_heads,
+            return [], self.prefill_slice_calls(), float(spec.prefill_batch)
+        return self.decode_slice_steps(), [], 0.0
+
+    def prefill_slice_calls(self) -> list[float]:
+        """A prefill slice's closed loop: `4 x rounds + 1` prefill calls, each call's KV
+        exported (and sent through `send`, not waited for); each call's seconds."""
+        srv, spec, prefills = self.srv, self.spec, []
+        for n in range(self.rounds * 4 + 1):
+            start = time.perf_counter()
+            take = range(spec.prefill_batch)
+            done = srv.prefill([prompt_for(self.model, n * 64 + i, self.input_len, 7)
+                                for i in take])
+            int(done.first_tokens[0])      # the first tokens on the host, as served
+            self.first_token.append(time.perf_counter() - start)
+            handover = [{"request": row, "kv": srv.export_kv(done, row),
+                         "first_token": int(done.first_tokens[row]),
+                         "output_len": self.output_len} for row in take]
+            if self.send is not None:      # as a stream's prefill slice sends (not waited for)
+                self.sent.append(self.send(handover))
+            prefills.append(time.perf_counter() - start)
+        return prefills
+
+    def decode_slice_steps(self) -> list[float]:
+        """A decode slice's closed loop: every slot full, no arrivals, `rounds` times until
+        the slots are done, the engine's call of the same slot batch right before each
+        step (paired: the other processes' load of that moment is in both, docs/serving.md
+        "Serving host costs"; it writes position `input_len` of every slot, which no timing
+        reads); each step's seconds."""
+        import jax   # lazy: JAX only in a process that holds a mesh
+        import jax.numpy as jnp   # lazy: as jax
+        from workloads.serving.slots import advance_slots   # lazy: imports JAX, as above
+
+        srv, spec, steps = self.srv, self.spec, []
+        kv = np.zeros((srv.model.n_layers, self.input_len, 2, srv.model.n_kv_heads,
                        srv.model.d_head), jnp.bfloat16)
         slot_request = [-1] * spec.slots
         remaining = [0] * spec.slots
         record = [{"tokens": []} for _ in range(spec.slots)]
-        # the engine's call of the same slot batch right before each step (paired: the
-        # other processes' load of that moment is in both, docs/serving.md "Serving host
-        # costs"); it writes position `input_len` of every slot, which no timing reads
-        decode_e = engine_decode_call(srv, input_len)
-        for _ in range(rounds):
+        decode_e = engine_decode_call(srv, self.input_len)
+        for _ in range(self.rounds):
             for slot in range(spec.slots):            # every slot full, no arrivals
                 srv.insert(slot, kv, 0, 0)
-                slot_request[slot], remaining[slot] = slot, max(output_len - 1, 1)
+                slot_request[slot], remaining[slot] = slot, max(self.output_len - 1, 1)
                 record[slot]["tokens"] = []
             jax.block_until_ready(srv.cache)
             while any(r >= 0 for r in slot_request):
                 start = time.perf_counter()
                 decode_e()
-                paired_engine.append(time.perf_counter() - start)
+                self.paired_engine.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 tokens = srv.step()
                 advance_slots(srv, tokens, time.time(), slot_request, remaining, record)
                 steps.append(time.perf_counter() - start)
-        return steps, prefills, 0.0
+        return steps
 
-    pair_prompts: list[int] = []         # aggregated: each paired prefill call's prompts,
-    pair_first: list[float] = []         # its first tokens - the engine's call before it,
-    pair_whole: list[float] = []         # its whole branch - the engine's call before it
-    pair_calls: list[float] = []         # its whole branch
-    pair_first_blocks: list[float] = []  # per block: median of first tokens - engine
-    pair_per_prompt_blocks: list[float] = []   # per block: sum(call - engine) / prompts
-    paired_engine: list[float] = []     # a decode slice: the engine's call before each step
-    first_token: list[float] = []       # each closed-loop prefill call to its first tokens
-    first_blocks: list[list[float]] = []
-    engine_prefill_blocks: list[float] = []   # each engine block's mean prefill
-    engine_step_blocks: list[float] = []      # each engine block's mean decode call
-    first_extra: list[float] = []       # per block: to first tokens - engine blocks beside
-    prefill_extra: list[float] = []     # per block: mean prefill call - engine blocks beside
-    paired_blocks: list[float] = []     # per block: mean step - mean paired engine calls
-    began = time.perf_counter()
-    engine_calls()          # between the blocks: a drift in the host's load
-    step_blocks: list[list[float]] = []
-    prefill_blocks: list[list[float]] = []
-    prompts: list[float] = []
-    sent: list = []         # the closed loop's handovers through `send`, if any
-    for _ in range(max(blocks, 1)):
+    def block(self, min_block_s: float, wait: Callable[[list], Any] | None) -> None:
+        """One block: the closed loop repeated until it has run `min_block_s` (the first
+        call of each repetition dropped), aggregated the paired prefill calls, then the
+        engine's calls; each block's figures paired with the engine's blocks beside it."""
         block_began = time.perf_counter()
         steps, prefills = [], []
         engine_before: list[float] = []
         firsts: list[float] = []
         while True:         # at least `min_block_s` of the loop per block
-            paired_engine.clear()
-            first_token.clear()
-            more_steps, more_prefills, block_prompts = loop_block()
+            self.paired_engine.clear()
+            self.first_token.clear()
+            more_steps, more_prefills, block_prompts = self.loop_once()
             steps += more_steps[1:]
-            engine_before += paired_engine[1:]
-            firsts += first_token[1:]
+            engine_before += self.paired_engine[1:]
+            firsts += self.first_token[1:]
             prefills += more_prefills[1:]
             if more_prefills[1:]:
-                prompts.append(block_prompts)
+                self.prompts.append(block_prompts)
             if time.perf_counter() - block_began >= min_block_s:
                 break
-        if spec.prefill is not None and spec.decode is not None and prefill_pairs > 0:
-            k, f, w, c = paired_prefill_calls(srv, input_len, prefill_pairs, len(pair_prompts))
-            pair_calls.extend(c)
-            pair_prompts.extend(k)
-            pair_first.extend(f)
-            pair_whole.extend(w)
-            pair_first_blocks.append(float(np.median(f)))
-            pair_per_prompt_blocks.append(float(np.sum(w) / np.sum(k)))
+        if self.spec.prefill is not None and self.spec.decode is not None \
+                and self.prefill_pairs > 0:
+            self.pair_prefill_calls()
         if steps:
-            step_blocks.append(steps)
+            self.step_blocks.append(steps)
         if firsts:
-            first_blocks.append(firsts)
-            first_extra.append(float(np.mean(firsts)))   # the engine block after: below
+            self.first_blocks.append(firsts)
+            self.first_extra.append(float(np.mean(firsts)))   # the engine block after: below
         if steps and engine_before:
-            paired_blocks.append(float(np.mean(steps) - np.mean(engine_before)))
+            self.paired_blocks.append(float(np.mean(steps) - np.mean(engine_before)))
         if prefills:
-            prefill_blocks.append(prefills)
-            prefill_extra.append(float(np.mean(prefills)))   # the engine block after: below
-        if sent:
+            self.prefill_blocks.append(prefills)
+            self.prefill_extra.append(float(np.mean(prefills)))   # the engine block after: below
+        if self.sent:
             if wait is not None:
-                wait(sent)
-            sent.clear()
-        engine_calls()      # (other processes' work) shows in both, not in their difference
+                wait(self.sent)
+            self.sent.clear()
+        self.engine_calls()   # (other processes' work) shows in both, not in their difference
         if firsts:          # paired with the engine's blocks before and after this one
-            first_extra[-1] -= float(np.mean(engine_prefill_blocks[-2:]))
+            self.first_extra[-1] -= float(np.mean(self.engine_prefill_blocks[-2:]))
         if prefills:        # as the first tokens
-            prefill_extra[-1] -= float(np.mean(engine_prefill_blocks[-2:]))
+            self.prefill_extra[-1] -= float(np.mean(self.engine_prefill_blocks[-2:]))
         if steps and not engine_before:   # aggregated: paired with the engine's blocks
-            paired_blocks.append(float(np.mean(steps) - np.mean(engine_step_blocks[-2:])))
-    out["measured_s"] = time.perf_counter() - began
-    out["blocks"] = max(blocks, 1)
-    if engine_prefill:
-        out["engine_prefill_s"] = float(np.median(engine_prefill))
-    if engine_step:
-        out["engine_step_s"] = float(np.median(engine_step))
-    for name, per_block in (("prefill", prefill_blocks), ("step", step_blocks),
-                            ("prefill_first", first_blocks)):
-        if not per_block:
-            continue
-        every = [x for block in per_block for x in block]
-        means = [float(np.mean(block)) for block in per_block]
-        # the median of the blocks' means (robust to a burst of load over a few blocks);
-        # the median of the calls (the typical call); the pooled mean (diagnostic)
-        out[f"loop_{name}_s"] = float(np.median(every))
-        out[f"loop_{name}_mean_s"] = float(np.median(means))
-        out[f"loop_{name}_block_means_s"] = means
-        out[f"loop_{name}_pooled_mean_s"] = float(np.mean(every))
-        out[f"loop_{name}_samples_s"] = [float(x) for x in every]   # their spread
-    if first_extra:
-        # a prefill call's host work before its first tokens, paired: the median over
-        # blocks of (the block's mean call to its first tokens - the mean of the engine's
-        # prefill calls just before and after the block)
-        out["loop_prefill_first_paired_extra_s"] = float(np.median(first_extra))
-        out["loop_prefill_first_paired_block_extra_s"] = first_extra
-    if prefill_extra:
-        # a prefill call's host work, paired by block as its part before the first tokens:
-        # unpaired (the loop's mean - the median of every engine call), engine calls caught
-        # in a burst of load made it 0 (dis-1+1chip-4slots: engine 18.1 ms, loop 13.1 ms)
-        out["loop_prefill_paired_extra_s"] = float(np.median(prefill_extra))
-        out["loop_prefill_paired_block_extra_s"] = prefill_extra
-    if pair_first_blocks:
-        # aggregated: paired call by call, at 1..prefill_batch prompts (replaces the per-block
-        # pairing of the saturated loop's few calls above; that stays in the detail). The
-        # MEDIAN of the pairs' differences: an interruption by another process lands on the
-        # loop's call or on the engine's alike, so the differences are the host work plus a
-        # noise symmetric about 0 whose tails (tens of ms on a loaded host) would move a mean
-        out["loop_prefill_first_saturated_paired_extra_s"] = out.get("loop_prefill_first_paired_extra_s")
-        out["loop_prefill_first_paired_extra_s"] = float(np.median(pair_first))
-        out["loop_prefill_first_paired_block_extra_s"] = pair_first_blocks
+            self.paired_blocks.append(float(np.mean(steps) - np.mean(self.engine_step_blocks[-2:])))
+
+    def pair_prefill_calls(self) -> None:
+        """Aggregated: this block's prefill calls paired one by one with the engine's."""
+        k, f, w, c = paired_prefill_calls(self.srv, self.input_len, self.prefill_pairs,
+                                          len(self.pair_prompts))
+        self.pair_calls.extend(c)
+        self.pair_prompts.extend(k)
+        self.pair_first.extend(f)
+        self.pair_whole.extend(w)
+        self.pair_first_blocks.append(float(np.median(f)))
+        self.pair_per_prompt_blocks.append(float(np.sum(w) / np.sum(k)))
+
+    def block_figures(self) -> dict[str, Any]:
+        """The engine's medians, the blocks' robust means and the prefill's pairing by block."""
+        out: dict[str, Any] = {}
+        if self.engine_prefill:
+            out["engine_prefill_s"] = float(np.median(self.engine_prefill))
+        if self.engine_step:
+            out["engine_step_s"] = float(np.median(self.engine_step))
+        for name, per_block in (("prefill", self.prefill_blocks), ("step", self.step_blocks),
+                                ("prefill_first", self.first_blocks)):
+            if not per_block:
+                continue
+            every = [x for block in per_block for x in block]
+            means = [float(np.mean(block)) for block in per_block]
+            # the median of the blocks' means (robust to a burst of load over a few blocks);
+            # the median of the calls (the typical call); the pooled mean (diagnostic)
+            out[f"loop_{name}_s"] = float(np.median(every))
+            out[f"loop_{name}_mean_s"] = float(np.median(means))
+            out[f"loop_{name}_block_means_s"] = means
+            out[f"loop_{name}_pooled_mean_s"] = float(np.mean(every))
+            out[f"loop_{name}_samples_s"] = [float(x) for x in every]   # their spread
+        if self.first_extra:
+            # a prefill call's host work before its first tokens, paired: the median over
+            # blocks of (the block's mean call to its first tokens - the mean of the engine's
+            # prefill calls just before and after the block)
+            out["loop_prefill_first_paired_extra_s"] = float(np.median(self.first_extra))
+            out["loop_prefill_first_paired_block_extra_s"] = self.first_extra
+        if self.prefill_extra:
+            # a prefill call's host work, paired by block as its part before the first tokens:
+            # unpaired (the loop's mean - the median of every engine call), engine calls caught
+            # in a burst of load made it 0 (dis-1+1chip-4slots: engine 18.1 ms, loop 13.1 ms)
+            out["loop_prefill_paired_extra_s"] = float(np.median(self.prefill_extra))
+            out["loop_prefill_paired_block_extra_s"] = self.prefill_extra
+        return out
+
+    def step_figures(self) -> dict[str, Any]:
+        """The host work per step, paired; the closed loop's prompts per prefill call."""
+        out: dict[str, Any] = {}
+        if self.paired_blocks:
+            # the host work per step, paired: the median over blocks of (the block's mean
+            # step - the mean of the engine's calls just before each step (a decode slice) or
+            # in the engine's blocks just before and after the block (aggregated))
+            out["loop_step_paired_extra_s"] = float(np.median(self.paired_blocks))
+            out["loop_step_paired_block_extra_s"] = self.paired_blocks
+        if self.prefill_blocks:
+            out["loop_prefill_prompts"] = float(np.mean(self.prompts))   # prompts per prefill call
+        return out
+
+    def prefill_pair_figures(self, saturated_first: float | None) -> dict[str, Any]:
+        """Aggregated: the prefill calls paired call by call, at 1..prefill_batch prompts
+        (they replace the per-block pairing of the saturated loop's few calls,
+        `saturated_first`, which stays in the detail); {} without them."""
+        if not self.pair_first_blocks:
+            return {}
+        out: dict[str, Any] = {"loop_prefill_first_saturated_paired_extra_s": saturated_first}
+        # The MEDIAN of the pairs' differences: an interruption by another process lands on
+        # the loop's call or on the engine's alike, so the differences are the host work plus
+        # a noise symmetric about 0 whose tails (tens of ms on a loaded host) would move a mean
+        out["loop_prefill_first_paired_extra_s"] = float(np.median(self.pair_first))
+        out["loop_prefill_first_paired_block_extra_s"] = self.pair_first_blocks
         # per prompt: each prompt count's median call - engine, summed over the counts, over
         # their prompts (the counts are measured equally often)
-        counts = sorted(set(pair_prompts))
+        counts = sorted(set(self.pair_prompts))
         out["loop_prefill_paired_per_prompt_s"] = float(
-            sum(np.median([w for k, w in zip(pair_prompts, pair_whole) if k == n]) for n in counts)
-            / sum(counts))
-        out["loop_prefill_paired_block_per_prompt_s"] = pair_per_prompt_blocks
-        out["prefill_pair_prompts"] = pair_prompts
-        out["prefill_pair_first_extra_s"] = pair_first
-        out["prefill_pair_extra_s"] = pair_whole
-        out["prefill_pair_call_s"] = pair_calls
-    if paired_blocks:
-        # the host work per step, paired: the median over blocks of (the block's mean
-        # step - the mean of the engine's calls just before each step (a decode slice) or
-        # in the engine's blocks just before and after the block (aggregated))
-        out["loop_step_paired_extra_s"] = float(np.median(paired_blocks))
-        out["loop_step_paired_block_extra_s"] = paired_blocks
-    if prefill_blocks:
-        out["loop_prefill_prompts"] = float(np.mean(prompts))   # prompts per prefill call
-    if spec.prefill is not None and wake_requests > 0:
-        from workloads.serving.slots import serve_aggregated, serve_prefill_slice   # lazy: JAX
+            sum(np.median([w for k, w in zip(self.pair_prompts, self.pair_whole) if k == n])
+                for n in counts) / sum(counts))
+        out["loop_prefill_paired_block_per_prompt_s"] = self.pair_per_prompt_blocks
+        out["prefill_pair_prompts"] = self.pair_prompts
+        out["prefill_pair_first_extra_s"] = self.pair_first
+        out["prefill_pair_extra_s"] = self.pair_whole
+        out["prefill_pair_call_s"] = self.pair_calls
+        return out
 
-        reqs = [Request((k + 1) * idle_gap_s, input_len, 1) for k in range(wake_requests + 1)]
-        start_at = time.time() + idle_gap_s
-        prompt = lambda i: prompt_for(model, 9000 + i, input_len, 7)   # noqa: E731
-        if spec.decode is not None:
-            served = serve_aggregated(srv, reqs, prompt, start_at)
-        else:
-            served, _ = serve_prefill_slice(
-                srv, [dict(arrival_s=r.arrival_s, input_len=r.input_len, output_len=1)
-                      for r in reqs], prompt, start_at, _nowhere)
-        ttft = [s["first_token_s"] - r.arrival_s for s, r in zip(served, reqs)][1:]
-        out["prefill_after_idle_s"] = float(np.median(ttft))
-        out["prefill_wake_s"] = max(out["prefill_after_idle_s"] - out["engine_prefill_s"], 0.0)
-        out["idle_gap_s"] = idle_gap_s
-    return out
+
+def idle_prefill_wake(srv, input_len: int, wake_requests: int, idle_gap_s: float,
+                      engine_prefill: float) -> dict[str, float]:
+    """A prefill on an idle loop: `wake_requests` one-token requests `idle_gap_s` apart
+    through the server's own serving loop; the median of their TTFTs and what it adds to
+    the engine's prefill (`measure_loop`'s docstring)."""
+    from workloads.serving.slots import serve_aggregated, serve_prefill_slice   # lazy: JAX
+
+    model = srv.model.unpadded
+    reqs = [Request((k + 1) * idle_gap_s, input_len, 1) for k in range(wake_requests + 1)]
+    start_at = time.time() + idle_gap_s
+    prompt = lambda i: prompt_for(model, 9000 + i, input_len, 7)   # noqa: E731
+    if srv.spec.decode is not None:
+        served = serve_aggregated(srv, reqs, prompt, start_at)
+    else:
+        served, _ = serve_prefill_slice(
+            srv, [dict(arrival_s=r.arrival_s, input_len=r.input_len, output_len=1)
+                  for r in reqs], prompt, start_at, _nowhere)
+    ttft = [s["first_token_s"] - r.arrival_s for s, r in zip(served, reqs)][1:]
+    after_idle = float(np.median(ttft))
+    return {"prefill_after_idle_s": after_idle,
+            "prefill_wake_s": max(after_idle - engine_prefill, 0.0), "idle_gap_s": idle_gap_s}
 
 
 def paired_prefill_calls(srv, input_len: int, pairs: int, offset: int = 0
@@ -500,13 +559,13 @@ def idle_handover_costs(served: list[dict], step_s: float) -> dict[str, Any]:
     there never idles, and `handover_send` hands the KV to a decode worker waiting for it.
 
     `handover_latency_s`: the median of insert start - send end (the KV's transport to the
-    decode process and the idle loop's poll; StepTimes `handover_latency_s`).
+    decode process and the idle loop's poll; HostCosts `handover_latency_s`).
     `handover_overhead_s`: the median insert, on the decode loop's clock (what that loop
     pays per handover). `decode_wake_s`: the median of what each request's decoding took
     after its insert beyond `step_s` per step (the serving model's step), at least 0: the
-    decode process's first step after idling (StepTimes `decode_wake_s`).
+    decode process's first step after idling (HostCosts `decode_wake_s`).
     `prefill_idle_after_s`: the median of send end - first token (the prefill call's export
-    and send on an idle loop, per prompt: one per call; StepTimes `prefill_idle_after_s`).
+    and send on an idle loop, per prompt: one per call; HostCosts `prefill_idle_after_s`).
     Measured in the
     `serving-modes` trial's stream before this: its inserts took ~0.86 ms where
     `handover_send`'s took ~0.36 ms, the step after an insert ~0.75 ms where the next ones
@@ -527,7 +586,7 @@ def idle_handover_costs(served: list[dict], step_s: float) -> dict[str, Any]:
             "latency_samples_s": latency, "insert_samples_s": insert,
             "decoding_samples_s": decoding, "model_step_s": step_s,
             # an idle prefill loop's export and send after its first tokens, per prompt
-            # (one per call here): StepTimes `prefill_idle_after_s`
+            # (one per call here): HostCosts `prefill_idle_after_s`
             "prefill_idle_after_s": max(float(np.median(after)), 0.0),
             "send_after_first_token_samples_s": after}
 
@@ -558,8 +617,7 @@ def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
     step = decode.get("loop_step_paired_extra_s")
     if step is None:
         step = decode["loop_step_mean_s"] - decode["engine_step_s"]
-    return {"serving_step_overhead_s": max(step, 0.0),
-            "serving_prefill_overhead_s": per_prompt}
+    return {"step_overhead_s": max(step, 0.0), "prefill_overhead_per_prompt_s": per_prompt}
 
 
 def first_token_overhead(prefill: dict) -> float:
@@ -581,10 +639,8 @@ def first_token_overhead(prefill: dict) -> float:
 def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = None,
             idle_handovers: list[dict] | None = None,
             stepping: dict | None = None) -> dict[str, Any]:
-    """The measurement's costs (the three profile fields, `prefill_wake_s`,
-    `prefill_first_overhead_s`, and disaggregated `handover_latency_s`, `decode_wake_s`,
-    `prefill_idle_after_s`)
-    and their `detail`, from the prefill side's and the decode side's `measure_loop` (the
+    """The measurement's costs, each under its `HostCosts` name (workloads/serving/costs.py;
+    the disaggregated ones 0 or absent for an aggregated server), and their `detail`, from the prefill side's and the decode side's `measure_loop` (the
     same answer twice for an aggregated server) and, for a disaggregated deployment,
     `handover_costs`, the served `idle_handover_requests` (`idle_handover_costs`) and
     `stepping_handover_costs`. `handover_overhead_s`: the decode process's CPU per
@@ -593,8 +649,7 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
     not measured; docs/serving.md "What a handover costs a stepping decode loop"); the
     idle loop's insert stays in the detail."""
     out: dict[str, Any] = {**host_costs(prefill, decode), "handover_overhead_s": 0.0,
-                           # a prefill call on an idle loop: its extra seconds (StepTimes
-                           # `prefill_wake_s`)
+                           # a prefill call on an idle loop: its extra seconds
                            "prefill_wake_s": float(prefill.get("prefill_wake_s", 0.0)),
                            # of a prefill call's host work, the part before its first tokens
                            "prefill_first_overhead_s": first_token_overhead(prefill)}
@@ -606,7 +661,7 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
         # the handover as the stream's loops pay it replaces the closed loop's decode CPU
         # per handover (kept in detail["handover"]): measured on the loop it is charged to
         idle = idle_handover_costs(idle_handovers,
-                                   decode["engine_step_s"] + out["serving_step_overhead_s"])
+                                   decode["engine_step_s"] + out["step_overhead_s"])
         if idle["requests"]:
             # the idle loop's insert median stays in the detail, not charged: an idle
             # loop's insert is longer than a stepping one's (docs/serving.md "What a

@@ -18,24 +18,24 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   prefill slice sends them itself before its next prefill call, as the server does (its loop
   exports and sends each request's KV, sequentially), so a handover delays the next
   prefill; the decode slice puts it into a free slot before its next step;
-- host work (docs/serving.md "Serving host costs"): every decode step costs the engine's
-  step plus `serving_step_overhead_s` (the serving loop's per-step host work: the tokens'
+- host work (`HostCosts`, docs/serving.md "Serving host costs"): every decode step costs
+  the engine's step plus `step_overhead_s` (the serving loop's per-step host work: the tokens'
   transfer, the argmax program, the sync, slot bookkeeping), every prefill call the engine's
-  call plus `serving_prefill_overhead_s` per prompt it takes (writing its rows into slots,
+  call plus `prefill_overhead_per_prompt_s` per prompt it takes (writing its rows into slots,
   or exporting their KV and submitting the handover), paid after the call's first tokens
   (the server has them on the host before that work); a KV handover (disaggregated) costs
   the decode slice's loop `handover_overhead_s` (the decode process's work per handover:
   receiving the KV, its insert into a slot), one handover at a time before its next step
   (server.py `serve_decode` inserts there); the KV reaches the decode loop
-  `StepTimes.handover_latency_s` after the send (the transport, charged to neither loop) and
-  an idle decode loop's first step takes `StepTimes.decode_wake_s` longer, and a prefill
-  call on an idle loop takes at least `StepTimes.prefill_idle_after_s` per prompt after its
+  `handover_latency_s` after the send (the transport, charged to neither loop) and
+  an idle decode loop's first step takes `decode_wake_s` longer, and a prefill
+  call on an idle loop takes at least `prefill_idle_after_s` per prompt after its
   first tokens (measured, 0 by default); all from the
   hardware profile, 0 by default; of a prefill call's host work, the part before its
-  first tokens (`StepTimes.prefill_first_overhead_s`, per call: the prompts made and placed,
+  first tokens (`prefill_first_overhead_s`, per call: the prompts made and placed,
   the argmax, the first tokens to the host) delays them, the rest of the per-prompt cost
   comes after; a prefill call on an idle loop (nothing to do until its arrival) takes
-  `StepTimes.prefill_wake_s` more than the engine's call before its first token instead
+  `prefill_wake_s` more than the engine's call before its first token instead
   (the larger of the two; measured, 0 by default);
 - optionally (`StepTimes.prefill_spread`, `step_spread`), each call's duration scaled by a
   factor of mean 1 drawn from a measured spread (seeded): the tails of interrupted calls;
@@ -91,6 +91,7 @@ from workloads import costmodel
 from workloads.deployment import Deployment, PhaseSlice
 from workloads.hardware import per_chip
 from workloads.layouts import PhaseLayout, resolve_padding, stores_1d
+from workloads.serving.costs import HostCosts
 from workloads.serving.profile import AppProfile, Request
 
 
@@ -111,12 +112,9 @@ class StepTimes:
     # Optional: slots -> (a, b) with decode_step_s(slots, c) = a + b * c, so runs of steps
     # are summed in closed form (the cost model's step time is affine in the context).
     decode_affine: Callable[[int], tuple[float, float]] | None = None
-    # Serving host costs (module docstring), seconds: added to every decode step, to a
-    # prefill call per prompt it takes (after its first tokens: the rows' inserts or KV
-    # exports), and to every KV handover (paid by the decode slice's loop).
-    step_overhead_s: float = 0.0
-    prefill_overhead_per_prompt_s: float = 0.0
-    handover_overhead_s: float = 0.0
+    # The serving loop's host costs (module docstring; workloads/serving/costs.py), charged
+    # on top of the calls above; none by default.
+    host_costs: HostCosts = field(default_factory=HostCosts)
     # Optional: the spread of the calls' durations, as factors of mean 1 (measured durations
     # over their mean): each prefill call (with its host work) and each decode step (with
     # its host work) is scaled by one factor drawn at random (seeded by `spread_seed`). A
@@ -125,29 +123,6 @@ class StepTimes:
     prefill_spread: tuple[float, ...] = ()
     step_spread: tuple[float, ...] = ()
     spread_seed: int = 0
-    # A prefill call that starts on an idle loop (it had nothing to do until the call's
-    # arrival) takes this much longer before its first tokens than one right after other
-    # work: measured on this host (sweeper/serving/server.py `measure_host_costs`, calls
-    # after an idle gap vs back to back; docs/serving.md "Serving host costs").
-    prefill_wake_s: float = 0.0
-    # Of a prefill call's host work (`prefill_overhead_per_prompt_s` x its prompts), the part
-    # before its first tokens, per call (the serving loop's closed-loop calls to their first
-    # tokens minus the engine's program, sweeper/serving/overheads.py): the first tokens come
-    # that much after the engine's call, the call's total stays (docs/serving.md "Serving
-    # host costs"). 0: all of it after the first tokens.
-    prefill_first_overhead_s: float = 0.0
-    # Disaggregated: a KV handover's delay from the prefill slice's send to the decode loop
-    # starting its insert when that loop is idle (the transport to the decode process and
-    # the idle loop's poll), charged to neither loop: the KV is ready that much after the
-    # send (docs/serving.md "Serving host costs", the decode slice's idle handovers).
-    handover_latency_s: float = 0.0
-    # Disaggregated: an idle decode loop's first step after its inserts takes this much
-    # longer (the loop and its process waking: measured with the latency above).
-    decode_wake_s: float = 0.0
-    # Disaggregated: a prefill call on an idle loop takes at least this much per prompt after
-    # its first tokens (its KV exported and sent, the loop not yet warm: measured with the
-    # handover latency above); 0: the closed loop's per-prompt work alone.
-    prefill_idle_after_s: float = 0.0
     # Optional: (prompts, tokens, offset) -> one prefill call of `tokens` new tokens per
     # prompt on top of `offset` tokens whose KV cache is already there (a cached prefix, a
     # chunked prompt's earlier chunks), attending to them. None: priced as a prefill of
@@ -170,11 +145,12 @@ class StepTimes:
         `prefill_first_overhead_s`, or on an idle loop the wake if larger; after: the rest of
         the per-prompt cost, on an idle loop at least `prefill_idle_after_s` per prompt,
         scaled by the call's duration factor."""
-        first = self.prefill_first_overhead_s
-        before = max(self.prefill_wake_s, first) if idle else first
-        after = max(prompts * self.prefill_overhead_per_prompt_s - first, 0.0)
+        host = self.host_costs
+        first = host.prefill_first_overhead_s
+        before = max(host.prefill_wake_s, first) if idle else first
+        after = max(prompts * host.prefill_overhead_per_prompt_s - first, 0.0)
         if idle:
-            after = max(after, prompts * self.prefill_idle_after_s)
+            after = max(after, prompts * host.prefill_idle_after_s)
         return before, after * factor
 
     def spread_draws(self) -> tuple[Callable[[], float], Callable[[], float]]:
@@ -434,19 +410,10 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
     def kv_transfer_s(input_len: int) -> float:
         return per_token * input_len / bandwidth
 
-    hw = d.hardware
     return StepTimes(prefill_s, decode_step_s, kv_transfer_s, source=costmodel.SOURCE,
                      decode_affine=decode_affine, prefill_at_s=prefill_at_s,
                      prefill_interval_s=prefill_interval_s if d.prefill.stages > 1 else None,
-                     step_overhead_s=hw.serving_step_overhead_s,
-                     prefill_overhead_per_prompt_s=hw.serving_prefill_overhead_s,
-                     handover_overhead_s=hw.handover_overhead_s,
-                     prefill_wake_s=hw.serving_prefill_wake_s,
-                     prefill_first_overhead_s=hw.serving_prefill_first_overhead_s,
-                     # a profile without these fields (workloads/config.py) charges none
-                     handover_latency_s=hw.serving_handover_latency_s,
-                     decode_wake_s=hw.serving_decode_wake_s,
-                     prefill_idle_after_s=hw.serving_prefill_idle_after_s)
+                     host_costs=d.hardware.host_costs)
 
 
 # --------------------------------------------------------------------------- result
@@ -609,7 +576,7 @@ def _decode_run(slots: _Slots, times: StepTimes, batch: int, t: float, until: fl
     form. Each step costs the engine's step plus the serving loop's host work
     (`step_overhead_s`), times a drawn factor when the step times have a spread."""
     context = slots.mean_context()
-    overhead = times.step_overhead_s
+    overhead = times.host_costs.step_overhead_s
     most = slots.min_remaining()
     start = t
     affine = times.decode_affine(batch) if times.decode_affine and not times.step_spread else None
@@ -689,9 +656,9 @@ def _chunked_replica(d: Deployment, reqs: list[Request], ids: list[int], times: 
         if slots.active:
             factor = step_factor()
             step_s = (times.decode_step_s(d.decode.batch, slots.mean_context())
-                      + times.step_overhead_s) * factor
+                      + times.host_costs.step_overhead_s) * factor
         else:
-            factor, step_s = prefill_factor(), times.step_overhead_s
+            factor, step_s = prefill_factor(), times.host_costs.step_overhead_s
         before, after = times.prefill_host_s(1, idle, factor) if last else (0.0, 0.0)
         idle = False
         t += step_s + chunk_s * factor + before
@@ -789,7 +756,7 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
             transfer[i] = times.kv_transfer_s(reqs[i].input_len)
             t += transfer[i]
             busy += transfer[i]
-            ready[i] = t + times.handover_latency_s   # the transport: the loop goes on
+            ready[i] = t + times.host_costs.handover_latency_s   # the transport: the loop goes on
     return busy
 
 
@@ -831,7 +798,7 @@ def _pipelined_prefill_slice(d: Deployment, reqs: list[Request], ids: list[int],
         for i in take:
             transfer[i] = times.kv_transfer_s(reqs[i].input_len)
             sent += transfer[i]
-            ready[i] = sent + times.handover_latency_s
+            ready[i] = sent + times.host_costs.handover_latency_s
         busy += gap + (sent - max(link_free, float(first[take[0]]) + after))
         link_free = sent
         t += gap
@@ -856,14 +823,14 @@ def _decode_slice(d: Deployment, reqs: list[Request], ids: list[int], times: Ste
         while waiting and slots.free:
             i = waiting.popleft()
             slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
-            t += times.handover_overhead_s
-            busy += times.handover_overhead_s
+            t += times.host_costs.handover_overhead_s
+            busy += times.host_costs.handover_overhead_s
         if not slots.active:
             t = max(t, ready[pending[0]])
             continue
         if idle:                                   # its first step after idling
-            t += times.decode_wake_s
-            busy += times.decode_wake_s
+            t += times.host_costs.decode_wake_s
+            busy += times.host_costs.decode_wake_s
         until = ready[pending[0]] if (pending and slots.free) else math.inf
         t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until, step_factor)
         busy += duration
@@ -931,7 +898,7 @@ def capacity_rps(deployment: Deployment, times: StepTimes, input_len: float, out
     prefilled. Chunked prefill: a request's chunks, each at the mean offset of its chunks."""
     d = deployment
     context = input_len + output_len / 2
-    step = times.decode_step_s(d.decode.batch, context) + times.step_overhead_s
+    step = times.decode_step_s(d.decode.batch, context) + times.host_costs.step_overhead_s
     new = max(int(math.ceil(input_len - cached_len)), 1)
     cached = int(math.ceil(input_len)) - new
     if d.prefill.chunk:
@@ -954,7 +921,7 @@ def capacity_rps(deployment: Deployment, times: StepTimes, input_len: float, out
             per_request_prefill = max(gap / d.prefill.batch, kv)
         else:
             per_request_prefill += kv
-        per_request_decode += times.handover_overhead_s
+        per_request_decode += times.host_costs.handover_overhead_s
     if d.mode == "aggregated":
         per_request = per_request_decode + per_request_prefill
         total = d.decode.replicas / per_request if per_request > 0 else math.inf

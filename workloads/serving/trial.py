@@ -58,6 +58,7 @@ import numpy as np
 from workloads.config import ConfigError, HardwareProfile
 from workloads.deployment import Deployment, PhaseSlice
 from workloads.metrics import SERVING_PREDICTIONS, Measurement
+from workloads.serving.costs import HostCosts
 from workloads.serving.model import run_model, simulate, stream_summary
 from workloads.serving.profile import (AppProfile, Request, block_profile, context_len,
                                        merge_decoded, offered_rps, requests)
@@ -240,15 +241,8 @@ def measured_step_times(deployment: Deployment, costs: dict, seed: int = 0):
     prefill_spread, step_spread = hostcosts.duration_spread(costs)
     return StepTimes(prefill_s, lambda slots, context: step_s, kv_transfer_s,
                      source=MEASURED_STEP_TIMES,
-                     step_overhead_s=costs["serving_step_overhead_s"],
-                     prefill_overhead_per_prompt_s=costs["serving_prefill_overhead_s"],
-                     handover_overhead_s=costs["handover_overhead_s"],
-                     prefill_spread=prefill_spread, step_spread=step_spread, spread_seed=seed,
-                     prefill_wake_s=costs.get("prefill_wake_s", 0.0),
-                     prefill_first_overhead_s=costs.get("prefill_first_overhead_s", 0.0),
-                     handover_latency_s=costs.get("handover_latency_s", 0.0),
-                     decode_wake_s=costs.get("decode_wake_s", 0.0),
-                     prefill_idle_after_s=costs.get("prefill_idle_after_s", 0.0))
+                     host_costs=HostCosts.from_measured(costs),
+                     prefill_spread=prefill_spread, step_spread=step_spread, spread_seed=seed)
 
 
 def check_described(trial: TrialConfig, deployment: Deployment) -> None:

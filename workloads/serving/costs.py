@@ -1,0 +1,81 @@
+"""The serving loop's host costs, declared once: what a serving engine's loop adds on the
+host to the engine's own calls (docs/serving.md "Serving host costs").
+
+    costs = HostCosts.from_measured(measured)     # a measurement's dict (hostcosts.combine)
+    hardware = dataclasses.replace(hardware, host_costs=costs)
+
+workloads/serving/hostcosts.py measures them (sweeper/serving/overheads.py says how), a
+hardware profile holds them (`HardwareProfile.host_costs`, a profile YAML's `host_costs:`
+mapping) and the serving model charges them (`StepTimes.host_costs`,
+workloads/serving/model.py). Plain data: no JAX, no validation (workloads/config.py
+validates a profile's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+DISAGGREGATED = {"disaggregated": True}    # a cost only a disaggregated deployment pays
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Seconds a serving loop pays on the host beyond the engine's calls; 0 = none (an
+    accelerator's profile, or not measured)."""
+
+    # per decode step: the loop's own work (the tokens to the host, argmax, slot bookkeeping)
+    step_overhead_s: float = 0.0
+    # per prompt of a prefill call, after its first tokens: its row into a slot, or its KV
+    # exported and sent (a prefill slice)
+    prefill_overhead_per_prompt_s: float = 0.0
+    # per prefill call: the part of its host work before its first tokens (prompts placed)
+    prefill_first_overhead_s: float = 0.0
+    # a prefill call on an idle loop: how much longer it takes to its first tokens
+    prefill_wake_s: float = 0.0
+    # disaggregated, per prompt: the least an idle prefill loop's call pays after its first
+    # tokens (its KV exported and sent)
+    prefill_idle_after_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
+    # disaggregated, per KV handover: the decode loop's time (the KV received, its insert)
+    handover_overhead_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
+    # disaggregated: from the prefill slice's send to an idle decode loop's insert (the
+    # transport and the loop's poll), charged to neither loop
+    handover_latency_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
+    # disaggregated: an idle decode loop's first step, beyond the model's step
+    decode_wake_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def disaggregated_names(cls) -> tuple[str, ...]:
+        """The costs of a KV handover between slices (0 for an aggregated deployment)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("disaggregated"))
+
+    @classmethod
+    def from_measured(cls, costs: Mapping[str, Any]) -> "HostCosts":
+        """The costs in a measurement's dict (or a results file's, old names too); 0 where
+        one was not measured."""
+        named = renamed(costs)
+        return cls(**{name: float(named.get(name) or 0.0) for name in cls.names()})
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+# Only for files written before HostCosts: the names these costs had as flat fields of a
+# hardware profile and in a measurement's dict (a committed profile or results file, a
+# user's host profile); `renamed` maps them, nothing writes them.
+OLD_NAMES = {"serving_step_overhead_s": "step_overhead_s",
+             "serving_prefill_overhead_s": "prefill_overhead_per_prompt_s",
+             **{f"serving_{name}": name for name in ("prefill_first_overhead_s", "prefill_wake_s",
+                                                     "prefill_idle_after_s", "handover_latency_s",
+                                                     "decode_wake_s")}}
+
+
+def renamed(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` with the old names of these costs (`OLD_NAMES`) replaced by HostCosts's."""
+    return {OLD_NAMES.get(key, key): value for key, value in data.items()}
