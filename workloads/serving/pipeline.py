@@ -45,7 +45,7 @@ from workloads.partitioning import Plan
 from workloads.quant import QUANTIZED, quantize_params
 from workloads.serving.slots import Prefilled, SlotServer, SlotSpec, _insert_program
 from workloads.trial import TrialConfig
-from workloads.validate import is_int
+from workloads.validate import integer, is_int
 
 
 # --------------------------------------------------------------------------- checks
@@ -54,8 +54,7 @@ from workloads.validate import is_int
 def check_stages(model: ModelConfig, stages) -> None:
     """Stages a model's layers split into evenly: 1 to n_layers, a divisor of n_layers."""
     layers = model.n_layers
-    if not is_int(stages) or stages < 1:
-        raise ConfigError("stages", stages, "a positive integer (pipeline stages)")
+    integer("stages", stages, what="a positive integer (pipeline stages)")
     if stages > layers:
         raise ConfigError("stages", stages, f"at most the model's n_layers={layers} "
                           "(each stage holds at least one layer)")
