@@ -295,8 +295,7 @@ def _timing(r: _Row, serving: dict, batch: int, chips: int, input_len: int) -> d
         return {"phase": r.choice("phase", MEASURED_PHASES),
                 "decode_steps": r.integer("decode_steps", default=1), "latency_s": latency,
                 "mfu": mfu}
-    if metric not in PUBLISHED_METRICS:
-        raise r.bad("metric", f"one of {list(PUBLISHED_METRICS)}")
+    validate.one_of(r.field("metric"), metric, PUBLISHED_METRICS, r.source)
     unit = r.choice("unit", PUBLISHED_METRICS[metric])
     if unit is None:
         raise r.bad("unit", f"one of {list(PUBLISHED_METRICS[metric])} for metric {metric}")

@@ -45,7 +45,7 @@ from workloads.partitioning import Plan
 from workloads.quant import QUANTIZED, quantize_params
 from workloads.serving.slots import Prefilled, SlotServer, SlotSpec, _insert_program
 from workloads.trial import TrialConfig
-from workloads.validate import integer, is_int
+from workloads.validate import integer, is_int, one_of
 
 
 # --------------------------------------------------------------------------- checks
@@ -344,8 +344,7 @@ class StagedSlotServer:
     def __init__(self, spec: SlotSpec, stages: int, micro_batches: int = 1, devices=None):
         if spec.prefill is None and spec.decode is None:
             raise ConfigError("roles", None, "a prefill layout, a decode layout or both")
-        if spec.weights not in WEIGHT_FORMATS:
-            raise ConfigError("weights", spec.weights, f"one of {list(WEIGHT_FORMATS)}")
+        one_of("weights", spec.weights, WEIGHT_FORMATS)
         prefill, decode = spec.prefill or spec.decode, spec.decode or spec.prefill
         self.spec = spec
         trial = TrialConfig(model=spec.model, chips=spec.chips,

@@ -53,7 +53,7 @@ from workloads.layouts import WEIGHT_FORMATS, PhaseLayout, validate_phase
 from workloads.partitioning import write_rows
 from workloads.quant import QUANTIZED
 from workloads.serving.profile import Request
-from workloads.validate import integer
+from workloads.validate import integer, one_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +137,7 @@ class SlotServer:
 
         if spec.prefill is None and spec.decode is None:
             raise ConfigError("roles", None, "a prefill layout, a decode layout or both")
-        if spec.weights not in WEIGHT_FORMATS:
-            raise ConfigError("weights", spec.weights, f"one of {list(WEIGHT_FORMATS)}")
+        one_of("weights", spec.weights, WEIGHT_FORMATS)
         _check_chunk_prefix(spec)
         prefill = spec.prefill or spec.decode
         decode = spec.decode or spec.prefill
