@@ -105,8 +105,8 @@ def number(field: str, value: Any, source: str | None = None, minimum: float = 0
         if maximum is not None:
             what = (f"a number in (0, {maximum:g}]" if positive
                     else f"a number in [{minimum:g}, {maximum:g}]")
-    ok = (is_number(value) and math.isfinite(value) and (value > 0 if positive else value >= minimum)
-          and (maximum is None or value <= maximum))
+    ok = (is_number(value) and math.isfinite(value)
+          and (value > 0 if positive else value >= minimum) and (maximum is None or value <= maximum))
     _check(ok, field, value, what, source)
     return float(value)
 
