@@ -63,15 +63,18 @@ def is_number(value: Any) -> bool:
 
 
 def from_text(value: Any, kind: type = int) -> Any:
-    """A flag's or a cell's text as an int or a float (`kind`); anything else, or text that
-    is not one, unchanged, so the check it is passed to refuses it echoing what was written
+    """A flag's or a cell's text as an int or (`kind=float`) a number, whole text as an int
+    ("0" echoes as 0, not 0.0); anything else, or text that is not one, unchanged, so the
+    check it is passed to refuses it echoing what was written
     (`integer("--seed", from_text(args.seed), minimum=0)`)."""
     if not isinstance(value, str):
         return value
-    try:
-        return kind(value.strip())
-    except ValueError:
-        return value
+    for parse in (int, float) if kind is float else (kind,):
+        try:
+            return parse(value.strip())
+        except ValueError:
+            pass
+    return value
 
 
 def _check(ok: bool, field: str, value: Any, accepted: str, source: str | None) -> None:

@@ -55,7 +55,8 @@ def stream_of(args):
 
     if args.rate is None:
         raise ConfigError("--rate", None, "requests per second (required unless --measure-overheads)")
-    rate = number("--rate", from_text(args.rate, float), positive=True)
+    rate = number("--rate", from_text(args.rate, float), positive=True,
+                  what="a positive number of requests per second")
     count = integer("--requests", from_text(args.requests), minimum=1, maximum=MAX_REQUESTS)
     seed = integer("--seed", from_text(args.seed), minimum=0, maximum=MAX_SEED)
     deployment = load_plan(args.plan)
