@@ -119,3 +119,33 @@ def test_no_module_reimplements_a_generic_validator(path):
     assert len(retyped) <= allowed and len(found) == len(retyped), (
         f"{rel} re-implements a check of {HOME}: call it instead "
         f"(integer, positive_int, number, boolean, one_of, from_text): {found}")
+
+
+# ----------------------------------------------------------------------------- the checks
+
+
+def test_the_checks_word_their_bounds_in_one_line():
+    from workloads.validate import ConfigError, integer, number, positive_int
+
+    cases = [(lambda: integer("--seed", -1, minimum=0, maximum=2**31 - 1),
+              "--seed: got -1; expected an integer from 0 to 2,147,483,647"),
+             (lambda: positive_int("chips", True, "m.yaml"),
+              "m.yaml: chips: got True; expected a positive integer"),
+             (lambda: number("kv_fraction", 1.5, positive=True, maximum=1),
+              "kv_fraction: got 1.5; expected a number in (0, 1]"),
+             (lambda: number("overlap", float("nan"), maximum=1),
+              "overlap: got nan; expected a number in [0, 1]"),
+             (lambda: number("--ttft", 0, positive=True, what="a positive number of seconds"),
+              "--ttft: got 0; expected a positive number of seconds")]
+    for call, line in cases:
+        with pytest.raises(ConfigError) as err:
+            call()
+        assert str(err.value) == line
+
+
+def test_from_text_parses_a_flag_and_leaves_anything_else_for_the_check_to_echo():
+    from workloads.validate import from_text
+
+    assert from_text(" 12 ") == 12 and from_text("0", float) == 0 and from_text("0.5", float) == 0.5
+    assert from_text("1.5") == "1.5" and from_text("fast", float) == "fast"
+    assert from_text(True) is True and from_text(None) is None and from_text([1]) == [1]
