@@ -55,30 +55,13 @@ from workloads.layouts import (ATTN_LAYOUTS, FFN_LAYOUTS, KV_FORMATS, PHASES, WE
                                expert_capacity, is_expert, kv_heads_per_chip, kv_heads_sharded,
                                role_axes, split_axes, stored_weights, stores_1d, validate_layouts,
                                validate_phase)
+from workloads.validate import number, one_of, positive_int
 
 BF16 = 2                      # bytes per bf16 element (activations, KV cache, scales)
 SOURCE = "analytical"
 
 
 # --------------------------------------------------------------------------- input checks
-
-
-def positive_int(field_name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(field_name, value, "a positive integer")
-    return value
-
-
-def positive_number(field_name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(field_name, value, "a positive number")
-    return value
-
-
-def choice(field_name: str, value: Any, choices) -> Any:
-    if value not in choices:
-        raise ConfigError(field_name, value, f"one of {list(choices)}")
-    return value
 
 
 def check_topology(topology, chips: int) -> tuple[int, int, int]:
@@ -165,7 +148,7 @@ def weight_bytes_per_chip(model: ModelConfig, chips: int, weights: str = "bf16",
     one (`experts` tp) or the experts split over all chips (ep), and a replicated bf16
     router. `matrices`: "all", "experts" (the MLP matrices alone) or "rest"."""
     positive_int("chips", chips)
-    choice("weights", weights, WEIGHT_FORMATS)
+    one_of("weights", weights, WEIGHT_FORMATS)
     if topology is not None:
         sizes = axis_sizes(check_topology(topology, chips))
         kv_split = kv_heads_sharded(model, chips)
@@ -209,7 +192,7 @@ def weight_element_bytes(weights: str) -> int:
 def kv_vector_bytes(kv_cache: str, d_head: int) -> int:
     """Bytes of one head's K (or V) vector of D values in a KV cache of this format
     (workloads/quant.py): bf16 2D, fp8 D, int8 D + a 2-byte scale."""
-    choice("kv_cache", kv_cache, KV_FORMATS)
+    one_of("kv_cache", kv_cache, KV_FORMATS)
     return {"bf16": BF16 * d_head, "fp8": d_head, "int8": d_head + BF16}[kv_cache]
 
 
@@ -255,8 +238,8 @@ def kv_placement(model: ModelConfig, chips: int, batch: int, attn: str = "head",
     batch: (sequence, KV head) pairs split over all chips, no replication (paper Fig. 4c)."""
     positive_int("chips", chips)
     positive_int("batch", batch)
-    choice("attn", attn, ATTN_LAYOUTS)
-    choice("ffn", ffn, FFN_LAYOUTS)
+    one_of("attn", attn, ATTN_LAYOUTS)
+    one_of("ffn", ffn, FFN_LAYOUTS)
     if attn == "batch":
         pairs = math.ceil(batch * model.n_kv_heads / chips)
         return {"kv_heads_per_chip": min(model.n_kv_heads, pairs), "sequences_per_chip": batch / chips,
@@ -310,9 +293,7 @@ def max_context(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int,
     docs/models.md), whichever is less.
 
     Table 1 reserves 30% of 32 GiB per chip for the KV cache on 64 TPU v4 chips."""
-    if isinstance(kv_fraction, bool) or not isinstance(kv_fraction, (int, float)) \
-            or not 0 < kv_fraction <= 1:
-        raise ConfigError("kv_fraction", kv_fraction, "a number in (0, 1]")
+    number("kv_fraction", kv_fraction, positive=True, maximum=1)
     positive_int("chips", chips)
     positive_int("batch", batch)
     if attn == "batch" and batch % chips:
@@ -814,7 +795,7 @@ def expert_terms(model: ModelConfig, topology: tuple[int, int, int], layout: Pha
                  batch: int, seq_len: int, experts: str = "tp",
                  kernel: str = "grouped") -> ExpertTerms:
     """The experts' rows, weight reads, imbalance and slots of one pass (module section)."""
-    choice("moe_kernel", kernel, MOE_KERNELS)
+    one_of("moe_kernel", kernel, MOE_KERNELS)
     _, _, n_gather, m_rest = split_axes(layout.ffn, topology)
     n = math.prod(topology)
     tokens = batch * seq_len
@@ -879,15 +860,17 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
     the weight matmuls at that rate (W8A8); `kv_cache` bf16, int8 or fp8 sets the bytes of
     the KV cache held and read."""
     moe_kernel = default_moe_kernel(hw) if moe_kernel is None else moe_kernel
-    choice("kv_cache", kv_cache, KV_FORMATS)
+    one_of("kv_cache", kv_cache, KV_FORMATS)
     positive_int("chips", chips)
     positive_int("batch", batch)
     positive_int("input_len", input_len)
-    choice("phase", phase, PHASES)
-    choice("weights", weights, WEIGHT_FORMATS)
-    choice("ffn", layout.ffn, FFN_LAYOUTS)
-    choice("attn", layout.attn, ATTN_LAYOUTS)
-    context = input_len if context is None else positive_number("context", context)
+    one_of("phase", phase, PHASES)
+    one_of("weights", weights, WEIGHT_FORMATS)
+    one_of("ffn", layout.ffn, FFN_LAYOUTS)
+    one_of("attn", layout.attn, ATTN_LAYOUTS)
+    if context is not None:
+        number("context", context, positive=True)   # (kept as given: an int stays an int)
+    context = input_len if context is None else context
     topology = best_topology(model, chips) if topology is None else check_topology(topology, chips)
     layout = canonical_layout(layout, topology)   # a gather over size-1 axes is weight-stationary
     one_d = (layout.ffn == "ws1d") if one_d is None else one_d

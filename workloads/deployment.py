@@ -24,7 +24,7 @@ from workloads.config import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareProfile, 
                               load_model, parse_topology)
 from workloads.hardware import load_hardware
 from workloads.layouts import ATTN_LAYOUTS, EXPERT_LAYOUTS, FFN_LAYOUTS, KV_FORMATS, WEIGHT_FORMATS
-from workloads.validate import ConfigError, check_keys, is_int, one_of
+from workloads.validate import ConfigError, check_keys, integer, one_of
 
 MODES = ("aggregated", "disaggregated")
 PLAN_FORMAT = "sweeper-plan/1"
@@ -84,24 +84,24 @@ class PhaseSlice:
         for key in ("chips", "ffn", "attn", "batch"):
             if key not in data:
                 raise ConfigError(f"{prefix}.{key}", None, "a value (required)", source)
-        chips = _count(f"{prefix}.chips", data["chips"], MAX_SLICE_CHIPS, source)
-        stages = _count(f"{prefix}.stages", data.get("stages", 1), MAX_STAGES, source)
+        chips = integer(f"{prefix}.chips", data["chips"], source, maximum=MAX_SLICE_CHIPS)
+        stages = integer(f"{prefix}.stages", data.get("stages", 1), source, maximum=MAX_STAGES)
         if chips % stages:
             raise ConfigError(f"{prefix}.stages", stages, f"a divisor of {prefix}.chips={chips} "
                               "(each pipeline stage has the same chips)", source)
         chunk = data.get("chunk", 0)
-        if not is_int(chunk) or not 0 <= chunk <= MAX_CHUNK:
-            raise ConfigError(f"{prefix}.chunk", chunk, f"0 (whole prompts) or a number of "
-                              f"prompt tokens per step from 1 to {MAX_CHUNK:,}", source)
+        integer(f"{prefix}.chunk", chunk, source, minimum=0, maximum=MAX_CHUNK,
+                what=f"0 (whole prompts) or a number of prompt tokens per step from 1 to "
+                f"{MAX_CHUNK:,}")
         topology = data.get("topology")
         if topology is not None:
             topology = parse_topology(topology, chips // stages, f"{prefix}.topology", source)
         return cls(chips=chips,
-                   replicas=_count(f"{prefix}.replicas", data.get("replicas", 1),
-                                   MAX_TOTAL_CHIPS, source),
+                   replicas=integer(f"{prefix}.replicas", data.get("replicas", 1), source,
+                                    maximum=MAX_TOTAL_CHIPS),
                    ffn=one_of(f"{prefix}.ffn", data["ffn"], FFN_LAYOUTS, source, suggest=True),
                    attn=one_of(f"{prefix}.attn", data["attn"], ATTN_LAYOUTS, source, suggest=True),
-                   batch=_count(f"{prefix}.batch", data["batch"], MAX_BATCH, source),
+                   batch=integer(f"{prefix}.batch", data["batch"], source, maximum=MAX_BATCH),
                    weights=one_of(f"{prefix}.weights", data.get("weights", "bf16"),
                                   WEIGHT_FORMATS, source),
                    topology=topology,
@@ -207,13 +207,6 @@ class Deployment:
                     f"{d.batch} slots, {d.weights}")
         return (f"disaggregated: prefill {self.prefill.describe()}; decode "
                 f"{self.decode.describe()}")
-
-
-def _count(field: str, value: Any, most: int, source: str | None) -> int:
-    """A positive integer of at most `most` (the bound in the message)."""
-    if not is_int(value) or not 1 <= value <= most:
-        raise ConfigError(field, value, f"an integer from 1 to {most:,}", source)
-    return value
 
 
 def read_plan(path: str | Path) -> dict:

@@ -31,6 +31,7 @@ from workloads.model import check_model, init_params, pad_params, prompt_tokens,
 from workloads.partitioning import Plan
 from workloads.quant import QUANTIZED, dequantize_params, quantize_params
 from workloads.trial import TrialConfig
+from workloads.validate import one_of
 
 
 def make_mesh(topology: tuple[int, int, int], devices=None) -> Mesh:
@@ -391,10 +392,8 @@ def _validate(trial: TrialConfig, topology: tuple[int, int, int]) -> None:
                           f"the mesh's topology {x}x{y}x{z}")
     if x * y * z != trial.chips:
         raise ConfigError("topology", f"{x}x{y}x{z}", f"X*Y*Z equal to chips={trial.chips}")
-    if trial.weights not in WEIGHT_FORMATS:
-        raise ConfigError("weights", trial.weights, f"one of {list(WEIGHT_FORMATS)}")
-    if trial.kv_cache not in KV_FORMATS:
-        raise ConfigError("kv_cache", trial.kv_cache, f"one of {list(KV_FORMATS)}")
+    one_of("weights", trial.weights, WEIGHT_FORMATS)
+    one_of("kv_cache", trial.kv_cache, KV_FORMATS)
     for phase in ("prefill", "decode"):
         if not isinstance(getattr(trial, phase), PhaseLayout):
             raise ConfigError(phase, getattr(trial, phase), "a PhaseLayout(ffn, attn)")

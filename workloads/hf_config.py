@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from workloads.validate import ConfigError, is_int
+from workloads.validate import ConfigError, boolean, positive_int
 
 CONFIG_FILE = "config.json"
 
@@ -141,18 +141,12 @@ def _count(data: Mapping, key: str, source: str) -> int:
     value = data.get(key)
     if value is None:
         raise ConfigError(key, None, "a positive integer (required)", source)
-    if not is_int(value) or value <= 0:
-        raise ConfigError(key, value, "a positive integer", source)
-    return value
+    return positive_int(key, value, source)
 
 
 def _flag(data: Mapping, key: str, default: bool, source: str) -> bool:
     value = data.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ConfigError(key, value, "true or false", source)
-    return value
+    return default if value is None else boolean(key, value, source)
 
 
 def _mlp(data: Mapping, family: str, source: str) -> str:

@@ -99,6 +99,7 @@ import math
 from dataclasses import dataclass
 
 from workloads.config import COLLECTIVE_KINDS, ConfigError, ModelConfig  # COLLECTIVE_KINDS: re-exported
+from workloads.validate import one_of
 
 AXES = ("x", "y", "z")
 FFN_LAYOUTS = ("ws1d", "ws2d", "wg_x", "wg_xy", "wg_xyz")
@@ -388,10 +389,8 @@ def validate_phase(model: ModelConfig, topology: tuple[int, int, int], layout: P
                    experts: str = "tp") -> None:
     """Reject a layout that cannot run for this shape, naming the constraint (before compiling)."""
     field = f"{phase}"
-    if layout.ffn not in FFN_LAYOUTS:
-        _reject(f"{field}.ffn", layout.ffn, f"one of {list(FFN_LAYOUTS)}", source)
-    if layout.attn not in ATTN_LAYOUTS:
-        _reject(f"{field}.attn", layout.attn, f"one of {list(ATTN_LAYOUTS)}", source)
+    one_of(f"{field}.ffn", layout.ffn, FFN_LAYOUTS, source)
+    one_of(f"{field}.attn", layout.attn, ATTN_LAYOUTS, source)
     n = math.prod(topology)
     gather, rest, n_gather, m_rest = split_axes(layout.ffn, topology)
     shards = f"{'·'.join(rest) or '1'}={m_rest}"
@@ -421,8 +420,7 @@ def validate_phase(model: ModelConfig, topology: tuple[int, int, int], layout: P
 def validate_experts(model: ModelConfig, topology: tuple[int, int, int], experts: str,
                      source: str | None = None) -> None:
     """The experts layout suits the model and the mesh (module doc, mixture-of-experts)."""
-    if experts not in EXPERT_LAYOUTS:
-        _reject("experts", experts, f"one of {list(EXPERT_LAYOUTS)}", source)
+    one_of("experts", experts, EXPERT_LAYOUTS, source)
     n = math.prod(topology)
     if experts == "ep" and not model.moe:
         _reject("experts", experts, f"tp ({model.name} is dense: no experts to spread)", source)

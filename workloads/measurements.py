@@ -60,7 +60,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from workloads import costmodel
+from workloads import costmodel, validate
 from workloads.csv_input import read_csv
 from workloads.config import (BLOCKS, ConfigError, HardwareProfile, ModelConfig, load_hardware,
                               load_model, parse_topology)
@@ -181,41 +181,31 @@ class _Row:
     def get(self, column: str) -> str:
         return self.row.get(column, "") or ""
 
+    def field(self, column: str) -> str:
+        return f"row {self.number}, column {column}"
+
     def bad(self, column: str, accepted: str) -> ConfigError:
-        return ConfigError(f"row {self.number}, column {column}", self.row.get(column), accepted,
-                           self.source)
+        return ConfigError(self.field(column), self.row.get(column), accepted, self.source)
 
     def integer(self, column: str, default: int | None = None, minimum: int = 1) -> int:
         text = self.get(column)
         if text == "" and default is not None:
             return default
-        try:
-            value = int(text)
-        except ValueError:
-            raise self.bad(column, f"an integer >= {minimum}") from None
-        if value < minimum:
-            raise self.bad(column, f"an integer >= {minimum}")
-        return value
+        return validate.integer(self.field(column), validate.from_text(text), self.source, minimum)
 
-    def number_in(self, column: str, low: float, high: float, accepted: str) -> float | None:
+    def positive_number(self, column: str, what: str, maximum: float | None = None
+                        ) -> float | None:
         text = self.get(column)
         if text == "":
             return None
-        try:
-            value = float(text)
-        except ValueError:
-            raise self.bad(column, accepted) from None
-        if not low < value <= high:
-            raise self.bad(column, accepted)
-        return value
+        return validate.number(self.field(column), validate.from_text(text, float), self.source,
+                               positive=True, maximum=maximum, what=what)
 
     def choice(self, column: str, choices, default: str | None = None) -> str | None:
         value = self.get(column)
         if value == "" and (default is not None or column in OPTIONAL + SERVING_COLUMNS):
             return default
-        if value not in choices:
-            raise self.bad(column, f"one of {list(choices)}")
-        return value
+        return validate.one_of(self.field(column), value, choices, self.source)
 
 
 def _parse_row(row: dict, number: int, source: str) -> MeasuredPoint:
@@ -297,20 +287,19 @@ def _timing(r: _Row, serving: dict, batch: int, chips: int, input_len: int) -> d
     columns (phase, latency_s or mfu) or from metric, value and unit (module doc)."""
     metric = r.get("metric")
     if not metric:
-        latency = r.number_in("latency_s", 0, float("inf"), "a positive number of seconds")
-        mfu = r.number_in("mfu", 0, 1, "a fraction in (0, 1]")
+        latency = r.positive_number("latency_s", "a positive number of seconds")
+        mfu = r.positive_number("mfu", "a fraction in (0, 1]", maximum=1)
         if (latency is None) == (mfu is None):
             raise r.bad("latency_s" if latency is None else "mfu",
                         "exactly one of latency_s and mfu per row (one published number per row)")
         return {"phase": r.choice("phase", MEASURED_PHASES),
                 "decode_steps": r.integer("decode_steps", default=1), "latency_s": latency,
                 "mfu": mfu}
-    if metric not in PUBLISHED_METRICS:
-        raise r.bad("metric", f"one of {list(PUBLISHED_METRICS)}")
+    validate.one_of(r.field("metric"), metric, PUBLISHED_METRICS, r.source)
     unit = r.choice("unit", PUBLISHED_METRICS[metric])
     if unit is None:
         raise r.bad("unit", f"one of {list(PUBLISHED_METRICS[metric])} for metric {metric}")
-    value = r.number_in("value", 0, float("inf"), "a positive number")
+    value = r.positive_number("value", "a positive number")
     if value is None:
         raise r.bad("value", f"the published {metric} in {unit}")
     output = serving["output_len"]

@@ -29,6 +29,7 @@ from workloads import costmodel
 from workloads.config import ConfigError, HardwareProfile, ModelConfig
 from workloads.layouts import (ATTN_LAYOUTS, EXPERT_LAYOUTS, FFN_LAYOUTS, PHASES, WEIGHT_FORMATS,
                                PhaseLayout, canonical_layout, resolve_padding)
+from workloads.validate import one_of, positive_int
 
 # Why a layout was not recommended (Rejected.kind).
 HEADS, BATCH, DIMENSIONS, MEMORY = ("heads do not divide", "batch does not divide",
@@ -169,12 +170,12 @@ def recommend(model: ModelConfig, hw: HardwareProfile, chips: int, batch: int, p
     mesh, `search_topology=True` tries every factorisation of `chips` the hardware has axes
     for (`hw.torus_dims`). A mixture-of-experts model's `experts` layout (tp | ep) is
     searched too unless given."""
-    costmodel.positive_int("chips", chips)
-    costmodel.positive_int("batch", batch)
-    costmodel.choice("phase", phase, PHASES)
-    costmodel.choice("weights", weights, WEIGHT_FORMATS)
-    ffns = FFN_LAYOUTS if ffn is None else (costmodel.choice("ffn", ffn, FFN_LAYOUTS),)
-    attns = ATTN_LAYOUTS if attn is None else (costmodel.choice("attn", attn, ATTN_LAYOUTS),)
+    positive_int("chips", chips)
+    positive_int("batch", batch)
+    one_of("phase", phase, PHASES)
+    one_of("weights", weights, WEIGHT_FORMATS)
+    ffns = FFN_LAYOUTS if ffn is None else (one_of("ffn", ffn, FFN_LAYOUTS),)
+    attns = ATTN_LAYOUTS if attn is None else (one_of("attn", attn, ATTN_LAYOUTS),)
     topologies = _topologies(model.unpadded, chips, topology, search_topology, hw.torus_dims)
 
     expert_layouts = ((experts,) if experts is not None     # on one chip ep is tp

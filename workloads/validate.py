@@ -3,6 +3,10 @@
 A user error is a `ConfigError`: one line naming the file, the field, the value and what is
 accepted; the CLI prints it and exits with code 2 (docs/architecture.md, "Conventions").
 Plain Python, imported by everything, importing nothing of the project.
+
+The one home of the generic value checks (integer, positive_int, number, boolean, one_of,
+check_keys; from_text for a flag's text): other modules call them and keep only their
+domain checks, and tests/test_imports.py fails on a module that defines its own.
 """
 
 from __future__ import annotations
@@ -53,46 +57,65 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def integer(field: str, value: Any, source: str | None = None, minimum: int = 1) -> int:
-    """An integer >= `minimum` (the trial fields' `minimum` metadata: 0 for seed, warmup and
-    decode_steps, 1 for the rest; workloads/trial.py)."""
-    if not is_int(value) or value < minimum:
-        raise ConfigError(field, value, f"an integer >= {minimum}", source)
+def is_number(value: Any) -> bool:
+    """An int or a float and not a bool (NaN and infinities included)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def from_text(value: Any, kind: type = int) -> Any:
+    """A flag's or a cell's text as an int or (`kind=float`) a number, whole text as an int
+    ("0" echoes as 0, not 0.0); anything else, or text that is not one, unchanged, so the
+    check it is passed to refuses it echoing what was written
+    (`integer("--seed", from_text(args.seed), minimum=0)`)."""
+    if not isinstance(value, str):
+        return value
+    for parse in (int, float) if kind is float else (kind,):
+        try:
+            return parse(value.strip())
+        except ValueError:
+            pass
+    return value
+
+
+def _check(ok: bool, field: str, value: Any, accepted: str, source: str | None) -> None:
+    if not ok:
+        raise ConfigError(field, value, accepted, source)
+
+
+def integer(field: str, value: Any, source: str | None = None, minimum: int = 1,
+            maximum: int | None = None, what: str | None = None) -> int:
+    """An integer >= `minimum` (and <= `maximum`): the trial fields' `minimum` metadata is 0
+    for seed, warmup and decode_steps, 1 for the rest (workloads/trial.py). `what`: the
+    accepted values in other words ("a positive integer")."""
+    accepted = what or (f"an integer >= {minimum}" if maximum is None
+                        else f"an integer from {minimum} to {maximum:,}")
+    _check(is_int(value) and value >= minimum and (maximum is None or value <= maximum),
+           field, value, accepted, source)
     return value
 
 
 def positive_int(field: str, value: Any, source: str | None = None) -> int:
     """`integer(minimum=1)`, worded for model fields and command-line flags."""
-    if not is_int(value) or value < 1:
-        raise ConfigError(field, value, "a positive integer", source)
-    return value
+    return integer(field, value, source, 1, what="a positive integer")
 
 
 def number(field: str, value: Any, source: str | None = None, minimum: float = 0.0,
-           positive: bool = False) -> float:
-    """A finite int or float >= `minimum` (> 0 when `positive`), as a float."""
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value) and (value > 0 if positive else value >= minimum))
-    if not ok:
-        raise ConfigError(field, value, "a positive number" if positive else
-                          f"a number >= {minimum:g}", source)
+           positive: bool = False, maximum: float | None = None, what: str | None = None) -> float:
+    """A finite int or float >= `minimum` (> 0 when `positive`; <= `maximum`), as a float.
+    `what`: the accepted values in other words ("a positive number of seconds")."""
+    if what is None:
+        what = "a positive number" if positive else f"a number >= {minimum:g}"
+        if maximum is not None:
+            what = (f"a number in (0, {maximum:g}]" if positive
+                    else f"a number in [{minimum:g}, {maximum:g}]")
+    ok = (is_number(value) and math.isfinite(value)
+          and (value > 0 if positive else value >= minimum) and (maximum is None or value <= maximum))
+    _check(ok, field, value, what, source)
     return float(value)
 
 
-def as_float(value: Any) -> float:
-    """`value` (a number or its text) as a float; NaN for a bool or anything else, so a
-    parser's range check refuses it with its own message."""
-    if isinstance(value, bool):
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def boolean(field: str, value: Any, source: str | None = None) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(field, value, "true or false", source)
+    _check(isinstance(value, bool), field, value, "true or false", source)
     return value
 
 

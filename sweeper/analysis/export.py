@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from workloads.config import ConfigError
+from workloads.validate import one_of
 
 FORMATS = ("csv", "parquet")
 STDOUT = "-"
@@ -24,6 +25,7 @@ def default_path(study: str, fmt: str) -> str:
 
 def table_bytes(df: pd.DataFrame, fmt: str) -> bytes:
     """The table encoded as CSV (UTF-8, no index) or Parquet."""
+    one_of("--format", fmt, FORMATS)
     if fmt == "csv":
         return df.to_csv(index=False).encode()
     if fmt == "parquet":
@@ -31,10 +33,9 @@ def table_bytes(df: pd.DataFrame, fmt: str) -> bytes:
             import pyarrow  # noqa: F401   # lazy: only Parquet needs it (an MLflow dependency)
         except ImportError:
             raise ConfigError("--format", fmt, "csv (Parquet needs pyarrow: pip install pyarrow)") from None
-        buf = io.BytesIO()
-        df.to_parquet(buf, index=False)
-        return buf.getvalue()
-    raise ConfigError("--format", fmt, f"one of {list(FORMATS)}")
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
 
 
 def write_table(df: pd.DataFrame, fmt: str, out: str) -> str | None:

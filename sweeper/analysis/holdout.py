@@ -28,6 +28,7 @@ from sweeper.analysis.fit import (DEFAULT_TERMS, EXTRA_TERMS, CalibrationError, 
 from sweeper.analysis.observations import metric_of, predict_latency
 from workloads.config import ConfigError, HardwareProfile
 from workloads.layouts import PHASES
+from workloads.validate import one_of
 
 HOLDOUTS = ("kfold", "layout", "chips", "extrapolation")   # a study's schemes (`--holdout all`)
 SCHEMES = HOLDOUTS + ("loo",)
@@ -81,8 +82,7 @@ def extrapolation_splits(points: list[Point]) -> list[tuple[np.ndarray, np.ndarr
 def folds(points: list[Point], scheme: str, k: int = K_FOLDS, seed: int = 0) -> list[np.ndarray]:
     """Index arrays of held-out points, each point held out exactly once (not extrapolation,
     whose held-out sets are `splits`')."""
-    if scheme not in SCHEMES or scheme == "extrapolation":
-        raise ConfigError("--holdout", scheme, f"one of {list(SCHEMES)}")
+    one_of("--holdout", scheme, [s for s in SCHEMES if s != "extrapolation"])
     if scheme == "loo":
         keys = [p.group for p in points]
     elif scheme == "kfold" and any(p.config is None for p in points):
@@ -323,8 +323,7 @@ def select_terms(points: list[Point], base: HardwareProfile, loss: str = "linear
 
     pool = tuple(SELECT_CANDIDATES if candidates is None else candidates)
     for term in pool:
-        if term not in EXTRA_TERMS:
-            raise ConfigError("terms", term, f"one of {list(EXTRA_TERMS)}")
+        one_of("terms", term, EXTRA_TERMS)
     candidates = [c for n in range(len(pool) + 1) for c in combinations(pool, n)]
     try:
         parts = splits(points, "kfold", k=INNER_FOLDS, seed=1)

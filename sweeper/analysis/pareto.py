@@ -30,6 +30,7 @@ from sweeper.paths import default_storage, default_tracking_uri
 from sweeper.tracking import results
 from sweeper.tracking.mlflow_log import KIND_TAG, SWEEP_KIND
 from workloads.config import ConfigError
+from workloads.validate import one_of
 
 PHASES = ("prefill", "decode")
 LATENCY_ALIAS = "latency_per_token"
@@ -47,8 +48,7 @@ LABEL_COLUMNS = ("number", "model", "weights", "batch", "chips", "topology", "in
 
 def resolve_axes(phase: str, x: str | None = None, y: str | None = None) -> tuple[str, str]:
     """Phase-generic names -> the metric columns of that phase."""
-    if phase not in PHASES:
-        raise ConfigError("phase", phase, f"one of {list(PHASES)}")
+    one_of("phase", phase, PHASES)
     default_x, default_y = DEFAULT_AXES[phase]
     x = default_x if x in (None, LATENCY_ALIAS) else x
     y = default_y if y in (None, COST_ALIAS) else y

@@ -18,6 +18,7 @@ from workloads.config import (HARDWARE_PRESETS, MEMORY_RESERVE_SOURCES, PRICE_SO
                               WORLD_CALIBRATION, ConfigError, read_yaml)
 from workloads.deployment import MAX_TOTAL_CHIPS, MODES
 from workloads.serving import profile as serving_profile
+from workloads.validate import from_text, integer
 
 
 def add_parser(sub) -> None:
@@ -58,17 +59,6 @@ def add_parser(sub) -> None:
 
 MAX_REQUESTS = 20_000       # simulated per deployment (82 deployments x 100,000: ~2 min)
 MAX_SEED = 2**31 - 1
-
-
-def _int_flag(value: str, flag: str, low: int = 1, high: int | None = None) -> int:
-    accepted = f"an integer >= {low}" if high is None else f"an integer from {low} to {high:,}"
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(flag, value, accepted) from None
-    if number < low or (high is not None and number > high):
-        raise ConfigError(flag, value, accepted)
-    return number
 
 
 def question_from_args(args: argparse.Namespace):
@@ -119,15 +109,16 @@ def question_from_args(args: argparse.Namespace):
                              "--hardware" if args.hardware else "hardware")
     hardware = with_memory_reserve(hardware, args.memory_reserve)
     say_profile(hardware)
-    max_chips = (None if args.max_chips is None
-                 else _int_flag(args.max_chips, "--max-chips", 1, MAX_TOTAL_CHIPS))
+    max_chips = (None if args.max_chips is None else
+                 integer("--max-chips", from_text(args.max_chips), maximum=MAX_TOTAL_CHIPS))
     coverage = serving_profile._share(args.coverage, "--coverage", None)
     if coverage >= 1:
         raise ConfigError("--coverage", args.coverage, "a share in (0, 1), such as 0.9")
     modes = MODES if args.mode == "both" else (args.mode,)
+    requests = integer("--requests", from_text(args.requests), minimum=10, maximum=MAX_REQUESTS)
+    seed = integer("--seed", from_text(args.seed), minimum=0, maximum=MAX_SEED)
     return PlanQuestion(model, hardware, profile, modes=modes, max_chips=max_chips,
-                        requests=_int_flag(args.requests, "--requests", 10, MAX_REQUESTS),
-                        seed=_int_flag(args.seed, "--seed", 0, MAX_SEED), coverage=coverage,
+                        requests=requests, seed=seed, coverage=coverage,
                         weights=weights_flag(getattr(args, "weights", None), hardware))
 
 

@@ -13,6 +13,7 @@ from sweeper.cli.output import print_json, say_profile
 from sweeper.formatting import metric_text, one_line, percent_dash, short_number
 from sweeper.spec.overrides import load_space_with_overrides
 from workloads.config import ConfigError
+from workloads.validate import integer, positive_int
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,9 +43,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # every input error (in the file or a --set override) exits 2 here, before any work
     space = load_space_with_overrides(paths.resolve_space(args.space), args.set)
     for flag in ("trials", "parallel"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{flag}", value, "a positive integer")
+        if getattr(args, flag) is not None:
+            positive_int(f"--{flag}", getattr(args, flag))
     # (run_sweep checks --storage, --tracking-uri, --address and --study before it starts,
     # then names the host profile the predictions use)
     named = (lambda: say_profile(space.hardware.resolve())) if space.hardware.kind == "host" \
@@ -219,8 +219,7 @@ def ui_command(tracking_uri: str, host: str, port: int) -> list[str]:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    if not 0 < args.port < 65536:
-        raise ConfigError("--port", args.port, "a TCP port 1-65535")
+    integer("--port", args.port, maximum=65535, what="a TCP port 1-65535")
     uri = args.tracking_uri or paths.default_tracking_uri(create=False)
     db = paths.sqlite_path(uri)
     if db is not None and not db.is_file():

@@ -10,12 +10,12 @@ and exit 2, before Ray or JAX start.
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 from sweeper.cli import options
 from sweeper.cli.output import say_profile
 from workloads.config import ConfigError
+from workloads.validate import from_text, integer, number
 
 
 def add_parser(sub) -> None:
@@ -48,22 +48,6 @@ MAX_REQUESTS = 10_000     # a served stream's requests (each is logged to MLflow
 MAX_SEED = 2**31 - 1       # the prompts' seed (JAX's PRNG key)
 
 
-def _positive(value: str, flag: str, integer: bool, minimum: float,
-              maximum: float | None = None) -> float:
-    try:
-        number = int(value) if integer else float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not math.isfinite(number) or number < minimum or (not integer and number <= 0) or \
-            (maximum is not None and number > maximum):
-        kind = f"an integer >= {minimum:g}" if integer else "a positive number"
-        if maximum is not None:
-            kind = (f"an integer from {minimum:g} to {maximum:,}" if integer
-                    else f"a positive number up to {maximum:g}")
-        raise ConfigError(flag, value, kind)
-    return number
-
-
 def stream_of(args):
     """(deployment, requests, rate, seed) from the flags and the plan; ConfigError on bad input."""
     from workloads.deployment import load_plan, load_plan_profile
@@ -71,9 +55,10 @@ def stream_of(args):
 
     if args.rate is None:
         raise ConfigError("--rate", None, "requests per second (required unless --measure-overheads)")
-    rate = _positive(args.rate, "--rate", False, 0)
-    count = int(_positive(args.requests, "--requests", True, 1, MAX_REQUESTS))
-    seed = int(_positive(args.seed, "--seed", True, 0, MAX_SEED))
+    rate = number("--rate", from_text(args.rate, float), positive=True,
+                  what="a positive number of requests per second")
+    count = integer("--requests", from_text(args.requests), minimum=1, maximum=MAX_REQUESTS)
+    seed = integer("--seed", from_text(args.seed), minimum=0, maximum=MAX_SEED)
     deployment = load_plan(args.plan)
     profile = load_plan_profile(args.plan)
     lengths = {}

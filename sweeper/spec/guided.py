@@ -45,7 +45,7 @@ from workloads.config import ConfigError
 from workloads.hardware import load_hardware, per_chip, worker_share
 from workloads.recommend import recommend
 from workloads.trial import DEFAULTS as TRIAL_DEFAULTS
-from workloads.validate import integer
+from workloads.validate import integer, one_of
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,7 @@ SEEDED_ATTR = "guided_seeds"     # study user attr: the seeded params (also mark
 
 
 def _base_sampler(base: str, seed: int | None, options: dict):
-    if base not in BASES:
-        raise ConfigError("sampler.options.base", base, f"one of {list(BASES)}")
+    one_of("sampler.options.base", base, BASES)
     cls = optuna.samplers.TPESampler if base == "tpe" else optuna.samplers.NSGAIISampler
     return cls(seed=seed, **options)
 

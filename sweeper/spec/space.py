@@ -93,14 +93,6 @@ GRID_LIMIT = 100_000
 DEFAULTS = {"trials": 20, "parallel": 1, "timeout_s": 600.0, "max_retries": 1}
 
 
-# ----------------------------------------------------------------------------- helpers
-
-
-def _positive_number(value: Any, field: str, source: str | None) -> float:
-    """A positive number, or a quantity with a unit (2GiB)."""
-    return number(field, parse_quantity(value, field, source), source, positive=True)
-
-
 # ----------------------------------------------------------------------------- parts
 
 
@@ -356,11 +348,14 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
     sampler = SamplerSpec.parse(data.get("sampler"), source)
     trials = integer("trials", data.get("trials", DEFAULTS["trials"]), source)
     parallel = integer("parallel", data.get("parallel", DEFAULTS["parallel"]), source)
-    timeout_s = _positive_number(data.get("timeout_s", DEFAULTS["timeout_s"]), "timeout_s", source)
+    timeout_s = parse_quantity(data.get("timeout_s", DEFAULTS["timeout_s"]), "timeout_s", source)
+    timeout_s = number("timeout_s", timeout_s, source, positive=True)
     max_retries = integer("max_retries", data.get("max_retries", DEFAULTS["max_retries"]), source,
                           minimum=0)
     budget = data.get("memory_budget_bytes")
-    budget = None if budget is None else _positive_number(budget, "memory_budget_bytes", source)
+    if budget is not None:
+        budget = parse_quantity(budget, "memory_budget_bytes", source)   # (a quantity: 2GiB)
+        budget = number("memory_budget_bytes", budget, source, positive=True)
     resources = data.get("resources") or {}
     if not isinstance(resources, Mapping):
         raise ConfigError("resources", resources, "a mapping such as {GPU: 1}", source)

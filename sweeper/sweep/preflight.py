@@ -28,6 +28,7 @@ from workloads.config import ConfigError, HardwareProfile
 from workloads.costmodel import feasibility, predict_trial
 from workloads.hardware import load_hardware
 from workloads.hostprofile import physical_memory_bytes
+from workloads.validate import is_number, positive_int
 
 EMULATED_MEMORY_FACTOR = 2.0
 EMULATED_PROCESS_BYTES = 0.4 * 2**30
@@ -49,21 +50,15 @@ def process_chips(config) -> int:
     return config.chips // 2 if config.disaggregated else config.chips
 
 
-def positive(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(name, value, "a positive integer")
-    return value
-
-
 def check_run_arguments(space: SearchSpace, *, storage: str | None, tracking_uri: str | None,
                         study_name: str | None, trials: int | None, parallel: int | None,
                         address: str | None) -> tuple[str, str, int]:
     """(storage URL, tracking URI, trials to run), every argument and both stores checked;
     ConfigError before anything is created."""
     if trials is not None:
-        positive(trials, "--trials")
+        positive_int("--trials", trials)
     if parallel is not None:
-        positive(parallel, "--parallel")
+        positive_int("--parallel", parallel)
     if study_name is not None:
         paths.check_study_name(study_name)      # it names folders: checked before anything
     if address is not None:
@@ -95,7 +90,7 @@ def memory_grids(space: SearchSpace) -> list[list] | None:
     even that is too many."""
     if space.params and (any(p.log for p in space.params) or space.grid_size() > MAX_CHECKED_POINTS):
         grids = [[p.low] if p.choices is None else
-                 [min(p.choices, key=_order)] if all(_number(c) for c in p.choices) else
+                 [min(p.choices, key=_order)] if all(is_number(c) for c in p.choices) else
                  list(p.choices) for p in space.params]
         return grids if math.prod(len(g) for g in grids) <= MAX_CHECKED_POINTS else None
     return [p.grid_values() for p in space.params]
@@ -124,10 +119,6 @@ def check_memory_fits(space: SearchSpace) -> None:
     if first is not None:
         raise ConfigError("space", space.name, f"a space with a point that fits in this host's "
                           f"memory; none does, e.g. {first}{EMULATED_NOTE}", space.source)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _order(value: Any) -> Any:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workloads.config import ConfigError
+from workloads.validate import positive_int
 
 # Seconds each host waits for the others (`jax.distributed.initialize`'s
 # initialization_timeout, the barrier before each trial), and for the placement group.
@@ -67,9 +68,8 @@ def plan_slice(hosts: int, chips_per_host: int, per_host: dict[str, float] | Non
     bundle asks for a sliver of CPU (a bundle cannot be empty). `nodes`: alive nodes in
     the cluster, to choose STRICT_SPREAD (enough nodes) or PACK (one machine).
     """
-    for name, value in (("hosts", hosts), ("chips_per_host", chips_per_host)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(name, value, "a positive integer")
+    positive_int("hosts", hosts)
+    positive_int("chips_per_host", chips_per_host)
     bundle = {k: float(v) for k, v in (per_host or {}).items() if v} or dict(EMULATED_BUNDLE)
     bundles = [dict(bundle) for _ in range(hosts)]
     extra = {k: float(v) for k, v in (rank0_resources or {}).items()}

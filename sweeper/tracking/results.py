@@ -51,13 +51,13 @@ def trial_row(*, number: int, state: str, reason: str | None, source: str | None
     """One table row; every column present (NaN / None where the trial has no value)."""
     row: dict[str, Any] = {"number": number, "state": state, "reason": reason or None,
                            "source": source, "hardware": hardware,
-                           "hardware_share": _number(hardware_share)}
+                           "hardware_share": _float(hardware_share)}
     for name in PARAM_COLUMNS:
         row[name] = params.get(name)
     for name in METRIC_COLUMNS:
-        row[name] = _number(metrics.get(name))
+        row[name] = _float(metrics.get(name))
     for name in METRIC_COLUMNS:     # (a serving trial's measurement carries its own pred_*)
-        row[PRED_PREFIX + name] = _number(prediction.get(name, metrics.get(PRED_PREFIX + name)))
+        row[PRED_PREFIX + name] = _float(prediction.get(name, metrics.get(PRED_PREFIX + name)))
     row["mlflow_run_id"] = mlflow_run_id
     return row
 
@@ -71,7 +71,8 @@ def frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return df.sort_values("number", kind="stable").reset_index(drop=True)
 
 
-def _number(value: Any) -> float:
+def _float(value: Any) -> float:
+    """A stored metric as a float, NaN when absent or not a number (a conversion, not a check)."""
     if value is None:
         return math.nan
     try:

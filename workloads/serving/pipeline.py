@@ -45,7 +45,7 @@ from workloads.partitioning import Plan
 from workloads.quant import QUANTIZED, quantize_params
 from workloads.serving.slots import Prefilled, SlotServer, SlotSpec, _insert_program, prompt_batch
 from workloads.trial import TrialConfig
-from workloads.validate import is_int
+from workloads.validate import integer, is_int, one_of
 
 
 # --------------------------------------------------------------------------- checks
@@ -54,8 +54,7 @@ from workloads.validate import is_int
 def check_stages(model: ModelConfig, stages) -> None:
     """Stages a model's layers split into evenly: 1 to n_layers, a divisor of n_layers."""
     layers = model.n_layers
-    if not is_int(stages) or stages < 1:
-        raise ConfigError("stages", stages, "a positive integer (pipeline stages)")
+    integer("stages", stages, what="a positive integer (pipeline stages)")
     if stages > layers:
         raise ConfigError("stages", stages, f"at most the model's n_layers={layers} "
                           "(each stage holds at least one layer)")
@@ -345,8 +344,7 @@ class StagedSlotServer:
     def __init__(self, spec: SlotSpec, stages: int, micro_batches: int = 1, devices=None):
         if spec.prefill is None and spec.decode is None:
             raise ConfigError("roles", None, "a prefill layout, a decode layout or both")
-        if spec.weights not in WEIGHT_FORMATS:
-            raise ConfigError("weights", spec.weights, f"one of {list(WEIGHT_FORMATS)}")
+        one_of("weights", spec.weights, WEIGHT_FORMATS)
         prefill, decode = spec.prefill or spec.decode, spec.decode or spec.prefill
         self.spec = spec
         trial = TrialConfig(model=spec.model, chips=spec.chips,

@@ -34,7 +34,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from workloads.validate import ConfigError, as_float, bounded, check_keys, one_of
+from workloads.validate import (ConfigError, bounded, check_keys, from_text, integer, number,
+                                one_of, positive_int)
 
 DISTS = ("fixed", "uniform", "lognormal")
 STAT = re.compile(r"^(mean|p(\d{1,2}(?:\.\d+)?))$")
@@ -125,26 +126,20 @@ def parse_length(value: Any, name: str, source: str | None) -> Length:
     check_keys(value, ["dist", "mean", "low", "high", "sigma", "value"], source, f"{name}.")
     dist = one_of(f"{name}.dist", value.get("dist", "fixed"), DISTS, source)
 
-    def number(key, default, integer=True, positive=True):
-        v = value.get(key, default)
-        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-        ok = ok and (isinstance(v, int) or not integer) and (v > 0 if positive else v >= 0)
-        if not ok:
-            raise ConfigError(f"{name}.{key}", v, "a positive integer" if integer else
-                              "a positive number", source)
-        return v
+    def tokens(key, default):
+        return positive_int(f"{name}.{key}", value.get(key, default), source)
 
     if dist == "fixed":
-        n = number("value", value.get("mean"))
+        n = tokens("value", value.get("mean"))
         return Length("fixed", float(n), n, n)
     if dist == "uniform":
-        low, high = number("low", None), number("high", None)
+        low, high = tokens("low", None), tokens("high", None)
         if high < low:
             raise ConfigError(f"{name}.high", high, f"an integer >= low={low}", source)
         return Length("uniform", (low + high) / 2, low, high)
-    mean = number("mean", None, integer=False)
-    sigma = number("sigma", None, integer=False, positive=False)
-    low, high = number("low", 1), number("high", max(1, int(mean * 16)))
+    mean = number(f"{name}.mean", value.get("mean"), source, positive=True)
+    sigma = number(f"{name}.sigma", value.get("sigma"), source)
+    low, high = tokens("low", 1), tokens("high", max(1, int(mean * 16)))
     if high < low:
         raise ConfigError(f"{name}.high", high, f"an integer >= low={low}", source)
     return Length("lognormal", float(mean), low, high, float(sigma))
@@ -160,44 +155,30 @@ def parse_stat(value: Any, name: str, source: str | None) -> str:
 
 
 def _seconds(value: Any, name: str, source: str | None) -> float:
-    number = as_float(value)
-    if not math.isfinite(number) or number <= 0:
-        raise ConfigError(name, value, "a positive number of seconds", source)
-    return number
+    return number(name, from_text(value, float), source, positive=True,
+                  what="a positive number of seconds")
 
 
 def _rate(value: Any, name: str, source: str | None) -> float | None:
     if value is None:
         return None
-    number = as_float(value)
-    if not math.isfinite(number) or number <= 0:
-        raise ConfigError(name, value, "a positive number of requests per second", source)
-    return number
+    return number(name, from_text(value, float), source, positive=True,
+                  what="a positive number of requests per second")
 
 
 def _share(value: Any, name: str, source: str | None) -> float:
-    number = as_float(value)
-    if not 0 < number <= 1:
-        raise ConfigError(name, value, "a share in (0, 1], such as 0.99", source)
-    return number
+    return number(name, from_text(value, float), source, positive=True, maximum=1,
+                  what="a share in (0, 1], such as 0.99")
 
 
 def _tokens(value: Any, name: str, source: str | None) -> int:
-    text = value.strip() if isinstance(value, str) else value
-    try:
-        number = int(text) if isinstance(text, str) else text
-    except ValueError:
-        number = None
-    if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= 1 << 20:
-        raise ConfigError(name, value, f"a whole number of tokens from 0 to {1 << 20:,}", source)
-    return number
+    return integer(name, from_text(value), source, minimum=0, maximum=1 << 20,
+                   what=f"a whole number of tokens from 0 to {1 << 20:,}")
 
 
 def _hit_rate(value: Any, name: str, source: str | None) -> float:
-    number = as_float(value)
-    if not 0 <= number <= 1:
-        raise ConfigError(name, value, "a share in [0, 1], such as 0.9", source)
-    return number
+    return number(name, from_text(value, float), source, maximum=1,
+                  what="a share in [0, 1], such as 0.9")
 
 
 def _trace(value: Any, name: str, source: str | None) -> str | None:

@@ -53,6 +53,7 @@ from workloads.layouts import WEIGHT_FORMATS, PhaseLayout, validate_phase
 from workloads.partitioning import write_rows
 from workloads.quant import QUANTIZED
 from workloads.serving.profile import Request
+from workloads.validate import integer, one_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +137,7 @@ class SlotServer:
 
         if spec.prefill is None and spec.decode is None:
             raise ConfigError("roles", None, "a prefill layout, a decode layout or both")
-        if spec.weights not in WEIGHT_FORMATS:
-            raise ConfigError("weights", spec.weights, f"one of {list(WEIGHT_FORMATS)}")
+        one_of("weights", spec.weights, WEIGHT_FORMATS)
         _check_chunk_prefix(spec)
         prefill = spec.prefill or spec.decode
         decode = spec.decode or spec.prefill
@@ -745,9 +745,8 @@ def _copy_program(mesh, sharding):
 
 def _check_chunk_prefix(spec: SlotSpec) -> None:
     """The chunk size and the shared prefix suit the server (one ConfigError line)."""
-    if not isinstance(spec.chunk, int) or spec.chunk < 0:
-        raise ConfigError("chunk", spec.chunk, "0 (whole prompts) or a number of prompt tokens "
-                          "per step")
+    integer("chunk", spec.chunk, minimum=0,
+            what="0 (whole prompts) or a number of prompt tokens per step")
     if spec.chunk and (spec.prefill is None or spec.decode is None):
         raise ConfigError("chunk", spec.chunk, "0 on a prefill-only or decode-only server "
                           "(chunks are mixed into an aggregated server's decode steps)")
