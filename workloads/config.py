@@ -21,8 +21,8 @@ import yaml
 from workloads import hf_config
 from workloads.serving.costs import OLD_NAMES, HostCosts
 # ConfigError and check_keys are used from here by most modules (workloads/validate.py)
-from workloads.validate import (ConfigError, boolean, bounded, check_keys, one_of,  # noqa: F401
-                                positive_int)
+from workloads.validate import (ConfigError, boolean, bounded, check_keys, number,  # noqa: F401
+                                one_of, positive_int)
 
 
 # --------------------------------------------------------------------------- YAML
@@ -495,9 +495,8 @@ class HardwareProfile:
         for key in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "ici_bandwidth"):
             if key not in data:
                 raise ConfigError(f"{prefix}{key}", None, "a positive number (required)", source)
-            values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
-            if not values[key] > 0:
-                raise ConfigError(f"{prefix}{key}", data[key], "a positive number", source)
+            values[key] = number(f"{prefix}{key}", parse_quantity(data[key], f"{prefix}{key}", source),
+                                 source, positive=True)
         for key in ("collective_latency_s", "op_overhead_s", "overlap",
                     "collective_latency_s_per_device", "launch_overhead_s", "device_overhead_s",
                     "collective_rendezvous_s",
@@ -519,11 +518,8 @@ class HardwareProfile:
         values["collective_latency_s_by_kind"] = {}
         for kind, seconds in by_kind.items():
             where = f"{prefix}collective_latency_s_by_kind.{kind}"
-            if kind not in COLLECTIVE_KINDS:
-                raise ConfigError(where, kind, f"one of {list(COLLECTIVE_KINDS)}", source)
-            value = parse_quantity(seconds, where, source)
-            if value < 0:
-                raise ConfigError(where, seconds, "a number >= 0", source)
+            one_of(where, kind, COLLECTIVE_KINDS, source)
+            value = number(where, parse_quantity(seconds, where, source), source)
             values["collective_latency_s_by_kind"][kind] = value
         for key, what in (("collective_latency_s_by_group", "seconds"),
                           ("collective_bandwidth_by_group", "bytes/s")):
@@ -545,9 +541,8 @@ class HardwareProfile:
         values["host_model"] = dict(host_model)
         for key in ("collective_latency_max_s", "multigroup_gather_scale"):
             if key in data:
-                values[key] = parse_quantity(data[key], f"{prefix}{key}", source)
-                if not values[key] >= 0:
-                    raise ConfigError(f"{prefix}{key}", data[key], "a number >= 0", source)
+                values[key] = number(f"{prefix}{key}", parse_quantity(data[key], f"{prefix}{key}",
+                                                                       source), source)
         if "host_share" in data:
             values["host_share"] = parse_quantity(data["host_share"], f"{prefix}host_share", source)
         name = data.get("name", Path(source).stem if source else "custom")
@@ -592,9 +587,8 @@ def _serving_fields(data: Mapping, source: str | None, prefix: str) -> dict:
         out["domain_chips"] = positive_int(f"{prefix}domain_chips", data["domain_chips"], source)
     for key in ("inter_domain_bandwidth", "price_per_chip_hour"):
         if data.get(key) is not None:
-            out[key] = parse_quantity(data[key], f"{prefix}{key}", source)
-            if out[key] < 0:
-                raise ConfigError(f"{prefix}{key}", data[key], "a number >= 0", source)
+            out[key] = number(f"{prefix}{key}", parse_quantity(data[key], f"{prefix}{key}", source),
+                              source)
     if "torus_dims" in data:
         out["torus_dims"] = one_of(f"{prefix}torus_dims", data["torus_dims"], (1, 2, 3), source)
     residuals = data.get("heldout_residuals") or {}
@@ -622,8 +616,7 @@ def _by_group(data: Any, where: str, what: str, positive: bool, source: str | No
         raise ConfigError(where, data, f"a mapping {{all-gather: {{2: {what}, ...}}, ...}}", source)
     out: dict[str, dict[int, float]] = {}
     for kind, groups in data.items():
-        if kind not in COLLECTIVE_KINDS:
-            raise ConfigError(f"{where}.{kind}", kind, f"one of {list(COLLECTIVE_KINDS)}", source)
+        one_of(f"{where}.{kind}", kind, COLLECTIVE_KINDS, source)
         if not isinstance(groups, Mapping):
             raise ConfigError(f"{where}.{kind}", groups, f"a mapping {{group size: {what}}}", source)
         out[kind] = {}
