@@ -617,6 +617,16 @@ def _prefill_call_s(times: StepTimes, prompts: int, reqs: list[Request], take: l
     return times.prefill_call_s(prompts, new, longest - new)
 
 
+def _priced_prefill(times: StepTimes, prompts: int, reqs: list[Request], take: list[int],
+                    idle: bool, factor: float) -> tuple[float, float]:
+    """(until the first tokens, until the loop is free) of one prefill call of `take`: the
+    call (`_prefill_call_s`) scaled by its spread `factor`, with the host's work before the
+    first tokens (and the idle loop's wake) and after them (`StepTimes.prefill_host_s`)."""
+    before, after = times.prefill_host_s(len(take), idle, factor)
+    call = _prefill_call_s(times, prompts, reqs, take) * factor + before
+    return call, call + after
+
+
 def _chunked_replica(d: Deployment, reqs: list[Request], ids: list[int], times: StepTimes,
                      first: np.ndarray, finish: np.ndarray) -> tuple[float, float]:
     """An aggregated replica with chunked prefill (Sarathi-Serve, vLLM): each iteration runs
@@ -699,12 +709,9 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
             continue
         if waiting and slots.free and not (prefilled_since_step and slots.active):
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
-            factor = prefill_factor()
-            call = _prefill_call_s(times, d.prefill.batch, reqs, take) * factor
-            before, after = times.prefill_host_s(len(take), idle, factor)
-            call += before
+            call, duration = _priced_prefill(times, d.prefill.batch, reqs, take, idle,
+                                             prefill_factor())
             idle = False
-            duration = call + after
             first[take] = t + call       # the first tokens, before their rows go into slots
             t += duration
             prefill_busy += duration
@@ -743,12 +750,8 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
     idle = True                                  # the loop had nothing to do until now
     while queue:
         t, take, idle = _next_call(queue, reqs, t, d.prefill.batch, idle)
-        factor = prefill_factor()
-        call = _prefill_call_s(times, d.prefill.batch, reqs, take) * factor
-        before, after = times.prefill_host_s(len(take), idle, factor)
-        call += before
+        call, duration = _priced_prefill(times, d.prefill.batch, reqs, take, idle, prefill_factor())
         idle = False
-        duration = call + after
         first[take] = t + call           # the first tokens, before their KV is exported
         t += duration
         busy += duration
