@@ -182,25 +182,3 @@ def orchestration(study, wall_s: float, parallel: int) -> dict[str, float]:
             "orchestration_share": 1 - total / (parallel * wall_s) if wall_s else None,
             "overhead_per_trial_s": (parallel * wall_s - total) / len(runs) if runs else None,
             "compile_cache_hits": hits, "compile_cache_hit_rate": hits / max(len(runs), 1)}
-
-
-# Kept for benchmarks written against this module before the harness (benchmarks/harness.py)
-# and the Markdown pieces (benchmarks/report.py) were split out; new code uses those.
-from benchmarks.report import met, ms, pct, steal_clause, steal_text, table  # noqa: E402,F401
-
-
-def write(name: str, data: dict, markdown: str, out: Path | None = None) -> tuple[Path, Path]:
-    """NAME.json and NAME.md in `out` (harness.write without raw logs)."""
-    from benchmarks import harness
-
-    files = harness.write(name, data, markdown, Path(out or RESULTS))
-    return files[0], files[1]
-
-
-def publish(name: str, result: dict, render, out: Path | str) -> tuple[Path, Path]:
-    """Write `name`.{json,md} (Markdown from `render(clean(result))`) and print the Markdown."""
-    text = render(clean(result))
-    files = write(name, result, text, Path(out))
-    print(text)
-    print(f"written: {', '.join(map(str, files))}", file=sys.stderr)
-    return files

@@ -16,8 +16,10 @@ pieces of `benchmarks/report.py`. The harness gives every benchmark the same ste
    (bulky raw logs: dicts or lists under those keys anywhere in the result) go to
    `NAME.raw.json.gz` beside it, so the
    results file stays small enough to read; `load` puts them back;
-4. render `NAME.md` (`render/<name>.py`), print it, and log one MLflow run (experiment
-   `sweeper/benchmarks`) with `metrics(result)` and both files.
+4. render `NAME.md` (`render/<name>.py`), print it; write the files a benchmark makes
+   besides its results from its measurement (`extra_files(raw, args)`: world's fitted
+   presets); and log one MLflow run (experiment `sweeper/benchmarks`) with
+   `metrics(result)` and every file.
 
 `--render` runs step 4's Markdown alone on the committed files: every figure of a results
 file can be rendered again without measuring, and must come out the same.
@@ -50,7 +52,9 @@ class Benchmark:
     params: Callable[[argparse.Namespace], dict] = lambda args: {}
     raw_keys: tuple[str, ...] = ()                     # split off to NAME.raw.json.gz
     log: bool = False                                  # an MLflow run per measurement
-    extra_files: Callable[[dict, Path], list[Path]] = field(default=lambda result, out: [])
+    # files written besides the results, from `run`'s measurement (which may hold objects
+    # `analyse` does not keep): their paths, logged with the results
+    extra_files: Callable[[dict, argparse.Namespace], list[Path]] = field(default=lambda raw, args: [])
 
 
 def markdown(name: str, result: dict) -> str:
@@ -153,10 +157,11 @@ def main(bench: Benchmark, argv: list[str] | None = None) -> int:
     if args.render:
         return render_only(bench, out)
     previous = load(bench.name, out, bench.raw_keys)
-    result = bench.analyse(bench.run(args, previous), args)
+    raw = bench.run(args, previous)
+    result = bench.analyse(raw, args)
     text = markdown(bench.name, common.clean(result))
     files = write(bench.name, result, text, out, bench.raw_keys)
-    files += bench.extra_files(result, out)
+    files += bench.extra_files(raw, args)
     if bench.log:
         common.log_mlflow(bench.name, bench.metrics(result), bench.params(args), files)
     print(text)

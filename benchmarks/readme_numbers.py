@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the blocks a page can quote: each benchmark's `doc_block` (benchmarks/render/<name>.py),
 # rendered from its results file
 DOC_BLOCKS = ("engine_efficiency", "sweep_overhead", "calibration", "profile_predict",
-              "search_efficiency", "paper_fit", "plan_speed", "serving_validation", "blind")
+              "search_efficiency", "paper_fit", "plan_speed", "serving_validation", "blind",
+              "world")
 # summary.md: the benchmarks whose render module gives `summary_rows`, in its order
 SUMMARY_ORDER = ("engine_efficiency", "sweep_overhead", "calibration", "search_efficiency",
                  "paper_fit", "serving_validation", "plan_speed")
@@ -159,17 +160,6 @@ def example_block(name: str):
     return render
 
 
-WORLD_EVERY_ROW = "## Every row"   # benchmarks/world.py EVERY_ROW (not imported: it fits)
-
-
-def world_block(results: Path) -> str:
-    """benchmarks/results/world.md up to its every-row table (docs/world.md quotes it)."""
-    md = results / "world.md"
-    if not md.is_file():
-        raise Stale(f"no results file {md}")
-    return md.read_text().split(WORLD_EVERY_ROW)[0].rstrip() + "\n"
-
-
 def _example_names() -> tuple[str, ...]:
     from benchmarks import examples
 
@@ -179,7 +169,6 @@ def _example_names() -> tuple[str, ...]:
 BLOCKS = {name: doc_block(name) for name in DOC_BLOCKS}
 BLOCKS["serving_validation_summary"] = doc_block("serving_validation", "summary_block")
 BLOCKS.update({f"example-{name}": example_block(name) for name in _example_names()})
-BLOCKS["world"] = world_block
 
 
 def fill(text: str, results: Path, where: str) -> tuple[str, list[str]]:

@@ -1,6 +1,7 @@
 """Benchmark: the hardware presets against published measurements of real engines.
 
-    python -m benchmarks.world          # about a second; no JAX, no accelerator
+    python -m benchmarks.world [--out DIR] [--presets FILE]   # seconds; no JAX, no accelerator
+    python -m benchmarks.world --render [--out DIR]           # DIR/world.md again from world.json
 
 Every row of benchmarks/data/published-serving.csv (TensorRT-LLM, lmdeploy and NeMo on A100,
 H100 and H200) and of benchmarks/data/paper-tpu-v4.csv (Pope et al. 2022 on TPU v4) is
@@ -16,7 +17,12 @@ fitted and never in the headline.
 It also writes the fitted presets the package ships (workloads/presets/world.yaml, loaded
 into HARDWARE_PRESETS as `<chip>-world`): each chip's family fitted to every usable row,
 carrying the leave-one-source-out residuals of its family's rows as its error band
-(sweeper/serving/bands.py). Results: benchmarks/results/world.{json,md}; docs/world.md.
+(sweeper/serving/bands.py). Results: benchmarks/results/world.{json,md} (the Markdown:
+benchmarks/render/world.py); docs/world.md.
+
+On the harness (benchmarks/harness.py): `measure` is the measurement (every row predicted,
+the presets fitted), `analyse` its figures and verdicts against the targets, `write_presets`
+the file it writes besides its results (logged to MLflow with them).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from benchmarks.common import DATA, ROOT, clean, pct, table, write
+from benchmarks import harness
+from benchmarks.common import DATA, ROOT, clean
 from sweeper.analysis import external
 from sweeper.analysis.holdout import heldout
 from sweeper.analysis.observations import metric_of, predict_latency
@@ -45,7 +52,6 @@ PAPER_DEFAULTS = dict(hardware="tpu-v4", source_id="pope2022",
 PRESETS = ROOT / "workloads" / "presets" / "world.yaml"
 TARGETS = {"tpot": 0.20, "ttft": 0.20, "throughput": 0.25}
 PHASE_METRIC = {"prefill": "ttft", "decode": "tpot", "total": "e2e"}
-EVERY_ROW = "## Every row"     # docs/world.md quotes the results up to here
 RATES = ("peak_flops", "hbm_bandwidth", "ici_bandwidth")
 
 
@@ -217,14 +223,26 @@ def within_source(rows: list[MeasuredPoint], chip: str, sheets: dict) -> dict:
             "n": {m: len(v) for m, v in errors.items()}}
 
 
-def run(serving: Path = SERVING, paper: Path | None = PAPER) -> tuple[dict, dict]:
-    """(the results, the shipped presets)."""
+def measure(serving: Path = SERVING, paper: Path | None = PAPER) -> dict:
+    """The measurement: every row predicted by its datasheet and by the held-out fits, the
+    shipped presets fitted, every held-out fold's physical check, the other pooling rules and
+    the within-source fits. Objects, not JSON: `analyse` makes the results of it."""
     rows = load_rows(serving, paper)
     sheets = {chip: load_hardware(chip) for chip in sorted({p.hardware for p in rows})}
     scored = score(rows, sheets)
-    by_chip = summarise(scored, ("hardware", "metric"))
+    return {"rows": rows, "sheets": sheets, "scored": scored,
+            "presets": shipped_presets(rows, scored, sheets),
+            "every_fold_physical": fold_physical(rows, sheets),
+            "variants": variants(rows, sheets),
+            "within_source": {chip: within_source(rows, chip, sheets) for chip in alone_in_family(scored)}}
+
+
+def analyse(raw: dict, args: argparse.Namespace | None = None) -> dict:
+    """The results: the errors per chip and metric and over every chip, the verdicts against
+    the targets and the datasheets, the rows set apart, the shipped presets beside their
+    datasheets, and every row."""
+    scored, sheets, presets = raw["scored"], raw["sheets"], raw["presets"]
     by_metric = summarise(scored, ("metric",))
-    presets = shipped_presets(rows, scored, sheets)
     checks = physical(presets, sheets)
     needs: dict[str, list[int]] = {}
     for r in scored:
@@ -235,18 +253,30 @@ def run(serving: Path = SERVING, paper: Path | None = PAPER) -> tuple[dict, dict
         "sources": sorted({r["source_id"] for r in scored}),
         "hardware": sorted({r["hardware"] for r in scored}),
         "loss": external.WORLD_LOSS, "terms": list(external.WORLD_TERMS),
-        "by_hardware_metric": by_chip, "by_metric": by_metric, "targets": targets(by_metric),
-        "physical": {"presets": checks, "every_fold": fold_physical(rows, sheets),
-                     "met": all(checks.values()) and fold_physical(rows, sheets)},
+        "by_hardware_metric": summarise(scored, ("hardware", "metric")), "by_metric": by_metric,
+        "targets": targets(by_metric),
+        "physical": {"presets": checks, "every_fold": raw["every_fold_physical"],
+                     "met": all(checks.values()) and raw["every_fold_physical"]},
         "needs": {k: {"rows": v, "n": len(v)} for k, v in sorted(needs.items())},
-        "variants": variants(rows, sheets),
-        "alone_in_family": {chip: within_source(rows, chip, sheets) | {
+        "variants": raw["variants"],
+        "alone_in_family": {chip: within | {
             "without_figures": summarise([r for r in scored if r["hardware"] == chip
                                           and not r["from_figure"]], ("metric",))}
-            for chip in alone_in_family(scored)},
+            for chip, within in raw["within_source"].items()},
         "presets": {name: preset_summary(entry, sheets) for name, entry in presets.items()},
         "rows": scored}
-    return clean(data), presets
+    return clean(data)
+
+
+def metrics(result: dict) -> dict:
+    """MLflow's: the held-out median per target metric with its verdict, the physical check."""
+    out = {"rows_total": result["rows_total"], "rows_usable": result["rows_usable"],
+           "physical_met": float(result["physical"]["met"])}
+    for metric, t in result["targets"].items():
+        out[f"{metric}_heldout_median"] = t["heldout_median"]
+        out[f"{metric}_n"] = t["n"]
+        out[f"{metric}_met"] = float(t["met"])
+    return out
 
 
 def preset_summary(entry: dict, sheets: dict) -> dict:
@@ -277,92 +307,25 @@ def presets_yaml(presets: dict) -> str:
     return header + yaml.safe_dump(body, sort_keys=False)
 
 
-def _pct_pair(median: float, worst: float) -> str:
-    return f"{pct(median, 0)} / {pct(worst, 0)}"
+def write_presets(raw: dict, args: argparse.Namespace) -> list[Path]:
+    """The fitted presets the package ships (`--presets`, default workloads/presets/world.yaml)."""
+    args.presets.parent.mkdir(parents=True, exist_ok=True)
+    args.presets.write_text(presets_yaml(raw["presets"]))
+    return [args.presets]
 
 
-def render(data: dict) -> str:
-    """benchmarks/results/world.md (docs/world.md quotes it: its `generated:world` block)."""
-    t = data["targets"]
-    lines = [f"{data['rows_total']} published numbers from {len(data['sources'])} sources "
-             f"({', '.join(data['sources'])}) on {len(data['hardware'])} chips "
-             f"({', '.join(data['hardware'])}); {data['rows_usable']} need no behaviour the model "
-             "lacks. Each is predicted by the shipped datasheet preset and by a preset fitted to "
-             "the other sources (leave one source out: the chip's family, else every chip; loss "
-             f"{data['loss']}, extra term {', '.join(data['terms']) or 'none'}). Error = |predicted "
-             "/ published - 1| in the published metric; median / worst.", ""]
-    lines += table(["chip", "metric", "n", "datasheet preset", "fitted, source held out", "bias (held out)"],
-                   [[s["hardware"], s["metric"] + (" (needs " + ", ".join(sorted(
-                       {n for r in data["rows"] if r["hardware"] == s["hardware"] and r["metric"] == s["metric"]
-                        for n in r["needs"]})) + ")" if s["needs_missing_behaviour"] else ""),
-                     s["n"], _pct_pair(s["sheet_median"], s["sheet_worst"]),
-                     _pct_pair(s["heldout_median"], s["heldout_worst"]), f"{s['heldout_bias']:+.0%}"]
-                    for s in data["by_hardware_metric"]])
-    lines += ["", "Every chip together (rows that need no missing behaviour):", ""]
-    lines += table(["metric", "n", "datasheet preset", "fitted, source held out", "target", "verdict"],
-                   [[s["metric"], s["n"], _pct_pair(s["sheet_median"], s["sheet_worst"]),
-                     _pct_pair(s["heldout_median"], s["heldout_worst"]),
-                     f"<= {pct(t[s['metric']]['limit'], 0)}" if s["metric"] in t else "-",
-                     ("met" if t[s["metric"]]["met"] else "NOT met") if s["metric"] in t else "-"]
-                    for s in data["by_metric"] if not s["needs_missing_behaviour"]])
-    p = data["physical"]
-    lines += ["", f"No fitted constant above the datasheet (every shipped preset and every held-out "
-              f"fold): {'met' if p['met'] else 'NOT met'}.", ""]
-    v = data["variants"]
-    lines += ["Other pooling rules, measured (held-out median per metric, n): "
-              + "; ".join(f"{name.replace('_', ' ')}: " + ", ".join(
-                  f"{m} {pct(x['heldout_median'], 0)} ({x['n']})" for m, x in rules.items())
-                  for name, rules in v.items()) + ".", ""]
-    for chip, a in data["alone_in_family"].items():
-        lines += [f"{chip}: no other source of its family, so its held-out rows are predicted from "
-                  "other chips' efficiencies and fixed costs. The same rows predicted by fits on the "
-                  "rest of their own source (each run held out; the error without that transfer): "
-                  + ", ".join(f"{m} {pct(x, 0)} ({a['n'][m]})" for m, x in a["within_source_median"].items())
-                  + "; the held-out headline without the rows read off a figure: "
-                  + ", ".join(f"{s['metric']} {pct(s['heldout_median'], 0)} ({s['n']})"
-                              for s in a["without_figures"]) + ".", ""]
-    lines += ["Shipped fitted presets (workloads/presets/world.yaml), beside their datasheets:", ""]
-    lines += table(["preset", "published points (on the chip)", "sources", "peak", "HBM", "interconnect",
-                    "overlap", "per layer", "per call", "held-out residuals"],
-                   [[name, f"{e['points']} ({e['points_on_chip']})", ", ".join(e["sources"]),
-                     f"{e['fitted']['peak_flops'] / 1e12:.0f} of {e['sheet']['peak_flops'] / 1e12:.0f} TFLOP/s",
-                     f"{e['fitted']['hbm_bandwidth'] / 1e12:.2f} of {e['sheet']['hbm_bandwidth'] / 1e12:.2f} TB/s",
-                     f"{e['fitted']['ici_bandwidth'] / 1e9:.0f} of {e['sheet']['ici_bandwidth'] / 1e9:.0f} GB/s",
-                     f"{e['fitted']['overlap']:.2f}", f"{e['fitted']['op_overhead_s'] * 1e6:.1f} us",
-                     f"{e['fitted']['launch_overhead_s'] * 1e3:.2f} ms",
-                     ", ".join(f"{k} {n}" for k, n in e["residuals"].items())]
-                    for name, e in data["presets"].items()])
-    needs = data["needs"]
-    lines += ["", "Rows that need a behaviour the model lacks (predicted, never fitted): "
-              + ("; ".join(f"{k}: {x['n']} rows" for k, x in needs.items()) if needs else "none")
-              + ". None of the sources ran chunked prefill, prefix caching or pipeline stages "
-              "(static batches, PP 1), so no row needs them.", "", EVERY_ROW, ""]
-    lines += table(["row", "source", "chip", "model", "TP", "batch", "in/out", "metric", "published",
-                    "datasheet", "held out", "needs"],
-                   [[r["row"], r["source_id"], r["hardware"], r["model"], r["tp"] or "-", r["batch"],
-                     f"{r['input_len']}/{r['output_len'] or '-'}", r["metric"],
-                     f"{r['published']:.4g} {r['unit']}", f"{r['sheet_error']:+.0%}",
-                     f"{r['heldout_error']:+.0%}", ", ".join(r["needs"]) or "-"]
-                    for r in data["rows"]])
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serving", type=Path, default=SERVING, help="published serving rows (CSV)")
     parser.add_argument("--paper", type=Path, default=PAPER, help="the paper's TPU v4 rows (CSV)")
-    parser.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
     parser.add_argument("--presets", type=Path, default=PRESETS,
                         help="where to write the fitted presets (default: the package's)")
-    args = parser.parse_args(argv)
-    data, presets = run(args.serving, args.paper)
-    json_path, md_path = write("world", data, render(data), args.out)
-    args.presets.parent.mkdir(parents=True, exist_ok=True)
-    args.presets.write_text(presets_yaml(presets))
-    print(render(data).split(EVERY_ROW)[0])
-    print(f"wrote {json_path}, {md_path} and {args.presets}", file=sys.stderr)
-    return 0
+
+
+BENCHMARK = harness.Benchmark(
+    "world", __doc__.splitlines()[0], lambda args, previous: measure(args.serving, args.paper),
+    arguments=arguments, analyse=analyse, metrics=metrics, log=True, extra_files=write_presets,
+    params=lambda args: {"serving": args.serving, "paper": args.paper, "presets": args.presets})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(BENCHMARK))

@@ -19,7 +19,7 @@ from benchmarks import common, harness
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("calibration", "collectives", "engine_efficiency", "examples", "paper_fit",
               "plan_speed", "profile_predict", "search_efficiency", "serving_validation",
-              "sweep_overhead")
+              "sweep_overhead", "world")
 # every committed results file: (benchmark, folder)
 COMMITTED = [(name, common.RESULTS) for name in BENCHMARKS] + [
     ("engine_efficiency", common.RESULTS / "second-host"),

@@ -41,7 +41,9 @@ def write(tmp_path, *rows) -> Path:
 
 @pytest.fixture(scope="module")
 def results():
-    return world.run()
+    """(the results, the shipped presets): the harness's measure -> analyse."""
+    raw = world.measure()
+    return world.analyse(raw), raw["presets"]
 
 
 def test_the_published_set_is_complete_and_from_several_sources():
@@ -194,7 +196,32 @@ def test_the_measurements_fit_keeps_only_its_chips_rows(tmp_path):
 
 def test_the_docs_block_is_the_results_up_to_every_row():
     from benchmarks import readme_numbers
+    from benchmarks.render import world as shown
 
-    assert readme_numbers.WORLD_EVERY_ROW == world.EVERY_ROW
-    block = readme_numbers.world_block(ROOT / "benchmarks" / "results")
-    assert "fitted, source held out" in block and world.EVERY_ROW not in block
+    results = ROOT / "benchmarks" / "results"
+    block = readme_numbers.BLOCKS["world"](results)
+    assert "fitted, source held out" in block and shown.EVERY_ROW not in block
+    assert (results / "world.md").read_text().startswith(block.rstrip())
+
+
+def test_world_is_on_the_harness(results, tmp_path):
+    """`python -m benchmarks.world` measures, analyses, writes world.{json,md} and the
+    presets file it is told (`--presets`); `--render` gives the same Markdown again from the
+    JSON (the committed files: tests/test_benchmark_harness.py)."""
+    from benchmarks import harness
+    from benchmarks.render import world as shown
+
+    assert world.BENCHMARK.name == "world" and world.BENCHMARK.log
+    data, presets = results
+    raw = {"presets": presets}
+    args = harness.parser_for(world.BENCHMARK).parse_args(
+        ["--out", str(tmp_path), "--presets", str(tmp_path / "presets" / "world.yaml")])
+    assert world.write_presets(raw, args) == [tmp_path / "presets" / "world.yaml"]
+    assert (tmp_path / "presets" / "world.yaml").read_text() == world.presets_yaml(presets)
+    harness.write("world", data, shown.markdown(data), tmp_path)
+    first = (tmp_path / "world.md").read_text()
+    (tmp_path / "world.md").write_text("stale\n")
+    assert harness.main(world.BENCHMARK, ["--render", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "world.md").read_text() == first
+    metrics = world.metrics(data)
+    assert set(metrics) >= {f"{m}_heldout_median" for m in world.TARGETS} | {"physical_met"}
