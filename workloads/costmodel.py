@@ -1203,15 +1203,31 @@ def predict_trial(trial, hw: HardwareProfile):
     return m
 
 
+def stage_layers(model: ModelConfig, stages: int) -> int:
+    """Layers of the fullest pipeline stage: the pipeline runs at its pace."""
+    return -(-model.n_layers // stages)
+
+
+def stage_model(model: ModelConfig, stages: int) -> ModelConfig:
+    """One pipeline stage as a model of its own: the fullest stage's layers, and (an
+    approximation, a few per cent of a large model) the embedding and unembedding in every
+    stage, where a real pipeline has them in its first and last. The model itself for one
+    stage."""
+    if stages == 1:
+        return model
+    layers = stage_layers(model, stages)
+    base = model.padded_from
+    return dataclasses.replace(model, n_layers=layers, padded_from=None if base is None else
+                               dataclasses.replace(base, n_layers=layers))
+
+
 def one_stage(trial):
     """A serving trial in pipeline stages (`TrialConfig.stages` > 1) as the trial of one
-    stage: the model of its layers (workloads/serving/model.py `stage_model`) on its chips and
+    stage: the model of its layers (`stage_model`) on its chips and
     topology; any other trial as it is."""
     stages = getattr(trial, "stages", 1)
     if stages == 1:
         return trial
-    from workloads.serving.model import stage_model   # lazy: the serving model imports this
-
     return dataclasses.replace(trial, model=stage_model(trial.model, stages),
                                chips=trial.stage_chips, topology=tuple(trial.mesh_shape), stages=1)
 
