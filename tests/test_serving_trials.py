@@ -348,6 +348,18 @@ BAD = [
      ["serving_mode", "serving: block"]),
     ("serving-mode-unknown", {**BASE, "serving_mode": "split"},
      ["serving_mode", "split", "disaggregated"]),
+    # chunked prefill and pipeline stages (tests/test_serving_trial_behaviours.py)
+    ("prefill-chunk-without-block", {**{k: v for k, v in BASE.items() if k != "serving"},
+                                     "input_len": 8, "decode_steps": 2, "prefill_chunk": 8},
+     ["prefill_chunk", "8", "serving: block"]),
+    ("prefill-chunk-disaggregated", {**BASE, "chips": 2, "serving_mode": "disaggregated",
+                                     "prefill_chunk": 8},
+     ["prefill_chunk", "8", "disaggregated"]),
+    ("stages-over-the-layers", {**BASE, "chips": 4, "stages": 4},
+     ["stages", "4", "n_layers=2"]),
+    ("stages-with-a-prefix", {**BASE, "chips": 2, "stages": 2,
+                              "serving": {**BASE["serving"], "prefix_len": 4}},
+     ["stages", "serving.prefix_len=4", "no prefix caching"]),
 ]
 
 

@@ -25,6 +25,8 @@ from workloads.trial import (FIELDS, FLAT_PARAMS, INT_FLAT_PARAMS, LAYOUT_PARAMS
 TRIAL = {"model": "tiny", "chips": 2, "batch": 4}
 SPACE = {"name": "t", "model": "tiny", "hardware": "host", "chips": 2, "batch": 4}
 INTEGER_FIELDS = [name for name, f in TRIAL_FIELDS.items() if f.metadata.get("integer")]
+# a serving trial's fields (stages, prefill_chunk): searched in a space with a serving: block
+SERVING_SPACE = {**SPACE, "serving": {"rate": 1, "input_len": 8, "output_len": 4}}
 
 
 def schema_errors(document: dict) -> list[str]:
@@ -76,7 +78,8 @@ def test_an_integer_fields_minimum_is_one_rule_for_every_reader(name):
     assert schema_errors({**SPACE, name: minimum - 1})
 
     if name in sp.PARAM_NAMES:
-        space = {k: v for k, v in SPACE.items() if k != name}
+        base = SERVING_SPACE if TRIAL_FIELDS[name].metadata.get("serving_only") else SPACE
+        space = {k: v for k, v in base.items() if k != name}
         assert sp.load_space({**space, "params": {name: [minimum, minimum + 2]}}).params[0].choices[0] \
             == minimum
         for spec, field in (([minimum - 1], f"params.{name}.choices"),
@@ -96,6 +99,8 @@ def test_the_lists_follow_the_fields_metadata():
     for name in ("warmup", "ci_target", "time_budget_s"):
         assert name in FIELDS and name not in FLAT_PARAMS and name not in sp.PARAM_NAMES
     assert "repeats" in FLAT_PARAMS and "repeats" not in sp.PARAM_NAMES
+    # a serving trial's fields: searchable, refused in a space without a serving: block
+    assert set(sp.SERVING_ONLY) == {"serving_mode", "stages", "prefill_chunk"} <= set(SEARCHABLE)
 
 
 def test_results_columns_are_the_flat_parameters_with_integers_typed():

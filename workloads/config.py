@@ -21,8 +21,8 @@ import yaml
 from workloads import hf_config
 from workloads.serving.costs import OLD_NAMES, HostCosts
 # ConfigError and check_keys are used from here by most modules (workloads/validate.py)
-from workloads.validate import (ConfigError, boolean, bounded, check_keys, number,  # noqa: F401
-                                one_of, positive_int)
+from workloads.validate import (ConfigError, boolean, bounded, check_keys,  # noqa: F401
+                                integer, number, one_of, positive_int)
 
 
 # --------------------------------------------------------------------------- YAML
@@ -266,6 +266,20 @@ class ModelConfig:
         values.update(_expert_fields(data, source, prefix))
         name = data.get("name", Path(source).stem if source else "custom")
         return cls(name=str(name), **values)
+
+
+def check_stages(model: ModelConfig, stages, source: str | None = None) -> None:
+    """Stages a model's layers split into evenly: 1 to n_layers, a divisor of n_layers (the
+    emulated engine's pipeline stages, workloads/serving/pipeline.py, each hold n_layers/stages
+    layers)."""
+    layers = model.n_layers
+    integer("stages", stages, source, what="a positive integer (pipeline stages)")
+    if stages > layers:
+        raise ConfigError("stages", stages, f"at most the model's n_layers={layers} "
+                          "(each stage holds at least one layer)", source)
+    if layers % stages:
+        raise ConfigError("stages", stages, f"a divisor of the model's n_layers={layers} "
+                          "(each stage holds n_layers/stages layers)", source)
 
 
 def check_context(model: ModelConfig, tokens: float, field: str, value: Any = None,

@@ -1183,9 +1183,11 @@ def predict_trial(trial, hw: HardwareProfile):
     """The analytical Measurement of the program a trial runs: `predict`'s, except for a
     serving trial, whose prefill takes one prompt per call (docs/space-files.md, "Serving
     trials"): aggregated, the whole mesh's prefill of one prompt beside its decode of
-    `batch` slots; disaggregated, its slices (`predict_slices`)."""
+    `batch` slots; disaggregated, its slices (`predict_slices`); in pipeline stages, one
+    stage's (`one_stage`)."""
     if getattr(trial, "disaggregated", False):
         return predict_slices(trial, hw)
+    trial = one_stage(trial)
     m = predict(trial, hw)
     if getattr(trial, "serving", None) is None or trial.batch == 1:
         return m
@@ -1199,6 +1201,35 @@ def predict_trial(trial, hw: HardwareProfile):
     m.extra = {**m.extra, "prefill_bound": one.extra["prefill_bound"],
                "prefill_flops": one.extra["prefill_flops"]}
     return m
+
+
+def stage_layers(model: ModelConfig, stages: int) -> int:
+    """Layers of the fullest pipeline stage: the pipeline runs at its pace."""
+    return -(-model.n_layers // stages)
+
+
+def stage_model(model: ModelConfig, stages: int) -> ModelConfig:
+    """One pipeline stage as a model of its own: the fullest stage's layers, and (an
+    approximation, a few per cent of a large model) the embedding and unembedding in every
+    stage, where a real pipeline has them in its first and last. The model itself for one
+    stage."""
+    if stages == 1:
+        return model
+    layers = stage_layers(model, stages)
+    base = model.padded_from
+    return dataclasses.replace(model, n_layers=layers, padded_from=None if base is None else
+                               dataclasses.replace(base, n_layers=layers))
+
+
+def one_stage(trial):
+    """A serving trial in pipeline stages (`TrialConfig.stages` > 1) as the trial of one
+    stage: the model of its layers (`stage_model`) on its chips and
+    topology; any other trial as it is."""
+    stages = getattr(trial, "stages", 1)
+    if stages == 1:
+        return trial
+    return dataclasses.replace(trial, model=stage_model(trial.model, stages),
+                               chips=trial.stage_chips, topology=tuple(trial.mesh_shape), stages=1)
 
 
 def predict_slices(trial, hw: HardwareProfile):
@@ -1233,9 +1264,11 @@ def feasibility(trial, hw: HardwareProfile, memory_budget_bytes: float | None = 
     """None when the trial can run; else a one-line reason (layout constraint or memory).
     A disaggregated serving trial is checked per slice, on its half of the chips (the whole
     mesh never runs): each slice's layout, and the memory of the slice with the larger
-    peak per chip, named in the reason."""
+    peak per chip, named in the reason. A serving trial in pipeline stages: one stage's
+    (`one_stage`)."""
     if getattr(trial, "disaggregated", False):
         return _slices_feasibility(trial, hw, memory_budget_bytes)
+    trial = one_stage(trial)
     try:
         topology = trial.mesh_shape
         validate_layouts(trial.run_model, topology, trial.prefill, trial.decode, trial.batch,

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
-from workloads.config import (ConfigError, ModelConfig, check_context, check_keys, load_model,
-                              parse_topology, read_yaml)
+from workloads.config import (ConfigError, ModelConfig, check_context, check_keys,
+                              check_stages, load_model, parse_topology, read_yaml)
 from workloads.costmodel import best_topology
 from workloads.layouts import (ATTN_LAYOUTS, EXPERT_LAYOUTS, FFN_LAYOUTS, KV_FORMATS, PAD_HEADS_CHOICES,
                                PAD_VOCAB_CHOICES, WEIGHT_FORMATS, PhaseLayout, resolve_padding,
@@ -82,27 +82,37 @@ def parse_serving(value: Any, where: str = "serving", source: str | None = None,
 
 
 def _parse_topology(value: Any, where: str, source: str | None, context: Mapping) -> Any:
-    """None: the cost model's best split; else XxYxZ whose product is chips (when known)."""
+    """None: the cost model's best split; else XxYxZ whose product is chips (when known), or
+    with pipeline stages one stage's chips (chips / stages, as a plan's PhaseSlice.topology)."""
     if value is None:
         return None
-    chips = context.get("chips")
-    return parse_topology(value, chips if isinstance(chips, int) else None, where, source)
+    chips, stages = context.get("chips"), context.get("stages", 1)
+    known = isinstance(chips, int) and isinstance(stages, int) and stages > 0 and not chips % stages
+    if not known or stages == 1:
+        return parse_topology(value, chips if known else None, where, source)
+    try:
+        return parse_topology(value, chips // stages, where, source)
+    except ConfigError as err:      # say whose chips: one stage's
+        raise ConfigError(err.field, err.value, f"{err.accepted} (one pipeline stage's mesh: "
+                          f"chips={chips} / stages={stages})", source) from None
 
 
 def _spec(help: str, *, unit: str | None = None, integer: bool = False,
           minimum: float | None = None, choices: tuple | None = None,
           parse: Callable[[Any, str, str | None, Mapping], Any] | None = None,
           parts: Mapping[str, tuple] | None = None, searchable: bool = False, flat: bool = True,
-          layout: bool = False) -> dict:
+          layout: bool = False, serving_only: bool = False) -> dict:
     """A trial field's metadata. `parse(value, where, source, context)` for a field that the
     generic checks (integer/minimum, number/minimum, choices, parts) do not describe; `context`
     holds the fields parsed before it. `parts`: a phase layout (`parse_phase_layout`), flattened
     as <field>_<part>. `unit`: what one of it counts (the schema shows it). `flat`: one of the
     flat parameters (a quantity of the trial, not of the timing protocol). `layout`: how the
-    trial is partitioned (MLflow tags)."""
+    trial is partitioned (MLflow tags). `serving_only`: a serving trial's field; a space
+    without a `serving:` block may neither search it nor fix it to another value than its
+    default (sweeper/spec/space.py)."""
     meta = {"help": help, "unit": unit, "integer": integer, "minimum": minimum,
             "choices": choices, "parse": parse, "parts": parts, "searchable": searchable,
-            "flat": flat, "layout": layout}
+            "flat": flat, "layout": layout, "serving_only": serving_only}
     return {k: v for k, v in meta.items() if v is not None}
 
 
@@ -123,9 +133,19 @@ class TrialConfig:
                             minimum=1, searchable=True, unit="tokens")
     decode_steps: int = _field(8, help="tokens generated per sequence (0: prefill only)",
                                integer=True, minimum=0, searchable=True, unit="tokens")
+    # Pipeline stages of a serving trial (docs/serving-behaviours.md "Serving trials"): the
+    # chips as `stages` meshes of chips / stages chips, each holding n_layers / stages layers
+    # (workloads/serving/pipeline.py `StagedSlotServer`); `topology` is then one stage's mesh.
+    # Before `topology`, whose product it sets.
+    stages: int = _field(1, help="a serving trial's pipeline stages (1: none): chips / stages "
+                         "chips per stage, n_layers / stages layers each, topology one stage's "
+                         "mesh; aggregated, without prefill_chunk or a shared prefix",
+                         integer=True, minimum=1, searchable=True, unit="stages",
+                         serving_only=True)
     # None: the cost model's best ws2d split
     topology: tuple[int, int, int] | None = _field(
-        None, help="mesh shape XxYxZ, product = chips (default: the cost model's best split)",
+        None, help="mesh shape XxYxZ, product = chips (with stages: one stage's, chips / stages; "
+        "default: the cost model's best split)",
         parse=_parse_topology, searchable=True)
     weights: str = _field("bf16", help="weight storage format", choices=WEIGHT_FORMATS,
                           searchable=True, layout=True)
@@ -178,7 +198,14 @@ class TrialConfig:
     # mesh) or disaggregated (a prefill and a decode slice of half the chips each).
     serving_mode: str = _field("aggregated", help="a serving trial's deployment: aggregated or "
                                "disaggregated (prefill and decode slices of half the chips each)",
-                               choices=("aggregated", "disaggregated"), searchable=True)
+                               choices=("aggregated", "disaggregated"), searchable=True,
+                               serving_only=True)
+    # Chunked prefill of a serving trial (docs/serving-behaviours.md "Serving trials"; the
+    # plan's prefill.chunk): prompt tokens prefilled per decode step (SlotSpec.chunk).
+    prefill_chunk: int = _field(0, help="a serving trial's chunked prefill: prompt tokens per "
+                                "decode step (0: whole prompts in their own prefill calls); "
+                                "aggregated only", integer=True, minimum=0, searchable=True,
+                                unit="tokens", serving_only=True)
 
     # Derived from the fields' metadata below the class (module-level names of the same).
     FIELDS: ClassVar[tuple[str, ...]]
@@ -202,7 +229,14 @@ class TrialConfig:
     def mesh_shape(self) -> tuple[int, int, int]:
         if self.topology is not None:
             return self.topology
-        return best_topology(self.model, self.chips)
+        return best_topology(self.model, self.stage_chips)
+
+    @property
+    def stage_chips(self) -> int:
+        """Chips of one pipeline stage (all the chips without stages): the mesh the layouts
+        split over; `validate` refuses stages that do not divide the chips)."""
+        divides = isinstance(self.stages, int) and self.stages > 0 and not self.chips % self.stages
+        return self.chips // self.stages if divides else self.chips
 
     def resolved(self) -> "TrialConfig":
         """The same trial with its topology filled in."""
@@ -227,11 +261,12 @@ class TrialConfig:
                               "serving trial (half for its prefill slice, half for its decode "
                               "slice)", source)
         half = dict(chips=self.chips // 2, topology=best_topology(self.model, self.chips // 2),
-                    serving=None, serving_mode="aggregated")
+                    serving=None, serving_mode="aggregated", stages=1, prefill_chunk=0)
         return {"prefill": dataclasses.replace(self, batch=1, decode=self.prefill, **half),
                 "decode": dataclasses.replace(self, prefill=self.decode, **half)}
 
     def validate(self, source: str | None = None) -> "TrialConfig":
+        self._validate_behaviours(source)
         check_context(self.model, self.context_len, "input_len", self.input_len, source,
                       f"input_len {self.input_len} + decode_steps {self.decode_steps} = "
                       f"{self.context_len} tokens")
@@ -251,6 +286,39 @@ class TrialConfig:
             validate_phase(model, self.mesh_shape, self.prefill, 1, "prefill", source,
                            self.experts)
         return self
+
+    def _validate_behaviours(self, source: str | None) -> None:
+        """A serving trial's pipeline `stages` and `prefill_chunk` (docs/serving-behaviours.md
+        "Serving trials"), as `sweeper serve` checks a plan's (sweeper/serving/serve.py
+        `slot_specs`): serving trials only; chunks aggregated and dense; stages that divide
+        the layers and the chips, aggregated, with neither chunks nor a shared prefix (the
+        staged server has no extend program)."""
+        for name, default in (("stages", 1), ("prefill_chunk", 0)):
+            if self.serving is None and getattr(self, name) != default:
+                raise ConfigError(name, getattr(self, name), f"{default} outside a serving "
+                                  "trial (a space's serving: block serves a stream with it)",
+                                  source)
+        chunk, prefix = self.prefill_chunk, (self.serving or {}).get("prefix_len", 0)
+        if chunk and self.serving_mode == "disaggregated":
+            raise ConfigError("prefill_chunk", chunk, "0 with serving_mode disaggregated (chunks "
+                              "are mixed into an aggregated replica's decode steps)", source)
+        if (chunk or prefix) and self.model.moe:
+            raise ConfigError("prefill_chunk" if chunk else "serving.prefix_len", chunk or prefix,
+                              "0 for a mixture-of-experts model (chunked prefill and prefix "
+                              "caching run dense models only)", source)
+        if self.stages == 1:
+            return
+        check_stages(self.model, self.stages, source)
+        if self.chips % self.stages:
+            raise ConfigError("stages", self.stages, f"a divisor of chips={self.chips} (each "
+                              "pipeline stage has chips / stages chips)", source)
+        clashes = {"serving_mode": self.serving_mode if self.disaggregated else None,
+                   "prefill_chunk": chunk or None, "serving.prefix_len": prefix or None}
+        for clash, value in clashes.items():
+            if value is not None:
+                raise ConfigError("stages", self.stages, f"1 with {clash}={value!r} (the staged "
+                                  "server is aggregated and has no extend program: no chunks, "
+                                  "no prefix caching)", source)
 
     def _validate_slices(self, source: str | None) -> "TrialConfig":
         """A disaggregated serving trial: each slice valid on its half (`slice_trials`), not

@@ -16,7 +16,9 @@ parameters to search, what to optimise and under which constraints:
                                      #   kv_cache (bf16 | int8 | fp8), experts (tp | ep:
                                      #   a mixture-of-experts model, docs/models.md),
                                      #   serving_mode (aggregated | disaggregated: a
-                                     #   serving trial's deployment), and seed (replicates)
+                                     #   serving trial's deployment), stages and
+                                     #   prefill_chunk (a serving trial's pipeline stages
+                                     #   and chunked prefill), and seed (replicates)
       chips: {choices: [1, 2, 4]}    # categorical (a list is shorthand for choices)
       input_len: {low: 16, high: 256, log: true}   # integer range (optional log, step)
       decode_ffn: [ws1d, ws2d]
@@ -258,8 +260,8 @@ class SearchSpace:
         # No file name in these errors: they become a pruned trial's reason, about the point.
         trial = TrialConfig.from_dict(self.trial_dict(params), source=None, validate=False)
         if trial.topology is None:
-            trial = dataclasses.replace(trial, topology=auto_topology(
-                trial.model, trial.chips, trial.prefill, trial.decode, trial.batch))
+            trial = dataclasses.replace(trial, topology=auto_topology(   # one stage's mesh
+                trial.model, trial.stage_chips, trial.prefill, trial.decode, trial.batch))
         return trial.validate()     # a disaggregated serving trial: each slice on its half
 
     def flat_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -339,10 +341,8 @@ def load_space(spec: Any, source: str | None = None) -> SearchSpace:
 
     if fixed.get("serving") is not None:
         _serving_trials(fixed, searched, hardware, data, source)
-    elif "serving_mode" in searched or "serving_mode" in fixed:
-        raise ConfigError("serving_mode", fixed.get("serving_mode", "searched"), "no value "
-                          "without a serving: block (it chooses a serving trial's deployment)",
-                          source)
+    else:
+        _no_serving_fields(fixed, searched, source)
     objectives, constraints = parse_goals(data, hardware.source, source,
                                           serving=fixed.get("serving") is not None)
     sampler = SamplerSpec.parse(data.get("sampler"), source)
@@ -474,6 +474,21 @@ def _serving_trials(fixed: dict[str, Any], searched: set[str], hardware: Hardwar
     lengths = length_stats(block_profile(fixed["serving"], source))
     fixed["input_len"] = int(lengths["input_max"])
     fixed["decode_steps"] = int(lengths["output_max"]) - 1
+
+
+# A serving trial's fields (their `serving_only` metadata): serving_mode, stages, prefill_chunk.
+SERVING_ONLY = tuple(name for name, f in TRIAL_FIELDS.items() if f.metadata.get("serving_only"))
+
+
+def _no_serving_fields(fixed: Mapping[str, Any], searched: set[str], source: str | None) -> None:
+    """A space without a `serving:` block neither searches a serving trial's field nor fixes
+    it to another value than its default."""
+    for name in SERVING_ONLY:
+        default = TRIAL_FIELDS[name].default
+        if name in searched or fixed.get(name, default) != default:
+            raise ConfigError(name, fixed.get(name, "searched"), f"its default {default!r} "
+                              "without a serving: block (a serving trial's field: it shapes "
+                              "the deployment that serves the stream)", source)
 
 
 def _parse_params(spec: Any, fixed: Mapping[str, Any], source: str | None) -> tuple[Param, ...]:

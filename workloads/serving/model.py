@@ -88,6 +88,7 @@ import numpy as np
 
 from workloads.config import HardwareProfile, ModelConfig
 from workloads import costmodel
+from workloads.costmodel import stage_layers, stage_model  # noqa: F401 (the serving model's)
 from workloads.deployment import Deployment, PhaseSlice
 from workloads.hardware import per_chip
 from workloads.layouts import PhaseLayout, resolve_padding, stores_1d
@@ -183,22 +184,7 @@ def run_model(deployment: Deployment):
 # --------------------------------------------------------------------------- pipeline stages
 
 
-def stage_layers(model: ModelConfig, stages: int) -> int:
-    """Layers of the fullest pipeline stage: the pipeline runs at its pace."""
-    return -(-model.n_layers // stages)
-
-
-def stage_model(model: ModelConfig, stages: int) -> ModelConfig:
-    """One pipeline stage as a model of its own: the fullest stage's layers, and (an
-    approximation, a few per cent of a large model) the embedding and unembedding in every
-    stage, where a real pipeline has them in its first and last. The model itself for one
-    stage."""
-    if stages == 1:
-        return model
-    layers = stage_layers(model, stages)
-    base = model.padded_from
-    return dataclasses.replace(model, n_layers=layers, padded_from=None if base is None else
-                               dataclasses.replace(base, n_layers=layers))
+# stage_layers, stage_model: in workloads/costmodel.py (its one_stage prices a staged trial)
 
 
 def micro_batch(batch: int, stages: int, hardware: HardwareProfile | None = None) -> int:

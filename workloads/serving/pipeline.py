@@ -36,7 +36,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workloads import partitioning as part
-from workloads.config import ConfigError, ModelConfig
+from workloads.config import ConfigError, ModelConfig, check_stages
 from workloads.engine import (_greedy_program, _layer, _local_shape, _programs, _Shapes,
                               _validate, make_mesh, stored_params)
 from workloads.layouts import AXES, WEIGHT_FORMATS, stores_1d, validate_phase
@@ -45,22 +45,10 @@ from workloads.partitioning import Plan
 from workloads.quant import QUANTIZED, quantize_params
 from workloads.serving.slots import Prefilled, SlotServer, SlotSpec, _insert_program, prompt_batch
 from workloads.trial import TrialConfig
-from workloads.validate import integer, is_int, one_of
+from workloads.validate import is_int, one_of
 
 
 # --------------------------------------------------------------------------- checks
-
-
-def check_stages(model: ModelConfig, stages) -> None:
-    """Stages a model's layers split into evenly: 1 to n_layers, a divisor of n_layers."""
-    layers = model.n_layers
-    integer("stages", stages, what="a positive integer (pipeline stages)")
-    if stages > layers:
-        raise ConfigError("stages", stages, f"at most the model's n_layers={layers} "
-                          "(each stage holds at least one layer)")
-    if layers % stages:
-        raise ConfigError("stages", stages, f"a divisor of the model's n_layers={layers} "
-                          "(each stage holds n_layers/stages layers)")
 
 
 def check_micro_batches(micro_batches, batch: int, field: str = "micro_batches") -> None:

@@ -14,7 +14,10 @@ A space with a `serving:` block (docs/space-files.md, "Serving trials") makes ev
   process runs the prefill slice, the caller's decode worker the decode slice
   (`run_serving_trial(decode_slice=...)`; sweeper/sweep/meshworker.py starts it as a
   second Ray mesh worker), the loops `sweeper serve` runs (`serve_prefill_slice`,
-  `serve_decode_slice` in workloads/serving/slots.py).
+  `serve_decode_slice` in workloads/serving/slots.py). Aggregated with `prefill_chunk` > 0:
+  chunked prefill (`SlotSpec.chunk`, `_serve_chunked`); with `stages` > 1: the chips in
+  pipeline stages (workloads/serving/pipeline.py `StagedSlotServer`, the topology one
+  stage's mesh); with the block's `prefix_len`: prefix caching (`SlotSpec.prefix_len`).
 - **Stream**: `requests` requests of the block's profile (workloads/serving/profile.py):
   Poisson arrivals at `rate` (or a trace's rows), prompt and answer lengths drawn from it,
   seeded by the trial's `seed`. Arrivals are wall clock: the loop waits for each arrival
@@ -89,7 +92,8 @@ def slice_topologies(trial: TrialConfig) -> tuple[tuple[int, int, int], tuple[in
 def trial_deployment(trial: TrialConfig, hardware: HardwareProfile) -> Deployment:
     """The deployment a serving trial runs (module docstring): aggregated, one replica of the
     trial's chips and topology, its per-phase layouts and weights, one prompt per prefill
-    call, `batch` decode slots; disaggregated, a prefill slice and a decode slice of half
+    call (or chunks of `prefill_chunk` tokens), `batch` decode slots, in `stages` pipeline
+    stages (the topology one stage's mesh, as a plan's); disaggregated, a prefill slice and a decode slice of half
     the chips each (`slice_topologies`), the same layouts, weights, prompts and slots."""
     mode = trial.serving_mode
     if mode == "disaggregated":
@@ -97,11 +101,13 @@ def trial_deployment(trial: TrialConfig, hardware: HardwareProfile) -> Deploymen
     else:
         chips, tp, td = trial.chips, tuple(trial.mesh_shape), tuple(trial.mesh_shape)
 
-    def phase(layout, batch: int, topology) -> PhaseSlice:
+    def phase(layout, batch: int, topology, chunk: int = 0) -> PhaseSlice:
         return PhaseSlice(chips=chips, replicas=1, ffn=layout.ffn, attn=layout.attn,
-                          batch=batch, weights=trial.weights, topology=topology)
+                          batch=batch, weights=trial.weights, topology=topology,
+                          stages=trial.stages, chunk=chunk)
 
-    return Deployment(trial.model, hardware, mode, phase(trial.prefill, 1, tp),
+    return Deployment(trial.model, hardware, mode,
+                      phase(trial.prefill, 1, tp, trial.prefill_chunk),
                       phase(trial.decode, trial.batch, td))
 
 
@@ -144,16 +150,22 @@ def measure_before_stream(trial: TrialConfig, server, reqs: list[Request], decod
     trial times them, and the serving host costs (`combine`'s dict), at the stream's median
     prompt and answer lengths, and the engine's prefill at each of the stream's other
     prompt lengths (`engine_prefill_by_len_s`). Disaggregated: the prefill slice here, the
-    decode slice on `decode_slice`'s worker, the KV handovers between them. Nothing of
-    the stream is read. Cached per worker process and deployment shape (`cached`)."""
+    decode slice on `decode_slice`'s worker, the KV handovers between them. Chunked prefill
+    (`prefill_chunk`): the loop measured as its whole-prompt loop (as `sweeper serve
+    --measure-overheads` measures it), the engine's prefill of `prefill_chunk` tokens beside
+    the prompts' (a chunk's call; a ragged last chunk is padded to it). Nothing of the
+    stream is read. Cached per worker process and deployment shape (`cached`)."""
     from workloads.serving import hostcosts   # lazy: its measuring imports JAX
 
     lengths = sorted({r.input_len for r in reqs})
     input_len = sorted(r.input_len for r in reqs)[len(reqs) // 2]
     output_len = max(sorted(r.output_len for r in reqs)[len(reqs) // 2], 2)
+    # chunked prefill: the chunk's length measured too (a chunk is an engine call of `chunk`
+    # tokens, a ragged last one padded to it: the lookup's nearest length)
+    chunk = trial.prefill_chunk
     key = (repr(trial.model), tuple(trial.mesh_shape), trial.prefill, trial.decode, trial.batch,
            trial.weights, trial.pad_heads, trial.serving_mode, trial.chips, tuple(lengths),
-           input_len, output_len, server.spec.context_len)
+           input_len, output_len, server.spec.context_len, trial.stages, chunk)
     if key in _MEASURED:
         return {**_MEASURED[key], "cached": True}
     began = time.perf_counter()
@@ -182,12 +194,17 @@ def measure_before_stream(trial: TrialConfig, server, reqs: list[Request], decod
                               hostcosts.idle_handover_gap_s(pre, dec, output_len))
         costs = hostcosts.combine(pre, dec, hostcosts.handover_costs(samples, decode_cpu), idle)
     else:
-        loop = hostcosts.measure_loop(server, input_len, output_len, **TRIAL_MEASURE)
-        pre = loop
-        costs = hostcosts.combine(loop, loop)
+        # a chunked server's loop measured as its whole-prompt loop, as `sweeper serve
+        # --measure-overheads` measures it (sweeper/serving/server.py `measure_overheads`)
+        server.spec = dataclasses.replace(server.spec, chunk=0)
+        try:
+            pre = hostcosts.measure_loop(server, input_len, output_len, **TRIAL_MEASURE)
+        finally:
+            server.spec = dataclasses.replace(server.spec, chunk=chunk)
+        costs = hostcosts.combine(pre, pre)
     costs["engine_prefill_by_len_s"] = {
         str(n): (pre["engine_prefill_s"] if n == input_len else hostcosts.engine_prefill_s(server, n))
-        for n in lengths}
+        for n in sorted({*lengths, *([chunk] if chunk else [])})}
     costs["input_len"], costs["output_len"] = input_len, output_len
     costs["measure_before_stream_s"] = time.perf_counter() - began
     _MEASURED[key] = costs
@@ -321,6 +338,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     from workloads.hoststate import HostSampler
     from workloads.measure import hardware_label
     from workloads.model import prompt_tokens
+    from workloads.serving.pipeline import slot_server
     from workloads.serving.slots import (SlotServer, SlotSpec, serve_aggregated, serve_prefill_slice,
                                          with_shared_prefix)
 
@@ -345,11 +363,14 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
         server = SlotServer(prefill_spec)
         warmup["decode"] = decode_slice.setup(decode_spec, lengths)
     else:
-        server = SlotServer(SlotSpec(trial.model, tuple(trial.mesh_shape), trial.prefill,
-                                     trial.decode, slots=trial.batch, prefill_batch=1,
-                                     context_len=context_len(reqs), weights=trial.weights,
-                                     seed=trial.seed, pad_heads=trial.pad_heads,
-                                     prefix_len=prefix_len))
+        # chunked prefill (`prefill_chunk`) and pipeline stages (`stages`; the topology one
+        # stage's mesh): the servers `sweeper serve` builds for a plan with them
+        server = slot_server(SlotSpec(trial.model, tuple(trial.mesh_shape), trial.prefill,
+                                      trial.decode, slots=trial.batch, prefill_batch=1,
+                                      context_len=context_len(reqs), weights=trial.weights,
+                                      seed=trial.seed, pad_heads=trial.pad_heads,
+                                      chunk=trial.prefill_chunk, prefix_len=prefix_len),
+                             trial.stages)
     for length in lengths:
         warmup[length] = server.warm_up(length)
     for length, cached_len in sorted({(r.input_len, r.cached_len) for r in reqs if r.cached_len}):
@@ -398,6 +419,7 @@ def run_serving_trial(trial: TrialConfig, hardware: HardwareProfile | None = Non
     m.extra["serving"] = {
         "requests": len(reqs), "offered_rps": offered_rps(reqs), "wall_s": wall_s,
         "deployment": mode, "slots": trial.batch, "prefill_batch": 1,
+        "prefill_chunk": trial.prefill_chunk, "stages": trial.stages,
         "slices": ({phase: {"chips": getattr(deployment, phase).chips,
                             "topology": list(getattr(deployment, phase).topology)}
                     for phase in ("prefill", "decode")} if deployment is not None else None),
