@@ -8,8 +8,8 @@ group) with a log-normal prior toward 1, and never the host's costs one by one: 
 points cannot pin fifteen constants, and the calibration already did.
 
 The prior's strength is not a constant chosen once: it is picked from `PRIOR_WEIGHTS` by
-cross-validation over trials on the points being fitted (the weight whose fits best predict each
-trial from the others), so where a model's errors do not follow the groups the fit keeps
+cross-validation over whole trials of the points being fitted (the weight whose fits best
+predict each trial from the others), so where a model's errors do not follow the groups the fit keeps
 to the calibrated profile instead of bending to noise. The blind benchmark's fits on a
 dozen points made held-out errors worse than the profile alone at one fixed weight.
 
@@ -39,8 +39,8 @@ GROUPS = {
 PHASES = ("prefill", "decode")
 # The prior: each multiplier's log enters the least squares as weight x log(factor), beside
 # each point's relative error: at 0.3, a factor of 2 costs as much as one point mispredicted
-# by 0.3 x ln 2 = 21%. The weights cross-validation over trials chooses from, weakest to strongest;
-# inf keeps every factor at 1 (the calibrated profile alone).
+# by 0.3 x ln 2 = 21%. The weights the cross-validation chooses from, weakest to
+# strongest; inf keeps every factor at 1 (the calibrated profile alone).
 PRIOR_WEIGHTS = (0.1, 0.3, 1.0, 3.0, 10.0, math.inf)
 # Below this many trials there is nothing to cross-validate on: the strongest finite weight.
 MIN_CV_TRIALS = 3
@@ -85,7 +85,7 @@ class _Problem:
     phase_index: np.ndarray      # [points]
     measured: np.ndarray
     weights: np.ndarray
-    trials: np.ndarray           # each point's trial (cross-validation over trials's unit)
+    trials: np.ndarray           # each point's trial (the cross-validation's unit)
     free: list                   # the (phase, group) pairs some point has seconds in
 
     def solve(self, rows: np.ndarray, prior_weight: float):
@@ -140,8 +140,8 @@ def _trial_key(obs: Observation) -> str:
 
 
 def choose_prior_weight(problem: _Problem) -> tuple[float, dict[str, float]]:
-    """(weight, held-out MAPE per weight tried): cross-validation over trials over PRIOR_WEIGHTS; the
-    strongest finite weight where fewer than MIN_CV_TRIALS trials were measured."""
+    """(weight, held-out MAPE per weight tried): cross-validation over trials, each weight
+    of PRIOR_WEIGHTS tried; the strongest finite weight where fewer than MIN_CV_TRIALS trials were measured."""
     if len(np.unique(problem.trials)) < MIN_CV_TRIALS:
         return max(w for w in PRIOR_WEIGHTS if math.isfinite(w)), {}
     scores = {w: problem.heldout_mape(w) for w in PRIOR_WEIGHTS}
