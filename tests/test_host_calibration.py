@@ -262,6 +262,76 @@ def test_corrections_prior_is_chosen_by_cross_validation_over_trials():
     assert all(f == 1.0 for groups in given["corrections"].values() for f in groups.values())
 
 
+def test_mesh_costs_price_meshes_of_more_than_one_device_only():
+    """A fitted profile's `mesh_costs` price calls on several devices; one device keeps
+    `costs`; both survive the profile's dict round trip, and without them every chip count
+    is priced as calibrated."""
+    slow = {ph: {t: 2 * v for t, v in terms.items()} for ph, terms in _costs().items()}
+    host = hostmodel.HostModel(_costs(), 0.5, 0.0, mesh_costs=slow)
+    again = hostmodel.HostModel.from_dict(host.to_dict())
+    assert again == host and "mesh_costs" not in hostmodel.HostModel(_costs(), 0.5).to_dict()
+    counts = costmodel.host_counts(costmodel.phase_calls(_trial(chips=2))["decode"])
+    plain = hostmodel.HostModel(_costs(), 0.5, 0.0)
+    assert host.seconds(counts, "decode", 1.0, 2) == pytest.approx(2 * plain.seconds(counts, "decode", 1.0, 2))
+    assert host.seconds(counts, "decode", 0.5, 1) == plain.seconds(counts, "decode", 0.5, 1)
+
+
+def test_study_fit_separates_what_only_a_mesh_of_devices_adds():
+    """Trials whose devices share cores run 1.6x slower on 2 and 4 chips than the calibration
+    says, and as it says on one: the fit puts the slowdown in the mesh factors, so a one-chip
+    trial is still predicted as calibrated and a mesh trial at the slowdown. (With one factor
+    per group for every chip count, the quickstart's one-chip trials held out were predicted
+    92% too slow from its 2- and 4-chip ones.)"""
+    from sweeper.analysis import hostfit
+    from sweeper.analysis.observations import from_config, predict_latency
+
+    base = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict())
+    draw = probes.draw(13, 2, 3, prefix="mesh")
+    points = []
+    for i, t in enumerate(draw.trials[:10]):
+        for ph in ("prefill", "decode"):
+            o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
+            o.measured = predict_latency(o, base) * (1.6 if t.chips > 1 else 1.0)
+            points.append(o)
+    assert {t.chips for t in draw.trials[:10]} >= {1, 2}
+    fitted = hostfit.fit(points, base)[0]
+    model = fitted.host_model
+    assert model["mesh_costs"] and model["mesh_corrections"]["decode"] > 1.3
+    for p in points:
+        assert predict_latency(p, fitted) / p.measured == pytest.approx(1.0, abs=0.08), p.chips
+    single = [p for p in points if p.chips == 1]
+    held_out = hostfit.fit([p for p in points if p.chips > 1], base)[0]   # one chip held out
+    assert all(abs(predict_latency(p, held_out) / p.measured - 1) < 0.4 for p in single)
+
+
+def test_a_prefill_call_unembeds_its_last_position_only():
+    """The engine's prefill unembeds the last position of each sequence (workloads/engine.py):
+    the host model's matmul FLOPs grow with the vocabulary by 2 V E per sequence, not per
+    prompt token; decode's, one token per sequence, by the same."""
+    small, large = (dataclasses.replace(_trial().model, vocab=v) for v in (1024, 9216))
+
+    def flops(model, phase):
+        trial = _trial(model=model.to_dict(), chips=1)
+        return costmodel.host_counts(costmodel.phase_calls(trial)[phase])["matmul_flops"]
+
+    grow = 2.0 * (9216 - 1024) * small.d_model * _trial().batch
+    assert flops(large, "prefill") - flops(small, "prefill") == pytest.approx(grow)
+    assert flops(large, "decode") - flops(small, "decode") == pytest.approx(grow)
+
+
+def test_matmul_microbenchmarks_give_the_streamed_weights_cost():
+    """seconds = call + FLOPs x a + (k n) x b over the matmul shapes measured: b is the
+    prior of `matmul_weights` (the probes' fit could otherwise trade it against the FLOPs)."""
+    from sweeper.calibrate import fitting
+
+    records = [{"task": {"kind": "matmul", "m": m, "k": k, "n": n}, "devices": 1, "ok": True,
+                "seconds": 3e-5 + 2.0 * m * k * n * 5e-12 + k * n * 8e-11}
+               for m in (1, 8, 64, 512) for k, n in ((256, 256), (1024, 1024), (512, 2048))]
+    micro = fitting.microbench(records)
+    assert micro.prior()["matmul_weights"] == pytest.approx(8e-11, rel=0.02)
+    assert micro.prior()["matmul_flops"] == pytest.approx(5e-12, rel=0.05)
+
+
 # ----------------------------------------------------------------------------- probes
 
 

@@ -1005,8 +1005,12 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]
     tokens = call.batch * seq
     weight_rows, attention_rows = matmul_rows(model, topology, layout, call.batch, seq)
     attention_flops = tokens * 4.0 * model.n_layers * model.n_heads * model.d_head * call.context
-    # all chips together; executed: an MoE trial's padded expert rows too
-    weight_flops = max(p.executed_flops - attention_flops, 0.0)
+    # all chips together; executed: an MoE trial's padded expert rows too. A prefill call
+    # unembeds its last position only (workloads/engine.py), not every token the model
+    # FLOPs (`executed_flops`, docs/architecture.md "Metrics") count
+    unembedded = tokens - call.batch
+    weight_flops = max(p.executed_flops - attention_flops
+                       - unembedded * 2.0 * model.vocab * model.d_model, 0.0)
     _, _, _, m_rest = split_axes(layout.ffn, topology)
     gathered = layout.ffn.startswith("wg")
     copies = n / m_rest if gathered else 1.0          # the weight copies the mesh multiplies with

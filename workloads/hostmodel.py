@@ -58,7 +58,7 @@ THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op"
 PHASES = ("prefill", "decode")
 # Bumped whenever TERMS or a count changes: a calibration made with other terms is stale
 # (hostprofile.calibrated_profile ignores it; `sweeper calibrate` makes a new one).
-TERMS_VERSION = 2
+TERMS_VERSION = 3
 # The pull toward a microbenchmark's figure: a coefficient at 2x its microbenchmark costs as
 # much as one probe mispredicted by PRIOR_WEIGHT x ln 2 (3.5%); terms without one are free.
 PRIOR_WEIGHT = 0.05
@@ -73,18 +73,34 @@ class HostModel:
     share: float
     cache_bytes: float = 0.0
     worker_cores: float = 1.0     # the cores each calibration worker had (`share` of the host)
+    # The costs on a mesh of more than one device, where a study's fit found them to differ
+    # (sweeper/analysis/hostfit.py); None: `costs` at every chip count, as calibrated.
+    mesh_costs: Mapping[str, Mapping[str, float]] | None = None
 
     def to_dict(self) -> dict:
-        return {"share": self.share, "cache_bytes": self.cache_bytes,
-                "worker_cores": self.worker_cores,
-                "costs": {phase: dict(terms) for phase, terms in self.costs.items()}}
+        out = {"share": self.share, "cache_bytes": self.cache_bytes,
+               "worker_cores": self.worker_cores,
+               "costs": {phase: dict(terms) for phase, terms in self.costs.items()}}
+        if self.mesh_costs is not None:
+            out["mesh_costs"] = {phase: dict(terms) for phase, terms in self.mesh_costs.items()}
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "HostModel":
-        costs = {phase: {t: float(v) for t, v in terms.items() if t in TERMS}
-                 for phase, terms in (data.get("costs") or {}).items() if phase in PHASES}
-        return cls(costs, float(data.get("share", 1.0)), float(data.get("cache_bytes", 0.0)),
-                   float(data.get("worker_cores", 1.0)))
+        def costs_of(table) -> dict:
+            return {phase: {t: float(v) for t, v in terms.items() if t in TERMS}
+                    for phase, terms in (table or {}).items() if phase in PHASES}
+
+        mesh = data.get("mesh_costs")
+        return cls(costs_of(data.get("costs")), float(data.get("share", 1.0)),
+                   float(data.get("cache_bytes", 0.0)), float(data.get("worker_cores", 1.0)),
+                   costs_of(mesh) if mesh else None)
+
+    def costs_for(self, phase: str, chips: int) -> Mapping[str, float]:
+        """A phase's costs on `chips` devices: `mesh_costs` past one device where a fit set them."""
+        if chips > 1 and self.mesh_costs and phase in self.mesh_costs:
+            return self.mesh_costs[phase]
+        return self.costs[phase]
 
     def throughput_ratio(self, share: float, chips: int) -> float:
         """The throughput terms' time on a worker with `share` of the host and `chips`
@@ -107,7 +123,8 @@ class HostModel:
                 chips: int) -> float:
         """A call's latency (its `costmodel.host_counts`) on a worker with `share` of the host
         running `chips` devices."""
-        return predict_seconds(term_counts, self.costs[phase], self.throughput_ratio(share, chips))
+        return predict_seconds(term_counts, self.costs_for(phase, chips),
+                               self.throughput_ratio(share, chips))
 
 
 def predict_seconds(term_counts: Mapping[str, float], costs: Mapping[str, float],

@@ -14,7 +14,8 @@ to the calibrated profile instead of bending to noise. The blind benchmark's fit
 dozen points made held-out errors worse than the profile alone at one fixed weight.
 
 Groups: dispatch (per call, per layer and per collective op), compute (matmuls, attention,
-dequantisation), memory (bytes read, those beyond the cache), communication (collective bytes).
+dequantisation), memory (bytes read, those beyond the cache), communication (collective bytes);
+and per phase one factor of trials on more than one chip (`_Problem`).
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ CV_FOLDS = 12         # folds of whole trials (each trial's phases held out toge
 FACTOR_BOUNDS = (0.2, 5.0)
 
 
-def _parts(obs: Observation, host: HostModel, scale: float) -> tuple[str, np.ndarray]:
-    """(phase, seconds per group) of an observation at the calibrated costs."""
+def _parts(obs: Observation, host: HostModel, scale: float) -> tuple[str, bool, np.ndarray]:
+    """(phase, on a mesh of several devices, seconds per group) of an observation at the
+    calibrated costs."""
     out = np.zeros(len(GROUPS))
     phase = obs.calls[0].call.phase
     for c in obs.calls:
@@ -58,65 +60,107 @@ def _parts(obs: Observation, host: HostModel, scale: float) -> tuple[str, np.nda
         share = scale * c.call.chips
         counts = costmodel.host_counts(c.call, host.cache_for(share))
         ratio = host.throughput_ratio(share, c.call.chips)
+        costs = host.costs_for(c.call.phase, c.call.chips)
         for j, terms in enumerate(GROUPS.values()):
-            out[j] += c.weight * sum(counts[t] * host.costs[c.call.phase].get(t, 0.0)
+            out[j] += c.weight * sum(counts[t] * costs.get(t, 0.0)
                                      * (ratio if t in THROUGHPUT_TERMS else 1.0) for t in terms)
-    return phase, out
+    return phase, obs.calls[0].call.chips > 1, out
 
 
-def corrected(base: HardwareProfile, factors: dict[str, dict[str, float]]) -> HardwareProfile:
-    """`base` with each phase's host costs multiplied by their group's factor."""
+def corrected(base: HardwareProfile, factors: dict[str, dict[str, float]],
+              mesh_factors: dict[str, float] | None = None) -> HardwareProfile:
+    """`base` with each phase's host costs multiplied by their group's factor, and on a mesh
+    of several devices by the phase's mesh factor too (`HostModel.mesh_costs`)."""
     host = HostModel.from_dict(base.host_model)
-    costs = {}
-    for phase, terms in host.costs.items():
-        group_of = {t: g for g, ts in GROUPS.items() for t in ts}
-        costs[phase] = {t: v * factors.get(phase, {}).get(group_of.get(t, ""), 1.0)
-                        for t, v in terms.items()}
-    model = dataclasses.replace(host, costs=costs).to_dict()
+    group_of = {t: g for g, ts in GROUPS.items() for t in ts}
+    mesh_factors = mesh_factors or {}
+
+    def scaled(table, mesh: bool):
+        return {phase: {t: v * factors.get(phase, {}).get(group_of.get(t, ""), 1.0)
+                        * (mesh_factors.get(phase, 1.0) if mesh else 1.0) for t, v in terms.items()}
+                for phase, terms in table.items()}
+
+    mesh = (scaled(host.mesh_costs or host.costs, True)
+            if mesh_factors or host.mesh_costs else None)
+    model = dataclasses.replace(host, costs=scaled(host.costs, False), mesh_costs=mesh).to_dict()
     model["corrections"] = factors
+    if mesh_factors:
+        model["mesh_corrections"] = mesh_factors
     return dataclasses.replace(base, host_model=model)
 
 
 @dataclasses.dataclass
 class _Problem:
-    """The points' seconds per group at the calibrated costs, computed once for every fit."""
+    """The points' seconds per group at the calibrated costs, computed once for every fit.
+
+    The free factors: one per (phase, group) some point has seconds in, and one per phase
+    for its points on a mesh of several devices (`group` None: every group of those points).
+    Emulated devices that share a core pay at every collective what a one-device call does
+    not, and a fit that could only move the groups' factors bent the one-chip predictions to
+    the mesh's (the quickstart's one-chip trials, held out, 92% too slow). All have the same
+    prior, so where only mesh points were measured a slowdown is split between the two."""
 
     seconds: np.ndarray          # [points, groups]
     phase_index: np.ndarray      # [points]
+    mesh: np.ndarray             # [points] bool: more than one device
     measured: np.ndarray
     weights: np.ndarray
     trials: np.ndarray           # each point's trial (the cross-validation's unit)
-    free: list                   # the (phase, group) pairs some point has seconds in
+    free: list                   # (phase, group or None for the phase's mesh factor)
+
+    def __post_init__(self):
+        # [free, points]: the points each factor applies to
+        self.masks = np.array([(self.phase_index == i) & (self.mesh if j is None else True)
+                               for i, j in self.free], bool).reshape(len(self.free), -1)
+
+    def point_factors(self, theta: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """[rows, groups]: each point's factor per group at log-factors `theta`."""
+        masks = self.masks[:, rows]
+        log_f = np.zeros((masks.shape[1], len(GROUPS)))
+        for k, (_, j) in enumerate(self.free):
+            if j is None:
+                log_f += (theta[k] * masks[k])[:, None]
+            else:
+                log_f[:, j] += theta[k] * masks[k]
+        return np.exp(log_f)
+
+    def predict(self, theta: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return (self.seconds[rows] * self.point_factors(theta, rows)).sum(axis=1)
 
     def solve(self, rows: np.ndarray, prior_weight: float):
-        """The factors [phases, groups] fitted on `rows` (a boolean mask), and the result."""
-        f = np.ones((len(PHASES), len(GROUPS)))
+        """The log-factors fitted on `rows` (a boolean mask), and the result."""
+        theta = np.zeros(len(self.free))
         if not self.free or math.isinf(prior_weight):
-            return f, None
-        seconds, phase_index = self.seconds[rows], self.phase_index[rows]
-        measured, weights = self.measured[rows], self.weights[rows]
-
-        def factors_of(theta):
-            out = np.ones((len(PHASES), len(GROUPS)))
-            for (i, j), v in zip(self.free, theta):
-                out[i, j] = math.exp(v)
-            return out
+            return theta, None
+        seconds, measured, weights = self.seconds[rows], self.measured[rows], self.weights[rows]
+        masks = self.masks[:, rows]
 
         def residuals(theta):
-            predicted = (seconds * factors_of(theta)[phase_index]).sum(axis=1)
-            return np.concatenate([weights * (predicted / measured - 1.0), prior_weight * theta])
+            return np.concatenate([weights * (self.predict(theta, rows) / measured - 1.0),
+                                   prior_weight * theta])
 
-        # d residual_i / d theta_k = w_i s_i,group(k) exp(theta_k) / m_i where point i is of
-        # phase(k): the exact Jacobian (finite differences cost 60% of the cross-validation)
-        columns = np.array([(seconds[:, j] * (phase_index == i)) for i, j in self.free]).T
-        scaled = (weights / measured)[:, None] * columns
-
+        # d residual_i / d theta_k = w_i / m_i x the seconds factor k scales in point i: the
+        # exact Jacobian (finite differences cost 60% of the cross-validation)
         def jacobian(theta):
-            return np.vstack([scaled * np.exp(theta)[None, :], prior_weight * np.eye(len(theta))])
+            scaled = (weights / measured)[:, None] * seconds * self.point_factors(theta, rows)
+            columns = np.column_stack([scaled.sum(axis=1) if j is None else scaled[:, j]
+                                       for _, j in self.free]) * masks.T
+            return np.vstack([columns, prior_weight * np.eye(len(theta))])
 
         lo, hi = (math.log(b) for b in FACTOR_BOUNDS)
-        result = least_squares(residuals, np.zeros(len(self.free)), jac=jacobian, bounds=(lo, hi))
-        return factors_of(result.x), result
+        result = least_squares(residuals, theta, jac=jacobian, bounds=(lo, hi))
+        return result.x, result
+
+    def factors(self, theta: np.ndarray) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+        """({phase: {group: factor}}, {phase: mesh factor}) of log-factors `theta`."""
+        groups, mesh = {}, {}
+        for (i, j), v in zip(self.free, theta):
+            f = round(float(math.exp(v)), 6)
+            if j is None:
+                mesh[PHASES[i]] = f
+            else:
+                groups.setdefault(PHASES[i], {})[list(GROUPS)[j]] = f
+        return groups, mesh
 
     def heldout_mape(self, prior_weight: float) -> float:
         """Mean |predicted / measured - 1| of each fold's points from a fit on the other
@@ -127,9 +171,8 @@ class _Problem:
         errors = []
         for fold in range(min(CV_FOLDS, len(keys))):
             out = folds == fold
-            f, _ = self.solve(~out, prior_weight)
-            predicted = (self.seconds[out] * f[self.phase_index[out]]).sum(axis=1)
-            errors.extend(np.abs(predicted / self.measured[out] - 1.0))
+            theta, _ = self.solve(~out, prior_weight)
+            errors.extend(np.abs(self.predict(theta, out) / self.measured[out] - 1.0))
         return float(np.mean(errors))
 
 
@@ -158,26 +201,23 @@ def fit(points: list[Observation], base: HardwareProfile, name: str | None = Non
     `prior_weight` None: chosen by cross-validation over trials (`choose_prior_weight`)."""
     host = HostModel.from_dict(base.host_model)
     parts = [_parts(p, host, p.scale) for p in points]
-    seconds = np.array([s for _, s in parts]).reshape(len(points), len(GROUPS))
-    phase_index = np.array([PHASES.index(ph) for ph, _ in parts], int)
-    present = np.zeros((len(PHASES), len(GROUPS)), bool)
-    for i, s in zip(phase_index, seconds):
-        present[i] |= s > 0
-    problem = _Problem(seconds, phase_index, np.array([p.measured_s for p in points]),
+    seconds = np.array([s for _, _, s in parts]).reshape(len(points), len(GROUPS))
+    phase_index = np.array([PHASES.index(ph) for ph, _, _ in parts], int)
+    mesh = np.array([m for _, m, _ in parts], bool)
+    free = [(i, j) for i in range(len(PHASES)) for j in range(len(GROUPS))
+            if (seconds[phase_index == i, j] > 0).any()]
+    free += [(i, None) for i in range(len(PHASES)) if (mesh & (phase_index == i)).any()]
+    problem = _Problem(seconds, phase_index, mesh, np.array([p.measured_s for p in points]),
                        np.ones(len(points)) if weights is None else np.asarray(weights),
-                       np.array([_trial_key(p) for p in points]),
-                       [(i, j) for i in range(len(PHASES)) for j in range(len(GROUPS))
-                        if present[i, j]])
+                       np.array([_trial_key(p) for p in points]), free)
     scores: dict[str, float] = {}
     chosen_by = "given"
     if prior_weight is None:
         prior_weight, scores = choose_prior_weight(problem)
         chosen_by = "cross-validation over trials" if scores else f"fewer than {MIN_CV_TRIALS} trials"
 
-    f, result = problem.solve(np.ones(len(points), bool), prior_weight)
-    factors = {ph: {g: round(float(f[i, j]), 6) for j, g in enumerate(GROUPS) if present[i, j]}
-               for i, ph in enumerate(PHASES)}
-    profile = corrected(base, factors)
+    theta, result = problem.solve(np.ones(len(points), bool), prior_weight)
+    profile = corrected(base, *problem.factors(theta))
     profile.host_model["corrections_prior"] = {
         "weight": None if math.isinf(prior_weight) else prior_weight,
         "chosen_by": chosen_by,

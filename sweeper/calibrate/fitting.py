@@ -18,16 +18,21 @@ from workloads.trial import TrialConfig
 PHASE_KEYS = {"prefill": "prefill_s", "decode": "decode_step_s"}
 
 
-def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(intercept, slope) >= 0 of a least-squares line through (x, y) points."""
+def _plane(xs: list[tuple[float, ...]], ys: list[float]) -> tuple[float, ...]:
+    """(intercept, slopes...) >= 0 of a least-squares fit y = c + sum(slope_i x_i), on
+    relative error."""
     import numpy as np
     from scipy.optimize import lsq_linear
 
-    x = np.array([p[0] for p in points], float)
-    y = np.array([p[1] for p in points], float)
-    a = np.stack([np.ones_like(x), x], axis=1) / y[:, None]          # relative error
-    sol = lsq_linear(a, np.ones(len(y)), bounds=(0, np.inf)).x
-    return float(sol[0]), float(sol[1])
+    y = np.array(ys, float)
+    a = np.column_stack([np.ones(len(y)), np.array(xs, float)]) / y[:, None]
+    return tuple(float(v) for v in lsq_linear(a, np.ones(len(y)), bounds=(0, np.inf)).x)
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) >= 0 of a least-squares line through (x, y) points."""
+    intercept, slope = _plane([(x,) for x, _ in points], [y for _, y in points])
+    return intercept, slope
 
 
 @dataclass
@@ -40,12 +45,15 @@ class Microbench:
     dequant_s: dict[int, float] = field(default_factory=dict)      # per element (all devices)
     read_s: dict[int, float] = field(default_factory=dict)         # per byte read (all devices)
     matmul_flop_s: dict[int, float] = field(default_factory=dict)  # per FLOP, large matmuls
+    # per weight element streamed, from every matmul shape: seconds = c + a FLOPs + b k n
+    matmul_weight_s: dict[int, float] = field(default_factory=dict)
     collective: dict[str, tuple[float, float]] = field(default_factory=dict)  # "kind/g@n": (s/op, s/B)
     points: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"call_s": self.call_s, "op_s": self.op_s, "dequant_s_per_element": self.dequant_s,
                 "read_s_per_byte": self.read_s, "matmul_s_per_flop": self.matmul_flop_s,
+                "matmul_s_per_weight": self.matmul_weight_s,
                 "collective_s_per_op_and_per_byte": {k: list(v) for k, v in self.collective.items()}}
 
     def prior(self) -> dict[str, float]:
@@ -58,6 +66,8 @@ class Microbench:
             out["dequant"] = statistics.median(self.dequant_s.values())
         if self.matmul_flop_s:
             out["matmul_flops"] = statistics.median(self.matmul_flop_s.values())
+        if self.matmul_weight_s:
+            out["matmul_weights"] = statistics.median(self.matmul_weight_s.values())
         if self.read_s:
             out["memory_bytes"] = statistics.median(self.read_s.values())
         for term, kinds in (("gather_bytes", ("all-gather",)), ("scatter_bytes", ("reduce-scatter",)),
@@ -92,6 +102,7 @@ def microbench(records: Iterable[dict]) -> Microbench:
     mb = Microbench()
     largest: dict[int, tuple[float, float]] = {}
     collectives: dict[str, list[tuple[float, float]]] = {}
+    shapes: dict[int, list[tuple[tuple[float, float], float]]] = {}
     for r in records:
         task, n = r["task"], r["devices"]
         kind = task["kind"]
@@ -108,10 +119,14 @@ def microbench(records: Iterable[dict]) -> Microbench:
             flops = 2.0 * task["m"] * task["k"] * task["n"] * n
             if flops > largest.get(n, (0.0, 0.0))[0]:
                 largest[n] = (flops, r["seconds"] / flops)
+            shapes.setdefault(n, []).append(((flops, task["k"] * task["n"] * n), r["seconds"]))
         elif kind == "collective":
             key = f"{task['op']}/{task['group']}@{n}"
             collectives.setdefault(key, []).append((r["bytes_per_chip"] * n, r["seconds"]))
     mb.matmul_flop_s = {n: v[1] for n, v in largest.items()}
+    for n, pts in shapes.items():
+        if len(pts) >= 4:       # the call's cost, a FLOP's and a streamed weight element's
+            mb.matmul_weight_s[n] = _plane([x for x, _ in pts], [y for _, y in pts])[2]
     for key, pts in collectives.items():
         n = int(key.split("@")[1])
         if len(pts) >= 2:
