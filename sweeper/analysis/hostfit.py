@@ -104,7 +104,7 @@ class _Problem:
     for its points on a mesh of several devices (`group` None: every group of those points).
     Emulated devices that share a core pay at every collective what a one-device call does
     not, and a fit that could only move the groups' factors bent the one-chip predictions to
-    the mesh's (the quickstart's one-chip trials, held out, 92% too slow). The mesh factor's
+    the mesh's (the quickstart's one-chip decode steps, held out, twice as slow as measured). The mesh factor's
     prior is weaker (MESH_PRIOR); where only mesh points were measured, a slowdown is still
     split between it and the groups'."""
 
@@ -118,8 +118,9 @@ class _Problem:
 
     def __post_init__(self):
         # [free, points]: the points each factor applies to
-        self.masks = np.array([(self.phase_index == i) & (self.mesh if j is None else True)
-                               for i, j in self.free], bool).reshape(len(self.free), -1)
+        self.masks = np.zeros((len(self.free), len(self.phase_index)), bool)
+        for k, (i, j) in enumerate(self.free):
+            self.masks[k] = (self.phase_index == i) & (self.mesh if j is None else True)
 
     def point_factors(self, theta: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """[rows, groups]: each point's factor per group at log-factors `theta`."""
