@@ -511,7 +511,7 @@ def term_seconds(obs, profile) -> dict[str, float]:
     """The host model's seconds per term of an observation (`costmodel.host_counts` x the
     profile's costs, as costmodel.predict_phase sums them)."""
     from workloads import costmodel
-    from workloads.hostmodel import THROUGHPUT_TERMS, HostModel
+    from workloads.hostmodel import HostModel
 
     if not profile.host_model:
         return {}
@@ -520,9 +520,8 @@ def term_seconds(obs, profile) -> dict[str, float]:
     scale = obs.scale if not isinstance(obs.scale, tuple) else obs.scale[0]
     share = scale * call.chips
     counts = costmodel.host_counts(call, host.cache_for(share))
-    ratio = host.throughput_ratio(share, call.chips)
-    return {t: float(counts[t] * c * (ratio if t in THROUGHPUT_TERMS else 1.0))
-            for t, c in host.costs_for(call.phase, call.chips).items() if counts[t] * c > 0}
+    return {t: float(v) for t, v in host.term_seconds(counts, call.phase, share, call.chips).items()
+            if v > 0}
 
 
 def _finite(v: Any) -> float | None:

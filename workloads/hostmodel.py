@@ -119,19 +119,30 @@ class HostModel:
         the host's (`cache_bytes`, the whole host's, shared by its cores)."""
         return self.cache_bytes * min(share, 1.0)
 
+    def term_seconds(self, term_counts: Mapping[str, float], phase: str, share: float,
+                     chips: int) -> dict[str, float]:
+        """{term: seconds} of a call (its `costmodel.host_counts`) on a worker with `share` of
+        the host running `chips` devices: count x cost, throughput terms scaled."""
+        return term_seconds(term_counts, self.costs_for(phase, chips),
+                            self.throughput_ratio(share, chips))
+
     def seconds(self, term_counts: Mapping[str, float], phase: str, share: float,
                 chips: int) -> float:
-        """A call's latency (its `costmodel.host_counts`) on a worker with `share` of the host
-        running `chips` devices."""
-        return predict_seconds(term_counts, self.costs_for(phase, chips),
-                               self.throughput_ratio(share, chips))
+        """A call's latency: the sum of its `term_seconds`."""
+        return sum(self.term_seconds(term_counts, phase, share, chips).values())
+
+
+def term_seconds(term_counts: Mapping[str, float], costs: Mapping[str, float],
+                 throughput_ratio: float = 1.0) -> dict[str, float]:
+    """{term: count x cost}; throughput terms scaled by the calibration's share / the worker's."""
+    return {t: term_counts[t] * c * (throughput_ratio if t in THROUGHPUT_TERMS else 1.0)
+            for t, c in costs.items()}
 
 
 def predict_seconds(term_counts: Mapping[str, float], costs: Mapping[str, float],
                     throughput_ratio: float = 1.0) -> float:
-    """sum of count x cost; throughput terms scaled by the calibration's share / the worker's."""
-    return sum(term_counts[t] * c * (throughput_ratio if t in THROUGHPUT_TERMS else 1.0)
-               for t, c in costs.items())
+    """The sum of `term_seconds`."""
+    return sum(term_seconds(term_counts, costs, throughput_ratio).values())
 
 
 # --------------------------------------------------------------------------- fitting

@@ -9,8 +9,8 @@ points cannot pin fifteen constants, and the calibration already did.
 
 The prior's strength is not a constant chosen once: it is picked from `PRIOR_WEIGHTS` by
 cross-validation over whole trials of the points being fitted (the weight whose fits best
-predict each trial from the others), so where a model's errors do not follow the groups the fit keeps
-to the calibrated profile instead of bending to noise. The blind benchmark's fits on a
+predict each trial from the others), so where a model's errors do not follow the groups the
+fit keeps to the calibrated profile instead of bending to noise. The blind benchmark's fits on a
 dozen points made held-out errors worse than the profile alone at one fixed weight.
 
 Groups: dispatch (per call, per layer and per collective op), compute (matmuls, attention,
@@ -29,7 +29,7 @@ from scipy.optimize import least_squares
 from sweeper.analysis.observations import Observation
 from workloads import costmodel
 from workloads.config import HardwareProfile
-from workloads.hostmodel import THROUGHPUT_TERMS, HostModel
+from workloads.hostmodel import HostModel
 
 GROUPS = {
     "dispatch": ("launch", "layer_device", "collective_op"),
@@ -37,7 +37,6 @@ GROUPS = {
     "memory": ("memory_bytes", "dram_bytes", "dram_weights", "dram_dequant", "dram_gather"),
     "communication": ("gather_bytes", "scatter_bytes", "exchange_bytes"),
 }
-
 PHASES = ("prefill", "decode")
 # The prior: each multiplier's log enters the least squares as weight x log(factor), beside
 # each point's relative error: at 0.3, a factor of 2 costs as much as one point mispredicted
@@ -66,11 +65,9 @@ def _parts(obs: Observation, host: HostModel, scale: float) -> tuple[str, bool, 
             continue
         share = scale * c.call.chips
         counts = costmodel.host_counts(c.call, host.cache_for(share))
-        ratio = host.throughput_ratio(share, c.call.chips)
-        costs = host.costs_for(c.call.phase, c.call.chips)
+        seconds = host.term_seconds(counts, c.call.phase, share, c.call.chips)
         for j, terms in enumerate(GROUPS.values()):
-            out[j] += c.weight * sum(counts[t] * costs.get(t, 0.0)
-                                     * (ratio if t in THROUGHPUT_TERMS else 1.0) for t in terms)
+            out[j] += c.weight * sum(seconds.get(t, 0.0) for t in terms)
     return phase, obs.calls[0].call.chips > 1, out
 
 
@@ -104,9 +101,9 @@ class _Problem:
     for its points on a mesh of several devices (`group` None: every group of those points).
     Emulated devices that share a core pay at every collective what a one-device call does
     not, and a fit that could only move the groups' factors bent the one-chip predictions to
-    the mesh's (the quickstart's one-chip decode steps, held out, twice as slow as measured). The mesh factor's
-    prior is weaker (MESH_PRIOR); where only mesh points were measured, a slowdown is still
-    split between it and the groups'."""
+    the mesh's (the quickstart's one-chip decode steps, held out, twice as slow as measured).
+    The mesh factor's prior is weaker (MESH_PRIOR); where only mesh points were measured, a
+    slowdown is still split between it and the groups'."""
 
     seconds: np.ndarray          # [points, groups]
     phase_index: np.ndarray      # [points]
@@ -195,7 +192,8 @@ def _trial_key(obs: Observation) -> str:
 
 def choose_prior_weight(problem: _Problem) -> tuple[float, dict[str, float]]:
     """(weight, held-out MAPE per weight tried): cross-validation over trials, each weight
-    of PRIOR_WEIGHTS tried; the strongest finite weight where fewer than MIN_CV_TRIALS trials were measured."""
+    of PRIOR_WEIGHTS tried; the strongest finite weight where fewer than MIN_CV_TRIALS
+    trials were measured."""
     if len(np.unique(problem.trials)) < MIN_CV_TRIALS:
         return max(w for w in PRIOR_WEIGHTS if math.isfinite(w)), {}
     scores = {w: problem.heldout_mape(w) for w in PRIOR_WEIGHTS}

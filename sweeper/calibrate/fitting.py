@@ -29,12 +29,6 @@ def _plane(xs: list[tuple[float, ...]], ys: list[float]) -> tuple[float, ...]:
     return tuple(float(v) for v in lsq_linear(a, np.ones(len(y)), bounds=(0, np.inf)).x)
 
 
-def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(intercept, slope) >= 0 of a least-squares line through (x, y) points."""
-    intercept, slope = _plane([(x,) for x, _ in points], [y for _, y in points])
-    return intercept, slope
-
-
 @dataclass
 class Microbench:
     """The microbenchmarks' physical figures, per device count n (summed over the devices,
@@ -130,7 +124,7 @@ def microbench(records: Iterable[dict]) -> Microbench:
     for key, pts in collectives.items():
         n = int(key.split("@")[1])
         if len(pts) >= 2:
-            intercept, slope = _line(pts)
+            intercept, slope = _plane([(x,) for x, _ in pts], [y for _, y in pts])
             mb.collective[key] = (intercept / n, slope)     # per op per device, per byte (all devices)
     return mb
 
