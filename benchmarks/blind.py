@@ -202,14 +202,44 @@ def relative(predicted: float, measured: float) -> float | None:
     return predicted / measured - 1.0 if ok else None
 
 
+def mape_ci(points: list[dict], key: str = "predicted_s", level: float = 0.95) -> list | None:
+    """A `level` confidence interval of the MAPE of `key`, bootstrapped over models (scipy's
+    percentile bootstrap, a fixed seed): a model's points err together (one shape, one
+    sweep), so resampling points would overstate what a few models show. None below two
+    models."""
+    from scipy.stats import bootstrap
+
+    by_model: dict[str, list[float]] = {}
+    for p in points:
+        e = relative(p.get(key), p["measured_s"])
+        if e is not None:
+            by_model.setdefault(p.get("model", ""), []).append(abs(e))
+    if len(by_model) < 2:
+        return None
+    sums = np.array([sum(v) for v in by_model.values()])
+    counts = np.array([len(v) for v in by_model.values()], float)
+
+    def pooled(index, axis=-1):
+        index = np.asarray(index, int)
+        return sums[index].sum(axis=axis) / counts[index].sum(axis=axis)
+
+    result = bootstrap((np.arange(len(sums)),), pooled, confidence_level=level, n_resamples=2000,
+                       method="percentile", vectorized=True, rng=np.random.default_rng(0))
+    return [float(result.confidence_interval.low), float(result.confidence_interval.high)]
+
+
 def score(points: list[dict], key: str = "predicted_s") -> dict:
-    """Per phase: `error_stats` of `key` against `measured_s`, and per chip count."""
+    """Per phase: `error_stats` of `key` against `measured_s` (with the MAPE's 95% CI over
+    models, `mape_ci`), and per chip count."""
+    def stats(part: list[dict]) -> dict:
+        return {**error_stats(relative(p.get(key), p["measured_s"]) for p in part),
+                "mape_ci95": mape_ci(part, key), "models": len({p.get("model", "") for p in part})}
+
     out = {}
     for phase in PHASES:
         part = [p for p in points if p["phase"] == phase]
-        errs = [relative(p.get(key), p["measured_s"]) for p in part]
-        out[phase] = {**error_stats(errs), "by_chips": {
-            str(c): error_stats(relative(p.get(key), p["measured_s"]) for p in part if p["chips"] == c)
+        out[phase] = {**stats(part), "by_chips": {
+            str(c): stats([p for p in part if p["chips"] == c])
             for c in sorted({p["chips"] for p in part})}}
     return out
 
@@ -287,6 +317,12 @@ def _verdict(target: str, measured: str, met: bool | None, responsible: str | No
             "responsible": None if met else responsible}
 
 
+def _ci_clause(s: Mapping[str, Any]) -> str:
+    """" (95% CI a-b over k models)" of a `score` entry, or nothing."""
+    ci = s.get("mape_ci95")
+    return f" (95% CI {_pct(ci[0])}-{_pct(ci[1])} over {s.get('models')} models)" if ci else ""
+
+
 def _pct(v: float | None) -> str:
     return "—" if v is None else f"{100 * v:.1f}%"
 
@@ -315,7 +351,7 @@ def verdicts(summary: Mapping[str, Any], quickstart: Mapping[str, Any] | None,
                 f"term {top[0]} {top[1] * 1e3:.2f} ms" if top else "")
         mape = s.get("mape")
         out.append(_verdict(f"calibrated profile alone, {phase} MAPE <= {_pct(TARGETS['profile_mape'])}",
-                            _pct(mape), None if mape is None else mape <= TARGETS["profile_mape"],
+                            _pct(mape) + _ci_clause(s), None if mape is None else mape <= TARGETS["profile_mape"],
                             why, s.get("n")))
     fit = (blind.get("fit") or {}).get("fit") or {}
     noise = (blind.get("noise") or {}).get("replicates") or {}
@@ -327,7 +363,7 @@ def verdicts(summary: Mapping[str, Any], quickstart: Mapping[str, Any] | None,
                and mape is not None and floor >= 0.5 * mape else "the corrections' groups cannot "
                "bend to this model's shapes from 12 points (per-point errors in the results)")
         out.append(_verdict(f"after a fit on <= 12 points, {phase} MAPE on the rest <= "
-                            f"{_pct(TARGETS['fit_mape'])}", _pct(mape),
+                            f"{_pct(TARGETS['fit_mape'])}", _pct(mape) + _ci_clause(s),
                             None if mape is None else mape <= TARGETS["fit_mape"], why, s.get("n")))
     serving = blind.get("serving") or {}
     counts = serving.get("counts") or {}
@@ -611,19 +647,26 @@ def fit_model(obs: list, calibrated, seed: int, index: int) -> dict:
 
 def diagnose(obs: list, calibrated) -> dict | None:
     """The group corrections a fit to ALL of a label's points needs (a diagnostic, never a
-    prediction), and each group's mean share of the predicted seconds per phase."""
-    from sweeper.analysis.fit import fit_profile
+    prediction), and each group's mean share of the predicted seconds per phase. The fit's
+    prior is the weakest `hostfit.PRIOR_WEIGHTS` offers: the cross-validated one would keep
+    the profile wherever group factors do not predict held-out trials better, and say
+    nothing of where the seconds are missing."""
+    from sweeper.analysis import hostfit
+    from sweeper.analysis.fit import point_weights
 
     if len(obs) < 4 or not calibrated.host_model:
         return None
-    fit = fit_profile(obs, calibrated)
+    weight = min(hostfit.PRIOR_WEIGHTS)
+    profile = hostfit.fit(obs, calibrated, weights=point_weights(obs), prior_weight=weight)[0]
+    model = profile.host_model or {}
     shares: dict[str, dict[str, list]] = {ph: {g: [] for g in term_groups()} for ph in PHASES}
     for o in obs:
         terms = term_seconds(o, calibrated)
         total = sum(terms.values()) or 1.0
         for g, names in term_groups().items():
             shares[o.phase][g].append(sum(terms.get(t, 0.0) for t in names) / total)
-    return {"factors": (fit.profile.host_model or {}).get("corrections") or {}, "points": len(obs),
+    return {"factors": model.get("corrections") or {}, "mesh": model.get("mesh_corrections") or {},
+            "prior_weight": weight, "points": len(obs),
             "shares": {ph: {g: float(np.mean(v)) if v else 0.0 for g, v in gs.items()}
                        for ph, gs in shares.items()}}
 
@@ -865,7 +908,8 @@ def label_summary(entries: list[dict], diagnosis: dict | None) -> dict:
     """Everything of one label (blind or development) pooled over its seeds and models."""
     models = [m for e in entries for m in e["models"]]
     points = [p for m in models for p in m.get("points") or []]
-    fit_points = [p for m in models for p in (m.get("fit") or {}).get("points") or []]
+    fit_points = [{"model": m["model"]["name"], **p} for m in models
+                  for p in (m.get("fit") or {}).get("points") or []]
     cases = [c for m in models for mode in ((m.get("serving") or {}).get("modes") or {}).values()
              for c in mode.get("cases", []) if "error" in c]
     reps = [pr for m in models for pr in (m.get("replicates") or {}).get("pairs") or []]

@@ -108,6 +108,24 @@ def test_error_stats_and_score_per_phase_and_chips():
     assert blind.error_stats([])["mape"] is None
 
 
+def test_mape_ci_resamples_models_not_points():
+    """A model's points err together: the MAPE's CI is bootstrapped over models, so it
+    brackets the pooled MAPE within the models' own MAPEs, widens with their spread, and is
+    not given for one model however many points it has."""
+    def points(per_model):
+        return [{"model": f"m{i}", "phase": "decode", "chips": 1, "measured_s": 1.0,
+                 "predicted_s": 1.0 + e} for i, e in enumerate(per_model) for _ in range(10)]
+
+    close = blind.mape_ci(points([0.19, 0.2, 0.21, 0.2]))
+    spread = blind.mape_ci(points([0.05, 0.2, 0.35, 0.2]))
+    assert 0.19 <= close[0] < 0.2 < close[1] <= 0.21
+    assert 0.05 <= spread[0] < close[0] and close[1] < spread[1] <= 0.35
+    assert blind.mape_ci(points([0.2])) is None
+    scored = blind.score(points([0.05, 0.2, 0.35, 0.2]))["decode"]
+    assert scored["mape_ci95"] == spread and scored["models"] == 4
+    assert scored["by_chips"]["1"]["mape_ci95"] == spread
+
+
 def _trial(model, chips, batch, ffn="ws2d"):
     return TrialConfig.from_dict(dict(model=model.to_dict(), chips=chips, batch=batch, input_len=32,
                                       decode_steps=8, prefill=dict(ffn=ffn, attn="head"),

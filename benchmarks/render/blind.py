@@ -9,9 +9,15 @@ SERVE_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 LABELS = ("blind", "development")
 
 
+def mape_ci_text(s: dict | None) -> str:
+    """"a-b (k models)": the MAPE's 95% CI over models (benchmarks/blind.py `mape_ci`)."""
+    ci = (s or {}).get("mape_ci95")
+    return f"{report.pct(ci[0])}-{report.pct(ci[1])} ({s.get('models')} models)" if ci else "—"
+
+
 def _stats(s: dict | None) -> list[str]:
     s = s or {}
-    return [str(s.get("n", 0)), report.pct(s.get("mape")), report.pct(s.get("median")),
+    return [str(s.get("n", 0)), report.pct(s.get("mape")), mape_ci_text(s), report.pct(s.get("median")),
             report.pct(s.get("p90")), report.pct(s.get("worst_signed")), report.pct(s.get("median_signed"))]
 
 
@@ -45,8 +51,8 @@ def score_table(summary: dict) -> list[str]:
                          *_stats(s["fit"]["profile_same_points"].get(phase))])
             rows.append([label, phase, "after a fit on <= 12 points, the rest",
                          *_stats(s["fit"]["fit"].get(phase))])
-    return report.table(["label", "phase", "predictor", "n", "MAPE", "median", "p90", "worst (signed)",
-                         "median signed"], rows)
+    return report.table(["label", "phase", "predictor", "n", "MAPE", "MAPE 95% CI", "median", "p90",
+                         "worst (signed)", "median signed"], rows)
 
 
 def noise_lines(summary: dict) -> list[str]:
@@ -80,8 +86,8 @@ def chips_table(summary: dict) -> list[str]:
         for phase in PHASES:
             for chips, st in (s["profile"].get(phase) or {}).get("by_chips", {}).items():
                 rows.append([label, phase, chips, *_stats(st)])
-    return report.table(["label", "phase", "chips", "n", "MAPE", "median", "p90", "worst (signed)",
-                         "median signed"], rows)
+    return report.table(["label", "phase", "chips", "n", "MAPE", "MAPE 95% CI", "median", "p90",
+                         "worst (signed)", "median signed"], rows)
 
 
 def serving_lines(summary: dict) -> list[str]:
@@ -163,8 +169,11 @@ def worst_lines(summary: dict) -> list[str]:
     diag = s.get("diagnosis") or {}
     for phase, factors in (diag.get("factors") or {}).items():
         shares = (diag.get("shares") or {}).get(phase, {})
-        out.append(f"- {phase}: corrections a fit to all {diag.get('points')} blind points needs: " + ", ".join(
-            f"{g} x{f:.2f} ({report.pct(shares.get(g))} of predicted)" for g, f in factors.items()))
+        mesh = (diag.get("mesh") or {}).get(phase)
+        out.append(f"- {phase}: corrections a fit to all {diag.get('points')} blind points needs "
+                   f"(prior weight {diag.get('prior_weight', '?')}): " + ", ".join(
+                       f"{g} x{f:.2f} ({report.pct(shares.get(g))} of predicted)" for g, f in factors.items())
+                   + (f"; on meshes of several devices x{mesh:.2f}" if mesh else ""))
     return out
 
 
