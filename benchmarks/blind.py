@@ -79,8 +79,9 @@ from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS
 NAME = "blind"
 DEV_SEEDS = (1, 2, 3)          # the seeds the host model was developed on: "development"
 # Seeds once drawn blind whose results then shaped a change (the corrections' prior, the
-# mesh factor, the prefill's unembedding count): development now, never drawn blind again
-SPENT_SEEDS = (1476499142, 548887702, 1620312790, 1351828313, 37578236, 604914671)
+# mesh factor, the prefill's unembedding count, the decode counts): development now, never
+# drawn blind again
+SPENT_SEEDS = (1476499142, 548887702, 1620312790, 1351828313, 37578236, 604914671, 1802082626)
 DEFAULT_MODELS = 3
 TRIALS = 14                    # per model's sweep (pruned points count, as in `sweeper run`)
 FIT_TRIALS = 6                 # (b): at most 6 trials x 2 phases = 12 points
@@ -359,9 +360,16 @@ def verdicts(summary: Mapping[str, Any], quickstart: Mapping[str, Any] | None,
         s = fit.get(phase) or {}
         floor = (noise.get(phase) or {}).get("mape")
         mape = s.get("mape")
+        alone = (((blind.get("fit") or {}).get("profile_same_points") or {}).get(phase) or {}).get("mape")
+        worst = ((blind.get("fit_worst") or {}).get(phase) or [None])[0]
         why = (f"replicate noise {_pct(floor)} per measurement" if floor is not None
-               and mape is not None and floor >= 0.5 * mape else "the corrections' groups cannot "
-               "bend to this model's shapes from 12 points (per-point errors in the results)")
+               and mape is not None and floor >= 0.5 * mape else
+               f"the profile alone on the same points: {_pct(alone)}")
+        if worst:
+            top = next(iter(worst["terms_s"].items()), None)
+            why += (f"; worst held-out trial after the fit ({worst['model']} #{worst['trial']}, "
+                    f"{worst['config']}) {_pct(worst['error'])} off"
+                    + (f", largest term {top[0]} {top[1] * 1e3:.2f} ms" if top else ""))
         out.append(_verdict(f"after a fit on <= 12 points, {phase} MAPE on the rest <= "
                             f"{_pct(TARGETS['fit_mape'])}", _pct(mape) + _ci_clause(s),
                             None if mape is None else mape <= TARGETS["fit_mape"], why, s.get("n")))
@@ -937,7 +945,21 @@ def label_summary(entries: list[dict], diagnosis: dict | None) -> dict:
                                    for ph, v in ci.items()}},
             "host": {"trial_steal_median": float(np.median(steal)) if steal else None,
                      "trial_load_median": float(np.median(load)) if load else None},
-            "worst": worst_terms(points), "diagnosis": diagnosis, "serving": serving}
+            "worst": worst_terms(points), "fit_worst": worst_terms(_with_terms(fit_points, points)),
+            "diagnosis": diagnosis, "serving": serving}
+
+
+def _with_terms(fit_points: list[dict], points: list[dict]) -> list[dict]:
+    """The fit's held-out points as `worst_terms` takes them: predicted by the fit, with the
+    configuration and the calibrated profile's seconds per term of the same trial."""
+    same = {(p["model"], p["trial"], p["phase"]): p for p in points}
+    out = []
+    for f in fit_points:
+        p = same.get((f["model"], f["trial"], f["phase"]))
+        if p is not None and f.get("fit_s") is not None:
+            out.append({**f, "predicted_s": f["fit_s"], "config": p.get("config"),
+                        "terms_s": p.get("terms_s")})
+    return out
 
 
 def serving_responsible(cases: list[dict]) -> tuple[str | None, str | None]:

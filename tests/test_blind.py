@@ -206,7 +206,8 @@ def _result(profile_mape: float, fit_mape: float, coverage_inside: int) -> dict:
     point = lambda model, trial, phase, measured, predicted: {  # noqa: E731
         "model": model, "trial": trial, "phase": phase, "chips": 1, "measured_s": measured,
         "predicted_s": predicted, "ci_rel": 0.02, "config": "1 chips b4", "terms_s": {"launch": 0.001}}
-    points = [point("m", t, ph, 1.0, 1.0 + profile_mape) for t in range(4) for ph in ("prefill", "decode")]
+    drawn = probes.draw_models(9, 1, "blind")[0]
+    points = [point(drawn.name, t, ph, 1.0, 1.0 + profile_mape) for t in range(4) for ph in ("prefill", "decode")]
     fit_points = [{"trial": t, "phase": ph, "chips": 1, "measured_s": 1.0, "profile_s": 1.0 + profile_mape,
                    "fit_s": 1.0 + fit_mape} for t in range(2) for ph in ("prefill", "decode")]
     inside = {k: i < coverage_inside for i, k in enumerate(blind.SERVE_METRICS)}
@@ -216,7 +217,7 @@ def _result(profile_mape: float, fit_mape: float, coverage_inside: int) -> dict:
             "error_warmup": {k: 0.0 for k in blind.SERVE_METRICS}, "error_replay": {k: 0.0 for k in blind.SERVE_METRICS},
             "inside_band": inside, "bands_s": {k[:-2]: [0.0, 0.005] for k in blind.SERVE_METRICS},
             "deployment": {}}
-    model = {"index": 0, "model": dict(probes.draw_models(9, 1, "blind")[0].to_dict()), "points": points,
+    model = {"index": 0, "model": dict(drawn.to_dict()), "points": points,
              "trials": [{"host_steal_frac": 0.01, "host_load_avg_1m": 1.5}], "profile_check": {"ok": True},
              "counts": {"COMPLETE": 4}, "fit": {"points": fit_points},
              "replicates": {"pairs": [{"phase": "prefill", "chips": 1, "first_s": 1.0, "again_s": 1.02}]},
@@ -241,7 +242,9 @@ def test_verdicts_met_and_missed_with_what_is_responsible():
     bad = {v["target"]: v for v in _result(0.30, 0.12, 2)["verdicts"]}
     prefill = bad["calibrated profile alone, prefill MAPE <= 15.0%"]
     assert prefill["met"] is False and prefill["measured"] == "30.0%" and "largest term launch" in prefill["responsible"]
-    assert bad["after a fit on <= 12 points, decode MAPE on the rest <= 8.0%"]["met"] is False
+    fit = bad["after a fit on <= 12 points, decode MAPE on the rest <= 8.0%"]
+    assert fit["met"] is False and fit["responsible"].startswith("the profile alone on the same points: 30.0%")
+    assert "12.0% off, largest term launch" in fit["responsible"]
     cover = bad["band coverage >= 85.0% (item 5)"]
     assert cover["met"] is False and cover["measured"].startswith("2/4") and "above" in cover["responsible"]
 
