@@ -332,6 +332,73 @@ def test_matmul_microbenchmarks_give_the_streamed_weights_cost():
     assert micro.prior()["matmul_flops"] == pytest.approx(5e-12, rel=0.05)
 
 
+def _big_model():
+    """A model whose blocks hold 21 M weight elements: an int8 copy of them (2 bytes each)
+    is past glibc's 32 MiB mmap threshold on one device, and a quarter of it is not."""
+    m = _trial().model
+    return dataclasses.replace(m, d_model=1024, d_ff=4096, n_heads=16, d_head=64,
+                               n_kv_heads=16 if m.n_kv_heads == m.n_heads else 1, n_layers=2)
+
+
+def _decode_call(chips: int, weights: str, ffn: str, batch: int = 4):
+    layout = {"ffn": ffn, "attn": "head"}
+    return costmodel.phase_calls(_trial(model=_big_model().to_dict(), chips=chips, batch=batch,
+                                        weights=weights, prefill=layout, decode=layout))["decode"]
+
+
+def test_a_temp_buffer_past_the_mmap_threshold_faults_at_every_call():
+    """XLA CPU's temp buffer holds the bf16 copies of the weights it dequantises or gathers:
+    past malloc's 32 MiB mmap threshold it is mapped, and faulted, afresh each call
+    (fault_bytes, summed over the devices); below it, or with no copy, nothing."""
+    threshold = costmodel.MMAP_THRESHOLD_BYTES
+    one = _decode_call(1, "int8", "ws1d")
+    temp = costmodel.host_temp_bytes(one)
+    assert temp == 2.0 * costmodel.block_params(one.model) > threshold
+    assert costmodel.host_counts(one)["fault_bytes"] == temp
+    four = _decode_call(4, "int8", "ws1d")                 # a quarter each: under the threshold
+    assert costmodel.host_temp_bytes(four) < threshold
+    assert costmodel.host_counts(four)["fault_bytes"] == 0.0
+    assert costmodel.host_temp_bytes(_decode_call(1, "bf16", "ws1d")) == 0.0   # read in place
+    gathered = _decode_call(2, "bf16", "wg_xy")
+    assert costmodel.host_counts(gathered)["fault_bytes"] == pytest.approx(
+        2 * 4.0 * costmodel.block_params(gathered.model))
+
+
+def test_decode_streams_weights_from_dram_under_the_flops_past_the_overlap_rows():
+    """A decode matmul of few rows waits on its weights from DRAM; at `overlap_rows` rows
+    or more the stream runs under the FLOPs (dram_weights 0). Without an overlap measured,
+    and in prefill, the count is the plain one."""
+    def dram(batch, overlap, phase="decode"):
+        call = _decode_call(1, "bf16", "ws1d", batch)
+        if phase == "prefill":
+            call = costmodel.phase_calls(_trial(model=_big_model().to_dict(), chips=1, batch=batch,
+                                                decode={"ffn": "ws1d", "attn": "head"}))["prefill"]
+        return costmodel.host_counts(call, 1.0, overlap)["dram_weights"]
+
+    assert dram(1, 0.0) > 0 and dram(1, 8.0) == pytest.approx(dram(1, 0.0) * (1 - 1 / 8))
+    assert dram(8, 8.0) == 0.0 and dram(16, 8.0) == 0.0
+    assert dram(2, 8.0, "prefill") == dram(2, 0.0, "prefill") > 0
+
+
+def test_overlap_rows_come_from_the_read_and_matmul_microbenchmarks():
+    from sweeper.calibrate import fitting
+
+    micro = fitting.Microbench(read_s={1: 6e-11, 2: 6e-11}, matmul_flop_s={1: 5e-12, 2: 5e-12})
+    assert micro.overlap_rows() == pytest.approx(12.0)    # 2 B x 6e-11 s/B over 2 x 5e-12 s
+    assert fitting.Microbench().overlap_rows() == 0.0
+    host = hostmodel.HostModel(_costs(), 0.5, 0.0, overlap_rows=12.0)
+    assert hostmodel.HostModel.from_dict(host.to_dict()) == host
+
+
+def test_every_host_term_is_in_exactly_one_correction_group():
+    """A study fit prices a point by its groups' seconds (hostfit._parts): a term in no
+    group would vanish from the fit's predictions and be made up by the others."""
+    from sweeper.analysis.hostfit import GROUPS
+
+    grouped = [t for terms in GROUPS.values() for t in terms]
+    assert sorted(grouped) == sorted(hostmodel.TERMS)
+
+
 # ----------------------------------------------------------------------------- probes
 
 

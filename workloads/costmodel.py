@@ -930,7 +930,8 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
         share = hw.host_share * chips
         call = PhaseCall(model, chips, batch, phase, input_len, context, layout, weights,
                          tuple(topology), one_d, experts, moe_kernel, kv_cache)
-        latency_s = host.seconds(host_counts(call, host.cache_for(share)), phase, share, chips)
+        latency_s = host.seconds(host_counts(call, host.cache_for(share), host.overlap_rows),
+                                 phase, share, chips)
     working = working_set_bytes(model, topology, layout, batch, seq_len, weights, experts,
                                 moe_kernel)
     peak = stored + kv + working
@@ -986,12 +987,34 @@ def _weights_read_bytes(model: ModelConfig, chips: int, weights: str,
 # --------------------------------------------------------------------------- a calibrated host
 
 _HOST_UNIT = HardwareProfile("unit", 1.0, 1.0, 1e30, 1.0)
+# glibc's largest dynamic mmap threshold on 64-bit hosts (DEFAULT_MMAP_THRESHOLD_MAX, 4 Mi x
+# sizeof(long); mallopt(3)): XLA CPU allocates a program's temp buffer at every call, and
+# malloc serves one larger than this with a fresh mmap, whose pages fault (and are zeroed)
+# again each call; a smaller one is reused from the heap (docs/host-calibration.md).
+MMAP_THRESHOLD_BYTES = 32 * 2**20
 
 
-def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]:
+def host_temp_bytes(call: "PhaseCall") -> float:
+    """The bytes of one device's temp buffer the host model prices: XLA hoists every weight's
+    dequantisation and all-gather to the program's start, so the buffer holds a bf16 copy of
+    each local (or gathered) weight matrix at once: 2 bytes per element of 8-bit weights,
+    2 x 2 per gathered bf16 element (the gathered matrix and its relaid copy); none for
+    weight-stationary bf16, which the matmuls read in place."""
+    layout = canonical_layout(call.layout, call.topology)
+    _, _, _, m_rest = split_axes(layout.ffn, call.topology)
+    gathered = layout.ffn.startswith("wg")
+    local = block_params(call.model) / (m_rest if gathered else call.chips)
+    if call.weights in SCALED_WEIGHTS:
+        return 2.0 * local
+    return 4.0 * local if gathered else 0.0
+
+
+def host_counts(call: "PhaseCall", cache_bytes: float = 0.0,
+                overlap_rows: float = 0.0) -> dict[str, float]:
     """The counts of the host cost model's terms (workloads/hostmodel.py TERMS) for one call,
     summed over its devices. `cache_bytes`: the last-level cache the trial's devices share
-    (0: no cache term).
+    (0: no cache term). `overlap_rows`: the weight rows at which a matmul's FLOPs take as
+    long as streaming its weights from DRAM (`HostModel.overlap_rows`; 0: no overlap).
 
     A mixture-of-experts call counts what the engine's padded program runs (expert_terms):
     its executed expert rows as matmul FLOPs, every local expert's weights streamed once per
@@ -1027,6 +1050,11 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]
         dequant += p.kv_bytes_per_chip * n
     memory = p.memory_s * n                          # bytes read per chip (bandwidth 1) x chips
     beyond = max(0.0, 1.0 - cache_bytes / memory) if cache_bytes and memory > 0 else 0.0
+    temp = host_temp_bytes(call)
+    # a decode matmul of few rows waits on its weights' stream from DRAM; with overlap_rows
+    # rows or more, the stream runs under the FLOPs (the cost is about their max, not sum)
+    hidden = (min(weight_rows / overlap_rows, 1.0) if overlap_rows > 0 and call.phase == "decode"
+              else 0.0)
     by_kind = {"all-gather": 0.0, "reduce-scatter": 0.0, "all-to-all": 0.0, "all-reduce": 0.0}
     ops = 0
     for c in p.collectives:
@@ -1048,9 +1076,11 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0) -> dict[str, float]
         "attention_rows": attention_flops / attention_rows,
         "memory_bytes": memory,
         "dram_bytes": memory * beyond,
-        "dram_weights": weights_streamed * beyond,
+        "dram_weights": weights_streamed * beyond * (1.0 - hidden),
         "dequant": dequant,
         "dram_dequant": dequant * beyond,
+        # a temp buffer past malloc's mmap threshold is faulted in afresh at every call
+        "fault_bytes": temp * n if temp > MMAP_THRESHOLD_BYTES else 0.0,
     }
 
 

@@ -26,6 +26,12 @@ overlap of compute, memory and communication does not happen on one core: the te
 | dram_weights    | matmul_weights beyond the cache, the same fraction            | s per element          |
 | dequant         | int8 weight elements turned back into bf16 each call          | s per element          |
 | dram_dequant    | dequant elements beyond the cache, the same fraction          | s per element          |
+| fault_bytes     | a device's temp buffer x devices, where it is past malloc's   | s per byte             |
+|                 | mmap threshold (32 MiB): mapped and page-faulted every call   |                        |
+
+A decode call's `dram_weights` count shrinks as its matmuls' rows approach `overlap_rows`
+(the rows at which FLOPs take as long as streaming the weights from DRAM, from the read
+bandwidth and matmul microbenchmarks): past it the stream runs under the compute.
 
 Costs are fitted per phase (prefill and decode run different kernels) by non-negative
 least squares on relative error, over real trials of random probe models
@@ -44,13 +50,13 @@ from typing import Mapping, Sequence
 
 TERMS = ("launch", "layer_device", "collective_op", "gather_bytes", "dram_gather", "scatter_bytes",
          "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops", "attention_rows",
-         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant")
+         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant", "fault_bytes")
 UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "gather_bytes": "s/B",
          "dram_gather": "s/B",
          "scatter_bytes": "s/B", "exchange_bytes": "s/B", "matmul_flops": "s/FLOP",
          "matmul_weights": "s/element", "attention_flops": "s/FLOP", "attention_rows": "s/FLOP-row",
          "memory_bytes": "s/B", "dram_bytes": "s/B", "dram_weights": "s/element",
-         "dequant": "s/element", "dram_dequant": "s/element"}
+         "dequant": "s/element", "dram_dequant": "s/element", "fault_bytes": "s/B"}
 # Terms whose count is work the devices share the cores for: a worker with more cores than
 # the calibration's runs them faster, up to one core per device (`throughput_ratio`); the
 # dispatch terms do not.
@@ -58,7 +64,7 @@ THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op"
 PHASES = ("prefill", "decode")
 # Bumped whenever TERMS or a count changes: a calibration made with other terms is stale
 # (hostprofile.calibrated_profile ignores it; `sweeper calibrate` makes a new one).
-TERMS_VERSION = 3
+TERMS_VERSION = 4
 # The pull toward a microbenchmark's figure: a coefficient at 2x its microbenchmark costs as
 # much as one probe mispredicted by PRIOR_WEIGHT x ln 2 (3.5%); terms without one are free.
 PRIOR_WEIGHT = 0.05
@@ -76,10 +82,13 @@ class HostModel:
     # The costs on a mesh of more than one device, where a study's fit found them to differ
     # (sweeper/analysis/hostfit.py); None: `costs` at every chip count, as calibrated.
     mesh_costs: Mapping[str, Mapping[str, float]] | None = None
+    # the weight rows at which a matmul's FLOPs take as long as streaming its bf16 weights
+    # from DRAM on this host (costmodel.host_counts; 0: no overlap)
+    overlap_rows: float = 0.0
 
     def to_dict(self) -> dict:
         out = {"share": self.share, "cache_bytes": self.cache_bytes,
-               "worker_cores": self.worker_cores,
+               "worker_cores": self.worker_cores, "overlap_rows": self.overlap_rows,
                "costs": {phase: dict(terms) for phase, terms in self.costs.items()}}
         if self.mesh_costs is not None:
             out["mesh_costs"] = {phase: dict(terms) for phase, terms in self.mesh_costs.items()}
@@ -94,7 +103,7 @@ class HostModel:
         mesh = data.get("mesh_costs")
         return cls(costs_of(data.get("costs")), float(data.get("share", 1.0)),
                    float(data.get("cache_bytes", 0.0)), float(data.get("worker_cores", 1.0)),
-                   costs_of(mesh) if mesh else None)
+                   costs_of(mesh) if mesh else None, float(data.get("overlap_rows", 0.0)))
 
     def costs_for(self, phase: str, chips: int) -> Mapping[str, float]:
         """A phase's costs on `chips` devices: `mesh_costs` past one device where a fit set them."""

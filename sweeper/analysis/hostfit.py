@@ -34,7 +34,8 @@ from workloads.hostmodel import HostModel
 GROUPS = {
     "dispatch": ("launch", "layer_device", "collective_op"),
     "compute": ("matmul_flops", "matmul_weights", "attention_flops", "attention_rows", "dequant"),
-    "memory": ("memory_bytes", "dram_bytes", "dram_weights", "dram_dequant", "dram_gather"),
+    "memory": ("memory_bytes", "dram_bytes", "dram_weights", "dram_dequant", "dram_gather",
+               "fault_bytes"),
     "communication": ("gather_bytes", "scatter_bytes", "exchange_bytes"),
 }
 PHASES = ("prefill", "decode")
@@ -64,7 +65,7 @@ def _parts(obs: Observation, host: HostModel, scale: float) -> tuple[str, bool, 
         if c.variant != 0:
             continue
         share = scale * c.call.chips
-        counts = costmodel.host_counts(c.call, host.cache_for(share))
+        counts = costmodel.host_counts(c.call, host.cache_for(share), host.overlap_rows)
         seconds = host.term_seconds(counts, c.call.phase, share, c.call.chips)
         for j, terms in enumerate(GROUPS.values()):
             out[j] += c.weight * sum(seconds.get(t, 0.0) for t in terms)

@@ -92,11 +92,13 @@ def calibrate(plan: tasks.Plan = tasks.FULL, quick: bool = False, out: Path | No
     outcome = runner.run(batches, slots, _progress_counter(total, progress, start))
     cache = last_level_cache_bytes()
     micro = fitting.microbench(outcome.records)
-    probes = fitting.probes(outcome.records, cache * share)
+    overlap_rows = micro.overlap_rows()
+    probes = fitting.probes(outcome.records, cache * share, overlap_rows)
     if len({p.group for p in probes}) < 2:
         raise RuntimeError(f"only {len(probes)} probe trials finished ({len(outcome.failed)} "
                            "measurements failed): too few to fit a host model")
-    host_fit = fitting.fit(probes, micro.prior(), share, cache, worker_cores=len(slots[0]))
+    host_fit = fitting.fit(probes, micro.prior(), share, cache, worker_cores=len(slots[0]),
+                           overlap_rows=overlap_rows)
     profile = dataclasses.replace(
         base, name="host", host_model=host_fit.model.to_dict(),
         collective_latency_max_s=micro.collective_latency_max_s(),

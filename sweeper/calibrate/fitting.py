@@ -74,6 +74,16 @@ class Microbench:
             out["collective_op"] = statistics.median(ops)
         return out
 
+    def overlap_rows(self) -> float:
+        """The weight rows at which a matmul's FLOPs take as long as streaming its bf16
+        weights from DRAM (`HostModel.overlap_rows`): per weight element, 2 bytes at the
+        read bandwidth against 2 FLOPs per row (0 where either was not measured). The read
+        microbenchmark's buffer is larger than the cache, so its bandwidth is DRAM's."""
+        if not self.read_s or not self.matmul_flop_s:
+            return 0.0
+        per_element_s = 2.0 * statistics.median(self.read_s.values())
+        return per_element_s / (2.0 * statistics.median(self.matmul_flop_s.values()))
+
     def collective_latency_max_s(self) -> float:
         """The profile's `collective_latency_max_s` (0: none measured): a per-op start-up
         latency is part of a collective, never more than a whole one (docs/calibration.md
@@ -143,7 +153,7 @@ class Probe:
         return self.config.model.name
 
 
-def probes(records: Iterable[dict], cache_bytes: float) -> list[Probe]:
+def probes(records: Iterable[dict], cache_bytes: float, overlap_rows: float = 0.0) -> list[Probe]:
     out = []
     for r in records:
         if r["task"]["kind"] != "trial" or not r.get("ok"):
@@ -155,7 +165,8 @@ def probes(records: Iterable[dict], cache_bytes: float) -> list[Probe]:
             continue
         ci = {ph: r.get(f"{ph}_ci_rel") for ph in PHASE_KEYS}
         out.append(Probe(config, measured, ci,
-                         {ph: costmodel.host_counts(calls[ph], cache_bytes) for ph in PHASE_KEYS}))
+                         {ph: costmodel.host_counts(calls[ph], cache_bytes, overlap_rows)
+                          for ph in PHASE_KEYS}))
     return out
 
 
@@ -171,7 +182,7 @@ class HostFit:
 
 
 def fit(points: list[Probe], prior: dict[str, float], share: float, cache_bytes: float,
-        worker_cores: float = 1.0) -> HostFit:
+        worker_cores: float = 1.0, overlap_rows: float = 0.0) -> HostFit:
     """The host model fitted on every probe, and each probe model's errors from a fit without it."""
     costs, heldout = {}, {}
     for phase in PHASE_KEYS:
@@ -181,4 +192,5 @@ def fit(points: list[Probe], prior: dict[str, float], share: float, cache_bytes:
         costs[phase] = hostmodel.fit_costs(rows, measured, prior)
         heldout[phase] = [e for e in hostmodel.heldout_errors(rows, measured, groups, prior)
                           if math.isfinite(e)]
-    return HostFit(hostmodel.HostModel(costs, share, cache_bytes, worker_cores), heldout, points)
+    return HostFit(hostmodel.HostModel(costs, share, cache_bytes, worker_cores,
+                                       overlap_rows=overlap_rows), heldout, points)
