@@ -390,6 +390,21 @@ def test_overlap_rows_come_from_the_read_and_matmul_microbenchmarks():
     assert hostmodel.HostModel.from_dict(host.to_dict()) == host
 
 
+def test_prefill_counts_its_elementwise_work_per_prompt_token_and_layer():
+    """A prefill layer's norms and residual adds run on every device's activations, its
+    activation function once over the FFN's shards: prompt tokens x layers x (d_model x
+    devices + d_ff). A decode step's few rows ride on its per-layer dispatch (none)."""
+    def counts(chips, batch, phase="prefill"):
+        return costmodel.host_counts(costmodel.phase_calls(_trial(chips=chips, batch=batch))[phase])
+
+    m = _trial().model
+    one = counts(1, 4)["elementwise"]
+    assert one == 4 * 32 * m.n_layers * (m.d_model + m.d_ff)
+    assert counts(1, 8)["elementwise"] == 2 * one
+    assert counts(2, 4)["elementwise"] == 4 * 32 * m.n_layers * (2 * m.d_model + m.d_ff)
+    assert counts(1, 4, "decode")["elementwise"] == 0.0
+
+
 def test_every_host_term_is_in_exactly_one_correction_group():
     """A study fit prices a point by its groups' seconds (hostfit._parts): a term in no
     group would vanish from the fit's predictions and be made up by the others."""

@@ -1051,6 +1051,12 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0,
     memory = p.memory_s * n                          # bytes read per chip (bandwidth 1) x chips
     beyond = max(0.0, 1.0 - cache_bytes / memory) if cache_bytes and memory > 0 else 0.0
     temp = host_temp_bytes(call)
+    # a prefill layer's elementwise ops over its prompt's activations: the d_model-wide ones
+    # (norms, residual adds) on every device, the FFN's activation function once over the
+    # devices' shards; a decode step's few rows ride on its per-layer dispatch instead
+    ffn_width = model.d_ff * (model.active_experts if model.moe else 1)
+    elementwise = (tokens * model.n_layers * (model.d_model * n + ffn_width)
+                   if call.phase == "prefill" else 0.0)
     # a decode matmul of few rows waits on its weights' stream from DRAM; with overlap_rows
     # rows or more, the stream runs under the FLOPs (the cost is about their max, not sum)
     hidden = (min(weight_rows / overlap_rows, 1.0) if overlap_rows > 0 and call.phase == "decode"
@@ -1081,6 +1087,7 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0,
         "dram_dequant": dequant * beyond,
         # a temp buffer past malloc's mmap threshold is faulted in afresh at every call
         "fault_bytes": temp * n if temp > MMAP_THRESHOLD_BYTES else 0.0,
+        "elementwise": elementwise,
     }
 
 

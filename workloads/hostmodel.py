@@ -28,6 +28,7 @@ overlap of compute, memory and communication does not happen on one core: the te
 | dram_dequant    | dequant elements beyond the cache, the same fraction          | s per element          |
 | fault_bytes     | a device's temp buffer x devices, where it is past malloc's   | s per byte             |
 |                 | mmap threshold (32 MiB): mapped and page-faulted every call   |                        |
+| elementwise     | prefill: prompt tokens x layers x (d_model x devices + d_ff)  | s per element          |
 
 A decode call's `dram_weights` count shrinks as its matmuls' rows approach `overlap_rows`
 (the rows at which FLOPs take as long as streaming the weights from DRAM, from the read
@@ -50,13 +51,15 @@ from typing import Mapping, Sequence
 
 TERMS = ("launch", "layer_device", "collective_op", "gather_bytes", "dram_gather", "scatter_bytes",
          "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops", "attention_rows",
-         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant", "fault_bytes")
+         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant", "fault_bytes",
+         "elementwise")
 UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "gather_bytes": "s/B",
          "dram_gather": "s/B",
          "scatter_bytes": "s/B", "exchange_bytes": "s/B", "matmul_flops": "s/FLOP",
          "matmul_weights": "s/element", "attention_flops": "s/FLOP", "attention_rows": "s/FLOP-row",
          "memory_bytes": "s/B", "dram_bytes": "s/B", "dram_weights": "s/element",
-         "dequant": "s/element", "dram_dequant": "s/element", "fault_bytes": "s/B"}
+         "dequant": "s/element", "dram_dequant": "s/element", "fault_bytes": "s/B",
+         "elementwise": "s/element"}
 # Terms whose count is work the devices share the cores for: a worker with more cores than
 # the calibration's runs them faster, up to one core per device (`throughput_ratio`); the
 # dispatch terms do not.
@@ -64,7 +67,7 @@ THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op"
 PHASES = ("prefill", "decode")
 # Bumped whenever TERMS or a count changes: a calibration made with other terms is stale
 # (hostprofile.calibrated_profile ignores it; `sweeper calibrate` makes a new one).
-TERMS_VERSION = 4
+TERMS_VERSION = 5
 # The pull toward a microbenchmark's figure: a coefficient at 2x its microbenchmark costs as
 # much as one probe mispredicted by PRIOR_WEIGHT x ln 2 (3.5%); terms without one are free.
 PRIOR_WEIGHT = 0.05

@@ -33,7 +33,8 @@ from workloads.hostmodel import HostModel
 
 GROUPS = {
     "dispatch": ("launch", "layer_device", "collective_op"),
-    "compute": ("matmul_flops", "matmul_weights", "attention_flops", "attention_rows", "dequant"),
+    "compute": ("matmul_flops", "matmul_weights", "attention_flops", "attention_rows", "dequant",
+                "elementwise"),
     "memory": ("memory_bytes", "dram_bytes", "dram_weights", "dram_dequant", "dram_gather",
                "fault_bytes"),
     "communication": ("gather_bytes", "scatter_bytes", "exchange_bytes"),
