@@ -563,9 +563,7 @@ def term_seconds(obs, profile) -> dict[str, float]:
     host = HostModel.from_dict(profile.host_model)
     call = obs.calls[0].call
     scale = obs.scale if not isinstance(obs.scale, tuple) else obs.scale[0]
-    share = scale * call.chips
-    counts = costmodel.host_counts(call, host.cache_for(share), host.overlap_rows)
-    return {t: float(v) for t, v in host.term_seconds(counts, call.phase, share, call.chips).items()
+    return {t: float(v) for t, v in costmodel.host_term_seconds(host, call, scale * call.chips).items()
             if v > 0}
 
 

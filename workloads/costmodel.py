@@ -930,8 +930,7 @@ def predict_phase(model: ModelConfig, hw: HardwareProfile, chips: int, batch: in
         share = hw.host_share * chips
         call = PhaseCall(model, chips, batch, phase, input_len, context, layout, weights,
                          tuple(topology), one_d, experts, moe_kernel, kv_cache)
-        latency_s = host.seconds(host_counts(call, host.cache_for(share), host.overlap_rows),
-                                 phase, share, chips)
+        latency_s = sum(host_term_seconds(host, call, share).values())
     working = working_set_bytes(model, topology, layout, batch, seq_len, weights, experts,
                                 moe_kernel)
     peak = stored + kv + working
@@ -1007,6 +1006,13 @@ def host_temp_bytes(call: "PhaseCall") -> float:
     if call.weights in SCALED_WEIGHTS:
         return 2.0 * local
     return 4.0 * local if gathered else 0.0
+
+
+def host_term_seconds(host: HostModel, call: "PhaseCall", share: float) -> dict[str, float]:
+    """{term: seconds} of one call on a calibrated host (`host_counts` at the cache and
+    overlap of a worker with `share` of it, times `HostModel.term_seconds`)."""
+    counts = host_counts(call, host.cache_for(share), host.overlap_rows)
+    return host.term_seconds(counts, call.phase, share, call.chips)
 
 
 def host_counts(call: "PhaseCall", cache_bytes: float = 0.0,

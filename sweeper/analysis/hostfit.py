@@ -65,9 +65,7 @@ def _parts(obs: Observation, host: HostModel, scale: float) -> tuple[str, bool, 
     for c in obs.calls:
         if c.variant != 0:
             continue
-        share = scale * c.call.chips
-        counts = costmodel.host_counts(c.call, host.cache_for(share), host.overlap_rows)
-        seconds = host.term_seconds(counts, c.call.phase, share, c.call.chips)
+        seconds = costmodel.host_term_seconds(host, c.call, scale * c.call.chips)
         for j, terms in enumerate(GROUPS.values()):
             out[j] += c.weight * sum(seconds.get(t, 0.0) for t in terms)
     return phase, obs.calls[0].call.chips > 1, out
