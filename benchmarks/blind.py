@@ -79,10 +79,10 @@ from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS
 NAME = "blind"
 DEV_SEEDS = (1, 2, 3)          # the seeds the host model was developed on: "development"
 # Seeds once drawn blind whose results then shaped a change (the corrections' prior, the
-# mesh factor, the prefill's unembedding count, the decode counts): development now, never
-# drawn blind again
+# mesh factor, the prefill's unembedding count, the decode counts, the calibration's ladder):
+# development now, never drawn blind again
 SPENT_SEEDS = (1476499142, 548887702, 1620312790, 1351828313, 37578236, 604914671, 1802082626,
-               1083565896)
+               1083565896, 204976851)
 DEFAULT_MODELS = 3
 TRIALS = 14                    # per model's sweep (pruned points count, as in `sweeper run`)
 FIT_TRIALS = 6                 # (b): at most 6 trials x 2 phases = 12 points
@@ -125,12 +125,13 @@ def fresh_seed(now_ns: int | None = None) -> int:
 
 def calibration_keys(calibration: Mapping[str, Any]) -> set:
     """The model keys of a calibration's probes (`probe_seed`, `probe_models` of its notes;
-    at least the full calibration's models, a superset of the quick one's)."""
+    at least the full calibration's models, a superset of the quick one's) and its ladder."""
     from sweeper.calibrate import tasks
 
     seed = int(calibration.get("probe_seed", probes.CALIBRATION_SEED))
     count = max(int(calibration.get("probe_models") or 0), tasks.FULL.probe_models)
-    keys = {probes.model_key(m) for m in probes.draw_models(seed, count, "probe")}
+    keys = {probes.model_key(m) for m in probes.draw_models(seed, count, "probe")
+            + list(probes.ladder(seed).models)}
     if seed != probes.CALIBRATION_SEED:
         keys |= {probes.model_key(m) for m in
                  probes.draw_models(probes.CALIBRATION_SEED, tasks.FULL.probe_models, "probe")}

@@ -46,8 +46,10 @@ def test_fresh_seed_is_never_the_calibration_or_a_development_seed():
 
 def test_draw_avoids_every_calibration_probe_and_refuses_the_calibration_seed():
     avoid = blind.calibration_keys(PROFILE.calibration)
-    # the full calibration's 12 probe models, whatever the quick one drew
-    assert len(avoid) == 12
+    # the full calibration's 12 random probe models, whatever the quick one drew, and the
+    # ladder's two depths of one model
+    assert len(avoid) == 14
+    assert {probes.model_key(m) for m in probes.ladder(probes.CALIBRATION_SEED).models} <= avoid
     first = probes.draw_models(probes.CALIBRATION_SEED, 1, "probe")[0]
     assert probes.model_key(first) in avoid
     for seed in (1, 2, 3, 77):

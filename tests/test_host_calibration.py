@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sweeper.calibrate import tasks
 from workloads import costmodel, hostmodel, hostprofile, probes
 from workloads.config import ConfigError, HardwareProfile, load_hardware as load_file
 from workloads.hardware import describe, load_hardware, per_chip
@@ -427,6 +428,28 @@ def test_probe_draws_are_reproducible_valid_and_avoid_the_calibrations():
     avoid = {probes.model_key(m) for m in a.models}
     other = probes.draw(5, 3, 2, avoid=avoid)
     assert not avoid & {probes.model_key(m) for m in other.models}
+
+
+def test_ladder_is_the_cheapest_corner_at_two_depths_on_every_chip_count():
+    rungs = probes.ladder(5, (1, 2, 4), prefix="t", repeats=3)
+    assert [t.to_dict() for t in rungs.trials] == [t.to_dict() for t in probes.ladder(5, (1, 2, 4),
+                                                                                      prefix="t", repeats=3).trials]
+    assert [m.n_layers for m in rungs.models] == list(probes.LAYERS)
+    # the two rungs are one model but for their depth, so their difference is the layers'
+    shapes = [{k: v for k, v in m.to_dict().items() if k not in ("name", "n_layers")}
+              for m in rungs.models]
+    assert shapes[0] == shapes[1] and rungs.models[0].d_model == min(probes.D_MODELS)
+    assert len(rungs.trials) == 6
+    for t in rungs.trials:
+        t.validate()
+        assert (t.batch, t.input_len, t.weights, t.repeats) == (1, min(probes.INPUT_LENS), "bf16", 3)
+    assert sorted(t.chips for t in rungs.trials) == [1, 1, 2, 2, 4, 4]
+    # the calibration measures it after its random probes, which it leaves as they were
+    full = tasks.FULL.probe_draw()
+    plain = dataclasses.replace(tasks.FULL, ladder=False).probe_draw()
+    assert full.trials[:len(plain.trials)] == plain.trials
+    assert {t.model.name for t in full.trials[len(plain.trials):]} == {m.name for m in
+                                                                      probes.ladder(tasks.FULL.seed).models}
 
 
 # ----------------------------------------------------------------------------- the command

@@ -89,6 +89,31 @@ class Draw:
     trials: tuple[TrialConfig, ...]
 
 
+def ladder(seed: int, chips: tuple[int, ...] = CHIPS, prefix: str = "probe", **fixed) -> Draw:
+    """The distribution's cheapest corner, which a dozen random models seldom reach: one
+    narrowest model (d_model 128, the rest drawn) at the fewest and the most layers, each with
+    one trial per chip count of batch 1, the shortest prompt and bf16 weights (layouts drawn).
+    Its calls take under a millisecond and are mostly the engine's per-call and per-layer
+    dispatch, which the two depths tell apart (docs/host-calibration.md "What it measures").
+    `fixed`: other TrialConfig fields, as `draw`'s."""
+    import dataclasses
+
+    rng = random.Random(seed + 2)       # its own stream: the random probes stay as they were
+    model = random_model(rng, "")
+    while model.d_model != D_MODELS[0]:
+        model = random_model(rng, "")
+    models, trials = [], []
+    for layers in LAYERS:
+        rung = dataclasses.replace(model, name=f"{prefix}{seed}-ladder{layers}", n_layers=layers)
+        models.append(rung)
+        for n in chips:
+            trial = random_trial(rng, rung, n, **{**fixed, "batch": 1, "input_len": INPUT_LENS[0],
+                                                  "weights": "bf16"})
+            if trial is not None:
+                trials.append(trial)
+    return Draw(seed, tuple(models), tuple(trials))
+
+
 def model_key(model: ModelConfig) -> tuple:
     """A model's shape without its name: two draws of the same shape are the same model."""
     d = model.to_dict()

@@ -24,8 +24,11 @@ DEQUANT_ELEMENTS = (2**18, 2**22)
 COLLECTIVE_BYTES = (4 * 2**10, 64 * 2**10, 2**20)
 # At least 3 timed runs (a sweep's default is 5): the probes with the slowest layouts on
 # this host (weight-gathered decode steps of 0.2-0.5 s) spend most of the calibration in
-# their minimum runs, while a fast probe runs until its CI or the budget stops it.
-PROBE_FIELDS = dict(repeats=3, warmup=1, time_budget_s=0.6, decode_steps=16)
+# their minimum runs, while a fast probe runs until its CI or the budget stops it. 8 decode
+# steps, as the blind benchmark's trials: 16 took the calibration past 5 minutes once the
+# ladder (probes.ladder) was added; one calibration of each predicted the development
+# trials about as well (docs/host-calibration.md).
+PROBE_FIELDS = dict(repeats=3, warmup=1, time_budget_s=0.6, decode_steps=8)
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,16 @@ class Plan:
     probe_models: int
     trials_per_chip: int
     seed: int = probes.CALIBRATION_SEED
+    ladder: bool = True             # probes.ladder's trials too
 
     def probe_draw(self) -> probes.Draw:
-        return probes.draw(self.seed, self.probe_models, self.trials_per_chip, self.chips,
-                           prefix="probe", **PROBE_FIELDS)
+        """The random probes, then the ladder of the distribution's cheapest corner."""
+        drawn = probes.draw(self.seed, self.probe_models, self.trials_per_chip, self.chips,
+                            prefix="probe", **PROBE_FIELDS)
+        if not self.ladder:
+            return drawn
+        rungs = probes.ladder(self.seed, self.chips, prefix="probe", **PROBE_FIELDS)
+        return probes.Draw(self.seed, drawn.models + rungs.models, drawn.trials + rungs.trials)
 
 
 FULL = Plan(chips=(1, 2, 4), probe_models=12, trials_per_chip=2)
