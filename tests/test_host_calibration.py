@@ -432,8 +432,8 @@ def test_probe_draws_are_reproducible_valid_and_avoid_the_calibrations():
 
 def test_ladder_is_the_cheapest_corner_at_two_depths_on_every_chip_count():
     rungs = probes.ladder(5, (1, 2, 4), prefix="t", repeats=3)
-    assert [t.to_dict() for t in rungs.trials] == [t.to_dict() for t in probes.ladder(5, (1, 2, 4),
-                                                                                      prefix="t", repeats=3).trials]
+    again = probes.ladder(5, (1, 2, 4), prefix="t", repeats=3)
+    assert [t.to_dict() for t in rungs.trials] == [t.to_dict() for t in again.trials]
     assert [m.n_layers for m in rungs.models] == list(probes.LAYERS)
     # the two rungs are one model but for their depth, so their difference is the layers'
     shapes = [{k: v for k, v in m.to_dict().items() if k not in ("name", "n_layers")}
@@ -448,8 +448,8 @@ def test_ladder_is_the_cheapest_corner_at_two_depths_on_every_chip_count():
     full = tasks.FULL.probe_draw()
     plain = dataclasses.replace(tasks.FULL, ladder=False).probe_draw()
     assert full.trials[:len(plain.trials)] == plain.trials
-    assert {t.model.name for t in full.trials[len(plain.trials):]} == {m.name for m in
-                                                                      probes.ladder(tasks.FULL.seed).models}
+    ladder_names = {m.name for m in probes.ladder(tasks.FULL.seed).models}
+    assert {t.model.name for t in full.trials[len(plain.trials):]} == ladder_names
 
 
 # ----------------------------------------------------------------------------- the command

@@ -16,6 +16,7 @@ weights, and any valid layout of each phase (workloads/layouts.py).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -96,8 +97,6 @@ def ladder(seed: int, chips: tuple[int, ...] = CHIPS, prefix: str = "probe", **f
     Its calls take under a millisecond and are mostly the engine's per-call and per-layer
     dispatch, which the two depths tell apart (docs/host-calibration.md "What it measures").
     `fixed`: other TrialConfig fields, as `draw`'s."""
-    import dataclasses
-
     rng = random.Random(seed + 2)       # its own stream: the random probes stay as they were
     model = random_model(rng, "")
     while model.d_model != D_MODELS[0]:

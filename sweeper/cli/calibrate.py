@@ -60,9 +60,9 @@ def summary(result) -> dict:
 def format_summary(result) -> str:
     cal = result.profile.calibration
     lines = [f"calibrated this host in {result.elapsed_s:.0f} s: {cal['probe_trials']} probe "
-             f"trials of {cal['probe_models']} models (random, and the ladder's) on {cal['chips']} "
-             f"emulated chips "
-             f"(seed {cal['probe_seed']}), load {cal['load_average_1min'][0]} -> "
+             f"trials of {cal['probe_models']} models (random, and the ladder's) on "
+             f"{cal['chips']} emulated chips (seed {cal['probe_seed']}), load "
+             f"{cal['load_average_1min'][0]} -> "
              f"{cal['load_average_1min'][1]}"]
     for phase, errs in result.fit.heldout.items():
         if errs:
