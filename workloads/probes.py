@@ -94,8 +94,9 @@ def ladder(seed: int, chips: tuple[int, ...] = CHIPS, prefix: str = "probe", **f
     """The distribution's cheapest corner, which a dozen random models seldom reach: one
     narrowest model (d_model 128, the rest drawn) at the fewest and the most layers, each with
     one trial per chip count of batch 1, the shortest prompt and bf16 weights (layouts drawn).
-    Its calls take under a millisecond and are mostly the engine's per-call and per-layer
-    dispatch, which the two depths tell apart (docs/host-calibration.md "What it measures").
+    Its one-chip prefills take under a millisecond, and its calls are mostly the engine's
+    per-call and per-layer dispatch, which the two depths tell apart
+    (docs/host-calibration.md "What it measures").
     `fixed`: other TrialConfig fields, as `draw`'s."""
     rng = random.Random(seed + 2)       # its own stream: the random probes stay as they were
     model = random_model(rng, "")
