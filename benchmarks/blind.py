@@ -130,11 +130,11 @@ def calibration_keys(calibration: Mapping[str, Any]) -> set:
 
     seed = int(calibration.get("probe_seed", probes.CALIBRATION_SEED))
     count = max(int(calibration.get("probe_models") or 0), tasks.FULL.probe_models)
-    keys = {probes.model_key(m) for m in probes.draw_models(seed, count, "probe")
-            + list(probes.ladder(seed).models)}
-    if seed != probes.CALIBRATION_SEED:
-        keys |= {probes.model_key(m) for m in
-                 probes.draw_models(probes.CALIBRATION_SEED, tasks.FULL.probe_models, "probe")}
+    keys = set()
+    # and the default calibration's, whatever seed this one had
+    for s, n in {seed: count, probes.CALIBRATION_SEED: tasks.FULL.probe_models}.items():
+        keys |= {probes.model_key(m) for m in probes.draw_models(s, n, "probe")
+                 + list(probes.ladder(s).models)}
     return keys
 
 

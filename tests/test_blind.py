@@ -52,6 +52,10 @@ def test_draw_avoids_every_calibration_probe_and_refuses_the_calibration_seed():
     assert {probes.model_key(m) for m in probes.ladder(probes.CALIBRATION_SEED).models} <= avoid
     first = probes.draw_models(probes.CALIBRATION_SEED, 1, "probe")[0]
     assert probes.model_key(first) in avoid
+    # a calibration made with another probe seed: its probes and ladder, and the default's
+    other = blind.calibration_keys({"probe_seed": 99, "probe_models": 3})
+    assert avoid <= other and len(other) == 14 + 12 + 2
+    assert {probes.model_key(m) for m in probes.ladder(99).models} <= other
     for seed in (1, 2, 3, 77):
         drawn = blind.draw(seed, 3, avoid)
         assert len(drawn) == 3 and not {probes.model_key(m) for m in drawn} & avoid
