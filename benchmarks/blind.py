@@ -79,10 +79,10 @@ from workloads.layouts import ATTN_LAYOUTS, FFN_LAYOUTS
 NAME = "blind"
 DEV_SEEDS = (1, 2, 3)          # the seeds the host model was developed on: "development"
 # Seeds once drawn blind whose results then shaped a change (the corrections' prior, the
-# mesh factor, the prefill's unembedding count, the decode counts, the calibration's ladder):
-# development now, never drawn blind again
+# mesh factor, the prefill's unembedding count, the decode counts, the calibration's ladder,
+# one core per device): development now, never drawn blind again
 SPENT_SEEDS = (1476499142, 548887702, 1620312790, 1351828313, 37578236, 604914671, 1802082626,
-               1083565896, 204976851)
+               1083565896, 204976851, 1401970228)
 DEFAULT_MODELS = 3
 TRIALS = 14                    # per model's sweep (pruned points count, as in `sweeper run`)
 FIT_TRIALS = 6                 # (b): at most 6 trials x 2 phases = 12 points
@@ -706,14 +706,11 @@ def served_capacity(plan_path: Path) -> dict:
     from sweeper.serving.serve import prediction_deployment
     from sweeper.serving.server import worker_cores
     from workloads.deployment import load_plan
-    from workloads.hardware import worker_share
     from workloads.serving.model import capacity_rps, cost_model_step_times
 
     d = load_plan(plan_path)
     workers = d.prefill.replicas + d.decode.replicas if d.mode == "disaggregated" else d.decode.replicas
-    cores = worker_cores(workers)
-    total = os.cpu_count() or 1
-    share = float(np.mean([worker_share(len(c), total) for c in cores]))
+    _, share = worker_cores([1] * workers)      # the share depends on the workers alone
     whole = capacity_rps(d, cost_model_step_times(d), SERVE_INPUT_LEN, SERVE_OUTPUT_LEN)["rps"]
     served = capacity_rps(prediction_deployment(d, share), cost_model_step_times(
         prediction_deployment(d, share)), SERVE_INPUT_LEN, SERVE_OUTPUT_LEN)["rps"]

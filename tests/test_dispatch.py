@@ -198,3 +198,35 @@ def test_workers_take_the_processes_ray_started_idle(tmp_path):
         pool.close()
     finally:
         session.close()
+
+
+def test_an_emulated_worker_runs_on_at_most_one_core_per_device():
+    """A mesh worker (sweep) and a serving worker keep their slot's share of the host but
+    are pinned to at most one core per emulated device (meshworker.device_cores): the host
+    model prices a device's work on one core (workloads/hostmodel.py `throughput_ratio`).
+    Real affinity of this process, restored after."""
+    from sweeper.serving.server import worker_cores
+    from sweeper.sweep.meshworker import MeshWorker
+
+    cores = sorted(os.sched_getaffinity(0))
+    require(len(cores) >= 2, "needs two CPU cores")
+
+    def pinned(*args, **kwargs) -> list[int]:
+        try:
+            return MeshWorker(*args, **kwargs).cores
+        finally:
+            os.sched_setaffinity(0, cores)
+
+    assert pinned(0, 1, cores) == cores[:1]                  # one device: one core
+    assert pinned(0, 2, cores) == cores[:2]
+    assert pinned(0, 4, cores[:1]) == cores[:1]              # oversubscribed: its slot's
+    assert pinned(0, 4, cores, hosts=4) == cores[:1]         # one device on each host
+    # serving: one worker of one device owns the whole host but runs on one core; two own
+    # half each; `cores_per_worker` groups of that many, each still one core per device
+    assert worker_cores([1]) == ([cores[:1]], 1.0)
+    assert worker_cores([len(cores)]) == ([cores], 1.0)
+    groups, share = worker_cores([1, 1])
+    assert share == pytest.approx(0.5, abs=0.5 / len(cores))       # half each, to a core
+    assert len(groups) == 2 and all(len(g) == 1 for g in groups) and groups[0] != groups[1]
+    groups, share = worker_cores([2], cores_per_worker=1)
+    assert groups == [cores[:1]] and share == pytest.approx(1 / len(cores))

@@ -290,6 +290,10 @@ def test_serve_aggregated_replicas_real(tmp_path, capsys, sweeper_home):
 
     out, artifact = _served(tmp_path, capsys, "aggregated", chips=1, replicas=2)
     assert set(out["warmup"]) == {"aggregated", "aggregated-1"}      # two workers served
+    # each on one core of its own: at most one per emulated chip (meshworker.device_cores)
+    cores = [w["cores"] for w in out["workers"].values()]
+    assert len(cores) == 2 and all(len(c) == 1 for c in cores), cores
+    assert cores[0] != cores[1] or len(os.sched_getaffinity(0)) < 2, cores
     assert out["deployment"]["decode"]["replicas"] == 2
     _check(out, artifact)
     arrivals = [Request(t, 8, 5) for t in (0.3, 0.1, 0.2, 0.0, 0.4)]

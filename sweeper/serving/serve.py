@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,7 +41,6 @@ import numpy as np
 
 from workloads.config import ConfigError
 from workloads.deployment import Deployment, PhaseSlice
-from workloads.hardware import worker_share
 from workloads.serving.costs import HostCosts
 from workloads.serving.profile import Request, context_len, merge_decoded
 
@@ -91,6 +89,8 @@ class ServeResult:
                 "relative_error": relative_errors(self.measured, self.predicted),
                 "deployment": self.deployment.to_dict(),
                 "requests": len(self.requests), "warmup": self.warmup,
+                "workers": {name: {k: w.get(k) for k in ("pid", "cores")}
+                            for name, w in self.workers.items() if isinstance(w, dict)},
                 "hardware_label": "host" if self.emulated else "devices"}
 
     @property
@@ -384,21 +384,14 @@ class ServingSession:
             import ray   # lazy: Ray (~1 s), started by the session above
 
             self.ray = ray
-            if not emulated:
-                self.cores = [None] * len(self.names)
-            elif cores_per_worker:
-                groups = max(len(os.sched_getaffinity(0)) // cores_per_worker, len(self.names))
-                self.cores = worker_cores(groups)[:len(self.names)]
-            else:
-                self.cores = worker_cores(len(self.names))
-            total = len(os.sched_getaffinity(0))
-            self.share = float(np.mean([worker_share(len(c), total) for c in self.cores])) \
-                if emulated else 1.0
+            devices = {name: math.prod(specs[name]["topology"]) * specs[name].get("stages", 1)
+                       for name in self.names}
+            self.cores, self.share = (worker_cores(list(devices.values()), cores_per_worker)
+                                      if emulated else ([None] * len(self.names), 1.0))
             remote = ray.remote(ServingWorker)
             env = {paths.HOME_ENV: str(paths.sweeper_home(create=True))}
             for name, mine in zip(self.names, self.cores):
-                chips = (math.prod(specs[name]["topology"]) * specs[name].get("stages", 1)
-                         if emulated else None)
+                chips = devices[name] if emulated else None
                 # a second thread answers `progress` (and `where`) while the stream runs; a
                 # decode worker's third receives the handovers (`deliver`)
                 threads = 3 if name.startswith("decode") else 2

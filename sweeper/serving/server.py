@@ -42,13 +42,12 @@ import re
 import time
 from typing import Any
 
+import numpy as np
+
+from sweeper.sweep.meshworker import device_cores, split_cores, where_am_i
+from workloads.hardware import worker_share
 from workloads.serving.hostcosts import _nowhere, prompt_for
 from workloads.serving.profile import Request
-
-try:    # the sweep's mesh-worker helpers (sweeper/sweep/meshworker.py since the workers split)
-    from sweeper.sweep.meshworker import split_cores, where_am_i
-except ImportError:
-    from sweeper.sweep.workers import split_cores, where_am_i
 
 POLL_S = 0.0005           # a waiting decode worker checks for handovers this often
 
@@ -367,6 +366,17 @@ def actor_options(chips: int | None, cores: list[int] | None, threads: int = 1,
             "runtime_env": {"env_vars": env}}
 
 
-def worker_cores(workers: int) -> list[list[int]]:
-    """Each worker's cores: this process's cores split into `workers` disjoint groups."""
-    return split_cores(workers)
+def worker_cores(devices: list[int], cores_per_worker: int | None = None
+                 ) -> tuple[list[list[int]], float]:
+    """(each worker's cores, their mean share of this host) for emulated workers of
+    `devices` devices each. A worker's share is its group of this process's cores (the
+    groups disjoint while they last; `cores_per_worker`: groups of that many) and the
+    last-level cache they hold, but it runs on at most one core per device, as the host
+    model prices it (sweeper/sweep/meshworker.py `device_cores`)."""
+    total = len(os.sched_getaffinity(0))
+    if cores_per_worker:
+        groups = split_cores(max(total // cores_per_worker, len(devices)))[:len(devices)]
+    else:
+        groups = split_cores(len(devices))
+    share = float(np.mean([worker_share(len(group), total) for group in groups]))
+    return [sorted(device_cores(group, n)) for group, n in zip(groups, devices)], share
