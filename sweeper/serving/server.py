@@ -29,8 +29,9 @@ process). Each worker reports, per request, when its first token was on the host
 its last was, and the tokens themselves.
 
 A worker is started as the sweep's workers are (sweeper/sweep/workers.py): the emulated
-chip count in XLA_FLAGS before JAX starts, pinned to its share of this process's cores
-(`split_cores`), `num_cpus=0` (the pinning decides the cores, not Ray's accounting).
+chip count in XLA_FLAGS before JAX starts, pinned to at most one core per chip of its share
+of this process's cores (`worker_cores`), `num_cpus=0` (the pinning decides the cores, not
+Ray's accounting).
 """
 
 from __future__ import annotations
