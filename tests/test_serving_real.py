@@ -9,6 +9,7 @@ slow + ci_slow (CI's second stage runs them).
 """
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
