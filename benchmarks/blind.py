@@ -133,8 +133,8 @@ def calibration_keys(calibration: Mapping[str, Any]) -> set:
     seed = int(calibration.get("probe_seed", probes.CALIBRATION_SEED))
     count = max(int(calibration.get("probe_models") or 0), tasks.FULL.probe_models)
     keys = set()
-    # and the default calibration's, whatever seed this one had
-    for s, n in {seed: count, probes.CALIBRATION_SEED: tasks.FULL.probe_models}.items():
+    # and the default calibration's, whatever seed this one had (this one's count if the same)
+    for s, n in {probes.CALIBRATION_SEED: tasks.FULL.probe_models, seed: count}.items():
         keys |= {probes.model_key(m) for m in probes.draw_models(s, n, "probe")
                  + list(probes.ladder(s).models)}
     return keys
@@ -714,8 +714,9 @@ def served_capacity(plan_path: Path) -> dict:
     workers = d.prefill.replicas + d.decode.replicas if d.mode == "disaggregated" else d.decode.replicas
     _, share = worker_cores([1] * workers)      # the share depends on the workers alone
     whole = capacity_rps(d, cost_model_step_times(d), SERVE_INPUT_LEN, SERVE_OUTPUT_LEN)["rps"]
-    served = capacity_rps(prediction_deployment(d, share), cost_model_step_times(
-        prediction_deployment(d, share)), SERVE_INPUT_LEN, SERVE_OUTPUT_LEN)["rps"]
+    on_cores = prediction_deployment(d, share)
+    served = capacity_rps(on_cores, cost_model_step_times(on_cores), SERVE_INPUT_LEN,
+                          SERVE_OUTPUT_LEN)["rps"]
     return {"plan_rps": whole, "served_rps": served, "worker_share": share, "workers": workers}
 
 
