@@ -46,13 +46,17 @@ def _costs(scale: float = 1.0) -> dict:
 
 def test_counts_sum_over_the_devices_that_share_a_core():
     """Per-device work counts once per device: the same trial on 2 chips has twice the
-    layer-device dispatches of 1 chip, the same total matmul FLOPs, and collectives only
-    on more than one chip."""
+    layer-device dispatches of 1 chip, the same total matmul FLOPs, and collectives and
+    the per-layer handover only on more than one chip."""
     one = costmodel.host_counts(costmodel.phase_calls(_trial(chips=1))["decode"])
     two = costmodel.host_counts(costmodel.phase_calls(_trial(chips=2))["decode"])
     assert two["layer_device"] == 2 * one["layer_device"]
     assert two["matmul_flops"] == pytest.approx(one["matmul_flops"], rel=0.05)
     assert one["collective_op"] == 0 and two["collective_op"] > 0
+    # a mesh's per-layer handover: layers x devices past one device, none on one
+    four = costmodel.host_counts(costmodel.phase_calls(_trial(chips=4))["decode"])
+    layers = _trial().model.n_layers
+    assert (one["layer_mesh"], two["layer_mesh"], four["layer_mesh"]) == (0, 2 * layers, 4 * layers)
     int8 = costmodel.host_counts(costmodel.phase_calls(_trial(weights="int8"))["decode"])
     assert int8["dequant"] > 0 and two["dequant"] == 0
 

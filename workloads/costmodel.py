@@ -1076,6 +1076,8 @@ def host_counts(call: "PhaseCall", cache_bytes: float = 0.0,
         "launch": 1.0,
         "layer_device": float(model.n_layers * n),
         "collective_op": float(ops * n),
+        # a mesh's devices hand the core to one another at every layer (docs/host-calibration.md)
+        "layer_mesh": float(model.n_layers * n) if n > 1 else 0.0,
         "gather_bytes": by_kind["all-gather"] * n,
         # a weight-gathered layout's gathered weights are written, then streamed by the
         # matmuls, from DRAM once they outgrow the cache (docs/host-calibration.md)

@@ -13,6 +13,7 @@ overlap of compute, memory and communication does not happen on one core: the te
 | launch          | 1 per call                                                    | s per program call     |
 | layer_device    | layers x devices                                              | s (per-layer dispatch) |
 | collective_op   | collective ops x devices                                      | s (rendezvous, launch) |
+| layer_mesh      | layers x devices, on a mesh of more than one device           | s (per-layer handover) |
 | gather_bytes    | all-gather bytes per chip x devices                           | s per byte             |
 | dram_gather     | gather_bytes beyond the last-level cache (as dram_bytes)      | s per byte             |
 | scatter_bytes   | reduce-scatter bytes per chip x devices                       | s per byte             |
@@ -49,12 +50,12 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 
-TERMS = ("launch", "layer_device", "collective_op", "gather_bytes", "dram_gather", "scatter_bytes",
-         "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops", "attention_rows",
+TERMS = ("launch", "layer_device", "collective_op", "layer_mesh", "gather_bytes", "dram_gather",
+         "scatter_bytes", "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops", "attention_rows",
          "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant", "fault_bytes",
          "elementwise")
-UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "gather_bytes": "s/B",
-         "dram_gather": "s/B",
+UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "layer_mesh": "s",
+         "gather_bytes": "s/B", "dram_gather": "s/B",
          "scatter_bytes": "s/B", "exchange_bytes": "s/B", "matmul_flops": "s/FLOP",
          "matmul_weights": "s/element", "attention_flops": "s/FLOP", "attention_rows": "s/FLOP-row",
          "memory_bytes": "s/B", "dram_bytes": "s/B", "dram_weights": "s/element",
@@ -63,11 +64,11 @@ UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "gather_bytes
 # Terms whose count is work the devices share the cores for: a worker with more cores than
 # the calibration's runs them faster, up to one core per device (`throughput_ratio`); the
 # dispatch terms do not.
-THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op"}
+THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op", "layer_mesh"}
 PHASES = ("prefill", "decode")
 # Bumped whenever TERMS or a count changes: a calibration made with other terms is stale
 # (hostprofile.calibrated_profile ignores it; `sweeper calibrate` makes a new one).
-TERMS_VERSION = 5
+TERMS_VERSION = 6
 # The pull toward a microbenchmark's figure: a coefficient at 2x its microbenchmark costs as
 # much as one probe mispredicted by PRIOR_WEIGHT x ln 2 (3.5%); terms without one are free.
 PRIOR_WEIGHT = 0.05

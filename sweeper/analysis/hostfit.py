@@ -13,9 +13,10 @@ predict each trial from the others), so where a model's errors do not follow the
 fit keeps to the calibrated profile instead of bending to noise. The blind benchmark's fits on a
 dozen points made held-out errors worse than the profile alone at one fixed weight.
 
-Groups: dispatch (per call, per layer and per collective op), compute (matmuls, attention,
-dequantisation), memory (bytes read, those beyond the cache), communication (collective bytes);
-and per phase one factor of trials on more than one chip (`_Problem`).
+Groups: dispatch (per call, per layer, per collective op, a mesh's per-layer handover),
+compute (matmuls, attention, dequantisation), memory (bytes read, those beyond the cache),
+communication (collective bytes); and per phase one factor of trials on more than one chip
+(`_Problem`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from workloads.config import HardwareProfile
 from workloads.hostmodel import HostModel
 
 GROUPS = {
-    "dispatch": ("launch", "layer_device", "collective_op"),
+    "dispatch": ("launch", "layer_device", "collective_op", "layer_mesh"),
     "compute": ("matmul_flops", "matmul_weights", "attention_flops", "attention_rows", "dequant",
                 "elementwise"),
     "memory": ("memory_bytes", "dram_bytes", "dram_weights", "dram_dequant", "dram_gather",
