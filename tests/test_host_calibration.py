@@ -277,8 +277,12 @@ def test_mesh_costs_price_meshes_of_more_than_one_device_only():
     assert again == host and "mesh_costs" not in hostmodel.HostModel(_costs(), 0.5).to_dict()
     counts = costmodel.host_counts(costmodel.phase_calls(_trial(chips=2))["decode"])
     plain = hostmodel.HostModel(_costs(), 0.5, 0.0)
-    assert host.seconds(counts, "decode", 1.0, 2) == pytest.approx(2 * plain.seconds(counts, "decode", 1.0, 2))
-    assert host.seconds(counts, "decode", 0.5, 1) == plain.seconds(counts, "decode", 0.5, 1)
+
+    def seconds(model: hostmodel.HostModel, share: float, chips: int) -> float:
+        return sum(model.term_seconds(counts, "decode", share, chips).values())
+
+    assert seconds(host, 1.0, 2) == pytest.approx(2 * seconds(plain, 1.0, 2))
+    assert seconds(host, 0.5, 1) == seconds(plain, 0.5, 1)
 
 
 def test_study_fit_separates_what_only_a_mesh_of_devices_adds():

@@ -138,11 +138,6 @@ class HostModel:
         return term_seconds(term_counts, self.costs_for(phase, chips),
                             self.throughput_ratio(share, chips))
 
-    def seconds(self, term_counts: Mapping[str, float], phase: str, share: float,
-                chips: int) -> float:
-        """A call's latency: the sum of its `term_seconds`."""
-        return sum(self.term_seconds(term_counts, phase, share, chips).values())
-
 
 def term_seconds(term_counts: Mapping[str, float], costs: Mapping[str, float],
                  throughput_ratio: float = 1.0) -> dict[str, float]:
