@@ -51,9 +51,9 @@ from typing import Mapping, Sequence
 
 
 TERMS = ("launch", "layer_device", "collective_op", "layer_mesh", "gather_bytes", "dram_gather",
-         "scatter_bytes", "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops", "attention_rows",
-         "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant", "fault_bytes",
-         "elementwise")
+         "scatter_bytes", "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops",
+         "attention_rows", "memory_bytes", "dram_bytes", "dram_weights", "dequant", "dram_dequant",
+         "fault_bytes", "elementwise")
 UNITS = {"launch": "s", "layer_device": "s", "collective_op": "s", "layer_mesh": "s",
          "gather_bytes": "s/B", "dram_gather": "s/B",
          "scatter_bytes": "s/B", "exchange_bytes": "s/B", "matmul_flops": "s/FLOP",
