@@ -5,7 +5,7 @@ model's own trials can add is a correction per phase and per group of terms: tha
 kernels run a little faster or slower than the probes' did. So on a profile with a
 `host_model`, `sweeper fit` (and the end-of-sweep analysis) fits a multiplier per (phase,
 group) with a log-normal prior toward 1, and never the host's costs one by one: a dozen
-points cannot pin fifteen constants, and the calibration already did.
+points cannot pin nineteen costs, and the calibration already did.
 
 The prior's strength is not a constant chosen once: it is picked from `PRIOR_WEIGHTS` by
 cross-validation over whole trials of the points being fitted (the weight whose fits best
