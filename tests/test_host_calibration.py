@@ -399,6 +399,29 @@ def test_overlap_rows_come_from_the_read_and_matmul_microbenchmarks():
     assert hostmodel.HostModel.from_dict(host.to_dict()) == host
 
 
+def test_the_read_sweep_gives_the_cache_the_model_counts():
+    """Points drawn from the model's own count (a call's fixed cost, then per bf16 element
+    a + b x (1 - C / bytes) past C) give C back; a sweep without a step, or too short,
+    gives 0 (sysfs's is kept)."""
+    from sweeper.calibrate import fitting
+
+    mib = 2**20
+    sizes = [m * mib for m in (1, 2, 4, 6, 8, 12, 16, 32, 64)]
+    rng = random.Random(5)
+
+    def call_s(b: float, cache: float) -> float:
+        per_element = 120e-12 + 200e-12 * max(0.0, 1 - cache / b)
+        return (20e-6 + b / 2 * per_element) * (1 + rng.gauss(0, 0.02))
+
+    for cache in (3 * mib, 7 * mib, 20 * mib):
+        sweep = [(b, call_s(b, cache)) for b in sizes]
+        found = fitting.Microbench(read_sweep=sweep).effective_cache_bytes()
+        assert found == pytest.approx(cache, rel=0.2)
+    flat = [(b, call_s(b, 0.0) if b < 0 else 20e-6 + b / 2 * 120e-12) for b in sizes]
+    assert fitting.Microbench(read_sweep=flat).effective_cache_bytes() == 0.0
+    assert fitting.Microbench(read_sweep=sweep[:3]).effective_cache_bytes() == 0.0
+
+
 def test_prefill_counts_its_elementwise_work_per_prompt_token_and_layer():
     """A prefill layer's norms and residual adds run on every device's activations, its
     activation function once over the FFN's shards: prompt tokens x layers x (d_model x
@@ -493,7 +516,14 @@ def test_quick_calibration_runs_for_real_and_host_uses_it(tmp_path):
     assert 0 < profile["collective_latency_max_s"] <= max(whole)
     assert profile["multigroup_gather_scale"] == 1.0
     kinds = {r["task"]["kind"] for r in points["records"]}
-    assert {"dispatch", "matmul", "dequant", "memory", "collective", "trial"} <= kinds
+    assert {"dispatch", "matmul", "dequant", "memory", "cache", "collective", "trial"} <= kinds
+    # the cache the model counts is the read sweep's where it shows a step, else sysfs's
+    notes = profile["calibration"]
+    measured = points["microbench"]["effective_cache_bytes"]
+    assert notes["cache_source"] == ("read sweep" if measured > 0 else "sysfs")
+    assert notes["cache_bytes"] == pytest.approx(measured / notes["worker_share"] if measured > 0
+                                                 else notes["cache_bytes_sysfs"])
+    assert profile["host_model"]["cache_bytes"] == pytest.approx(notes["cache_bytes"])
     said = subprocess.run([sys.executable, "-m", "sweeper.cli", "predict", "--model", "tiny",
                            "--hardware", "host", "--chips", "2", "--batch", "4", "--phase",
                            "decode", "--json"], capture_output=True, text=True, cwd=ROOT,

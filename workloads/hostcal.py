@@ -18,6 +18,9 @@ Tasks (a JSON list):
   {"kind": "dequant", "elements":}     the engine's int8 -> bf16 dequantisation of that many
                                        weight elements per device (`quant.dequantize`)
   {"kind": "memory"}                   read bandwidth per device, every device reading at once
+  {"kind": "cache", "bytes":}          a one-row engine matmul over bf16 weights of that many
+                                       bytes per device: the time per weight element streamed,
+                                       from cache or from DRAM (the read sweep)
   {"kind": "collective", "op":, "group":, "bytes":}
                                        one collective op over groups of `group` devices (all N
                                        devices in N / group groups at once, as a layout's op over
@@ -139,6 +142,14 @@ def memory(n: int) -> dict:
     return {"bytes_per_s": time_memory_bandwidth(n, QUICK_SETTINGS, nbytes=64 * 2**20)}
 
 
+def cache(n: int, nbytes: int) -> dict:
+    """One decode row against `nbytes` of bf16 weights per device (k = 1024 rows of the
+    weight matrix), as a decode step streams its weights: fitting.Microbench's read sweep."""
+    k = 1024
+    cols = max(1, nbytes // (2 * k))
+    return {**matmul(n, 1, k, cols), "elements": k * cols}
+
+
 def collective(n: int, op: str, group: int, nbytes: int) -> dict:
     from workloads.opprofile import QUICK_SETTINGS, group_mesh, time_collective
 
@@ -168,6 +179,8 @@ def run(task: dict, n: int, engine_cache: dict) -> dict:
         return dequant(n, task["elements"])
     if kind == "memory":
         return memory(n)
+    if kind == "cache":
+        return cache(n, task["bytes"])
     if kind == "collective":
         return collective(n, task["op"], task["group"], task["bytes"])
     if kind == "trial":

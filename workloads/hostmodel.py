@@ -23,7 +23,7 @@ overlap of compute, memory and communication does not happen on one core: the te
 | attention_flops | attention FLOPs (paper §2 convention)                         | s per FLOP             |
 | attention_rows  | attention FLOPs / the rows sharing a KV head (§3.3)           | s per FLOP-row         |
 | memory_bytes    | weight and KV bytes read (costmodel.predict_phase's)          | s per byte             |
-| dram_bytes      | the part of those bytes beyond the last-level cache           | s per byte             |
+| dram_bytes      | the part of those bytes beyond the worker's cache             | s per byte             |
 | dram_weights    | matmul_weights beyond the cache, the same fraction            | s per element          |
 | dequant         | int8 weight elements turned back into bf16 each call          | s per element          |
 | dram_dequant    | dequant elements beyond the cache, the same fraction          | s per element          |
@@ -68,7 +68,7 @@ THROUGHPUT_TERMS = frozenset(TERMS) - {"launch", "layer_device", "collective_op"
 PHASES = ("prefill", "decode")
 # Bumped whenever TERMS or a count changes: a calibration made with other terms is stale
 # (hostprofile.calibrated_profile ignores it; `sweeper calibrate` makes a new one).
-TERMS_VERSION = 6
+TERMS_VERSION = 7
 # The pull toward a microbenchmark's figure: a coefficient at 2x its microbenchmark costs as
 # much as one probe mispredicted by PRIOR_WEIGHT x ln 2 (3.5%); terms without one are free.
 PRIOR_WEIGHT = 0.05
@@ -77,7 +77,8 @@ PRIOR_WEIGHT = 0.05
 @dataclass(frozen=True)
 class HostModel:
     """A host's fitted costs: {phase: {term: cost per unit}}, the worker share they were
-    measured at (a worker's cores / the host's cores) and the host's last-level cache."""
+    measured at (a worker's cores / the host's cores) and the host's cache as the model
+    counts it (the calibration's read sweep at that share, over the share)."""
 
     costs: Mapping[str, Mapping[str, float]]
     share: float

@@ -90,8 +90,11 @@ def calibrate(plan: tasks.Plan = tasks.FULL, quick: bool = False, out: Path | No
     batches = tasks.batches(plan, quick=quick)
     total = sum(len(b.tasks) for b in batches)
     outcome = runner.run(batches, slots, _progress_counter(total, progress, start))
-    cache = last_level_cache_bytes()
     micro = fitting.microbench(outcome.records)
+    # the host's cache as the model counts it: the read sweep's, measured at this share
+    # (HostModel.cache_for gives it back to a worker of the share); sysfs's where none
+    listed, measured = last_level_cache_bytes(), micro.effective_cache_bytes()
+    cache = measured / share if measured > 0 else listed
     overlap_rows = micro.overlap_rows()
     probes = fitting.probes(outcome.records, cache * share, overlap_rows)
     if len({p.group for p in probes}) < 2:
@@ -114,6 +117,8 @@ def calibrate(plan: tasks.Plan = tasks.FULL, quick: bool = False, out: Path | No
         "failed_measurements": len(outcome.failed),
         "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "cache_bytes": cache,
+        "cache_source": "read sweep" if measured > 0 else "sysfs",
+        "cache_bytes_sysfs": listed,
     }
     profile = dataclasses.replace(profile, calibration=notes)
     if serving is not None:

@@ -16,6 +16,9 @@ from workloads import costmodel, hostmodel
 from workloads.trial import TrialConfig
 
 PHASE_KEYS = {"prefill": "prefill_s", "decode": "decode_step_s"}
+# The read sweep shows a cache only where weights past it stream this much slower per element
+# than weights inside it (DRAM against cache: about 2x on the development host).
+MIN_CACHE_STEP = 1.3
 
 
 def _plane(xs: list[tuple[float, ...]], ys: list[float]) -> tuple[float, ...]:
@@ -42,13 +45,17 @@ class Microbench:
     # per weight element streamed, from every matmul shape: seconds = c + a FLOPs + b k n
     matmul_weight_s: dict[int, float] = field(default_factory=dict)
     collective: dict[str, tuple[float, float]] = field(default_factory=dict)  # "kind/g@n": (s/op, s/B)
+    # the read sweep: (bytes of bf16 weights, seconds of the one-row matmul over them), one device
+    read_sweep: list[tuple[float, float]] = field(default_factory=list)
     points: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"call_s": self.call_s, "op_s": self.op_s, "dequant_s_per_element": self.dequant_s,
                 "read_s_per_byte": self.read_s, "matmul_s_per_flop": self.matmul_flop_s,
                 "matmul_s_per_weight": self.matmul_weight_s,
-                "collective_s_per_op_and_per_byte": {k: list(v) for k, v in self.collective.items()}}
+                "collective_s_per_op_and_per_byte": {k: list(v) for k, v in self.collective.items()},
+                "read_sweep_bytes_and_s": [list(p) for p in self.read_sweep],
+                "effective_cache_bytes": self.effective_cache_bytes()}
 
     def prior(self) -> dict[str, float]:
         """The host model's terms these figures measure directly (the fit's prior), from the
@@ -83,6 +90,34 @@ class Microbench:
             return 0.0
         per_element_s = 2.0 * statistics.median(self.read_s.values())
         return per_element_s / (2.0 * statistics.median(self.matmul_flop_s.values()))
+
+    def effective_cache_bytes(self) -> float:
+        """The cache a calibration worker's weights stay in, as the host model counts it
+        (`costmodel.host_counts`: the share of the bytes beyond it is 1 - cache / bytes),
+        from the read sweep: the cache C whose count, in seconds = call + elements x (a +
+        b x max(0, 1 - C / bytes)), best fits the sweep's points on relative error (C on a
+        fine grid; call, a, b >= 0 by least squares at each). 0 where the sweep is missing
+        or shows no step (per element, its largest weights less than MIN_CACHE_STEP times
+        slower than its fastest point): the caller keeps the cache sysfs lists."""
+        import numpy as np
+        from scipy.optimize import nnls
+
+        if len(self.read_sweep) < 4:
+            return 0.0
+        sizes = np.array([b for b, _ in sorted(self.read_sweep)], float)
+        seconds = np.array([t for _, t in sorted(self.read_sweep)], float)
+        elements = sizes / 2.0                                      # bf16
+        per_element = seconds / elements
+        # against the fastest point, not the smallest: a small call's fixed cost inflates its
+        if not per_element[-1] >= MIN_CACHE_STEP * per_element.min():
+            return 0.0
+        best = (math.inf, 0.0)
+        for cache in np.geomspace(sizes.min(), sizes.max(), 400):
+            a = np.column_stack([np.ones(len(sizes)), elements,
+                                 elements * np.maximum(0.0, 1.0 - cache / sizes)])
+            _, residual = nnls(a / seconds[:, None], np.ones(len(sizes)))
+            best = min(best, (residual, float(cache)))
+        return best[1]
 
     def collective_latency_max_s(self) -> float:
         """The profile's `collective_latency_max_s` (0: none measured): a per-op start-up
@@ -119,6 +154,8 @@ def microbench(records: Iterable[dict]) -> Microbench:
             mb.dequant_s[n] = r["seconds"] / (r["elements"] * n)
         elif kind == "memory":
             mb.read_s[n] = 1.0 / (r["bytes_per_s"] * n)
+        elif kind == "cache" and n == 1:
+            mb.read_sweep.append((2.0 * r["elements"], r["seconds"]))
         elif kind == "matmul":
             flops = 2.0 * task["m"] * task["k"] * task["n"] * n
             if flops > largest.get(n, (0.0, 0.0))[0]:

@@ -6,6 +6,8 @@ Per device count n of the calibration (1, 2, 4 by default):
 - the engine's matmul at MATMUL_SHAPES (rows 1 to 512 against square and skewed weights);
 - int8 dequantisation of DEQUANT_ELEMENTS weight elements;
 - read bandwidth;
+- on one device, the read sweep: a decode row's matmul over weights of CACHE_BYTES, whose time
+  per element steps up where the weights outgrow the cache the worker gets;
 - every collective kind over every group size g > 1 dividing n, at COLLECTIVE_BYTES;
 - the probe trials of that chip count (workloads/probes.py, CALIBRATION_SEED).
 """
@@ -21,6 +23,9 @@ from workloads.opprofile import KINDS, group_sizes
 MATMUL_SHAPES = tuple((m, k, n) for m in (1, 2, 8, 32, 128, 512)
                       for k, n in ((256, 256), (1024, 1024), (512, 2048), (2048, 512)))
 DEQUANT_ELEMENTS = (2**18, 2**22)
+# the read sweep's weight sizes: from well inside a core's share of a last-level cache to
+# well past any (the step's position is what it measures; `--quick` takes every other one)
+CACHE_BYTES = tuple(int(mib * 2**20) for mib in (1, 2, 3, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64))
 COLLECTIVE_BYTES = (4 * 2**10, 64 * 2**10, 2**20)
 # At least 3 timed runs (a sweep's default is 5): the probes with the slowest layouts on
 # this host (weight-gathered decode steps of 0.2-0.5 s) spend most of the calibration in
@@ -58,6 +63,8 @@ def micro_tasks(n: int, quick: bool = False) -> list[dict]:
     tasks = [{"kind": "dispatch"}, {"kind": "memory"}]
     tasks += [{"kind": "matmul", "m": m, "k": k, "n": nn} for m, k, nn in shapes]
     tasks += [{"kind": "dequant", "elements": e} for e in DEQUANT_ELEMENTS]
+    if n == 1:
+        tasks += [{"kind": "cache", "bytes": b} for b in (CACHE_BYTES[::2] if quick else CACHE_BYTES)]
     sizes = COLLECTIVE_BYTES[::2] if quick else COLLECTIVE_BYTES
     tasks += [{"kind": "collective", "op": op, "group": g, "bytes": b}
               for g in group_sizes(n) for op in KINDS for b in sizes]
