@@ -422,6 +422,16 @@ def test_the_read_sweep_gives_the_cache_the_model_counts():
     assert fitting.Microbench(read_sweep=sweep[:3]).effective_cache_bytes() == 0.0
 
 
+def test_a_worker_keeps_a_calibration_workers_cache_per_core_it_runs_devices_on():
+    """Calibrated at half the host on one core each: a lone one-device worker (the serve's,
+    pinned to one core) gets one calibration worker's cache, not the whole host's; a
+    four-device worker on the whole host runs on both cores and gets two."""
+    host = hostmodel.HostModel(_costs(), 0.5, 12e6, worker_cores=1)
+    assert host.cache_for(0.5, 1) == host.cache_for(0.5, 4) == pytest.approx(6e6)
+    assert host.cache_for(1.0, 1) == pytest.approx(6e6)
+    assert host.cache_for(1.0, 4) == pytest.approx(12e6)
+
+
 def test_prefill_counts_its_elementwise_work_per_prompt_token_and_layer():
     """A prefill layer's norms and residual adds run on every device's activations, its
     activation function once over the FFN's shards: prompt tokens x layers x (d_model x

@@ -1011,7 +1011,7 @@ def host_temp_bytes(call: "PhaseCall") -> float:
 def host_term_seconds(host: HostModel, call: "PhaseCall", share: float) -> dict[str, float]:
     """{term: seconds} of one call on a calibrated host (`host_counts` at the cache and
     overlap of a worker with `share` of it, times `HostModel.term_seconds`)."""
-    counts = host_counts(call, host.cache_for(share), host.overlap_rows)
+    counts = host_counts(call, host.cache_for(share, call.chips), host.overlap_rows)
     return host.term_seconds(counts, call.phase, share, call.chips)
 
 

@@ -78,7 +78,7 @@ PRIOR_WEIGHT = 0.05
 class HostModel:
     """A host's fitted costs: {phase: {term: cost per unit}}, the worker share they were
     measured at (a worker's cores / the host's cores) and the host's cache as the model
-    counts it (the calibration's read sweep at that share, over the share)."""
+    counts it (a calibration worker's, from its read sweep, over its share: `cache_for`)."""
 
     costs: Mapping[str, Mapping[str, float]]
     share: float
@@ -127,10 +127,15 @@ class HostModel:
         cores = share / self.share * self.worker_cores
         return min(self.worker_cores, chips) / min(cores, chips)
 
-    def cache_for(self, share: float) -> float:
-        """The last-level cache a worker with `share` of the host's cores has: its part of
-        the host's (`cache_bytes`, the whole host's, shared by its cores)."""
-        return self.cache_bytes * min(share, 1.0)
+    def cache_for(self, share: float, chips: int = 1) -> float:
+        """The cache a worker with `share` of the host running `chips` devices keeps its
+        weights in: a calibration worker's (`cache_bytes` x `share` at the calibration's
+        share) per core it runs devices on, min(its cores, chips) as `throughput_ratio`
+        counts them. Not its share of the host's: on the development host a lone worker's
+        read sweep stepped to DRAM at the same size as one beside another
+        (docs/host-calibration.md, "What it measures")."""
+        cores = min(share / self.share * self.worker_cores, chips)
+        return self.cache_bytes * self.share / self.worker_cores * cores
 
     def term_seconds(self, term_counts: Mapping[str, float], phase: str, share: float,
                      chips: int) -> dict[str, float]:
