@@ -15,7 +15,7 @@ overlap of compute, memory and communication does not happen on one core: the te
 | collective_op   | collective ops x devices                                      | s (rendezvous, launch) |
 | layer_mesh      | layers x devices, on a mesh of more than one device           | s (per-layer handover) |
 | gather_bytes    | all-gather bytes per chip x devices                           | s per byte             |
-| dram_gather     | gather_bytes beyond the last-level cache (as dram_bytes)      | s per byte             |
+| dram_gather     | gather_bytes beyond the worker's cache (as dram_bytes)        | s per byte             |
 | scatter_bytes   | reduce-scatter bytes per chip x devices                       | s per byte             |
 | exchange_bytes  | all-to-all and all-reduce bytes x devices                     | s per byte             |
 | matmul_flops    | weight-matmul FLOPs (paper §2: 2 per multiply-add)            | s per FLOP             |

@@ -108,7 +108,8 @@ class Microbench:
         seconds = np.array([t for _, t in sorted(self.read_sweep)], float)
         elements = sizes / 2.0                                      # bf16
         per_element = seconds / elements
-        # against the fastest point, not the smallest: a small call's fixed cost inflates its
+        # against the fastest point, not the smallest: a small call's fixed cost inflates
+        # its time per element
         if not per_element[-1] >= MIN_CACHE_STEP * per_element.min():
             return 0.0
         best = (math.inf, 0.0)
