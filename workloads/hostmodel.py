@@ -124,18 +124,20 @@ class HostModel:
         them min(its cores, chips) at a time, the calibration's workers min(worker_cores,
         chips). Unpinned, a one-device worker on two cores was neither: 9-17% slower than
         on one on a d128 model, 25-35% faster on a d640 one."""
-        cores = share / self.share * self.worker_cores
-        return min(self.worker_cores, chips) / min(cores, chips)
+        return min(self.worker_cores, chips) / self.busy_cores(share, chips)
+
+    def busy_cores(self, share: float, chips: int) -> float:
+        """The cores a worker with `share` of the host runs its `chips` devices on: at most
+        one per device (the workers are pinned so)."""
+        return min(share / self.share * self.worker_cores, chips)
 
     def cache_for(self, share: float, chips: int = 1) -> float:
         """The cache a worker with `share` of the host running `chips` devices keeps its
         weights in: a calibration worker's (`cache_bytes` x `share` at the calibration's
-        share) per core it runs devices on, min(its cores, chips) as `throughput_ratio`
-        counts them. Not its share of the host's: on the development host a lone worker's
-        read sweep stepped to DRAM at the same size as one beside another
-        (docs/host-calibration.md, "What it measures")."""
-        cores = min(share / self.share * self.worker_cores, chips)
-        return self.cache_bytes * self.share / self.worker_cores * cores
+        share) per core it runs devices on (`busy_cores`). Not its share of the host's: on
+        the development host a lone worker's read sweep stepped to DRAM at the same size as
+        one beside another (docs/host-calibration.md, "What it measures")."""
+        return self.cache_bytes * self.share / self.worker_cores * self.busy_cores(share, chips)
 
     def term_seconds(self, term_counts: Mapping[str, float], phase: str, share: float,
                      chips: int) -> dict[str, float]:
