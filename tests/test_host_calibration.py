@@ -267,6 +267,32 @@ def test_corrections_prior_is_chosen_by_cross_validation_over_trials():
     assert all(f == 1.0 for groups in given["corrections"].values() for f in groups.values())
 
 
+def test_a_uniform_slowdown_is_fitted_as_one_factor_per_phase():
+    """Every group of a model's trials 1.2x slower than the calibration says: the
+    cross-validation prefers one factor per phase (two numbers, shrunk less by their prior)
+    to the groups' ten, and finds the slowdown; each structure's scores are kept."""
+    from sweeper.analysis import hostfit
+    from sweeper.analysis.observations import from_config, predict_latency
+
+    base = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict())
+    draw = probes.draw(17, 2, 3, prefix="uniform")
+    points = []
+    for i, t in enumerate(draw.trials[:12]):
+        for ph in ("prefill", "decode"):
+            o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
+            o.measured = 1.2 * predict_latency(o, base)
+            points.append(o)
+    fitted = hostfit.fit(points, base)[0].host_model
+    prior = fitted["corrections_prior"]
+    assert prior["structure"] == "per phase", prior
+    assert set(prior["heldout_mape_per_phase_by_weight"]) == {
+        str(w) for w in hostfit.PRIOR_WEIGHTS if math.isfinite(w)}
+    for phase in ("prefill", "decode"):
+        factors = set(fitted["corrections"][phase].values())
+        assert len(factors) == 1 and factors.pop() == pytest.approx(1.2, rel=0.05)
+    assert "mesh_corrections" not in fitted
+
+
 def test_mesh_costs_price_meshes_of_more_than_one_device_only():
     """A fitted profile's `mesh_costs` price calls on several devices; one device keeps
     `costs`; both survive the profile's dict round trip, and without them every chip count
