@@ -267,21 +267,29 @@ def test_corrections_prior_is_chosen_by_cross_validation_over_trials():
     assert all(f == 1.0 for groups in given["corrections"].values() for f in groups.values())
 
 
+def _observed(seed: int, prefix: str, trials: int, measured) -> list:
+    """Both phases' observations of the first `trials` trials of a probe draw, each
+    measured as `measured(observation, trial)`."""
+    from sweeper.analysis.observations import from_config
+
+    points = []
+    for i, t in enumerate(probes.draw(seed, 2, 3, prefix=prefix).trials[:trials]):
+        for ph in ("prefill", "decode"):
+            o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
+            o.measured = measured(o, t)
+            points.append(o)
+    return points
+
+
 def test_a_uniform_slowdown_is_fitted_as_one_factor_per_phase():
     """Every group of a model's trials 1.2x slower than the calibration says: the
     cross-validation prefers one factor per phase (two numbers, shrunk less by their prior)
     to the groups' ten, and finds the slowdown; each structure's scores are kept."""
     from sweeper.analysis import hostfit
-    from sweeper.analysis.observations import from_config, predict_latency
+    from sweeper.analysis.observations import predict_latency
 
     base = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict())
-    draw = probes.draw(17, 2, 3, prefix="uniform")
-    points = []
-    for i, t in enumerate(draw.trials[:12]):
-        for ph in ("prefill", "decode"):
-            o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
-            o.measured = 1.2 * predict_latency(o, base)
-            points.append(o)
+    points = _observed(17, "uniform", 12, lambda o, t: 1.2 * predict_latency(o, base))
     fitted = hostfit.fit(points, base)[0].host_model
     prior = fitted["corrections_prior"]
     assert prior["structure"] == "per phase", prior
@@ -318,17 +326,12 @@ def test_study_fit_separates_what_only_a_mesh_of_devices_adds():
     per group for every chip count, the quickstart's one-chip trials held out were predicted
     92% too slow from its 2- and 4-chip ones.)"""
     from sweeper.analysis import hostfit
-    from sweeper.analysis.observations import from_config, predict_latency
+    from sweeper.analysis.observations import predict_latency
 
     base = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict())
-    draw = probes.draw(13, 2, 3, prefix="mesh")
-    points = []
-    for i, t in enumerate(draw.trials[:10]):
-        for ph in ("prefill", "decode"):
-            o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
-            o.measured = predict_latency(o, base) * (1.6 if t.chips > 1 else 1.0)
-            points.append(o)
-    assert {t.chips for t in draw.trials[:10]} >= {1, 2}
+    points = _observed(13, "mesh", 10,
+                       lambda o, t: predict_latency(o, base) * (1.6 if t.chips > 1 else 1.0))
+    assert {p.chips for p in points} >= {1, 2}
     fitted = hostfit.fit(points, base)[0]
     model = fitted.host_model
     assert model["mesh_costs"] and model["mesh_corrections"]["decode"] > 1.3
