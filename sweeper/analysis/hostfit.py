@@ -18,7 +18,8 @@ group alike (`STRUCTURES`). A model whose trials all run some percent slower tha
 predicted (a host busier than at its calibration, a model whose kernels are all a little
 slower) needs two numbers, not ten: on the second host's first blind run the group factors'
 cross-validation kept the profile for three models of five, and a prefill error of -15%
-across every chip count with it.
+across every chip count with it. (Refitting that run, held-out prefill 14.3% -> 13.1%; on
+the next blind seed no change beyond noise: docs/host-calibration.md.)
 
 Groups: dispatch (per call, per layer, per collective op, a mesh's per-layer handover),
 compute (matmuls, attention, dequantisation), memory (bytes read, those beyond the cache),
@@ -206,7 +207,7 @@ def _trial_key(obs: Observation) -> str:
     return f"{model}|{obs.group!r}|{obs.trial}"
 
 
-def choose_prior_weight(problems: dict[str, _Problem]) -> tuple[str, float, dict[str, dict]]:
+def choose_corrections(problems: dict[str, _Problem]) -> tuple[str, float, dict[str, dict]]:
     """(structure, weight, {structure: held-out MAPE per weight tried}): cross-validation
     over trials, each structure of STRUCTURES at each weight of PRIOR_WEIGHTS (the
     calibrated profile alone, weight inf, once); the groups at the strongest finite weight
@@ -233,7 +234,7 @@ def fit(points: list[Observation], base: HardwareProfile, name: str | None = Non
         weights: np.ndarray | None = None, prior_weight: float | None = None
         ) -> tuple[HardwareProfile, float, bool, str, int]:
     """(profile, cost, success, message, evaluations) of the corrections' least squares;
-    `prior_weight` None: chosen by cross-validation over trials (`choose_prior_weight`)."""
+    `prior_weight` None: chosen by cross-validation over trials (`choose_corrections`)."""
     host = HostModel.from_dict(base.host_model)
     parts = [_parts(p, host, p.scale) for p in points]
     seconds = np.array([s for _, _, s in parts]).reshape(len(points), len(GROUPS))
@@ -250,7 +251,7 @@ def fit(points: list[Observation], base: HardwareProfile, name: str | None = Non
     scores: dict[str, dict] = {}
     chosen_by, structure = "given", "groups"
     if prior_weight is None:
-        structure, prior_weight, scores = choose_prior_weight(problems)
+        structure, prior_weight, scores = choose_corrections(problems)
         chosen_by = "cross-validation over trials" if scores else f"fewer than {MIN_CV_TRIALS} trials"
     problem = problems[structure]
 
