@@ -202,24 +202,37 @@ def test_uncalibrated_host_says_so_in_one_line(tmp_path):
 # ----------------------------------------------------------------------------- corrections
 
 
+def _observed(seed: int, prefix: str, trials: int, measured, models: int = 2) -> list:
+    """Both phases' observations of the first `trials` trials of a probe draw of `models`
+    models, each measured as `measured(observation, trial)`."""
+    from sweeper.analysis.observations import from_config
+
+    points = []
+    for i, t in enumerate(probes.draw(seed, models, 3, prefix=prefix).trials[:trials]):
+        for ph in ("prefill", "decode"):
+            o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
+            o.measured = measured(o, t)
+            points.append(o)
+    return points
+
+
+def _compute_slower(base, factor: float = 1.3):
+    """`base` with the compute terms (matmuls, dequantisation) `factor` times as costly."""
+    return dataclasses.replace(base, host_model=hostmodel.HostModel(
+        {ph: {t: v * (factor if t in ("matmul_flops", "matmul_weights", "dequant") else 1.0)
+              for t, v in terms.items()} for ph, terms in _costs().items()}, 0.5, 0.0).to_dict())
+
+
 def test_study_fit_on_a_calibrated_host_fits_corrections_with_a_prior():
     """The trials of one model run 1.3x slower in compute than the calibration says: a fit
     on 6 trials finds a compute correction near 1.3 per phase, leaves the costs' ratios
     alone, and with one point the prior keeps every factor near 1."""
     from sweeper.analysis import fit as calfit
-    from sweeper.analysis.observations import from_config, predict_latency
+    from sweeper.analysis.observations import predict_latency
 
     base = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict())
-    draw = probes.draw(7, 1, 3, prefix="c")
-    slow = dataclasses.replace(base, host_model=hostmodel.HostModel(
-        {ph: {t: v * (1.3 if t in ("matmul_flops", "matmul_weights", "dequant") else 1.0)
-              for t, v in terms.items()} for ph, terms in _costs().items()}, 0.5, 0.0).to_dict())
-    points = []
-    for i, t in enumerate(draw.trials[:6]):
-        for ph in ("prefill", "decode"):
-            o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
-            o.measured = predict_latency(o, slow)
-            points.append(o)
+    slow = _compute_slower(base)
+    points = _observed(7, "c", 6, lambda o, t: predict_latency(o, slow), models=1)
     fitted = calfit.fit_profile(points, base).profile
     factors = fitted.host_model["corrections"]
     assert factors["decode"]["compute"] == pytest.approx(1.3, rel=0.1)
@@ -236,23 +249,15 @@ def test_corrections_prior_is_chosen_by_cross_validation_over_trials():
     import random
 
     from sweeper.analysis import hostfit
-    from sweeper.analysis.observations import from_config, predict_latency
+    from sweeper.analysis.observations import predict_latency
 
     base = dataclasses.replace(HOST, host_model=hostmodel.HostModel(_costs(), 0.5, 0.0).to_dict())
-    slow = dataclasses.replace(base, host_model=hostmodel.HostModel(
-        {ph: {t: v * (1.3 if t in ("matmul_flops", "matmul_weights", "dequant") else 1.0)
-              for t, v in terms.items()} for ph, terms in _costs().items()}, 0.5, 0.0).to_dict())
-    draw = probes.draw(11, 2, 3, prefix="cv")
+    slow = _compute_slower(base)
     rng = random.Random(3)
 
     def points(truth, noise):
-        out = []
-        for i, t in enumerate(draw.trials[:10]):
-            for ph in ("prefill", "decode"):
-                o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
-                o.measured = predict_latency(o, truth) * math.exp(rng.gauss(0.0, noise))
-                out.append(o)
-        return out
+        return _observed(11, "cv", 10, lambda o, t: predict_latency(o, truth)
+                         * math.exp(rng.gauss(0.0, noise)))
 
     structured = hostfit.fit(points(slow, 0.0), base)[0].host_model
     assert structured["corrections_prior"]["chosen_by"] == "cross-validation over trials"
@@ -265,20 +270,6 @@ def test_corrections_prior_is_chosen_by_cross_validation_over_trials():
     given = hostfit.fit(points(base, 0.3), base, prior_weight=math.inf)[0].host_model
     assert given["corrections_prior"]["chosen_by"] == "given"
     assert all(f == 1.0 for groups in given["corrections"].values() for f in groups.values())
-
-
-def _observed(seed: int, prefix: str, trials: int, measured) -> list:
-    """Both phases' observations of the first `trials` trials of a probe draw, each
-    measured as `measured(observation, trial)`."""
-    from sweeper.analysis.observations import from_config
-
-    points = []
-    for i, t in enumerate(probes.draw(seed, 2, 3, prefix=prefix).trials[:trials]):
-        for ph in ("prefill", "decode"):
-            o = from_config(t, ph, 1.0, i, 0.5 / t.chips)
-            o.measured = measured(o, t)
-            points.append(o)
-    return points
 
 
 def test_a_uniform_slowdown_is_fitted_as_one_factor_per_phase():

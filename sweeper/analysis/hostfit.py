@@ -244,9 +244,10 @@ def fit(points: list[Observation], base: HardwareProfile, name: str | None = Non
                        if (seconds[phase_index == i, j] > 0).any()]
             + [(i, None) for i in range(len(PHASES)) if (mesh & (phase_index == i)).any()],
             "per phase": [(i, ALL) for i in range(len(PHASES)) if (phase_index == i).any()]}
-    problems = {s: _Problem(seconds, phase_index, mesh, np.array([p.measured_s for p in points]),
-                            np.ones(len(points)) if weights is None else np.asarray(weights),
-                            np.array([_trial_key(p) for p in points]), free[s])
+    measured = np.array([p.measured_s for p in points])
+    weights = np.ones(len(points)) if weights is None else np.asarray(weights)
+    trials = np.array([_trial_key(p) for p in points])
+    problems = {s: _Problem(seconds, phase_index, mesh, measured, weights, trials, free[s])
                 for s in STRUCTURES}
     scores: dict[str, dict] = {}
     chosen_by, structure = "given", "groups"
