@@ -37,7 +37,8 @@ there). Then for each model:
     disaggregated, within MAX_CHIPS chips: this host's cores) at each load's rate, then
     `sweeper serve` of that plan: measured TTFT and TPOT p50/p99 against the serve's own
     prediction (the serving model with the plan's profile, same requests) and the plan's,
-    and whether each lies inside the plan's stated 90% band (`bands_s`). The loads are
+    and whether each lies inside the plan's stated 90% band (`bands_s`, for a stream of
+    the served length: `--band-requests`). The loads are
     fractions of the capacity the plan's deployment is predicted to have on the cores the
     served workers get. The warm-up model and the replay are diagnostics; the replay (the
     stream's own call durations fed back) is a consistency check and stays out of the
@@ -694,11 +695,13 @@ def served_model(model):
     return model if vocab == model.vocab else dataclasses.replace(model, vocab=vocab)
 
 
-def plan_cli(home: Path, model_yaml: Path, mode: str, rate: float, out: Path) -> dict:
+def plan_cli(home: Path, model_yaml: Path, mode: str, rate: float, out: Path,
+             served_requests: int) -> dict:
+    """`sweeper plan` of one case; its bands are for a served stream of `served_requests`."""
     args = ["plan", "--model", str(model_yaml), "--hardware", "host", "--mode", mode,
             "--max-chips", str(MAX_CHIPS), "--rate", f"{rate:.6g}", "--input-len", str(SERVE_INPUT_LEN),
             "--output-len", str(SERVE_OUTPUT_LEN), "--ttft", str(SLO["ttft"]), "--tpot", str(SLO["tpot"]),
-            "--out", str(out), "--json", "--no-mlflow"]
+            "--band-requests", str(served_requests), "--out", str(out), "--json", "--no-mlflow"]
     run = run_cli(home, args, timeout_s=600)
     data = last_json(run["stdout"]) if run["returncode"] == 0 else None
     return {"run": {k: v for k, v in run.items() if k != "stdout"}, "json": data}
@@ -758,7 +761,7 @@ def serve_model(home: Path, model, seed: int, index: int, requests: int) -> dict
                                          sort_keys=False))
     out: dict = {"modes": {}, "vocab": {"drawn": model.vocab, "planned": served.vocab}}
     for mode in MODES:
-        first = plan_cli(home, model_yaml, mode, PROBE_RATE, work / f"{mode}-probe.json")
+        first = plan_cli(home, model_yaml, mode, PROBE_RATE, work / f"{mode}-probe.json", requests)
         entry: dict = {"probe_plan": first["run"], "cases": []}
         out["modes"][mode] = entry
         if not (first["json"] or {}).get("best"):
@@ -769,7 +772,7 @@ def serve_model(home: Path, model, seed: int, index: int, requests: int) -> dict
         for load in LOADS:
             rate = load * capacity["served_rps"]
             path = work / f"{mode}-{load:g}.json"
-            plan = plan_cli(home, model_yaml, mode, rate, path)
+            plan = plan_cli(home, model_yaml, mode, rate, path, requests)
             if not (plan["json"] or {}).get("best"):
                 entry["cases"].append({"load": load, "rate_rps": rate, "skipped": "no plan",
                                        "plan": plan["run"]})

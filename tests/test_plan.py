@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.cli import main
-from sweeper.serving.plan import PlanQuestion, plan
+from sweeper.serving.plan import PlanQuestion, band_streams, plan
 from workloads.config import load_hardware, load_model
 from workloads.deployment import load_plan
 from workloads.serving.model import simulate
@@ -152,11 +152,36 @@ def test_error_band_marks_a_plan_at_risk():
         assert lo <= best[f"{metric}_s"] <= hi, metric
     # the plan meets the SLO as predicted; at 2x slower steps it could not
     assert best["at_risk"] is True and result.settle and "sweeper serve" in result.settle
-    # the band's upper end is the same plan simulated with every step time x 2
+    # the band's upper end is the same plan simulated with every step time x 2, on the
+    # slowest of the band's arrival streams (19 for 90%: none of them the plan's own)
     d = result.best.deployment
-    slow = simulate(d, requests(profile, 150, 0),
-                    _scaled(result, 2.0), slo=profile).summary()["tpot_p99_s"]
+    streams = band_streams(q, 150)
+    assert len(streams) == 19 and all(len(s) == 150 for s in streams)
+    assert all(s != requests(profile, 150, 0) for s in streams)
+    slow = max(simulate(d, s, _scaled(result, 2.0), slo=profile).summary()["tpot_p99_s"]
+               for s in streams)
     assert high == pytest.approx(slow, rel=1e-9)
+
+
+def test_a_band_covers_the_arrivals_of_a_stream_of_the_served_length():
+    """Without any step-time error (every held-out residual 0) the band is the spread of the
+    statistic over other arrival streams: wider for a served stream of 40 requests than for
+    one of 400, and containing the plan's own prediction."""
+    base = load_hardware("h100").to_dict()
+    exact = load_hardware({**base, "name": "h100-exact",
+                           "heldout_residuals": {"prefill": [0.0] * 20, "decode": [0.0] * 20}})
+    profile = AppProfile(rate=40.0, input_len=parse_length(512, "x", None),
+                         output_len=parse_length(64, "x", None), ttft=2.0, tpot=0.1)
+    widths = {}
+    for served in (40, 400):
+        q = PlanQuestion(load_model("llama3.1-8b"), exact, profile, modes=("aggregated",),
+                         requests=400, band_requests=served)
+        best = plan(q).to_dict()["best"]
+        low, high = best["bands_s"]["ttft_p99"]
+        assert low <= best["ttft_p99_s"] <= high
+        assert "19 arrival streams" in best["band"]
+        widths[served] = high / low
+    assert widths[40] > widths[400] > 1.0
 
 
 def _scaled(result, factor):
@@ -173,6 +198,7 @@ def _scaled(result, factor):
     (["--rate", "1", "--input-len", "gaussian"], "--input-len"),
     (["--rate", "1", "--ttft", "0"], "--ttft"),
     (["--rate", "1", "--slo-stat", "p101"], "--slo-stat"),
+    (["--rate", "1", "--band-requests", "5"], "--band-requests"),
     (["--rate", "1", "--max-chips", "0"], "--max-chips"),
     ([], "--rate"),                                    # neither --rate nor --trace
     (["--rate", "1", "--trace", "/no/such.csv"], "--trace"),

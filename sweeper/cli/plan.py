@@ -48,6 +48,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", metavar="N", default="0", help="seed of the simulated arrivals")
     p.add_argument("--coverage", metavar="SHARE", default="0.9",
                    help="coverage of the error bands (default 0.9)")
+    p.add_argument("--band-requests", metavar="N", help="requests of the served stream the "
+                   "bands are for: a short stream's p99 varies more (default: as simulated)")
     p.add_argument("--out", metavar="PLAN.json", help="write the best plan for `sweeper serve "
                    "--plan`")
     options.add_json(p)
@@ -117,8 +119,12 @@ def question_from_args(args: argparse.Namespace):
     modes = MODES if args.mode == "both" else (args.mode,)
     requests = integer("--requests", from_text(args.requests), minimum=10, maximum=MAX_REQUESTS)
     seed = integer("--seed", from_text(args.seed), minimum=0, maximum=MAX_SEED)
+    band_requests = (None if getattr(args, "band_requests", None) is None else
+                     integer("--band-requests", from_text(args.band_requests), minimum=10,
+                             maximum=MAX_REQUESTS))
     return PlanQuestion(model, hardware, profile, modes=modes, max_chips=max_chips,
                         requests=requests, seed=seed, coverage=coverage,
+                        band_requests=band_requests,
                         weights=weights_flag(getattr(args, "weights", None), hardware))
 
 

@@ -11,7 +11,9 @@ floor((n+1)a/2)-th below (a = 1 - coverage). With fewer held-out points than tha
 
 A plan's band comes from simulating it again with every step time scaled to the band's
 ends (prefill by the prefill ratio, decode by the decode ratio): queueing amplifies a
-step-time error, and the band says by how much. A profile without residuals (a preset) is
+step-time error, and the band says by how much. It does so on minimum_points(coverage) other
+arrival streams (sweeper/serving/plan.py band_streams): a served stream is one draw of its
+arrivals, and a short one's p99 varies. A profile without residuals (a preset) is
 "uncalibrated": no band is invented.
 
 A phase with some residuals but fewer than its band needs, when the two phases together have

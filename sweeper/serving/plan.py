@@ -22,8 +22,9 @@ The search, per mode (aggregated, disaggregated):
    frontier. Among plans of the cheapest price the one with the most headroom (smallest
    max(stat/target)) wins. With --max-chips the objective is the most goodput within the budget.
 4. Error bands: the best plan and the frontier are simulated again at the ends of the
-   profile's conformal band (bands.py); a plan whose SLO target lies inside its band is
-   `at_risk`.
+   profile's conformal band (bands.py), each over as many other arrival streams as the band's
+   coverage needs (a served stream is one draw of its arrivals); a plan whose SLO target lies
+   inside its band is `at_risk`.
 
 Costs are in chips (x price per chip-hour when the profile has one).
 """
@@ -37,6 +38,8 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+import numpy as np
 
 from sweeper.serving import bands as bands_mod
 from workloads.config import ConfigError, HardwareProfile, ModelConfig, check_context
@@ -84,6 +87,7 @@ class PlanQuestion:
     max_simulations: int = 300    # per mode
     frontier_simulations: int = 40   # per mode, after the cheapest plan is found
     weights: tuple[str, ...] | None = None   # weight formats searched (None: every one the chips run)
+    band_requests: int | None = None   # requests of the stream a band is for (None: as simulated)
 
 
 @dataclass
@@ -637,8 +641,22 @@ def _undominated(items: list, key) -> list:
 # --------------------------------------------------------------------------- bands
 
 
-def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
-    """Simulate `plan` at the band's ends; fills plan.band (at_risk, intervals)."""
+def band_streams(q: PlanQuestion, simulated: int) -> list[list]:
+    """The arrival streams a band is simulated on: as many as a `q.coverage` band needs
+    (bands.minimum_points: the chance that one more stream's statistic lies beyond all of
+    them is then at most 1 - coverage), each of `q.band_requests` requests (default: as many
+    as the plan simulates), none of them the plan's own. A trace gives one stream."""
+    n = q.band_requests or simulated
+    if q.profile.trace is not None:
+        return [requests(q.profile, n, q.seed)]
+    seeds = (int(np.random.SeedSequence([q.seed, k]).generate_state(1)[0])
+             for k in range(bands_mod.minimum_points(q.coverage)))
+    return [requests(q.profile, n, s) for s in seeds]
+
+
+def _with_band(search: _Search, plan: Plan, ratio_bands: dict, streams: list[list]) -> None:
+    """Simulate `plan` at the band's ends on every band stream; fills plan.band (at_risk,
+    intervals: the lowest and highest statistic of those simulations and the plan's own)."""
     p = search.q.profile
     ttft_name, tpot_name = f"ttft_{p.ttft_statistic}", f"tpot_{p.tpot_statistic}"
     pre, dec = ratio_bands["prefill"], ratio_bands["decode"]
@@ -648,8 +666,8 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
                      f"{tpot_name}_band_s": None}
         return
     base = search.step_times(plan.config, plan.deployment)
-    ends = {}
-    for end, (fp, fd) in (("low", (pre.low, dec.low)), ("high", (pre.high, dec.high))):
+    ends = []
+    for fp, fd in ((pre.low, dec.low), (pre.high, dec.high)):
         affine = base.decode_affine
         # the band scales the engine's step times; the serving host costs stay as measured
         at, gap = base.prefill_at_s, base.prefill_interval_s
@@ -660,28 +678,32 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict) -> None:
             decode_step_s=lambda b, c, f=fd: base.decode_step_s(b, c) * f,
             decode_affine=None if affine is None else
             (lambda b, f=fd: tuple(f * x for x in affine(b))))
-        ends[end] = search._plan(plan.deployment, simulate(plan.deployment, search.requests, scaled,
-                                                           slo=p), plan.config)
-    ttft_band = sorted([ends["low"].summary["ttft_slo_stat_s"], ends["high"].summary["ttft_slo_stat_s"]])
-    tpot_band = sorted([ends["low"].summary["tpot_slo_stat_s"], ends["high"].summary["tpot_slo_stat_s"]])
-    at_risk = plan.meets_slo != ends["high"].meets_slo or plan.meets_slo != ends["low"].meets_slo
-    plan.band = {"band": band_label(search.q.hardware, pre, dec),
-                 "at_risk": at_risk, f"{ttft_name}_band_s": ttft_band,
-                 f"{tpot_name}_band_s": tpot_band,
-                 # every percentile's band from the same two simulations, so that a served
+        ends += [search._plan(plan.deployment, simulate(plan.deployment, stream, scaled, slo=p),
+                              plan.config) for stream in streams]
+
+    def interval(key: str) -> list[float]:   # the plan's own prediction lies inside
+        values = [plan.summary[key], *(e.summary[key] for e in ends)]
+        return [min(values), max(values)]
+
+    at_risk = any(plan.meets_slo != e.meets_slo for e in ends)
+    plan.band = {"band": band_label(search.q.hardware, pre, dec, len(streams)),
+                 "at_risk": at_risk, f"{ttft_name}_band_s": interval("ttft_slo_stat_s"),
+                 f"{tpot_name}_band_s": interval("tpot_slo_stat_s"),
+                 # every percentile's band from the same simulations, so that a served
                  # stream's p50 and p99 can both be checked against it (benchmarks/blind.py)
-                 "bands_s": {m: sorted([ends["low"].summary[f"{m}_s"], ends["high"].summary[f"{m}_s"]])
-                             for m in BAND_METRICS}}
+                 "bands_s": {m: interval(f"{m}_s") for m in BAND_METRICS}}
 
 
-def band_label(hardware: HardwareProfile, pre, dec) -> str:
-    """What a plan's band rests on: the held-out points, and for a preset fitted to published
-    measurements where they come from (bands.calibration_text)."""
+def band_label(hardware: HardwareProfile, pre, dec, streams: int = 1) -> str:
+    """What a plan's band rests on: the held-out points, the arrival streams, and for a
+    preset fitted to published measurements where they come from (bands.calibration_text)."""
     pooled = "both phases" in pre.status or "both phases" in dec.status
     points = (f"{max(pre.points, dec.points)} held-out, both phases" if pooled
               else f"{pre.points}+{dec.points} held-out")
+    arrivals = f", {streams} arrival streams" if streams > 1 else ""
     world = bands_mod.calibration_text(hardware)
-    return f"{world}, {pre.coverage:.0%}" if world else f"calibrated ({pre.coverage:.0%}, {points})"
+    return (f"{world}, {pre.coverage:.0%}{arrivals}" if world
+            else f"calibrated ({pre.coverage:.0%}, {points}{arrivals})")
 
 
 # --------------------------------------------------------------------------- the answer
@@ -741,8 +763,9 @@ def plan(q: PlanQuestion) -> PlanResult:
         if best is None or searches[p.deployment.mode]._better(p, best, budget):
             best = p
     frontier = pareto([p for p in everything if p.meets_slo])
+    streams = band_streams(q, simulated_requests(q, mean_rate(q.profile)))
     for p in {id(p): p for p in [*candidates, *frontier]}.values():
-        _with_band(searches[p.deployment.mode], p, ratio_bands)
+        _with_band(searches[p.deployment.mode], p, ratio_bands, streams)
         _with_budget(options, p)
     reason = _reason(q, best, everything, options, searches)
     settle = None
