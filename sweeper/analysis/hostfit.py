@@ -19,14 +19,12 @@ predicted (a host busier than at its calibration, a model whose kernels are all 
 slower) needs two numbers, not ten: on the second host's first blind run the group factors'
 cross-validation kept the profile for three models of five, and a prefill error of -15%
 across every chip count with it. (Refitting that run, held-out prefill 14.3% -> 13.1%; on
-the next blind seed no change beyond noise: docs/host-calibration.md.)
-
-The groups are tried only where the trials outnumber their free factors (up to ten): with
-fewer, each fold fits more factors than it has trials, and the pick among their weights is
-noise. Refitting the two development blind runs' fits of six trials (ten models), the groups
-were picked for seven and predicted the held-out trials at 13.0% / 15.1% (prefill / decode),
-the profile alone 13.3% / 13.6%, one factor per phase alone 11.6% / 12.7%. Without the
-groups there is no mesh factor: a fit on a few mesh trials carries their slowdown to one chip.
+the next blind seed no change beyond noise: docs/host-calibration.md.) Trying the groups
+only where the trials outnumber their factors (so a fit of six trials has one factor per
+phase) was measured and not kept: refitting two development seeds' six-trial fits, held-out
+prefill / decode went 12.4% / 15.2% -> 11.6% / 12.7%, but on the next blind seed
+(269572979, whose mesh trials ran slow: the groups' mesh factor fits that) 11.6% / 14.5%
+-> 13.0% / 16.6%.
 
 Groups: dispatch (per call, per layer, per collective op, a mesh's per-layer handover),
 compute (matmuls, attention, dequantisation), memory (bytes read, those beyond the cache),
@@ -216,19 +214,13 @@ def _trial_key(obs: Observation) -> str:
 
 def choose_corrections(problems: dict[str, _Problem]) -> tuple[str, float, dict[str, dict]]:
     """(structure, weight, {structure: held-out MAPE per weight tried}): cross-validation
-    over trials, each structure of STRUCTURES with fewer free factors than trials (one per
-    phase always) at each weight of PRIOR_WEIGHTS (the calibrated profile alone, weight
-    inf, once); the groups at the strongest finite weight where fewer than MIN_CV_TRIALS
-    trials were measured."""
-    trials = len(np.unique(problems["groups"].trials))
-    if trials < MIN_CV_TRIALS:
+    over trials, each structure of STRUCTURES at each weight of PRIOR_WEIGHTS (the
+    calibrated profile alone, weight inf, once); the groups at the strongest finite weight
+    where fewer than MIN_CV_TRIALS trials were measured."""
+    if len(np.unique(problems["groups"].trials)) < MIN_CV_TRIALS:
         return "groups", max(w for w in PRIOR_WEIGHTS if math.isfinite(w)), {}
-    # a structure with as many free factors as trials or more is not tried: each fold's fit
-    # then has fewer trials than factors, and the cross-validation's pick among its weights
-    # is noise (module doc)
-    tried = [s for s in STRUCTURES if s == STRUCTURES[0] or trials > len(problems[s].free)]
-    scores = {(s, w): problems[s].heldout_mape(w) for s in tried for w in PRIOR_WEIGHTS
-              if math.isfinite(w) or s == tried[-1]}
+    scores = {(s, w): problems[s].heldout_mape(w) for s in STRUCTURES for w in PRIOR_WEIGHTS
+              if math.isfinite(w) or s == "groups"}
     best = min(scores.values())
     # ties (within float noise of the best) keep nearer the profile: the profile alone,
     # then the simpler structure, then the stronger weight. (A one-standard-error rule,
