@@ -763,7 +763,9 @@ def plan(q: PlanQuestion) -> PlanResult:
         if best is None or searches[p.deployment.mode]._better(p, best, budget):
             best = p
     frontier = pareto([p for p in everything if p.meets_slo])
-    streams = band_streams(q, simulated_requests(q, mean_rate(q.profile)))
+    # drawn only where a band is simulated: an uncalibrated profile has none
+    streams = (band_streams(q, simulated_requests(q, mean_rate(q.profile)))
+               if all(b.known for b in ratio_bands.values()) else [])
     for p in {id(p): p for p in [*candidates, *frontier]}.values():
         _with_band(searches[p.deployment.mode], p, ratio_bands, streams)
         _with_budget(options, p)
