@@ -28,7 +28,7 @@ from workloads.serving.model import (StepTimes, capacity_rps, cost_model_step_ti
 from workloads.serving.profile import (AppProfile, Request, parse_length, profile_from_dict,
                                        read_trace, requests)
 from workloads import costmodel
-from workloads.config import ConfigError, load_hardware, load_model
+from workloads.config import ConfigError, HardwareProfile, load_hardware, load_model
 
 
 def _deployment(mode="aggregated", slots=4, prefill_batch=1, replicas=1, model="palm-540b",
@@ -196,6 +196,47 @@ def test_cost_model_step_times_give_the_predicted_prefill_and_transfer():
     steps = [phase_prediction(dis_d, "decode", 64, 1, c).latency_s for c in (2049, 2111)]
     expected = (transfer + 63 * (steps[0] + steps[1]) / 2) / 63
     assert np.allclose(dis.tpot_s, expected, rtol=1e-6)
+
+
+def test_host_model_decode_steps_follow_the_cache_kink_at_short_contexts():
+    """A calibrated host's step time is not affine in the context: past the worker's cache
+    its DRAM terms start (workloads/hostmodel.py). The serving model evaluates it on a grid
+    of contexts (`CONTEXT_GRID`), so a short stream's steps are the host model's own, not a
+    line through two long contexts; the closed-form run of steps agrees with stepping."""
+    from workloads import hostmodel
+    from workloads.serving.model import CONTEXT_GRID
+
+    costs = {"launch": 2e-5, "layer_device": 3e-5, "matmul_flops": 6e-12,
+             "matmul_weights": 8e-11, "memory_bytes": 4e-11, "dram_bytes": 4e-10,
+             "dram_weights": 1e-9, "attention_flops": 1e-11}
+    model = load_model("tiny")
+    kv_per_token = costmodel.kv_bytes_per_token(model)
+    weights = costmodel.weight_bytes_per_chip(model, 1)
+    # the cache ends between contexts 1024 and 2048 of a 4-slot step
+    cache = weights + kv_per_token * 4 * 1400
+    host = hostmodel.HostModel({"prefill": costs, "decode": costs}, 1.0, cache)
+    hw = HardwareProfile("host", 4e11, 3e10, 2.4e10, 2e9, measured=True, host_model=host.to_dict())
+    d = Deployment(model, hw, "aggregated", PhaseSlice(1, 1, "ws1d", "head", 1, "bf16"),
+                   PhaseSlice(1, 1, "ws1d", "head", 4, "bf16"))
+    times = cost_model_step_times(d)
+
+    def exact(c):
+        return phase_prediction(d, "decode", 4, 1, c).latency_s
+
+    # the kink is there: a line through 1024 and 2048 misses the short contexts by far
+    slope = (exact(2048) - exact(1024)) / 1024
+    assert exact(1024) - slope * (1024 - 40) < 0.8 * exact(40)
+    for c in (CONTEXT_GRID, 2 * CONTEXT_GRID, 1024, 2048):
+        assert times.decode_step_s(4, c) == pytest.approx(exact(c), rel=1e-9)
+    for c in (40, 100, 1500):
+        assert times.decode_step_s(4, c) == pytest.approx(exact(c), rel=0.03)
+    reqs = _spaced(6, 0.002, input_len=40, output_len=60)
+    closed = simulate(d, reqs, times)
+    stepped = simulate(d, reqs, dataclasses.replace(times, decode_affine=None))
+    assert np.allclose(closed.finish_s, stepped.finish_s, rtol=1e-3)
+    # one request alone: its TPOT is the mean step over its contexts
+    alone = simulate(d, _spaced(1, 1.0, input_len=40, output_len=60), times)
+    assert alone.tpot_s[0] == pytest.approx(np.mean([exact(c) for c in range(41, 100)]), rel=0.02)
 
 
 def _with_host_costs(times, step=0.0, prefill=0.0, handover=0.0):

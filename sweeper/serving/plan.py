@@ -677,7 +677,7 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict, streams: list[lis
             prefill_interval_s=None if gap is None else (lambda b, n, o, f=fp: gap(b, n, o) * f),
             decode_step_s=lambda b, c, f=fd: base.decode_step_s(b, c) * f,
             decode_affine=None if affine is None else
-            (lambda b, f=fd: tuple(f * x for x in affine(b))))
+            (lambda b, lo, hi, f=fd: tuple(f * x for x in affine(b, lo, hi))))
         ends += [search._plan(plan.deployment, simulate(plan.deployment, stream, scaled, slo=p),
                               plan.config) for stream in streams]
 

@@ -98,6 +98,11 @@ from workloads.serving.profile import AppProfile, Request
 
 # --------------------------------------------------------------------------- step times
 
+# The decode contexts a cost model's step time is evaluated at (its multiples), linear between
+# (`cost_model_step_times`): fine enough to follow a host model's kink where the KV outgrows
+# the cache, coarse enough that a stream's contexts need a few dozen predictions per batch.
+CONTEXT_GRID = 64
+
 
 @dataclass
 class StepTimes:
@@ -110,9 +115,10 @@ class StepTimes:
     decode_step_s: Callable[[int, float], float]
     kv_transfer_s: Callable[[int], float] = lambda input_len: 0.0
     source: str = "custom"
-    # Optional: slots -> (a, b) with decode_step_s(slots, c) = a + b * c, so runs of steps
-    # are summed in closed form (the cost model's step time is affine in the context).
-    decode_affine: Callable[[int], tuple[float, float]] | None = None
+    # Optional: (slots, low, high) -> (a, b), the step time's secant over the contexts low
+    # to high (decode_step_s(slots, c) ~ a + b * c there), so a run of steps is summed in
+    # closed form (the cost model's step time is piecewise linear in the context).
+    decode_affine: Callable[[int, float, float], tuple[float, float]] | None = None
     # The serving loop's host costs (module docstring; workloads/serving/costs.py), charged
     # on top of the calls above; none by default.
     host_costs: HostCosts = field(default_factory=HostCosts)
@@ -335,9 +341,13 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
     """StepTimes from the analytical cost model (see the module docstring).
 
     Prefill lengths are rounded up to a multiple of 64 tokens above 64 (engines pad prompts
-    to length buckets; it also bounds the calls). A decode step is predicted exactly at two
-    contexts and interpolated linearly between them: every term of the cost model is affine
-    in the context (the KV read, the attention FLOPs)."""
+    to length buckets; it also bounds the calls). A decode step is predicted exactly at
+    contexts `CONTEXT_GRID` apart and interpolated linearly between them. The analytical
+    model's terms are affine in the context (the KV read, the attention FLOPs); a host
+    model's are not where the KV pushes the bytes a step reads past the worker's cache (its
+    DRAM terms start there), so a line through two far contexts misprices a short stream's
+    steps (2.6x too fast on one calibrated host's 2-slot step). An analytical profile's line
+    goes through contexts 1024 and 2048."""
     d = deployment
 
     def padded(tokens: int) -> int:
@@ -379,16 +389,36 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
         stage = phase_prediction(d, "decode", micro, 1, context).latency_s
         return pipelined_s(stage, stage_transfer_s(d, d.decode, micro), stages)
 
-    @lru_cache(maxsize=None)
-    def decode_affine(batch: int) -> tuple[float, float]:
-        low, high = 1024, 2048
-        at_low, at_high = decode_at(batch, low), decode_at(batch, high)
-        slope = (at_high - at_low) / (high - low)
-        return at_low - slope * low, slope
+    # the analytical model is affine in the context: one line through two contexts is exact
+    grid = CONTEXT_GRID if d.hardware.host_model else 1024
+
+    def interval(context: float) -> tuple[int, int]:
+        """The two grid contexts around `context` (the first is at least 1)."""
+        k = max(int(context // grid), 0) if grid == CONTEXT_GRID else 1
+        return max(k * grid, 1), (k + 1) * grid
 
     def decode_step_s(batch: int, context: float) -> float:
-        a, b = decode_affine(batch)
-        return a + b * context
+        low, high = interval(context)
+        at_low = decode_at(batch, low)
+        return at_low + (decode_at(batch, high) - at_low) * (context - low) / (high - low)
+
+    @lru_cache(maxsize=None)
+    def line(batch: int) -> tuple[float, float]:
+        """The analytical model's step time, a + b x context."""
+        low, high = interval(0)
+        slope = (decode_at(batch, high) - decode_at(batch, low)) / (high - low)
+        return decode_at(batch, low) - slope * low, slope
+
+    def decode_affine(batch: int, low: float, high: float) -> tuple[float, float]:
+        """The secant of `decode_step_s` from context `low` to `high` (where they are one
+        context, the slope of its grid interval)."""
+        if grid != CONTEXT_GRID:
+            return line(batch)
+        if high - low < 1.0:
+            low, high = interval(low)
+        at_low = decode_step_s(batch, low)
+        slope = (decode_step_s(batch, high) - at_low) / (high - low)
+        return at_low - slope * low, slope
 
     bandwidth, _ = kv_link_bandwidth(d)
     per_token = costmodel.kv_bytes_per_token(d.model, kv_cache=d.decode.kv_cache)
@@ -565,7 +595,8 @@ def _decode_run(slots: _Slots, times: StepTimes, batch: int, t: float, until: fl
     overhead = times.host_costs.step_overhead_s
     most = slots.min_remaining()
     start = t
-    affine = times.decode_affine(batch) if times.decode_affine and not times.step_spread else None
+    affine = (times.decode_affine(batch, context, context + most - 1)
+              if times.decode_affine and not times.step_spread else None)
     if affine is not None:
         a, b = affine          # step k (0-based) takes a + b * (context + k)
         first = a + overhead + b * context
