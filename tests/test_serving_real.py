@@ -146,6 +146,8 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
             assert min(out[f"loop_{phase}_samples_s"]) > 0
             engine = "engine_step_s" if phase == "step" else "engine_prefill_s"
             assert out[engine] > 0
+        if "engine_step_s" in out:   # and its steps run back to back, as a trial runs them
+            assert out["engine_step_pipelined_s"] > 0, name
         if "loop_step_samples_s" in out:   # every loop that steps is paired, one per block
             assert len(out["loop_step_paired_block_extra_s"]) == 3, name
             assert out["loop_step_paired_extra_s"] == pytest.approx(
@@ -160,7 +162,9 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
     dec = results.get("aggregated", results.get("decode"))
     costs = host_costs(pre, dec)
     assert all(math.isfinite(v) and v >= 0 for v in costs.values()), costs
-    assert costs["step_overhead_s"] == pytest.approx(max(dec["loop_step_paired_extra_s"], 0.0))
+    assert costs["step_overhead_s"] == pytest.approx(
+        max(dec["loop_step_paired_extra_s"], 0.0)
+        + max(dec["engine_step_s"] - dec["engine_step_pipelined_s"], 0.0))
     if mode == "aggregated":
         # every block pairs PREFILL_PAIRS prefill calls with the engine's, 1, 2, 1, 2, ...
         # prompts (up to the prefill batch); the costs are the median over blocks of them
@@ -371,7 +375,10 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
             extras = detail.pop("loop_step_paired_block_extra_s")
             assert len(extras) == 5 and all(abs(x) < 5.0 for x in extras)
             assert detail.pop("loop_step_paired_extra_s") == pytest.approx(float(np.median(extras)))
-            assert costs["step_overhead_s"] == pytest.approx(max(float(np.median(extras)), 0.0))
+            # and the wait for each step's tokens (the call alone - the steps back to back)
+            assert costs["step_overhead_s"] == pytest.approx(
+                max(float(np.median(extras)), 0.0)
+                + max(detail["engine_step_s"] - detail["engine_step_pipelined_s"], 0.0))
         for key, value in detail.items():   # seconds, a count, samples, block means
             for one in value if isinstance(value, list) else [value]:
                 assert 0 < one < 5.0, (side, key, one)

@@ -659,6 +659,27 @@ def test_decode_slice_step_cost_is_the_paired_difference():
     assert host_costs(prefill, unpaired)["step_overhead_s"] == pytest.approx(0.0018)
 
 
+def test_step_cost_adds_the_wait_for_each_steps_tokens():
+    """workloads/serving/hostcosts.py `step_sync_s`: the host model prices the engine's step
+    as a trial times it, pipelined (one wait per run of steps); the loop waits for every
+    step's tokens, so what the synchronised call takes beyond the pipelined step is part of
+    the step's host cost, and the step it is charged on top of is the pipelined one."""
+    from workloads.serving.hostcosts import engine_step_priced_s, host_costs, step_sync_s
+
+    prefill = {"engine_prefill_s": 0.008, "loop_prefill_mean_s": 0.010, "loop_prefill_prompts": 1.0}
+    decode = {"engine_step_s": 0.0048, "loop_step_mean_s": 0.0066,
+              "loop_step_paired_extra_s": 0.0007, "engine_step_pipelined_s": 0.0045}
+    assert step_sync_s(decode) == pytest.approx(0.0003)
+    assert host_costs(prefill, decode)["step_overhead_s"] == pytest.approx(0.0010)
+    # the loop's step is the same either way: the pipelined step + the cost
+    assert engine_step_priced_s(decode) + host_costs(prefill, decode)["step_overhead_s"] == \
+        pytest.approx(0.0048 + 0.0007)
+    # a pipelined run slower than the call (timer noise) adds nothing; unmeasured, nothing
+    assert step_sync_s({**decode, "engine_step_pipelined_s": 0.005}) == 0.0
+    old = {k: v for k, v in decode.items() if k != "engine_step_pipelined_s"}
+    assert step_sync_s(old) == 0.0 and engine_step_priced_s(old) == 0.0048
+
+
 def test_replay_of_a_served_aggregated_log_gives_its_first_tokens_back():
     """A trace test of the aggregated rules (docs/serving.md "Checking the model against the
     server"): the call log the server writes for a burst of 3 requests on 2 slots (prefill,

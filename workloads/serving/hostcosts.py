@@ -32,6 +32,9 @@ WAKE_REQUESTS = 12   # one-token requests on an idle loop (`prefill_wake_s`)
 # "Serving host costs", "A prefill's host work, paired call by call")
 PREFILL_PAIRS = 8
 IDLE_GAP_S = 0.1     # ... this far apart
+# The engine's decode steps per pipelined run (`engine_decode_run`), as a trial's decode loop
+# (8 steps in a calibration probe, sweeper/calibrate/tasks.py)
+PIPELINED_STEPS = 8
 
 
 def prompt_for(model, request_index: int, input_len: int, seed: int):
@@ -55,8 +58,11 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     """A slot server's serving loop against the engine's timed calls of the same shapes.
 
     Engine: the prefill program alone, and the decode call of the full slot batch (decode
-    program and argmax), arguments placed before the timer, synchronised: as a
-    calibration trial times them. Loop: the serving loop itself at saturation, with no
+    program and argmax), arguments placed before the timer, synchronised each call; and
+    the decode call run PIPELINED_STEPS times back to back, synchronised once
+    (`engine_step_pipelined_s`, per step): as a trial's decode loop runs its steps, the
+    step the host cost model prices (`host_costs` charges the difference to the loop, which
+    waits for every step's tokens). Loop: the serving loop itself at saturation, with no
     arrivals: aggregated, `serve_aggregated`'s loop on a burst of `rounds x slots`
     requests (one prefill call inserted per decode step while prompts wait: prompts,
     `srv.prefill`, its rows into slots; a step: `srv.step()`, the clock read, `advance_slots`);
@@ -132,6 +138,7 @@ class _ClosedLoop:
         self.send, self.prefill_pairs = send, prefill_pairs
         self.engine_prefill: list[float] = []
         self.engine_step: list[float] = []
+        self.engine_pipelined: list[float] = []   # per step, of the pipelined runs
         self.pair_prompts: list[int] = []         # aggregated: each paired prefill call's prompts,
         self.pair_first: list[float] = []         # its first tokens - the engine's call before it,
         self.pair_whole: list[float] = []         # its whole branch - the engine's call before it
@@ -161,6 +168,10 @@ class _ClosedLoop:
             calls = self._timed(engine_decode_call(self.srv, self.input_len), self.REPEATS * 2)
             self.engine_step.extend(calls)
             self.engine_step_blocks.append(float(np.mean(calls)))
+            run = engine_decode_run(self.srv, self.input_len, PIPELINED_STEPS)
+            if run is not None:       # as a trial runs its steps (one wait per run)
+                self.engine_pipelined.extend(
+                    c / PIPELINED_STEPS for c in self._timed(run, 3))
 
     @staticmethod
     def _timed(call: Callable[[], None], repeats: int) -> list[float]:
@@ -299,6 +310,8 @@ class _ClosedLoop:
             out["engine_prefill_s"] = float(np.median(self.engine_prefill))
         if self.engine_step:
             out["engine_step_s"] = float(np.median(self.engine_step))
+        if self.engine_pipelined:
+            out["engine_step_pipelined_s"] = float(np.median(self.engine_pipelined))
         for name, per_block in (("prefill", self.prefill_blocks), ("step", self.step_blocks),
                                 ("prefill_first", self.first_blocks)):
             if not per_block:
@@ -617,7 +630,26 @@ def host_costs(prefill: dict, decode: dict) -> dict[str, float]:
     step = decode.get("loop_step_paired_extra_s")
     if step is None:
         step = decode["loop_step_mean_s"] - decode["engine_step_s"]
-    return {"step_overhead_s": max(step, 0.0), "prefill_overhead_per_prompt_s": per_prompt}
+    return {"step_overhead_s": max(step, 0.0) + step_sync_s(decode),
+            "prefill_overhead_per_prompt_s": per_prompt}
+
+
+def step_sync_s(decode: dict) -> float:
+    """What waiting for every step's tokens adds to the engine's step: its call timed alone
+    (synchronised) minus its steps run back to back (`engine_step_pipelined_s`, as a trial
+    times them, the step the host cost model prices); 0 where not measured (a staged
+    server) or below the timers' noise. The serving loop pays it on every step, so it is
+    part of `step_overhead_s`."""
+    pipelined = decode.get("engine_step_pipelined_s")
+    if pipelined is None:
+        return 0.0
+    return max(decode["engine_step_s"] - pipelined, 0.0)
+
+
+def engine_step_priced_s(decode: dict) -> float:
+    """The engine's step that `step_overhead_s` is charged on top of: the pipelined step
+    where measured, else the synchronised call."""
+    return decode.get("engine_step_pipelined_s", decode["engine_step_s"])
 
 
 def first_token_overhead(prefill: dict) -> float:
@@ -661,7 +693,7 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
         # the handover as the stream's loops pay it replaces the closed loop's decode CPU
         # per handover (kept in detail["handover"]): measured on the loop it is charged to
         idle = idle_handover_costs(idle_handovers,
-                                   decode["engine_step_s"] + out["step_overhead_s"])
+                                   engine_step_priced_s(decode) + out["step_overhead_s"])
         if idle["requests"]:
             # the idle loop's insert median stays in the detail, not charged: an idle
             # loop's insert is longer than a stepping one's (docs/serving.md "What a
@@ -738,6 +770,26 @@ def engine_prefill_call(srv, input_len: int) -> Callable[[], None]:
     program = srv._prefill_program(input_len)
     placed = jax.device_put(batch, srv._replicated)
     return lambda: jax.block_until_ready(program(srv.params, placed))
+
+
+def engine_decode_run(srv, input_len: int, steps: int) -> Callable[[], None] | None:
+    """`engine_decode_call`'s decode and argmax `steps` times back to back, each step fed
+    the last one's tokens and waited for once, after the last (workloads/engine.py
+    `decode_loop`, as a trial runs its steps); None for a staged server."""
+    import jax   # lazy: only where a mesh runs
+
+    if _staged(srv):
+        return None
+    tokens_d = jax.device_put(np.zeros(srv.spec.slots, np.int32), srv._replicated)
+    positions_d = jax.device_put(np.full(srv.spec.slots, input_len, np.int32), srv._replicated)
+
+    def run() -> None:
+        token = tokens_d
+        for _ in range(steps):
+            logits, srv.cache = srv.engine.decode(srv.params, srv.cache, token, positions_d)
+            token = srv.engine.greedy(logits)
+        jax.block_until_ready((srv.cache, token))
+    return run
 
 
 def engine_decode_call(srv, input_len: int) -> Callable[[], None]:

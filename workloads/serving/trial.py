@@ -244,7 +244,7 @@ def measured_step_times(deployment: Deployment, costs: dict, seed: int = 0):
     detail = costs["detail"]
     dec = detail.get("aggregated") or detail["decode"]
     by_len = {int(n): float(v) for n, v in costs["engine_prefill_by_len_s"].items()}
-    step_s = float(dec["engine_step_s"])
+    step_s = float(hostcosts.engine_step_priced_s(dec))   # the step its host cost is on top of
 
     def prefill_s(batch: int, input_len: int) -> float:
         return by_len.get(input_len) or by_len[min(by_len, key=lambda n: abs(n - input_len))]
