@@ -384,6 +384,10 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
                 assert 0 < one < 5.0, (side, key, one)
     assert costs["step_overhead_s"] >= 0 and costs["prefill_overhead_per_prompt_s"] >= 0
     assert 0 < costs["handover_overhead_s"] < 5.0       # a Ray call and an insert: never free
+    # the weights the wake was measured with (the serving model moves it to other weights)
+    from workloads.deployment import load_plan
+    from workloads.serving.model import prefill_weight_bytes
+    assert costs["prefill_wake_weight_bytes"] == pytest.approx(prefill_weight_bytes(load_plan(plan)))
     assert costs["detail"]["handover"]["samples"] >= 8
     # the decode loop stepping with the prefill worker's handovers at a stream's rate: its
     # figure (at least its inserts) or the decode process's CPU per handover, the larger

@@ -239,6 +239,49 @@ def test_host_model_decode_steps_follow_the_cache_kink_at_short_contexts():
     assert alone.tpot_s[0] == pytest.approx(np.mean([exact(c) for c in range(41, 100)]), rel=0.02)
 
 
+def test_a_calibrated_hosts_idle_wake_moves_with_the_weights_up_to_the_cache():
+    """workloads/serving/model.py `host_costs_for`: on a calibrated host a prefill after an
+    idle gap streams from DRAM the weights a warm call found in cache, so the wake measured
+    on one deployment moves by the host model's DRAM time of the weight difference, up to
+    the worker's cache; a profile that does not record the weights it measured the wake
+    with, or is not a calibrated host's, keeps its wake."""
+    from workloads import hostmodel
+    from workloads.serving.model import host_costs_for, prefill_weight_bytes
+
+    dram = 4e-10                                   # s per bf16 element from DRAM
+    costs = {"launch": 2e-5, "layer_device": 3e-5, "matmul_flops": 6e-12, "dram_weights": dram}
+    cache = 40e6                                   # the worker's (share 0.5 of 80 MB)
+    host = hostmodel.HostModel({"prefill": costs, "decode": costs}, 0.5, 2 * cache)
+    small, wide = load_model("tiny"), load_model("small")
+
+    def deployment(model, wake_bytes, host_model=host.to_dict()):
+        hw = HardwareProfile("host", 4e11, 3e10, 2.4e10, 2e9, measured=True, host_share=0.5,
+                             host_model=host_model, host_costs=HostCosts(
+                                 prefill_wake_s=0.002, prefill_wake_weight_bytes=wake_bytes))
+        one = PhaseSlice(1, 1, "ws1d", "head", 1, "bf16")
+        return Deployment(model, hw, "aggregated", one, one)
+
+    measured_on = prefill_weight_bytes(deployment(small, 0.0))
+    assert 0 < measured_on < cache
+    assert host_costs_for(deployment(small, measured_on)).prefill_wake_s == pytest.approx(0.002)
+    # a wider model: its extra weights (up to the cache) from DRAM
+    wider = deployment(wide, measured_on)
+    extra = min(prefill_weight_bytes(wider), cache) - measured_on
+    assert extra > 0
+    assert host_costs_for(wider).prefill_wake_s == pytest.approx(0.002 + extra / 2 * dram)
+    # measured on weights past the cache: a narrower model's wake is smaller, never < 0
+    assert host_costs_for(deployment(small, 10 * cache)).prefill_wake_s == pytest.approx(
+        max(0.002 - (cache - measured_on) / 2 * dram, 0.0))
+    # the weights not recorded, or not a calibrated host: the wake as measured
+    assert host_costs_for(deployment(wide, 0.0)).prefill_wake_s == 0.002
+    assert host_costs_for(deployment(wide, measured_on, host_model={})).prefill_wake_s == 0.002
+    # the serving model charges it: an idle arrival's TTFT is the prefill and the wake
+    d = wider
+    times = cost_model_step_times(d)
+    alone = simulate(d, _spaced(1, 1.0, input_len=32, output_len=1), times)
+    assert alone.ttft_s[0] == pytest.approx(times.prefill_s(1, 32) + times.host_costs.prefill_wake_s)
+
+
 def _with_host_costs(times, step=0.0, prefill=0.0, handover=0.0):
     return _host(times, step_overhead_s=step, prefill_overhead_per_prompt_s=prefill,
                  handover_overhead_s=handover)

@@ -590,7 +590,8 @@ def _host_costs(data: Mapping, source: str | None, prefix: str) -> HostCosts:
     for key, value in written.items():
         values[OLD_NAMES.get(key, key)] = number = parse_quantity(value, f"{where}{key}", source)
         if not number >= 0:
-            raise ConfigError(f"{where}{key}", value, "a number >= 0 (seconds)", source)
+            raise ConfigError(f"{where}{key}", value, "a number >= 0 (seconds; bytes for "
+                              "prefill_wake_weight_bytes)", source)
     return HostCosts(**values)
 
 

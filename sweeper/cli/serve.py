@@ -15,6 +15,7 @@ import sys
 from sweeper.cli import options
 from sweeper.cli.output import say_profile
 from workloads.config import ConfigError
+from workloads.serving.costs import HostCosts
 from workloads.validate import from_text, integer, number
 
 
@@ -141,7 +142,10 @@ def cmd_measure_overheads(args) -> int:
         return 0
     print(f"{deployment.describe()}; prompts {input_len}, answers {output_len} tokens")
     for key, value in hardware.host_costs.to_dict().items():    # workloads/serving/costs.py
-        print(f"{key:32}{value * 1e3:9.3f} ms")
+        if HostCosts.unit(key) == "B":
+            print(f"{key:32}{value / 2**20:9.2f} MiB")
+        else:
+            print(f"{key:32}{value * 1e3:9.3f} ms")
     print(f"wrote {out} (the plan's hardware profile with them; `host` timings, measured "
           "outside any served stream: docs/serving.md \"Serving host costs\")")
     return 0
@@ -152,7 +156,6 @@ def host_costs_hint(deployment, plan_path: str) -> str | None:
     its prediction is the cost model's engine calls alone, which on this host's small models
     are a fraction of what a serving loop's host work adds (docs/serving.md "Serving host
     costs")."""
-    from workloads.serving.costs import HostCosts
 
     hw = deployment.hardware
     if not hw.measured or hw.host_costs != HostCosts():

@@ -11,8 +11,10 @@ model's step times:
   (`SlotServer.step()`, the clock read, the slot bookkeeping; a closed loop with every slot
   full and no arrivals; a mean, so that the host's interruptions of the loop are in it:
   a queue pays them) minus the median of the engine's decode call of the same slot batch
-  (decode program and argmax, arguments placed before the timer, synchronised once: how a
-  calibration trial times a step, so what the fitted cost model predicts). Both are
+  (decode program and argmax, arguments placed before the timer, synchronised), plus that
+  call minus the same call run back to back with one wait at the end (how a trial times
+  its steps, so the step the fitted cost model predicts: the loop waits for every step's
+  tokens, workloads/serving/hostcosts.py `step_sync_s`). Both are
   PAIRED: a decode slice's closed loop times the engine's call right before each step (an
   aggregated loop, the engine's calls in the blocks just before and after each of its
   blocks), and the cost is the median over blocks of (the block's mean step - the mean of
@@ -69,7 +71,9 @@ it (one pooled mean over a ~1 s loop once read 3.45 ms for a step whose median w
 Beside those, `prefill_wake_s`: how much longer a prefill call on an IDLE loop
 takes to its first token than the engine's prefill (server.py `measure_host_costs` serves
 one-token requests 0.1 s apart through the worker's own loop; the closed loop never idles,
-a stream's prefill worker does between arrivals).
+a stream's prefill worker does between arrivals), and `prefill_wake_weight_bytes`, the
+prefill slice's weights it was measured with (`measure`; the serving model moves the wake
+to other weights on a calibrated host, workloads/serving/model.py `host_costs_for`).
 
 And `prefill_first_overhead_s`: of a prefill call's host work, the part before its first
 tokens, per call (the closed loop's calls to their first tokens minus the engine's
@@ -190,9 +194,14 @@ def measure(deployment: Deployment, input_len: int, output_len: int, seed: int =
     """Start the deployment's workers as `sweeper serve` does, measure, stop them."""
     from sweeper.serving.serve import ServingSession
 
+    from workloads.serving.model import prefill_weight_bytes
+
     lengths = sorted({max(input_len // 2, 1), input_len})
     with ServingSession(deployment, input_len + output_len + 1, lengths, seed, emulated) as session:
-        return measure_session(session, input_len, output_len)
+        costs = measure_session(session, input_len, output_len)
+    # what the wake was measured with (the serving model moves it to other weights)
+    costs["prefill_wake_weight_bytes"] = prefill_weight_bytes(deployment)
+    return costs
 
 
 def with_overheads(hardware: HardwareProfile, costs: dict) -> HardwareProfile:

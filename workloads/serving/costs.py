@@ -24,7 +24,7 @@ DISAGGREGATED = {"disaggregated": True}    # a cost only a disaggregated deploym
 @dataclass(frozen=True)
 class HostCosts:
     """Seconds a serving loop pays on the host beyond the engine's calls; 0 = none (an
-    accelerator's profile, or not measured)."""
+    accelerator's profile, or not measured). One field is bytes (`unit`)."""
 
     # per decode step: the loop's own work (the tokens to the host, argmax, slot bookkeeping)
     step_overhead_s: float = 0.0
@@ -35,6 +35,10 @@ class HostCosts:
     prefill_first_overhead_s: float = 0.0
     # a prefill call on an idle loop: how much longer it takes to its first tokens
     prefill_wake_s: float = 0.0
+    # the weight bytes of the prefill slice `prefill_wake_s` was measured on (0: not
+    # recorded): on a calibrated host the serving model moves the wake by the DRAM time of
+    # the difference to another deployment's (workloads/serving/model.py `host_costs_for`)
+    prefill_wake_weight_bytes: float = dataclasses.field(default=0.0, metadata={"unit": "B"})
     # disaggregated, per prompt: the least an idle prefill loop's call pays after its first
     # tokens (its KV exported and sent)
     prefill_idle_after_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
@@ -49,6 +53,11 @@ class HostCosts:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def unit(cls, name: str) -> str:
+        """A field's unit: "s", or "B" for the wake's weight bytes."""
+        return next(f.metadata.get("unit", "s") for f in dataclasses.fields(cls) if f.name == name)
 
     @classmethod
     def disaggregated_names(cls) -> tuple[str, ...]:

@@ -429,7 +429,37 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
     return StepTimes(prefill_s, decode_step_s, kv_transfer_s, source=costmodel.SOURCE,
                      decode_affine=decode_affine, prefill_at_s=prefill_at_s,
                      prefill_interval_s=prefill_interval_s if d.prefill.stages > 1 else None,
-                     host_costs=d.hardware.host_costs)
+                     host_costs=host_costs_for(d))
+
+
+def prefill_weight_bytes(deployment: Deployment) -> float:
+    """The weight bytes a prefill call of the deployment reads: its slice's, all its chips."""
+    part = deployment.prefill
+    return costmodel.weight_bytes_per_chip(deployment.model, part.chips, part.weights) * part.chips
+
+
+def host_costs_for(deployment: Deployment) -> HostCosts:
+    """The profile's serving host costs for this deployment. On a calibrated host whose
+    `prefill_wake_s` records the weights it was measured with, the wake moves by the DRAM
+    time of the difference: after an idle gap a call finds the weights a warm one kept in
+    the worker's cache gone, and streams them again (up to the cache; the host model's
+    `dram_weights` cost per element). Measured on this host, 0.1 s idle gaps, one run each:
+    a 2.4M-parameter probe's wake 2.9 ms, a 12M one's 5.3 ms, a 16M one's 6.3 ms
+    (docs/serving-model.md "Serving host costs")."""
+    from workloads import hostmodel
+
+    hw, part = deployment.hardware, deployment.prefill
+    costs = hw.host_costs
+    if not (hw.host_model and costs.prefill_wake_weight_bytes > 0 and costs.prefill_wake_s > 0):
+        return costs
+    host = hostmodel.HostModel.from_dict(hw.host_model)
+    share = hw.host_share * part.chips            # as costmodel.predict_phase prices the call
+    cache = host.cache_for(share, part.chips)
+    cold = min(prefill_weight_bytes(deployment), cache) - min(costs.prefill_wake_weight_bytes, cache)
+    counts = {term: 0.0 for term in hostmodel.TERMS}
+    counts["dram_weights"] = cold / costmodel.BF16            # bf16 elements, as host_counts
+    cold_s = sum(host.term_seconds(counts, "prefill", share, part.chips).values())
+    return dataclasses.replace(costs, prefill_wake_s=max(costs.prefill_wake_s + cold_s, 0.0))
 
 
 # --------------------------------------------------------------------------- result
