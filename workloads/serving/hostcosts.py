@@ -780,8 +780,8 @@ def engine_decode_run(srv, input_len: int, steps: int) -> Callable[[], None] | N
 
     if _staged(srv):
         return None
-    tokens_d = jax.device_put(np.zeros(srv.spec.slots, np.int32), srv._replicated)
-    positions_d = jax.device_put(np.full(srv.spec.slots, input_len, np.int32), srv._replicated)
+    tokens_d, positions_d = (jax.device_put(x, srv._replicated)
+                             for x in _slot_inputs(srv, input_len))
 
     def run() -> None:
         token = tokens_d
@@ -799,8 +799,7 @@ def engine_decode_call(srv, input_len: int) -> Callable[[], None]:
     runs its micro-batches through every stage as its `step` does."""
     import jax   # lazy: only where a mesh runs
 
-    tokens = np.zeros(srv.spec.slots, np.int32)
-    positions = np.full(srv.spec.slots, input_len, np.int32)
+    tokens, positions = _slot_inputs(srv, input_len)
     if _staged(srv):
         engine, micro = srv.engine, srv.micro_batches
         inputs = engine.split(tokens, micro)
@@ -811,13 +810,17 @@ def engine_decode_call(srv, input_len: int) -> Callable[[], None]:
                                              placed)
             jax.block_until_ready((srv._caches, [engine.greedy(x) for x in logits]))
         return staged
-    tokens_d = jax.device_put(tokens, srv._replicated)
-    positions_d = jax.device_put(positions, srv._replicated)
+    tokens_d, positions_d = (jax.device_put(x, srv._replicated) for x in (tokens, positions))
 
     def one() -> None:
         logits, srv.cache = srv.engine.decode(srv.params, srv.cache, tokens_d, positions_d)
         jax.block_until_ready((srv.cache, srv.engine.greedy(logits)))
     return one
+
+
+def _slot_inputs(srv, input_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every slot's token (0) and position (`input_len`) for a decode of the slot batch."""
+    return (np.zeros(srv.spec.slots, np.int32), np.full(srv.spec.slots, input_len, np.int32))
 
 
 def _staged(srv) -> bool:

@@ -389,36 +389,40 @@ def cost_model_step_times(deployment: Deployment) -> StepTimes:
         stage = phase_prediction(d, "decode", micro, 1, context).latency_s
         return pipelined_s(stage, stage_transfer_s(d, d.decode, micro), stages)
 
-    # the analytical model is affine in the context: one line through two contexts is exact
-    grid = CONTEXT_GRID if d.hardware.host_model else 1024
+    if d.hardware.host_model:
+        def interval(context: float) -> tuple[int, int]:
+            """The two grid contexts around `context` (the first is at least 1)."""
+            k = max(int(context // CONTEXT_GRID), 0)
+            return max(k * CONTEXT_GRID, 1), (k + 1) * CONTEXT_GRID
 
-    def interval(context: float) -> tuple[int, int]:
-        """The two grid contexts around `context` (the first is at least 1)."""
-        k = max(int(context // grid), 0) if grid == CONTEXT_GRID else 1
-        return max(k * grid, 1), (k + 1) * grid
+        def decode_step_s(batch: int, context: float) -> float:
+            low, high = interval(context)
+            at_low = decode_at(batch, low)
+            return at_low + (decode_at(batch, high) - at_low) * (context - low) / (high - low)
 
-    def decode_step_s(batch: int, context: float) -> float:
-        low, high = interval(context)
-        at_low = decode_at(batch, low)
-        return at_low + (decode_at(batch, high) - at_low) * (context - low) / (high - low)
+        def decode_affine(batch: int, low: float, high: float) -> tuple[float, float]:
+            """The secant of `decode_step_s` from context `low` to `high` (where they are
+            one context, the slope of its grid interval)."""
+            if high - low < 1.0:
+                low, high = interval(low)
+            at_low = decode_step_s(batch, low)
+            slope = (decode_step_s(batch, high) - at_low) / (high - low)
+            return at_low - slope * low, slope
+    else:
+        # the analytical model is affine in the context: one line through two is exact
+        @lru_cache(maxsize=None)
+        def line(batch: int) -> tuple[float, float]:
+            """The step time, a + b x context."""
+            at_low = decode_at(batch, 1024)
+            slope = (decode_at(batch, 2048) - at_low) / 1024
+            return at_low - slope * 1024, slope
 
-    @lru_cache(maxsize=None)
-    def line(batch: int) -> tuple[float, float]:
-        """The analytical model's step time, a + b x context."""
-        low, high = interval(0)
-        slope = (decode_at(batch, high) - decode_at(batch, low)) / (high - low)
-        return decode_at(batch, low) - slope * low, slope
+        def decode_step_s(batch: int, context: float) -> float:
+            intercept, slope = line(batch)
+            return intercept + slope * context
 
-    def decode_affine(batch: int, low: float, high: float) -> tuple[float, float]:
-        """The secant of `decode_step_s` from context `low` to `high` (where they are one
-        context, the slope of its grid interval)."""
-        if grid != CONTEXT_GRID:
+        def decode_affine(batch: int, low: float, high: float) -> tuple[float, float]:
             return line(batch)
-        if high - low < 1.0:
-            low, high = interval(low)
-        at_low = decode_step_s(batch, low)
-        slope = (decode_step_s(batch, high) - at_low) / (high - low)
-        return at_low - slope * low, slope
 
     bandwidth, _ = kv_link_bandwidth(d)
     per_token = costmodel.kv_bytes_per_token(d.model, kv_cache=d.decode.kv_cache)
