@@ -28,7 +28,10 @@ there). Then for each model:
     Replicate noise: the first `--replicates` measured configurations run again in a second
     sweep (same sampler seed, other processes), scored as the project's noise floor
     (sweeper/analysis/holdout.py `noise_floor`: one measurement's error); the trials' own
-    95% CIs are reported beside it.
+    95% CIs are reported beside it. Run-to-run drift: after every model's (a)-(c), each
+    model's whole sweep runs again (`--no-rerun` skips it; the same sampler seed draws the
+    same trials), minutes after its first: how far the later measurement of a trial is
+    from its first, the error a calibrate-once prediction can expect from the host alone.
 (b) a trial-level fit (`sweeper.analysis.fit.fit_profile`: on a calibrated profile, per-phase
     group corrections with a prior whose strength cross-validation over the fitted trials
     chooses) on at most FIT_TRIALS trials x 2 phases drawn with the seed, scored on the
@@ -359,6 +362,14 @@ def verdicts(summary: Mapping[str, Any], quickstart: Mapping[str, Any] | None,
                 f"{_pct(worst['error'])} off, {worst['missing_s'] * 1e3:+.2f} ms missing, largest "
                 f"term {top[0]} {top[1] * 1e3:.2f} ms" if top else "")
         mape = s.get("mape")
+        late = ((blind.get("noise") or {}).get("rerun") or {}).get(phase) or {}
+        if late.get("n"):     # first where the host's own drift is half the error or more
+            drift = (f"run-to-run drift: the same trials re-measured "
+                     f"{blind['noise']['rerun_after_s'] / 60:.0f} min later are {_pct(late['mape'])} "
+                     f"from their first measurement (median signed {_pct(late['median_signed'])}, "
+                     f"n={late['n']})")
+            first = mape is not None and late["mape"] >= 0.5 * mape
+            why = "; ".join(x for x in ((drift, why) if first else (why, drift)) if x)
         out.append(_verdict(f"calibrated profile alone, {phase} MAPE <= {_pct(TARGETS['profile_mape'])}",
                             _pct(mape) + _ci_clause(s), None if mape is None else mape <= TARGETS["profile_mape"],
                             why, s.get("n")))
@@ -604,7 +615,7 @@ def sweep_model(home: Path, model, seed: int, index: int, calibrated, trials: in
     path.write_text(yaml.safe_dump(space, sort_keys=False))
     run = run_cli(home, ["run", str(path), "--study", study, "--no-analysis"])
     out = {"index": index, "model": model.to_dict(), "space": space, "study": study,
-           "sweep": {k: v for k, v in run.items() if k != "stdout"}}
+           "sweep": {k: v for k, v in run.items() if k != "stdout"}, "finished_at": time.time()}
     if run["returncode"] != 0:
         out["error"] = f"sweeper run failed (exit {run['returncode']})"
         return out, []
@@ -627,6 +638,22 @@ def sweep_model(home: Path, model, seed: int, index: int, calibrated, trials: in
                                  "by_phase": floor.by_phase, "mape": floor.mape,
                                  "pairs": _pairs(obs, rep_obs)}
     return out, obs
+
+
+def rerun_model(home: Path, one: dict, obs: list, calibrated) -> dict:
+    """Run-to-run drift: the model's whole sweep again, minutes after the first (the same
+    space and sampler seed: the same trials), each trial's measurements paired with its
+    first. The replicates ran right after the sweep; these meet the host as the trials met
+    a calibration made minutes before them."""
+    study = f"{one['study']}-late"
+    after_s = time.time() - one["finished_at"]
+    run = run_cli(home, ["run", str(home / "spaces" / f"{one['study']}.yaml"), "--study", study,
+                         "--no-analysis"])
+    out = {"sweep": {k: v for k, v in run.items() if k != "stdout"}, "after_s": after_s}
+    if run["returncode"] == 0:
+        _, late, _, _ = study_points(home, study, calibrated, one["model"]["name"], 20000)
+        out["pairs"] = _pairs(obs, late)
+    return out
 
 
 def _pairs(obs: list, rep_obs: list) -> list[dict]:
@@ -835,6 +862,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         help="`sweeper calibrate --quick` (a rough profile: tests, smoke runs)")
     parser.add_argument("--no-serve", action="store_true", help="skip (c), plan + serve")
     parser.add_argument("--no-quickstart", action="store_true", help="skip the quickstart's analysis")
+    parser.add_argument("--no-rerun", action="store_true",
+                        help="skip re-measuring every model's sweep at the end (run-to-run drift)")
     parser.add_argument("--trials", type=int, default=TRIALS, help=f"trials per model's sweep (default {TRIALS})")
     parser.add_argument("--replicates", type=int, default=REPLICATES,
                         help=f"configurations measured twice per model (default {REPLICATES}; 0: none)")
@@ -896,6 +925,7 @@ def measure(args: argparse.Namespace, seeds: list[tuple[int, str]], home: Path, 
     avoid = calibration_keys(calibrated.calibration)
     result["avoid"] = {"probe_models": len(avoid), "calibration_seed": probes.CALIBRATION_SEED}
     obs_by_label: dict[str, list] = {}
+    swept: list[tuple[dict, list]] = []       # (model result, its observations): the rerun's
     for seed, label in seeds:
         entry = {"seed": seed, "label": label, "models": []}
         result["seeds"].append(entry)
@@ -910,7 +940,13 @@ def measure(args: argparse.Namespace, seeds: list[tuple[int, str]], home: Path, 
             if not args.no_serve and index < args.serve_models and obs:
                 one["serving"] = serve_model(home, model, seed, index, args.requests)
             entry["models"].append(one)
+            swept.append((one, obs))
             harness.write_json(NAME, result, out, RAW_KEYS)    # nothing measured is lost
+    for one, obs in ([] if args.no_rerun else swept):
+        if obs:
+            print(f"blind: re-measuring {one['study']} (run-to-run drift)", file=sys.stderr, flush=True)
+            one["rerun"] = rerun_model(home, one, obs, calibrated)
+            harness.write_json(NAME, result, out, RAW_KEYS)
     result["diagnosis"] = {label: diagnose(obs, calibrated) for label, obs in obs_by_label.items()}
     result["quickstart"] = {"skipped": "--no-quickstart"} if args.no_quickstart else quickstart(home)
     result["context_end"] = common.machine_context(since=start)
@@ -929,6 +965,8 @@ def label_summary(entries: list[dict], diagnosis: dict | None) -> dict:
     reps = [pr for m in models for pr in (m.get("replicates") or {}).get("pairs") or []]
     single = {ph: [abs(p["again_s"] / p["first_s"] - 1) / math.sqrt(2) for p in reps if p["phase"] == ph]
               for ph in PHASES}
+    reruns = [m["rerun"] for m in models if (m.get("rerun") or {}).get("pairs")]
+    late = [p for r in reruns for p in r["pairs"]]
     ci = {ph: [p["ci_rel"] for p in points if p["phase"] == ph and p.get("ci_rel") is not None]
           for ph in PHASES}
     trials = [t for m in models for t in m.get("trials") or []]
@@ -948,7 +986,11 @@ def label_summary(entries: list[dict], diagnosis: dict | None) -> dict:
             "noise": {"replicates": {ph: {**error_stats(v), "mape": float(np.mean(v)) if v else None}
                                      for ph, v in single.items()},
                       "trial_ci": {ph: {"n": len(v), "median": float(np.median(v)) if v else None}
-                                   for ph, v in ci.items()}},
+                                   for ph, v in ci.items()},
+                      # the later measurement as a prediction of the first: its error
+                      "rerun": {ph: error_stats(p["again_s"] / p["first_s"] - 1 for p in late
+                                                if p["phase"] == ph) for ph in PHASES},
+                      "rerun_after_s": float(np.median([r["after_s"] for r in reruns])) if reruns else None},
             "host": {"trial_steal_median": float(np.median(steal)) if steal else None,
                      "trial_load_median": float(np.median(load)) if load else None},
             "worst": worst_terms(points), "fit_worst": worst_terms(_with_terms(fit_points, points)),

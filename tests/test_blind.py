@@ -208,7 +208,7 @@ def test_last_json_reads_the_object_after_other_output():
 # ----------------------------------------------------------------------------- verdicts, Markdown
 
 
-def _result(profile_mape: float, fit_mape: float, coverage_inside: int) -> dict:
+def _result(profile_mape: float, fit_mape: float, coverage_inside: int, rerun: float | None = None) -> dict:
     point = lambda model, trial, phase, measured, predicted: {  # noqa: E731
         "model": model, "trial": trial, "phase": phase, "chips": 1, "measured_s": measured,
         "predicted_s": predicted, "ci_rel": 0.02, "config": "1 chips b4", "terms_s": {"launch": 0.001}}
@@ -228,6 +228,9 @@ def _result(profile_mape: float, fit_mape: float, coverage_inside: int) -> dict:
              "counts": {"COMPLETE": 4}, "fit": {"points": fit_points},
              "replicates": {"pairs": [{"phase": "prefill", "chips": 1, "first_s": 1.0, "again_s": 1.02}]},
              "serving": {"modes": {"aggregated": {"cases": [case]}}}}
+    if rerun is not None:     # the later measurement `rerun` x the first, ten minutes on
+        model["rerun"] = {"after_s": 600.0, "pairs": [
+            {"phase": ph, "chips": 1, "first_s": 1.0, "again_s": 1.0 + rerun} for ph in ("prefill", "decode")]}
     raw = {"command": "python -m benchmarks.blind", "git": {"commit": "abc", "dirty": False},
            "context": {"cpus": 2, "load_average": [1, 1, 1]}, "context_end": {"steal_pct": 1.0},
            "calibration": {"elapsed_s": 250.0, "how": "run", "describe": "host, calibrated"},
@@ -253,6 +256,28 @@ def test_verdicts_met_and_missed_with_what_is_responsible():
     assert "12.0% off, largest term launch" in fit["responsible"]
     cover = bad["band coverage >= 85.0% (item 5)"]
     assert cover["met"] is False and cover["measured"].startswith("2/4") and "above" in cover["responsible"]
+
+
+def test_run_to_run_drift_is_scored_and_named_first_where_it_is_half_the_error():
+    drifting = _result(0.20, 0.02, 4, rerun=-0.15)
+    noise = drifting["summary"]["blind"]["noise"]
+    assert noise["rerun"]["prefill"]["n"] == 1 and noise["rerun_after_s"] == 600.0
+    assert noise["rerun"]["prefill"]["mape"] == pytest.approx(0.15)
+    assert noise["rerun"]["decode"]["median_signed"] == pytest.approx(-0.15)
+    prefill = "calibrated profile alone, prefill MAPE <= 15.0%"
+    why = {v["target"]: v for v in drifting["verdicts"]}[prefill]["responsible"]
+    assert why.startswith("run-to-run drift: the same trials re-measured 10 min later are 15.0% "
+                          "from their first measurement (median signed -15.0%, n=1)")
+    assert "largest term launch" in why
+    # a drift under half the error follows what the terms say; no rerun, no clause
+    steady = {v["target"]: v for v in _result(0.40, 0.02, 4, rerun=0.05)["verdicts"]}[prefill]
+    assert steady["responsible"].startswith("worst trial") and "re-measured 10 min later are 5.0%" in steady["responsible"]
+    none = _result(0.40, 0.02, 4)
+    assert none["summary"]["blind"]["noise"]["rerun"]["prefill"]["n"] == 0
+    assert "drift" not in {v["target"]: v for v in none["verdicts"]}[prefill]["responsible"]
+    assert ("Run-to-run drift (each model's sweep run again at the end, a median 10 min after its "
+            "first" in render.markdown(drifting))
+    assert "Run-to-run drift" not in render.markdown(none)
 
 
 def test_markdown_renders_both_labels_and_the_doc_block_is_registered(tmp_path):
@@ -313,6 +338,9 @@ def test_tiny_blind_run_end_to_end(tmp_path):
         assert blind_summary["profile"][phase]["n"] == len(errs)
         assert blind_summary["profile"][phase]["mape"] == pytest.approx(sum(errs) / len(errs))
     assert model["replicates"]["matched"] >= 1 and model["replicates"]["pairs"]
+    # the run-to-run drift: the same sweep again at the end, its trials paired with the first
+    assert model["rerun"]["sweep"]["returncode"] == 0 and model["rerun"]["pairs"]
+    assert blind_summary["noise"]["rerun"]["prefill"]["n"] >= 1
     assert result["calibration"]["quick"] is True and "skipped" in result["calibration"]["how"]
     assert result["git"]["commit"] and result["context"] and result["wall_s"] > 0
     verdicts = {v["target"]: v for v in result["verdicts"]}

@@ -68,12 +68,21 @@ def noise_lines(summary: dict) -> list[str]:
             parts.append(f"{phase}: replicate error {report.pct(rep.get('mape'))} per measurement "
                          f"(n={rep.get('n', 0)} configurations run twice), median trial 95% CI "
                          f"±{report.pct(ci.get('median'))} (n={ci.get('n', 0)})")
+        late = n.get("rerun") or {}
+        drift = ""
+        if any((late.get(ph) or {}).get("n") for ph in PHASES):
+            drift = (f" Run-to-run drift (each model's sweep run again at the end, a median "
+                     f"{(n.get('rerun_after_s') or 0) / 60:.0f} min after its first; the later "
+                     "measurement's error as a prediction of the first): " + "; ".join(
+                         f"{ph} MAPE {report.pct(late[ph].get('mape'))}, median signed "
+                         f"{report.pct(late[ph].get('median_signed'))} (n={late[ph].get('n', 0)})"
+                         for ph in PHASES if (late.get(ph) or {}).get("n")) + ".")
         host = s.get("host") or {}
         out.append(f"- **{label}** (seeds {s['seeds']}, {s['models']} models, {s['trials_measured']} "
                    f"measured trials; predictions {'checked to be' if s['profile_checks_ok'] else 'NOT all'} "
                    f"the calibrated profile's, recomputed from it): " + "; ".join(parts)
                    + f". Trials' median host load {host.get('trial_load_median')}, steal "
-                   f"{report.pct(host.get('trial_steal_median'))}.")
+                   f"{report.pct(host.get('trial_steal_median'))}." + drift)
     return out
 
 
