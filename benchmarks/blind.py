@@ -602,6 +602,11 @@ def _plain(v: Any) -> Any:
     return f if f is not None else (None if isinstance(v, float) else str(v))
 
 
+def space_file(home: Path, study: str) -> Path:
+    """The space file a model's sweep (and its replicates and rerun) runs."""
+    return home / "spaces" / f"{study}.yaml"
+
+
 def sweep_model(home: Path, model, seed: int, index: int, calibrated, trials: int,
                 replicates: int) -> tuple[dict, list]:
     """(a) for one model: its sweep, the scored points, the replicates; (result, observations)."""
@@ -609,9 +614,8 @@ def sweep_model(home: Path, model, seed: int, index: int, calibrated, trials: in
 
     space = space_for(model, seed, index, trials)
     study = f"blind-{seed}-{index}"
-    spaces = home / "spaces"
-    spaces.mkdir(parents=True, exist_ok=True)
-    path = spaces / f"{study}.yaml"
+    path = space_file(home, study)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(space, sort_keys=False))
     run = run_cli(home, ["run", str(path), "--study", study, "--no-analysis"])
     out = {"index": index, "model": model.to_dict(), "space": space, "study": study,
@@ -647,8 +651,7 @@ def rerun_model(home: Path, one: dict, obs: list, calibrated) -> dict:
     a calibration made minutes before them."""
     study = f"{one['study']}-late"
     after_s = time.time() - one["finished_at"]
-    run = run_cli(home, ["run", str(home / "spaces" / f"{one['study']}.yaml"), "--study", study,
-                         "--no-analysis"])
+    run = run_cli(home, ["run", str(space_file(home, one["study"])), "--study", study, "--no-analysis"])
     out = {"sweep": {k: v for k, v in run.items() if k != "stdout"}, "after_s": after_s}
     if run["returncode"] == 0:
         _, late, _, _ = study_points(home, study, calibrated, one["model"]["name"], 20000)
