@@ -597,7 +597,9 @@ def stream_calls(deployment, calls: dict, requests, costs: dict) -> dict[str, di
         sends = [c for c in log if c[0] == "send"]
         for k, (call, wake) in enumerate(zip(prefills, wakes)):
             idle = wake > 0
-            before, after = times.prefill_host_s(len(call[3]), idle)
+            # an idle call priced with the wake after a long idle (the closed loop's
+            # 0.1 s measurement, whatever the stream's gap): the diagnostic's convention
+            before, after = times.prefill_host_s(len(call[3]), math.inf if idle else 0.0)
             out["prefill_first"]["stream"].append(call[2] - call[1] + wake)
             out["prefill_first"]["loop"].append(engine + before)
             out["prefill_first"].setdefault("idle", []).append(idle)
@@ -636,6 +638,7 @@ def scaled_step_times(times, ratio: dict[str, float], prompts_per_call: float = 
                   + (first - after) * before / max(prompts_per_call, 1.0))
     host = dataclasses.replace(
         host, prefill_first_overhead_s=before * first, prefill_wake_s=host.prefill_wake_s * first,
+        prefill_wake_short_s=host.prefill_wake_short_s * first,
         prefill_overhead_per_prompt_s=max(per_prompt, 0.0),
         prefill_idle_after_s=host.prefill_idle_after_s * after,
         handover_overhead_s=host.handover_overhead_s * insert)

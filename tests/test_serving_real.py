@@ -156,6 +156,9 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
         # requests): a positive TTFT, a wake not below zero; none without a prefill phase
         if "engine_prefill_s" in out:
             assert out["prefill_after_idle_s"] > 0 and out["prefill_wake_s"] >= 0, name
+            # and 0.01 s apart (IDLE_SHORT_GAP_S): each wake with how long the loop idled
+            assert out["prefill_wake_short_s"] >= 0, name
+            assert 0 < out["prefill_wake_short_idle_s"] < out["prefill_wake_idle_s"] <= 0.02, name
         else:
             assert "prefill_wake_s" not in out
     pre = results.get("aggregated", results.get("prefill"))

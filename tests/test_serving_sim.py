@@ -155,6 +155,35 @@ def test_a_prefill_on_an_idle_loop_pays_the_wake(mode):
     assert np.allclose(simulate(d, _spaced(5, 10.0), _constant(0.25, 0.02, 0.1)).ttft_s, 0.25)
 
 
+def test_the_idle_wake_grows_with_the_idle_time_between_its_two_measurements():
+    """HostCosts `wake_after`: straight in log(idle) from the short idle's wake to the long
+    one's, flat beyond them; one measured idle (or none recorded): that wake at any idle."""
+    costs = HostCosts(prefill_wake_s=0.05, prefill_wake_idle_s=10.0,
+                      prefill_wake_short_s=0.01, prefill_wake_short_idle_s=0.1)
+    assert costs.wake_after(1.0) == pytest.approx(0.03)          # log-midway
+    assert costs.wake_after(0.1 * 10 ** 0.5) == pytest.approx(0.02)   # a quarter of the way
+    assert costs.wake_after(0.001) == costs.wake_after(0.1) == 0.01
+    assert costs.wake_after(100.0) == costs.wake_after(float("inf")) == 0.05
+    for one in (HostCosts(prefill_wake_s=0.05, prefill_wake_idle_s=10.0),
+                HostCosts(prefill_wake_s=0.05)):
+        assert one.wake_after(0.01) == one.wake_after(100.0) == 0.05
+
+
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_an_idle_calls_wake_is_the_wake_after_as_long_as_the_loop_idled(mode):
+    """The serving model prices a call on an idle loop with the wake after the time the loop
+    idled (from its previous work's end to the arrival; HostCosts `wake_after`): one-token
+    requests, prefill 0.25, wakes 0.01 after 0.1 s idle and 0.05 after 10 s. The first
+    (idle since the start) pays 0.05 and frees the loop at 0.3; one arriving 1.0 s later
+    pays 0.03; 0.05 s later, 0.01; 10 s later, 0.05."""
+    d = _deployment(mode)
+    times = _host(_constant(0.25, 0.02), prefill_wake_s=0.05, prefill_wake_idle_s=10.0,
+                  prefill_wake_short_s=0.01, prefill_wake_short_idle_s=0.1)
+    for idle, wake in ((1.0, 0.03), (0.05, 0.01), (10.0, 0.05)):
+        out = simulate(d, [Request(0.0, 128, 1), Request(0.3 + idle, 128, 1)], times)
+        assert np.allclose(out.ttft_s, [0.3, 0.25 + wake]), idle
+
+
 @pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
 def test_a_prefills_host_work_before_its_first_tokens_delays_them(mode):
     """HostCosts `prefill_first_overhead_s` (docs/serving.md "Serving host costs"): of a
@@ -257,7 +286,8 @@ def test_a_calibrated_hosts_idle_wake_moves_with_the_weights_up_to_the_cache():
     def deployment(model, wake_bytes, host_model=host.to_dict()):
         hw = HardwareProfile("host", 4e11, 3e10, 2.4e10, 2e9, measured=True, host_share=0.5,
                              host_model=host_model, host_costs=HostCosts(
-                                 prefill_wake_s=0.002, prefill_wake_weight_bytes=wake_bytes))
+                                 prefill_wake_s=0.002, prefill_wake_weight_bytes=wake_bytes,
+                                 prefill_wake_short_s=0.0005))
         one = PhaseSlice(1, 1, "ws1d", "head", 1, "bf16")
         return Deployment(model, hw, "aggregated", one, one)
 
@@ -269,9 +299,13 @@ def test_a_calibrated_hosts_idle_wake_moves_with_the_weights_up_to_the_cache():
     extra = min(prefill_weight_bytes(wider), cache) - measured_on
     assert extra > 0
     assert host_costs_for(wider).prefill_wake_s == pytest.approx(0.002 + extra / 2 * dram)
-    # measured on weights past the cache: a narrower model's wake is smaller, never < 0
-    assert host_costs_for(deployment(small, 10 * cache)).prefill_wake_s == pytest.approx(
-        max(0.002 - (cache - measured_on) / 2 * dram, 0.0))
+    # the short idle's wake does not move (measured: no order by size), ...
+    assert host_costs_for(wider).prefill_wake_short_s == 0.0005
+    # measured on weights past the cache: a narrower model's wake is smaller, never < 0,
+    # ... and the short idle's wake never above the long one's
+    narrower = host_costs_for(deployment(small, 10 * cache))
+    assert narrower.prefill_wake_s == pytest.approx(max(0.002 - (cache - measured_on) / 2 * dram, 0.0))
+    assert narrower.prefill_wake_short_s == min(0.0005, narrower.prefill_wake_s)
     # the weights not recorded, or not a calibrated host: the wake as measured
     assert host_costs_for(deployment(wide, 0.0)).prefill_wake_s == 0.002
     assert host_costs_for(deployment(wide, measured_on, host_model={})).prefill_wake_s == 0.002

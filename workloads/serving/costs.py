@@ -14,6 +14,7 @@ validates a profile's).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -33,8 +34,14 @@ class HostCosts:
     prefill_overhead_per_prompt_s: float = 0.0
     # per prefill call: the part of its host work before its first tokens (prompts placed)
     prefill_first_overhead_s: float = 0.0
-    # a prefill call on an idle loop: how much longer it takes to its first tokens
+    # a prefill call on an idle loop: how much longer it takes to its first tokens, after
+    # the loop idled `prefill_wake_idle_s` (0: not recorded, the wake after any idle)
     prefill_wake_s: float = 0.0
+    prefill_wake_idle_s: float = 0.0
+    # the same after a short idle, `prefill_wake_short_idle_s` (0: not measured): the wake
+    # grows with the idle time between them (`wake_after`)
+    prefill_wake_short_s: float = 0.0
+    prefill_wake_short_idle_s: float = 0.0
     # the weight bytes of the prefill slice `prefill_wake_s` was measured on (0: not
     # recorded): on a calibrated host the serving model moves the wake by the DRAM time of
     # the difference to another deployment's (workloads/serving/model.py `host_costs_for`)
@@ -63,6 +70,22 @@ class HostCosts:
     def disaggregated_names(cls) -> tuple[str, ...]:
         """The costs of a KV handover between slices (0 for an aggregated deployment)."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("disaggregated"))
+
+    def wake_after(self, idle_s: float) -> float:
+        """The wake of a prefill call after the loop idled `idle_s` seconds: between the two
+        measured idles, straight in log(idle) from the short wake to the long one; the
+        short wake below the short idle, the long one above the long idle (the wake stops
+        growing there: docs/serving-model.md "The idle wake"). One measured idle: that
+        wake at any idle."""
+        short, long_ = self.prefill_wake_short_idle_s, self.prefill_wake_idle_s
+        if not (0.0 < short < long_):
+            return self.prefill_wake_s
+        if idle_s <= short:
+            return self.prefill_wake_short_s
+        if idle_s >= long_:
+            return self.prefill_wake_s
+        share = math.log(idle_s / short) / math.log(long_ / short)
+        return self.prefill_wake_short_s + share * (self.prefill_wake_s - self.prefill_wake_short_s)
 
     @classmethod
     def from_measured(cls, costs: Mapping[str, Any]) -> "HostCosts":

@@ -32,6 +32,7 @@ WAKE_REQUESTS = 12   # one-token requests on an idle loop (`prefill_wake_s`)
 # "Serving host costs", "A prefill's host work, paired call by call")
 PREFILL_PAIRS = 8
 IDLE_GAP_S = 0.1     # ... this far apart
+IDLE_SHORT_GAP_S = 0.01   # ... and as many this far apart (the wake after a short idle)
 # The engine's decode steps per pipelined run (`engine_decode_run`), as a trial's decode loop
 # (8 steps in a calibration probe, sweeper/calibrate/tasks.py)
 PIPELINED_STEPS = 8
@@ -109,7 +110,9 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     loop (`serve_aggregated` or `serve_prefill_slice`, sleeps and wake-ups included): the
     median of their TTFTs `prefill_after_idle_s`, and `prefill_wake_s` = that minus the
     engine's prefill (what a call on an idle loop adds before its first token: a
-    stream's prefill worker is idle between arrivals, the closed loop above never is)."""
+    stream's prefill worker is idle between arrivals, the closed loop above never is),
+    after the loop idled `prefill_wake_idle_s` (median); then as many `IDLE_SHORT_GAP_S`
+    apart: `prefill_wake_short_s` after `prefill_wake_short_idle_s` (`idle_prefill_wake`)."""
     loop = _ClosedLoop(srv, input_len, output_len, rounds, send, prefill_pairs)
     began = time.perf_counter()
     loop.engine_calls()          # between the blocks: a drift in the host's load
@@ -379,15 +382,36 @@ class _ClosedLoop:
 
 
 def idle_prefill_wake(srv, input_len: int, wake_requests: int, idle_gap_s: float,
-                      engine_prefill: float) -> dict[str, float]:
+                      engine_prefill: float, short_gap_s: float = IDLE_SHORT_GAP_S
+                      ) -> dict[str, float]:
     """A prefill on an idle loop: `wake_requests` one-token requests `idle_gap_s` apart
     through the server's own serving loop; the median of their TTFTs and what it adds to
-    the engine's prefill (`measure_loop`'s docstring)."""
+    the engine's prefill (`measure_loop`'s docstring), with the median time the loop idled
+    before each (its previous request done to the arrival). Then the same `short_gap_s`
+    apart (`prefill_wake_short_s`): the wake grows with the idle time (HostCosts
+    `wake_after`; this host, one run each: 0.5-0.7 ms after 0.01 s, 1.7-2.2 ms after
+    0.1 s, 1.8-2.3 ms after 0.2 s)."""
+    ttft, idles = _idle_requests(srv, input_len, wake_requests, idle_gap_s)
+    after_idle = float(np.median(ttft))
+    out = {"prefill_after_idle_s": after_idle, "idle_gap_s": idle_gap_s,
+           "prefill_wake_s": max(after_idle - engine_prefill, 0.0),
+           "prefill_wake_idle_s": float(np.median(idles))}
+    if 0.0 < short_gap_s < idle_gap_s:
+        ttft, idles = _idle_requests(srv, input_len, wake_requests, short_gap_s)
+        out.update(prefill_wake_short_s=max(float(np.median(ttft)) - engine_prefill, 0.0),
+                   prefill_wake_short_idle_s=float(np.median(idles)))
+    return out
+
+
+def _idle_requests(srv, input_len: int, requests: int, gap_s: float
+                   ) -> tuple[list[float], list[float]]:
+    """`requests` one-token requests `gap_s` apart (after one not counted) through the
+    server's serving loop: their TTFTs and how long the loop idled before each."""
     from workloads.serving.slots import serve_aggregated, serve_prefill_slice   # lazy: JAX
 
     model = srv.model.unpadded
-    reqs = [Request((k + 1) * idle_gap_s, input_len, 1) for k in range(wake_requests + 1)]
-    start_at = time.time() + idle_gap_s
+    reqs = [Request((k + 1) * gap_s, input_len, 1) for k in range(requests + 1)]
+    start_at = time.time() + gap_s
     prompt = lambda i: prompt_for(model, 9000 + i, input_len, 7)   # noqa: E731
     if srv.spec.decode is not None:
         served = serve_aggregated(srv, reqs, prompt, start_at)
@@ -396,9 +420,9 @@ def idle_prefill_wake(srv, input_len: int, wake_requests: int, idle_gap_s: float
             srv, [dict(arrival_s=r.arrival_s, input_len=r.input_len, output_len=1)
                   for r in reqs], prompt, start_at, _nowhere)
     ttft = [s["first_token_s"] - r.arrival_s for s, r in zip(served, reqs)][1:]
-    after_idle = float(np.median(ttft))
-    return {"prefill_after_idle_s": after_idle,
-            "prefill_wake_s": max(after_idle - engine_prefill, 0.0), "idle_gap_s": idle_gap_s}
+    done = [s.get("finish_s", s["first_token_s"]) for s in served]
+    idles = [max(r.arrival_s - end, 0.0) for r, end in zip(reqs[1:], done[:-1])]
+    return ttft, idles
 
 
 def paired_prefill_calls(srv, input_len: int, pairs: int, offset: int = 0
@@ -683,6 +707,10 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
     out: dict[str, Any] = {**host_costs(prefill, decode), "handover_overhead_s": 0.0,
                            # a prefill call on an idle loop: its extra seconds
                            "prefill_wake_s": float(prefill.get("prefill_wake_s", 0.0)),
+                           # ... after how long idle; and after a short idle
+                           **{name: float(prefill.get(name, 0.0)) for name in (
+                               "prefill_wake_idle_s", "prefill_wake_short_s",
+                               "prefill_wake_short_idle_s")},
                            # of a prefill call's host work, the part before its first tokens
                            "prefill_first_overhead_s": first_token_overhead(prefill)}
     detail: dict[str, Any] = ({"aggregated": prefill} if prefill is decode

@@ -35,8 +35,9 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   first tokens (`prefill_first_overhead_s`, per call: the prompts made and placed,
   the argmax, the first tokens to the host) delays them, the rest of the per-prompt cost
   comes after; a prefill call on an idle loop (nothing to do until its arrival) takes
-  `prefill_wake_s` more than the engine's call before its first token instead
-  (the larger of the two; measured, 0 by default);
+  the wake more than the engine's call before its first token instead (the larger of
+  the two; measured, 0 by default): `prefill_wake_s`, or where a short idle's wake was
+  measured too, the wake after as long as the loop idled (HostCosts `wake_after`);
 - optionally (`StepTimes.prefill_spread`, `step_spread`), each call's duration scaled by a
   factor of mean 1 drawn from a measured spread (seeded): the tails of interrupted calls;
 - chunked prefill (aggregated, `prefill.chunk` > 0; Sarathi-Serve, vLLM): no whole-prompt
@@ -147,14 +148,15 @@ class StepTimes:
             return self.prefill_s(prompts, tokens)
         return self.prefill_at_s(prompts, tokens, offset)
 
-    def prefill_host_s(self, prompts: int, idle: bool, factor: float = 1.0) -> tuple[float, float]:
-        """A prefill call's host work: (before its first tokens, after them), seconds. Before:
-        `prefill_first_overhead_s`, or on an idle loop the wake if larger; after: the rest of
-        the per-prompt cost, on an idle loop at least `prefill_idle_after_s` per prompt,
-        scaled by the call's duration factor."""
+    def prefill_host_s(self, prompts: int, idle: float, factor: float = 1.0) -> tuple[float, float]:
+        """A prefill call's host work: (before its first tokens, after them), seconds, after
+        the loop idled `idle` seconds (0: it was busy; inf: since the start). Before:
+        `prefill_first_overhead_s`, or on an idle loop the wake after that idle if larger;
+        after: the rest of the per-prompt cost, on an idle loop at least
+        `prefill_idle_after_s` per prompt, scaled by the call's duration factor."""
         host = self.host_costs
         first = host.prefill_first_overhead_s
-        before = max(host.prefill_wake_s, first) if idle else first
+        before = max(host.wake_after(idle), first) if idle else first
         after = max(prompts * host.prefill_overhead_per_prompt_s - first, 0.0)
         if idle:
             after = max(after, prompts * host.prefill_idle_after_s)
@@ -449,7 +451,9 @@ def host_costs_for(deployment: Deployment) -> HostCosts:
     the worker's cache gone, and streams them again (up to the cache; the host model's
     `dram_weights` cost per element). Measured on this host, 0.1 s idle gaps, one run each:
     a 2.4M-parameter probe's wake 2.9 ms, a 12M one's 5.3 ms, a 16M one's 6.3 ms
-    (docs/serving-model.md "Serving host costs")."""
+    (docs/serving-model.md "Serving host costs"). The short idle's wake stays (0.01 s
+    apart, one run each: 0.5-0.7 ms for models of 0.6M-3M parameters, no order by size),
+    at most the long one's."""
     from workloads import hostmodel
 
     hw, part = deployment.hardware, deployment.prefill
@@ -463,7 +467,9 @@ def host_costs_for(deployment: Deployment) -> HostCosts:
     counts = {term: 0.0 for term in hostmodel.TERMS}
     counts["dram_weights"] = cold / costmodel.BF16            # bf16 elements, as host_counts
     cold_s = sum(host.term_seconds(counts, "prefill", share, part.chips).values())
-    return dataclasses.replace(costs, prefill_wake_s=max(costs.prefill_wake_s + cold_s, 0.0))
+    wake = max(costs.prefill_wake_s + cold_s, 0.0)
+    return dataclasses.replace(costs, prefill_wake_s=wake,
+                               prefill_wake_short_s=min(costs.prefill_wake_short_s, wake))
 
 
 # --------------------------------------------------------------------------- result
@@ -669,8 +675,9 @@ def _prefill_call_s(times: StepTimes, prompts: int, reqs: list[Request], take: l
 
 
 def _priced_prefill(times: StepTimes, prompts: int, reqs: list[Request], take: list[int],
-                    idle: bool, factor: float) -> tuple[float, float]:
-    """(until the first tokens, until the loop is free) of one prefill call of `take`: the
+                    idle: float, factor: float) -> tuple[float, float]:
+    """(until the first tokens, until the loop is free) of one prefill call of `take`, the
+    loop idle `idle` seconds before it (`StepTimes.prefill_host_s`): the
     call (`_prefill_call_s`) scaled by its spread `factor`, with the host's work before the
     first tokens (and the idle loop's wake) and after them (`StepTimes.prefill_host_s`)."""
     before, after = times.prefill_host_s(len(take), idle, factor)
@@ -692,7 +699,7 @@ def _chunked_replica(d: Deployment, reqs: list[Request], ids: list[int], times: 
     prefill_factor, step_factor = times.spread_draws()
     t, prefill_busy, decode_busy = 0.0, 0.0, 0.0
     current: list[int] | None = None        # [request, its tokens whose KV is there]
-    idle = True
+    idle = math.inf                         # seconds the loop idled (since the start)
     while pending or waiting or current is not None or slots.active:
         while pending and reqs[pending[0]].arrival_s <= t:
             waiting.append(pending.popleft())
@@ -701,8 +708,7 @@ def _chunked_replica(d: Deployment, reqs: list[Request], ids: list[int], times: 
             current = [i, reqs[i].cached_len]
         if current is None:
             if not slots.active:
-                t = reqs[pending[0]].arrival_s
-                idle = True
+                idle, t = _idle_until(t, reqs[pending[0]].arrival_s, idle)
                 continue
             until = reqs[pending[0]].arrival_s if (slots.free and pending) else math.inf
             t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until,
@@ -721,7 +727,7 @@ def _chunked_replica(d: Deployment, reqs: list[Request], ids: list[int], times: 
         else:
             factor, step_s = prefill_factor(), times.host_costs.step_overhead_s
         before, after = times.prefill_host_s(1, idle, factor) if last else (0.0, 0.0)
-        idle = False
+        idle = 0.0
         t += step_s + chunk_s * factor + before
         decode_busy += step_s
         prefill_busy += chunk_s * factor + before + after
@@ -750,19 +756,18 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
     prefill_factor, step_factor = times.spread_draws()
     t, prefill_busy, decode_busy = 0.0, 0.0, 0.0
     prefilled_since_step = False
-    idle = True                        # the loop had nothing to do until now
+    idle = math.inf                    # seconds the loop had nothing to do (since the start)
     while pending or waiting or slots.active:
         while pending and reqs[pending[0]].arrival_s <= t:
             waiting.append(pending.popleft())
         if not waiting and not slots.active:
-            t = reqs[pending[0]].arrival_s
-            idle = True
+            idle, t = _idle_until(t, reqs[pending[0]].arrival_s, idle)
             continue
         if waiting and slots.free and not (prefilled_since_step and slots.active):
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
             call, duration = _priced_prefill(times, d.prefill.batch, reqs, take, idle,
                                              prefill_factor())
-            idle = False
+            idle = 0.0
             first[take] = t + call       # the first tokens, before their rows go into slots
             t += duration
             prefill_busy += duration
@@ -798,11 +803,11 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
     t, busy = 0.0, 0.0
     queue = deque(ids)
     prefill_factor, _ = times.spread_draws()
-    idle = True                                  # the loop had nothing to do until now
+    idle = math.inf                              # seconds the loop had nothing to do
     while queue:
         t, take, idle = _next_call(queue, reqs, t, d.prefill.batch, idle)
         call, duration = _priced_prefill(times, d.prefill.batch, reqs, take, idle, prefill_factor())
-        idle = False
+        idle = 0.0
         first[take] = t + call           # the first tokens, before their KV is exported
         t += duration
         busy += duration
@@ -814,16 +819,22 @@ def _prefill_slice(d: Deployment, reqs: list[Request], ids: list[int], times: St
     return busy
 
 
-def _next_call(queue: deque, reqs: list[Request], t: float, batch: int, idle: bool):
-    """A prefill slice's next call: (its start, the requests it takes, whether the loop was
-    idle until then). It starts at the first queued arrival if the loop is free before it,
-    and takes up to `batch` requests that have arrived by then."""
-    idle = idle or reqs[queue[0]].arrival_s > t
-    t = max(t, reqs[queue[0]].arrival_s)
+def _next_call(queue: deque, reqs: list[Request], t: float, batch: int, idle: float):
+    """A prefill slice's next call: (its start, the requests it takes, how long the loop
+    was idle until then, `idle` carried on: 0 if busy). It starts at the first queued
+    arrival if the loop is free before it, and takes up to `batch` requests that have
+    arrived by then."""
+    idle, t = _idle_until(t, max(t, reqs[queue[0]].arrival_s), idle)
     take = []
     while queue and reqs[queue[0]].arrival_s <= t and len(take) < batch:
         take.append(queue.popleft())
     return t, take, idle
+
+
+def _idle_until(t: float, arrival: float, idle: float) -> tuple[float, float]:
+    """(how long the loop has idled at `arrival`, `arrival`): a loop free at `t` waits for
+    it; `idle` is what it had idled before `t` (0: busy until `t`; inf: since the start)."""
+    return (idle + (arrival - t) if idle or arrival > t else 0.0), arrival
 
 
 def _pipelined_prefill_slice(d: Deployment, reqs: list[Request], ids: list[int],
@@ -837,14 +848,14 @@ def _pipelined_prefill_slice(d: Deployment, reqs: list[Request], ids: list[int],
     t, busy, link_free = 0.0, 0.0, 0.0
     queue = deque(ids)
     prefill_factor, _ = times.spread_draws()
-    idle = True
+    idle = math.inf
     while queue:
         t, take, idle = _next_call(queue, reqs, t, d.prefill.batch, idle)
         factor = prefill_factor()
         longest = max(reqs[i].input_len for i in take)
         new = max(reqs[i].input_len - reqs[i].cached_len for i in take)
         before, after = times.prefill_host_s(len(take), idle, factor)
-        idle = False
+        idle = 0.0
         first[take] = t + _prefill_call_s(times, d.prefill.batch, reqs, take) * factor + before
         gap = times.prefill_interval_s(d.prefill.batch, new, longest - new) * factor \
             + before + after
