@@ -3,17 +3,20 @@
     python -m benchmarks.idle_wake [--models 3] [--seed N] [--repeats 2] [--out DIR]
 
 `sweeper calibrate` and `sweeper serve --measure-overheads` measure the wake of a prefill
-call on an idle loop at two idle times (one-token requests 0.1 s and 0.01 s apart through
-the server's own serving loop, workloads/serving/hostcosts.py `idle_prefill_wake`), and the
-serving model prices a call after any other idle time by a straight line in log(idle)
-between them, flat beyond (HostCosts `wake_after`; docs/serving-model.md "Serving host
-costs"). This checks that rule on idle times it was not given: per model (the calibration's
-serving probe, and `--models` models drawn at run time from `--seed` as the blind benchmark
-draws them), one slot server on one device in this process, pinned to one core; per repeat,
-the wake at each gap of `GAPS` (`WAKE_REQUESTS` requests each, the median). The rule is made
-of each repeat's own 0.01 s and 0.1 s points and scored on that repeat's other gaps (the
-wake's error in ms), beside one constant wake (the 0.1 s point at every idle time: the rule
-before). Timings are this host's, in a bare process (no Ray, no driver beside it).
+call on an idle loop at two idle times (one-token requests 0.1 s apart, then about 0.01 s
+idle, through the server's own serving loop, workloads/serving/hostcosts.py
+`idle_prefill_wake`), and the serving model prices a call after any other idle time by a
+straight line in log(idle) between them, flat beyond (HostCosts `wake_after`;
+docs/serving-model.md "Serving host costs"). This checks that rule on idle times it was not
+given: per model (the calibration's serving probe, and `--models` models drawn at run time
+from `--seed` as the blind benchmark draws them), one slot server on one device in this
+process, pinned to one core; per repeat, the rule measured as calibrate measures it, then the
+wake at each gap of `GAPS` (`WAKE_REQUESTS` requests each, the median, with the loop's median
+idle before them). Each repeat's rule is scored on that repeat's gaps (the wake's error in
+ms), beside one constant wake (the rule's 0.1 s wake at every idle time: the rule before). A
+gap shorter than the call leaves the loop no idle time (the next request queues): such
+points are shown and not scored. Timings are this host's, in a bare process (no Ray, no
+driver beside it).
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ import time
 from benchmarks import common, harness
 
 NAME = "idle_wake"
-GAPS = (0.003, 0.01, 0.02, 0.04, 0.1, 0.2)     # seconds between the requests' arrivals
-RULE_GAPS = (0.01, 0.1)                         # the two the rule is made of (hostcosts)
+GAPS = (0.003, 0.006, 0.02, 0.04, 0.06, 0.2)    # seconds between the requests' arrivals
+MIN_IDLE_S = 1e-4                                # below: the loop never idled (not scored)
 INPUT_LEN = 32
 
 
@@ -43,37 +46,38 @@ def _server(model):
 
 
 def measure_model(model, repeats: int) -> dict:
-    """Per repeat, each gap's wake (ms) and the loop's median idle before the calls (s)."""
-    from workloads.serving.hostcosts import WAKE_REQUESTS, engine_prefill_s, idle_prefill_wake
+    """Per repeat, the rule's measurement and each gap's wake and the loop's median idle
+    before the calls (seconds)."""
+    from workloads.serving.hostcosts import (IDLE_GAP_S, WAKE_REQUESTS, engine_prefill_s,
+                                             idle_prefill_wake)
 
     server = _server(model)
     engine = engine_prefill_s(server, INPUT_LEN)
     runs = []
     for _ in range(repeats):
+        rule = idle_prefill_wake(server, INPUT_LEN, WAKE_REQUESTS, IDLE_GAP_S, engine)
         points = []
         for gap in GAPS:
             out = idle_prefill_wake(server, INPUT_LEN, WAKE_REQUESTS, gap, engine, short_gap_s=0.0)
             points.append({"gap_s": gap, "idle_s": out["prefill_wake_idle_s"],
                            "wake_s": out["prefill_wake_s"]})
-        runs.append(points)
+        runs.append({"rule": {k: rule.get(k, 0.0) for k in RULE_FIELDS}, "points": points})
     return {"model": model.to_dict(), "engine_prefill_s": engine, "repeats": runs}
 
 
-def scored(runs: list[list[dict]]) -> list[dict]:
-    """Each repeat's held-out gaps: measured wake, the two-point rule's and the constant's."""
+RULE_FIELDS = ("prefill_wake_s", "prefill_wake_idle_s", "prefill_wake_short_s",
+               "prefill_wake_short_idle_s")
+
+
+def scored(runs: list[dict]) -> list[dict]:
+    """Each repeat's gaps where the loop idled: measured wake, the rule's and the constant's."""
     from workloads.serving.costs import HostCosts
 
     out = []
-    for points in runs:
-        by_gap = {p["gap_s"]: p for p in points}
-        short, long_ = by_gap[RULE_GAPS[0]], by_gap[RULE_GAPS[1]]
-        rule = HostCosts(prefill_wake_s=long_["wake_s"], prefill_wake_idle_s=long_["idle_s"],
-                         prefill_wake_short_s=short["wake_s"],
-                         prefill_wake_short_idle_s=short["idle_s"])
-        for p in points:
-            if p["gap_s"] in RULE_GAPS:
-                continue
-            out.append({**p, "rule_s": rule.wake_after(p["idle_s"]), "constant_s": long_["wake_s"]})
+    for run_ in runs:
+        rule = HostCosts(**run_["rule"])
+        out += [{**p, "rule_s": rule.wake_after(p["idle_s"]), "constant_s": rule.prefill_wake_s}
+                for p in run_["points"] if p["idle_s"] >= MIN_IDLE_S]
     return out
 
 
@@ -98,16 +102,18 @@ def run(args: argparse.Namespace, previous: dict | None) -> dict:
         measured["heldout"] = scored(measured["repeats"])
         rows.append(measured)
         print(f"  {model.name}: " + ", ".join(f"{p['gap_s']:g}s {1e3 * p['wake_s']:.2f} ms"
-                                              for p in measured["repeats"][0]),
+                                              for p in measured["repeats"][0]["points"]),
               file=sys.stderr, flush=True)
     heldout = [h for r in rows for h in r["heldout"]]
+    unscored = sum(len(r_["points"]) for r in rows for r_ in r["repeats"]) - len(heldout)
     return {"name": NAME, "seed": seed, "repeats": args.repeats, "gaps_s": list(GAPS),
-            "rule_gaps_s": list(RULE_GAPS), "models": rows,
+            "models": rows, "unscored_points": unscored,
             "summary": {"rule": _stats([h["rule_s"] - h["wake_s"] for h in heldout]),
                         "constant": _stats([h["constant_s"] - h["wake_s"] for h in heldout]),
                         "wake_ms_by_gap": {f"{g:g}": _range([1e3 * p["wake_s"] for r in rows
                                                              for run_ in r["repeats"]
-                                                             for p in run_ if p["gap_s"] == g])
+                                                             for p in run_["points"]
+                                                             if p["gap_s"] == g])
                                            for g in GAPS}},
             "command": f"python -m benchmarks.idle_wake --models {args.models} --seed {seed} "
                        f"--repeats {args.repeats}",

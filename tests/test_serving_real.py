@@ -134,7 +134,7 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
         worker.setup(spec, [8])
         results[name] = worker.measure_host_costs(8, 5, rounds=1, blocks=3,
                                                      min_block_s=0.05, wake_requests=3,
-                                                     idle_gap_s=0.02)
+                                                     idle_gap_s=0.05)
     for name, out in results.items():
         assert out["blocks"] == 3 and out["measured_s"] >= 3 * 0.05
         phases = [p for p in ("step", "prefill") if f"loop_{p}_samples_s" in out]
@@ -156,9 +156,9 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
         # requests): a positive TTFT, a wake not below zero; none without a prefill phase
         if "engine_prefill_s" in out:
             assert out["prefill_after_idle_s"] > 0 and out["prefill_wake_s"] >= 0, name
-            # and 0.01 s apart (IDLE_SHORT_GAP_S): each wake with how long the loop idled
+            # and about 0.01 s idle (IDLE_SHORT_GAP_S): each wake with how long the loop idled
             assert out["prefill_wake_short_s"] >= 0, name
-            assert 0 < out["prefill_wake_short_idle_s"] < out["prefill_wake_idle_s"] <= 0.02, name
+            assert 0 < out["prefill_wake_short_idle_s"] < out["prefill_wake_idle_s"] <= 0.05, name
         else:
             assert "prefill_wake_s" not in out
     pre = results.get("aggregated", results.get("prefill"))

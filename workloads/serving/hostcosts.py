@@ -32,7 +32,7 @@ WAKE_REQUESTS = 12   # one-token requests on an idle loop (`prefill_wake_s`)
 # "Serving host costs", "A prefill's host work, paired call by call")
 PREFILL_PAIRS = 8
 IDLE_GAP_S = 0.1     # ... this far apart
-IDLE_SHORT_GAP_S = 0.01   # ... and as many this far apart (the wake after a short idle)
+IDLE_SHORT_GAP_S = 0.01   # ... and as many about this long idle (the wake after a short idle)
 # The engine's decode steps per pipelined run (`engine_decode_run`), as a trial's decode loop
 # (8 steps in a calibration probe, sweeper/calibrate/tasks.py)
 PIPELINED_STEPS = 8
@@ -387,17 +387,20 @@ def idle_prefill_wake(srv, input_len: int, wake_requests: int, idle_gap_s: float
     """A prefill on an idle loop: `wake_requests` one-token requests `idle_gap_s` apart
     through the server's own serving loop; the median of their TTFTs and what it adds to
     the engine's prefill (`measure_loop`'s docstring), with the median time the loop idled
-    before each (its previous request done to the arrival). Then the same `short_gap_s`
-    apart (`prefill_wake_short_s`): the wake grows with the idle time (HostCosts
-    `wake_after`; this host, one run each: 0.5-0.7 ms after 0.01 s, 1.7-2.2 ms after
-    0.1 s, 1.8-2.3 ms after 0.2 s)."""
+    before each (its previous request done to the arrival). Then as many spaced
+    `short_gap_s` plus twice that TTFT (`prefill_wake_short_s`, after
+    `prefill_wake_short_idle_s`): the wake grows with the idle time (HostCosts `wake_after`;
+    benchmarks/idle_wake.py); none where that spacing is half `idle_gap_s` or more."""
     ttft, idles = _idle_requests(srv, input_len, wake_requests, idle_gap_s)
     after_idle = float(np.median(ttft))
     out = {"prefill_after_idle_s": after_idle, "idle_gap_s": idle_gap_s,
            "prefill_wake_s": max(after_idle - engine_prefill, 0.0),
            "prefill_wake_idle_s": float(np.median(idles))}
-    if 0.0 < short_gap_s < idle_gap_s:
-        ttft, idles = _idle_requests(srv, input_len, wake_requests, short_gap_s)
+    # the short set spaced to idle about `short_gap_s` whatever the call's length (a call
+    # longer than the spacing would queue the next, not wake it); none near the long one
+    spacing = short_gap_s + 2 * after_idle
+    if 0.0 < short_gap_s and spacing < idle_gap_s / 2:
+        ttft, idles = _idle_requests(srv, input_len, wake_requests, spacing)
         out.update(prefill_wake_short_s=max(float(np.median(ttft)) - engine_prefill, 0.0),
                    prefill_wake_short_idle_s=float(np.median(idles)))
     return out
