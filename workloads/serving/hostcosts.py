@@ -388,7 +388,7 @@ def idle_prefill_wake(srv, input_len: int, wake_requests: int, idle_gap_s: float
     through the server's own serving loop; the median of their TTFTs and what it adds to
     the engine's prefill (`measure_loop`'s docstring), with the median time the loop idled
     before each (its previous request done to the arrival). Then as many spaced
-    `short_gap_s` plus twice that TTFT (`prefill_wake_short_s`, after
+    `short_gap_s` plus that TTFT (`prefill_wake_short_s`, after
     `prefill_wake_short_idle_s`): the wake grows with the idle time (HostCosts `wake_after`;
     benchmarks/idle_wake.py); none where that spacing is half `idle_gap_s` or more."""
     ttft, idles = _idle_requests(srv, input_len, wake_requests, idle_gap_s)
@@ -397,8 +397,9 @@ def idle_prefill_wake(srv, input_len: int, wake_requests: int, idle_gap_s: float
            "prefill_wake_s": max(after_idle - engine_prefill, 0.0),
            "prefill_wake_idle_s": float(np.median(idles))}
     # the short set spaced to idle about `short_gap_s` whatever the call's length (a call
-    # longer than the spacing would queue the next, not wake it); none near the long one
-    spacing = short_gap_s + 2 * after_idle
+    # longer than the spacing would queue the next, not wake it; the long set's TTFT is the
+    # longer, with its longer wake); none near the long one
+    spacing = short_gap_s + after_idle
     if 0.0 < short_gap_s and spacing < idle_gap_s / 2:
         ttft, idles = _idle_requests(srv, input_len, wake_requests, spacing)
         out.update(prefill_wake_short_s=max(float(np.median(ttft)) - engine_prefill, 0.0),
