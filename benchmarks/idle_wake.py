@@ -110,11 +110,7 @@ def run(args: argparse.Namespace, previous: dict | None) -> dict:
             "models": rows, "unscored_points": unscored,
             "summary": {"rule": _stats([h["rule_s"] - h["wake_s"] for h in heldout]),
                         "constant": _stats([h["constant_s"] - h["wake_s"] for h in heldout]),
-                        "wake_ms_by_gap": {f"{g:g}": _range([1e3 * p["wake_s"] for r in rows
-                                                             for run_ in r["repeats"]
-                                                             for p in run_["points"]
-                                                             if p["gap_s"] == g])
-                                           for g in GAPS}},
+                        "wake_ms_by_gap": wake_by_gap(rows)},
             "command": f"python -m benchmarks.idle_wake --models {args.models} --seed {seed} "
                        f"--repeats {args.repeats}",
             "git": git_state(), "machine": common.machine_context(since=context),
@@ -122,9 +118,15 @@ def run(args: argparse.Namespace, previous: dict | None) -> dict:
             "load_average_after": common.load_average(), "wall_s": time.time() - began}
 
 
-def _range(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values),
-            "n": len(values)}
+def wake_by_gap(rows: list[dict]) -> list[dict]:
+    """Per gap of `GAPS`, the wakes measured (ms) over models and repeats: min, median, max."""
+    out = []
+    for gap in GAPS:
+        values = [1e3 * p["wake_s"] for r in rows for run_ in r["repeats"] for p in run_["points"]
+                  if p["gap_s"] == gap]
+        out.append({"gap_s": gap, "min": min(values), "median": statistics.median(values),
+                    "max": max(values), "n": len(values)})
+    return out
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

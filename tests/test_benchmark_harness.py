@@ -24,7 +24,8 @@ BENCHMARKS = ("calibration", "collectives", "engine_efficiency", "examples", "pa
 COMMITTED = [(name, common.RESULTS) for name in BENCHMARKS] + [
     ("engine_efficiency", common.RESULTS / "second-host"),
     ("engine_efficiency", common.RESULTS / "second-host" / "run2"),
-    ("serving_validation", common.RESULTS / "second-host")]
+    ("serving_validation", common.RESULTS / "second-host"),
+    ("idle_wake", common.RESULTS / "xeon-host")]
 
 
 def _bench(name: str) -> harness.Benchmark:

@@ -299,13 +299,14 @@ def test_a_calibrated_hosts_idle_wake_moves_with_the_weights_up_to_the_cache():
     extra = min(prefill_weight_bytes(wider), cache) - measured_on
     assert extra > 0
     assert host_costs_for(wider).prefill_wake_s == pytest.approx(0.002 + extra / 2 * dram)
-    # the short idle's wake does not move (measured: no order by size), ...
-    assert host_costs_for(wider).prefill_wake_short_s == 0.0005
+    # the short idle's wake moves by its share of the long one's (a quarter here), ...
+    assert host_costs_for(wider).prefill_wake_short_s == pytest.approx(0.0005 + extra / 2 * dram / 4)
     # measured on weights past the cache: a narrower model's wake is smaller, never < 0,
     # ... and the short idle's wake never above the long one's
     narrower = host_costs_for(deployment(small, 10 * cache))
     assert narrower.prefill_wake_s == pytest.approx(max(0.002 - (cache - measured_on) / 2 * dram, 0.0))
-    assert narrower.prefill_wake_short_s == min(0.0005, narrower.prefill_wake_s)
+    assert narrower.prefill_wake_short_s == pytest.approx(
+        min(max(0.0005 * narrower.prefill_wake_s / 0.002, 0.0), narrower.prefill_wake_s))
     # the weights not recorded, or not a calibrated host: the wake as measured
     assert host_costs_for(deployment(wide, 0.0)).prefill_wake_s == 0.002
     assert host_costs_for(deployment(wide, measured_on, host_model={})).prefill_wake_s == 0.002

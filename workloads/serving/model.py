@@ -451,9 +451,8 @@ def host_costs_for(deployment: Deployment) -> HostCosts:
     the worker's cache gone, and streams them again (up to the cache; the host model's
     `dram_weights` cost per element). Measured on this host, 0.1 s idle gaps, one run each:
     a 2.4M-parameter probe's wake 2.9 ms, a 12M one's 5.3 ms, a 16M one's 6.3 ms
-    (docs/serving-model.md "Serving host costs"). The short idle's wake stays (0.01 s
-    apart, one run each: 0.5-0.7 ms for models of 0.6M-3M parameters, no order by size),
-    at most the long one's."""
+    (docs/serving-model.md "Serving host costs"). The short idle's wake moves by its share
+    of the long one's, and stays at most the long one's."""
     from workloads import hostmodel
 
     hw, part = deployment.hardware, deployment.prefill
@@ -468,8 +467,11 @@ def host_costs_for(deployment: Deployment) -> HostCosts:
     counts["dram_weights"] = cold / costmodel.BF16            # bf16 elements, as host_counts
     cold_s = sum(host.term_seconds(counts, "prefill", share, part.chips).values())
     wake = max(costs.prefill_wake_s + cold_s, 0.0)
+    # the short idle's wake moves by the same share of the cold weights as its wake is of
+    # the long one's (benchmarks/idle_wake.py: it grew with the weights too)
+    short = costs.prefill_wake_short_s * (1.0 + cold_s / costs.prefill_wake_s)
     return dataclasses.replace(costs, prefill_wake_s=wake,
-                               prefill_wake_short_s=min(costs.prefill_wake_short_s, wake))
+                               prefill_wake_short_s=min(max(short, 0.0), wake))
 
 
 # --------------------------------------------------------------------------- result
