@@ -33,6 +33,9 @@ NAME = "idle_wake"
 GAPS = (0.003, 0.006, 0.02, 0.04, 0.06, 0.2)    # seconds between the requests' arrivals
 MIN_IDLE_S = 1e-4                                # below: the loop never idled (not scored)
 INPUT_LEN = 32
+# what a rule is made of (HostCosts fields, as `idle_prefill_wake` returns them)
+RULE_FIELDS = ("prefill_wake_s", "prefill_wake_idle_s", "prefill_wake_short_s",
+               "prefill_wake_short_idle_s")
 
 
 def _server(model):
@@ -63,10 +66,6 @@ def measure_model(model, repeats: int) -> dict:
                            "wake_s": out["prefill_wake_s"]})
         runs.append({"rule": {k: rule.get(k, 0.0) for k in RULE_FIELDS}, "points": points})
     return {"model": model.to_dict(), "engine_prefill_s": engine, "repeats": runs}
-
-
-RULE_FIELDS = ("prefill_wake_s", "prefill_wake_idle_s", "prefill_wake_short_s",
-               "prefill_wake_short_idle_s")
 
 
 def scored(runs: list[dict]) -> list[dict]:

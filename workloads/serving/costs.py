@@ -75,7 +75,7 @@ class HostCosts:
         """The wake of a prefill call after the loop idled `idle_s` seconds: between the two
         measured idles, straight in log(idle) from the short wake to the long one; the
         short wake below the short idle, the long one above the long idle (the wake stops
-        growing there: docs/serving-model.md "The idle wake"). One measured idle: that
+        growing there: docs/serving-model.md "A prefill on an idle loop"). One measured idle: that
         wake at any idle."""
         short, long_ = self.prefill_wake_short_idle_s, self.prefill_wake_idle_s
         if not (0.0 < short < long_):

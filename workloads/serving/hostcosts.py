@@ -111,8 +111,9 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     median of their TTFTs `prefill_after_idle_s`, and `prefill_wake_s` = that minus the
     engine's prefill (what a call on an idle loop adds before its first token: a
     stream's prefill worker is idle between arrivals, the closed loop above never is),
-    after the loop idled `prefill_wake_idle_s` (median); then as many `IDLE_SHORT_GAP_S`
-    apart: `prefill_wake_short_s` after `prefill_wake_short_idle_s` (`idle_prefill_wake`)."""
+    after the loop idled `prefill_wake_idle_s` (median); then as many leaving the loop
+    about `IDLE_SHORT_GAP_S` idle: `prefill_wake_short_s` after `prefill_wake_short_idle_s`
+    (`idle_prefill_wake`)."""
     loop = _ClosedLoop(srv, input_len, output_len, rounds, send, prefill_pairs)
     began = time.perf_counter()
     loop.engine_calls()          # between the blocks: a drift in the host's load
