@@ -310,6 +310,47 @@ def test_mesh_costs_price_meshes_of_more_than_one_device_only():
     assert seconds(host, 0.5, 1) == seconds(plain, 0.5, 1)
 
 
+def test_device_factors_price_each_mesh_size_as_the_probes_ran():
+    """A calibration whose 4-device probes ran 10% slower than the true costs price them
+    (2-device ones as priced) leaves a bias on them that the mesh-only terms do not take
+    up: the 4-device factor takes it, held out too (each model from a fit without it). It
+    prices a call by its device count: 1 on one device, log-linear between calibrated
+    counts, flat past the largest; the factors survive the dict round trip (YAML's and
+    JSON's keys alike)."""
+    rng = random.Random(5)
+    true = _costs()
+    rows, measured, devices, groups = [], [], [], []
+    for t in probes.draw(12, 6, 2, chips=(1, 2, 4), prefix="t").trials:
+        counts = costmodel.host_counts(costmodel.phase_calls(t)["decode"], 8 * 2**20)
+        slow = 1.1 if t.chips == 4 else 1.0
+        rows.append(counts)
+        measured.append(slow * hostmodel.predict_seconds(counts, true["decode"])
+                        * (1 + rng.gauss(0, 0.005)))
+        devices.append(t.chips)
+        groups.append(t.model.name)
+    costs = hostmodel.fit_costs(rows, measured)
+    factors = hostmodel.device_factors(rows, measured, devices, costs)
+    assert set(factors) == {2, 4} and factors[4] > 1.02 and abs(factors[2] - 1) < 0.02
+    with_factors = hostmodel.heldout_errors(rows, measured, groups, devices=devices)
+    without = hostmodel.heldout_errors(rows, measured, groups)
+    four = [i for i, n in enumerate(devices) if n == 4]
+    bias = sorted(without[i] for i in four)[len(four) // 2]          # the shared fit's
+    assert bias < -0.02
+    assert abs(sorted(with_factors[i] for i in four)[len(four) // 2]) < abs(bias) / 2
+
+    host = hostmodel.HostModel(_costs(), 0.5, device_factors={"decode": {2: 1.0, 4: 1.21}})
+    assert [host.device_factor("decode", n) for n in (1, 2, 4, 8)] == [1.0, 1.0, 1.21, 1.21]
+    assert host.device_factor("decode", 3) == pytest.approx(1.21 ** math.log2(1.5))
+    assert host.device_factor("prefill", 4) == 1.0
+    counts = costmodel.host_counts(costmodel.phase_calls(_trial(chips=4))["decode"])
+    plain = hostmodel.HostModel(_costs(), 0.5)
+    assert sum(host.term_seconds(counts, "decode", 0.5, 4).values()) == pytest.approx(
+        1.21 * sum(plain.term_seconds(counts, "decode", 0.5, 4).values()))
+    as_json = json.loads(json.dumps(host.to_dict()))          # keys become strings
+    assert hostmodel.HostModel.from_dict(as_json) == host
+    assert "device_factors" not in plain.to_dict()
+
+
 def test_study_fit_separates_what_only_a_mesh_of_devices_adds():
     """Trials whose devices share cores run 1.6x slower on 2 and 4 chips than the calibration
     says, and as it says on one: the fit puts the slowdown in the mesh factors, so a one-chip
@@ -540,6 +581,11 @@ def test_quick_calibration_runs_for_real_and_host_uses_it(tmp_path):
     profile = yaml.safe_load(path.read_text())
     assert profile["calibration"]["host_key"] and profile["host_model"]["costs"]["decode"]
     assert profile["heldout_residuals"]["prefill"] and profile["heldout_residuals"]["decode"]
+    # the quick calibration's 2-device probes give each phase its mesh's factor
+    for phase in ("prefill", "decode"):
+        assert set(profile["host_model"]["device_factors"][phase]) == {2}
+        assert summary["device_factors"][phase]["2"] == pytest.approx(
+            profile["host_model"]["device_factors"][phase][2])
     points = json.loads(Path(summary["points"]).read_text())
     # issue 35: the collective latency bound is this host's measurement, the price is not measured
     whole = [r["seconds"] for r in points["records"] if r["task"]["kind"] == "collective"]

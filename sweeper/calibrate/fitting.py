@@ -221,14 +221,20 @@ class HostFit:
 
 def fit(points: list[Probe], prior: dict[str, float], share: float, cache_bytes: float,
         worker_cores: float = 1.0, overlap_rows: float = 0.0) -> HostFit:
-    """The host model fitted on every probe, and each probe model's errors from a fit without it."""
-    costs, heldout = {}, {}
+    """The host model fitted on every probe (its costs, then each mesh size's
+    `hostmodel.device_factors`), and each probe model's errors from a fit without it."""
+    costs, factors, heldout = {}, {}, {}
+    devices = [p.config.chips for p in points]
     for phase in PHASE_KEYS:
         rows = [p.counts[phase] for p in points]
         measured = [p.measured[phase] for p in points]
         groups = [p.group for p in points]
         costs[phase] = hostmodel.fit_costs(rows, measured, prior)
-        heldout[phase] = [e for e in hostmodel.heldout_errors(rows, measured, groups, prior)
+        factors[phase] = hostmodel.device_factors(rows, measured, devices, costs[phase])
+        heldout[phase] = [e for e in hostmodel.heldout_errors(rows, measured, groups, prior,
+                                                              devices)
                           if math.isfinite(e)]
     return HostFit(hostmodel.HostModel(costs, share, cache_bytes, worker_cores,
-                                       overlap_rows=overlap_rows), heldout, points)
+                                       overlap_rows=overlap_rows,
+                                       device_factors={ph: f for ph, f in factors.items() if f}
+                                       or None), heldout, points)

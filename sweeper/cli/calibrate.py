@@ -53,7 +53,8 @@ def summary(result) -> dict:
             "heldout": {ph: {"mape": statistics.fmean(map(abs, e)) if e else None,
                              "median_ape": statistics.median(map(abs, e)) if e else None,
                              "n": len(e)} for ph, e in result.fit.heldout.items()},
-            "costs": result.fit.model.costs, "microbench_prior": result.micro.prior(),
+            "costs": result.fit.model.costs, "device_factors": result.fit.model.device_factors,
+            "microbench_prior": result.micro.prior(),
             "failed": [{"task": f["task"], "error": f.get("error")} for f in result.failed]}
 
 
@@ -70,6 +71,11 @@ def format_summary(result) -> str:
             lines.append(f"  {phase:<8} held-out error (each probe model predicted by a fit "
                          f"without it): MAPE {statistics.fmean(ape):.1%}, median "
                          f"{statistics.median(ape):.1%}, worst {ape[-1]:.0%} over {len(ape)} trials")
+    factors = result.fit.model.device_factors or {}
+    if factors:
+        lines.append("  mesh factors (each mesh's probes against the shared costs): " + "; ".join(
+            f"{phase} " + ", ".join(f"x{f:.2f} on {n} devices" for n, f in table.items())
+            for phase, table in factors.items()))
     if result.failed:
         lines.append(f"  {len(result.failed)} measurement(s) failed (kept in the points file), "
                      f"first: {result.failed[0].get('error', '')[:100]}")
