@@ -87,11 +87,12 @@ DEV_SEEDS = (1, 2, 3)          # the seeds the host model was developed on: "dev
 # one core per device, a mesh's per-layer handover, the cache's read sweep and share, the
 # fit's structures, the bands' arrival streams, the serving model's decode grid, the step's
 # wait for its tokens, the idle wake's weights, the run-to-run drift's rerun, the device
-# factors), or seen in part from a run that died: development now, never drawn blind again
+# factors, the fit's mesh-only phases), or seen in part from a run that died: development
+# now, never drawn blind again
 SPENT_SEEDS = (1476499142, 548887702, 1620312790, 1351828313, 37578236, 604914671, 1802082626,
                1083565896, 204976851, 1401970228, 1488785714, 1921180539, 1493902891,
                15145343, 1562000286, 269572979, 1556540706, 861619848, 257860532,
-               1321935812, 551474565, 1520735945, 1229395524)
+               1321935812, 551474565, 1520735945, 1229395524, 337718614)
 DEFAULT_MODELS = 3
 TRIALS = 14                    # per model's sweep (pruned points count, as in `sweeper run`)
 FIT_TRIALS = 6                 # (b): at most 6 trials x 2 phases = 12 points

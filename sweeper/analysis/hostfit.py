@@ -120,8 +120,10 @@ class _Problem:
     Emulated devices that share a core pay at every collective what a one-device call does
     not, and a fit that could only move the groups' factors bent the one-chip predictions to
     the mesh's (the quickstart's one-chip decode steps, held out, twice as slow as measured).
-    The mesh factor's prior is weaker (MESH_PRIOR); where only mesh points were measured, a
-    slowdown is still split between it and the groups'."""
+    The mesh factor's prior is weaker (MESH_PRIOR). Where a phase was measured on meshes only,
+    its groups are not free: the fit cannot tell their correction from the mesh's, and with
+    both free the prior split it, moving one-device predictions by what only meshes showed
+    (a quickstart's one-chip trials, held out, 26-36% too slow from its 2- and 4-chip ones)."""
 
     seconds: np.ndarray          # [points, groups]
     phase_index: np.ndarray      # [points]
@@ -245,10 +247,14 @@ def fit(points: list[Observation], base: HardwareProfile, name: str | None = Non
     seconds = np.array([s for _, _, s in parts]).reshape(len(points), len(GROUPS))
     phase_index = np.array([PHASES.index(ph) for ph, _, _ in parts], int)
     mesh = np.array([m for _, m, _ in parts], bool)
+    # a phase measured on meshes only cannot tell its groups' correction from its mesh's:
+    # all of it goes to the mesh factor, and its one-device calls keep the calibration's
+    one_device = [bool((~mesh & (phase_index == i)).any()) for i in range(len(PHASES))]
     free = {"groups": [(i, j) for i in range(len(PHASES)) for j in range(len(GROUPS))
-                       if (seconds[phase_index == i, j] > 0).any()]
+                       if one_device[i] and (seconds[phase_index == i, j] > 0).any()]
             + [(i, None) for i in range(len(PHASES)) if (mesh & (phase_index == i)).any()],
-            "per phase": [(i, ALL) for i in range(len(PHASES)) if (phase_index == i).any()]}
+            "per phase": [(i, ALL if one_device[i] else None) for i in range(len(PHASES))
+                          if (phase_index == i).any()]}
     measured = np.array([p.measured_s for p in points])
     weights = np.ones(len(points)) if weights is None else np.asarray(weights)
     trials = np.array([_trial_key(p) for p in points])
