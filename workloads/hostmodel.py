@@ -38,9 +38,10 @@ bandwidth and matmul microbenchmarks): past it the stream runs under the compute
 Costs are fitted per phase (prefill and decode run different kernels) by non-negative
 least squares on relative error, over real trials of random probe models
 (workloads/probes.py), with a stated pull toward the microbenchmarks' figures where one
-measured the same quantity (`PRIOR_WEIGHT`). The probes of one model are held out together
-to score it (`heldout_errors`), so the residuals a plan's band is built from are of models
-the fit never saw.
+measured the same quantity (`PRIOR_WEIGHT`); then each mesh size's probes give it a factor
+on every term (`device_factors`: what a mesh adds past the shared costs). The probes of one
+model are held out together to score it (`heldout_errors`), so the residuals a plan's band
+is built from are of models the fit never saw.
 """
 
 from __future__ import annotations
