@@ -351,6 +351,29 @@ def test_device_factors_price_each_mesh_size_as_the_probes_ran():
     assert "device_factors" not in plain.to_dict()
 
 
+def test_calibrate_says_its_mesh_factors_in_its_summary():
+    """`sweeper calibrate`'s closing lines name each phase's factor per device count beside
+    the held-out error, and its JSON carries them; a model without factors prints none."""
+    from types import SimpleNamespace
+
+    from sweeper.cli.calibrate import format_summary, summary
+
+    notes = {"probe_trials": 3, "probe_models": 2, "chips": [1, 2, 4], "probe_seed": 7,
+             "load_average_1min": [0.1, 0.2]}
+    host = hostmodel.HostModel(_costs(), 0.5, device_factors={"prefill": {2: 1.01, 4: 1.06},
+                                                              "decode": {2: 0.98, 4: 1.11}})
+    fit = SimpleNamespace(model=host, heldout={"prefill": [0.1, -0.2], "decode": [0.05]})
+    result = SimpleNamespace(profile=dataclasses.replace(HOST, calibration=notes), fit=fit,
+                             failed=[], elapsed_s=12.0, path="p.yaml", points_path="p.json",
+                             micro=SimpleNamespace(prior=dict))
+    text = format_summary(result)
+    assert ("mesh factors (each mesh's probes against the shared costs): prefill x1.01 on 2 "
+            "devices, x1.06 on 4 devices; decode x0.98 on 2 devices, x1.11 on 4 devices") in text
+    assert summary(result)["device_factors"]["decode"][4] == 1.11
+    fit.model = hostmodel.HostModel(_costs(), 0.5)
+    assert "mesh factors" not in format_summary(result)
+
+
 def test_study_fit_separates_what_only_a_mesh_of_devices_adds():
     """Trials whose devices share cores run 1.6x slower on 2 and 4 chips than the calibration
     says, and as it says on one: the fit puts the slowdown in the mesh factors, so a one-chip
