@@ -51,6 +51,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numpy as np
+
 
 TERMS = ("launch", "layer_device", "collective_op", "layer_mesh", "gather_bytes", "dram_gather",
          "scatter_bytes", "exchange_bytes", "matmul_flops", "matmul_weights", "attention_flops",
@@ -135,14 +137,9 @@ class HostModel:
         table = (self.device_factors or {}).get(phase) or {}
         if chips <= 1 or not table:
             return 1.0
-        points = sorted({1: 1.0, **table}.items())
-        if chips >= points[-1][0]:
-            return points[-1][1]
-        for (n0, f0), (n1, f1) in zip(points, points[1:]):
-            if n0 <= chips <= n1:
-                t = math.log(chips / n0) / math.log(n1 / n0)
-                return math.exp(math.log(f0) + t * (math.log(f1) - math.log(f0)))
-        return 1.0
+        counts, factors = zip(*sorted({1: 1.0, **table}.items()))
+        # np.interp clamps at both ends: flat past the largest count, as the docstring says
+        return float(np.exp(np.interp(np.log(chips), np.log(counts), np.log(factors))))
 
     def throughput_ratio(self, share: float, chips: int) -> float:
         """The throughput terms' time on a worker with `share` of the host and `chips`
