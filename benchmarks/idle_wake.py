@@ -58,10 +58,13 @@ def measure_model(model, repeats: int) -> dict:
     engine = engine_prefill_s(server, INPUT_LEN)
     runs = []
     for _ in range(repeats):
-        rule = idle_prefill_wake(server, INPUT_LEN, WAKE_REQUESTS, IDLE_GAP_S, engine)
+        # one-token requests: the prefill's wake alone, each gap's idle as the gap says
+        rule = idle_prefill_wake(server, INPUT_LEN, WAKE_REQUESTS, IDLE_GAP_S, engine,
+                                 decode_steps=0)
         points = []
         for gap in GAPS:
-            out = idle_prefill_wake(server, INPUT_LEN, WAKE_REQUESTS, gap, engine, short_gap_s=0.0)
+            out = idle_prefill_wake(server, INPUT_LEN, WAKE_REQUESTS, gap, engine, short_gap_s=0.0,
+                                    decode_steps=0)
             points.append({"gap_s": gap, "idle_s": out["prefill_wake_idle_s"],
                            "wake_s": out["prefill_wake_s"]})
         runs.append({"rule": {k: rule.get(k, 0.0) for k in RULE_FIELDS}, "points": points})

@@ -10,9 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sweeper.cli import main
+from sweeper.serving import bands
 from sweeper.serving.plan import PlanQuestion, band_streams, plan
 from workloads.config import load_hardware, load_model
 from workloads.deployment import load_plan
@@ -182,6 +184,46 @@ def test_a_band_covers_the_arrivals_of_a_stream_of_the_served_length():
         assert "19 arrival streams" in best["band"]
         widths[served] = high / low
     assert widths[40] > widths[400] > 1.0
+
+
+def test_a_calibrated_profiles_band_draws_each_call_from_its_measured_spread():
+    """On a profile `sweeper calibrate` wrote (calibration.serving_spread, per mode), the
+    band's simulations scale each call by a factor drawn from the spread (bands.py
+    `serving_spread`): with every held-out residual 0, a decode spread with a slow tail (1
+    step in 50 three times the median) widens the TPOT p99 band above the plan's own
+    prediction, which stays the same; a spread for the other mode changes nothing."""
+    base = load_hardware("h100").to_dict()
+    exact = {**base, "name": "h100-exact",
+             "heldout_residuals": {"prefill": [0.0] * 20, "decode": [0.0] * 20}}
+    tail = [0.96] * 49 + [2.92]                   # mean 1
+    profile = AppProfile(rate=4.0, input_len=parse_length(512, "x", None),
+                         output_len=parse_length(64, "x", None), ttft=2.0, tpot=0.1)
+    best = {}
+    for name, spread in (("none", {}), ("other", {"disaggregated": {"decode": tail}}),
+                         ("tail", {"aggregated": {"prefill": [1.0], "decode": tail}})):
+        hw = load_hardware({**exact, "calibration": {"serving_spread": spread}})
+        assert bands.serving_spread(hw, "aggregated") == (
+            tuple(spread.get("aggregated", {}).get("prefill", ())),
+            tuple(spread.get("aggregated", {}).get("decode", ())))
+        q = PlanQuestion(load_model("llama3.1-8b"), hw, profile, modes=("aggregated",),
+                         requests=200, band_requests=100)
+        best[name] = plan(q).to_dict()["best"]
+    assert best["tail"]["tpot_p99_s"] == best["none"]["tpot_p99_s"]
+    assert best["other"]["bands_s"] == best["none"]["bands_s"]
+    assert best["tail"]["bands_s"]["tpot_p99"][1] > 1.05 * best["none"]["bands_s"]["tpot_p99"][1]
+
+
+def test_a_spreads_quantiles_keep_its_tail():
+    """sweeper/calibrate/serving.py `quantiles`: n quantiles at (k + 1/2) / n, rounded; []
+    for an empty spread."""
+    from sweeper.calibrate.serving import quantiles
+
+    values = np.arange(1, 1001) / 500.0
+    q = quantiles(values, 100)
+    assert len(q) == 100 and q == sorted(q)
+    assert q[-1] == pytest.approx(np.quantile(values, 0.995), abs=1e-4)
+    assert q[0] == pytest.approx(np.quantile(values, 0.005), abs=1e-4)
+    assert quantiles([], 100) == []
 
 
 def _scaled(result, factor):

@@ -120,7 +120,7 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
     import math
 
     from sweeper.serving.overheads import first_token_overhead, host_costs
-    from workloads.serving.hostcosts import PREFILL_PAIRS
+    from workloads.serving.hostcosts import PREFILL_PAIRS, WAKE_DECODE_STEPS, combine
     from sweeper.serving.serve import slot_specs
     from sweeper.serving.server import ServingWorker
     from workloads.deployment import load_plan
@@ -159,6 +159,16 @@ def test_host_costs_measured_in_blocks_on_a_real_worker(tmp_path, mode, prefill_
             # and about 0.01 s idle (IDLE_SHORT_GAP_S): each wake with how long the loop idled
             assert out["prefill_wake_short_s"] >= 0, name
             assert 0 < out["prefill_wake_short_idle_s"] < out["prefill_wake_idle_s"] <= 0.05, name
+            # an aggregated loop's requests decode a few steps after their first tokens:
+            # each set's decoding, and the decode wake `combine` makes of it (>= 0)
+            if name == "aggregated":
+                assert out["wake_decode_steps"] == WAKE_DECODE_STEPS
+                for key in ("wake_decoding_s", "wake_short_decoding_s"):
+                    assert len(out[key]) == 3 and min(out[key]) > 0, key
+                costs = combine(out, out)
+                assert costs["decode_after_wake_s"] >= 0 and costs["decode_after_wake_short_s"] >= 0
+            else:
+                assert "wake_decode_steps" not in out and "wake_decoding_s" not in out
         else:
             assert "prefill_wake_s" not in out
     pre = results.get("aggregated", results.get("prefill"))
@@ -403,6 +413,9 @@ def test_measure_overheads_real(tmp_path, capsys, sweeper_home):
             max(stepping["handover_overhead_s"], stepping["insert_s"],
                 costs["detail"]["handover"]["decode_cpu_s"], 0.0))
     assert 0 <= costs["prefill_wake_s"] == costs["detail"]["prefill"]["prefill_wake_s"]
+    # measured on a prefill slice's loop: the slice's own wake too (HostCosts `for_mode`)
+    assert costs["slice_wake_s"] == costs["prefill_wake_s"]
+    assert costs["slice_wake_short_idle_s"] == costs["prefill_wake_short_idle_s"]
     # of a prefill call's host work, the part before its first tokens: at most all of it
     pre = costs["detail"]["prefill"]
     assert 0 <= costs["prefill_first_overhead_s"] <= pre["loop_prefill_mean_s"] - pre["engine_prefill_s"] + 1e-12

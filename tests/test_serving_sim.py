@@ -385,6 +385,80 @@ def test_handover_latency_delays_the_kv_not_the_prefill_loop():
     assert np.isclose(burst.prefill_busy_s, 2 * (0.25 + 0.1))
 
 
+def test_an_aggregated_loops_first_steps_after_an_idle_prefill_pay_their_wake():
+    """HostCosts `decode_after_wake_s` (aggregated): the decode steps right after a prefill
+    call that found the loop idle take the decode wake after as long as the loop idled
+    (`decode_wake_after`) longer; a request prefilled on a busy loop pays none. Spaced
+    arrivals (idle over 10 s, past the long idle): TPOT = step + 0.03 / (K - 1). Two requests
+    together: the first's steps pay it, the second's (prefilled on the busy loop) do not.
+    Arrivals 0.3 + 1.0 s apart (log-midway between the idles): 0.02."""
+    d = _deployment("aggregated", slots=4)
+    times = _host(_constant(0.25, 0.02), decode_after_wake_s=0.03, prefill_wake_idle_s=10.0,
+                  decode_after_wake_short_s=0.01, prefill_wake_short_idle_s=0.1)
+    idle = simulate(d, _spaced(5, 20.0), times)
+    assert np.allclose(idle.tpot_s, 0.02 + 0.03 / 9)
+    burst = [Request(0.0, 128, 10), Request(0.0, 128, 10)]
+    together, plain = simulate(d, burst, times), simulate(d, burst, _constant(0.25, 0.02))
+    first, second = np.argsort(plain.first_token_s)
+    assert np.allclose(together.finish_s - plain.finish_s, 0.03)     # one wake, before both
+    assert np.isclose(together.tpot_s[first], plain.tpot_s[first] + 0.03 / 9)
+    assert np.isclose(together.tpot_s[second], plain.tpot_s[second])
+    apart = simulate(d, [Request(0.0, 128, 2), Request(0.25 + 0.03 + 0.02 + 1.0, 128, 2)], times)
+    assert np.allclose(apart.tpot_s, [0.02 + 0.03, 0.02 + 0.02])
+    # none measured (a preset, an older profile): as before
+    assert np.allclose(simulate(d, _spaced(5, 10.0), _constant(0.25, 0.02)).tpot_s, 0.02)
+    assert np.allclose(simulate(_deployment("disaggregated"), _spaced(5, 10.0), times).tpot_s,
+                       simulate(_deployment("disaggregated"), _spaced(5, 10.0),
+                                _constant(0.25, 0.02)).tpot_s)
+
+
+def test_the_decode_wake_after_an_idle_interpolates_between_its_two_idles():
+    """HostCosts `decode_wake_after`: as `wake_after`, on the prefill wake's two idles."""
+    costs = HostCosts(prefill_wake_idle_s=10.0, prefill_wake_short_idle_s=0.1,
+                      decode_after_wake_s=0.05, decode_after_wake_short_s=0.01)
+    assert costs.decode_wake_after(1.0) == pytest.approx(0.03)
+    assert costs.decode_wake_after(0.01) == 0.01 and costs.decode_wake_after(100.0) == 0.05
+    assert HostCosts(decode_after_wake_s=0.05).decode_wake_after(0.01) == 0.05
+
+
+def test_a_disaggregated_deployments_prefill_wake_is_its_slice_loops_where_measured():
+    """HostCosts `for_mode` and model `host_costs_for`: a profile measured on both kinds of
+    loop (`sweeper calibrate`) prices a disaggregated deployment's idle prefill with the
+    prefill slice's wake, an aggregated one's with the aggregated loop's; without a slice
+    wake both take `prefill_wake_s`. One-token requests 20 s apart: TTFT = prefill + wake."""
+    from workloads.serving.model import cost_model_step_times, host_costs_for
+
+    costs = HostCosts(prefill_wake_s=0.05, prefill_wake_idle_s=1.0, slice_wake_s=0.02,
+                      slice_wake_idle_s=2.0, slice_wake_short_s=0.01, slice_wake_short_idle_s=0.1)
+    sliced = costs.for_mode("disaggregated")
+    assert (sliced.prefill_wake_s, sliced.prefill_wake_idle_s, sliced.prefill_wake_short_s,
+            sliced.prefill_wake_short_idle_s) == (0.02, 2.0, 0.01, 0.1)
+    assert costs.for_mode("aggregated") == costs
+    assert HostCosts(prefill_wake_s=0.05).for_mode("disaggregated").prefill_wake_s == 0.05
+    for mode, wake in (("aggregated", 0.05), ("disaggregated", 0.02)):
+        d = _deployment(mode)
+        d = dataclasses.replace(d, hardware=dataclasses.replace(d.hardware, host_costs=costs))
+        assert host_costs_for(d).prefill_wake_s == wake
+        times = dataclasses.replace(_constant(0.25, 0.02), host_costs=host_costs_for(d))
+        assert np.allclose(simulate(d, _spaced(3, 20.0, output_len=1), times).ttft_s, 0.25 + wake)
+
+
+def test_the_decode_wake_is_the_idle_requests_decoding_beyond_the_models_charge():
+    """hostcosts.decode_after_wake: each set's median seconds from first token to last,
+    minus the prefill's host work after its first tokens and the steps the model charges
+    (engine step + step overhead each), at least 0; nothing without the requests."""
+    from workloads.serving.hostcosts import decode_after_wake
+
+    costs = {"prefill_overhead_per_prompt_s": 0.003, "prefill_first_overhead_s": 0.001,
+             "step_overhead_s": 0.0005}
+    loop = {"wake_decode_steps": 3, "engine_step_s": 0.002, "engine_step_pipelined_s": 0.0015,
+            "wake_decoding_s": [0.012, 0.010, 0.030], "wake_short_decoding_s": [0.005, 0.006, 0.007]}
+    out = decode_after_wake(loop, costs)
+    assert out["decode_after_wake_s"] == pytest.approx(0.012 - 0.002 - 3 * 0.002)
+    assert out["decode_after_wake_short_s"] == 0.0          # 0.006 - 0.008 < 0
+    assert decode_after_wake({"wake_decode_steps": 0}, costs) == {}
+
+
 def test_an_idle_decode_loops_first_step_pays_the_wake():
     """HostCosts `decode_wake_s`: the decode slice's first step after it was idle (no slot
     busy) takes `wake` longer; a request inserted while another decodes does not wake it.
@@ -466,7 +540,9 @@ def test_cost_model_step_times_carry_the_profiles_host_costs():
     d = _deployment("disaggregated", slots=64)
     costs = HostCosts(*(0.001 * (k + 1) for k in range(len(HostCosts.names()))))
     hw = dataclasses.replace(d.hardware, host_costs=costs)
-    assert cost_model_step_times(dataclasses.replace(d, hardware=hw)).host_costs == costs
+    # (a disaggregated deployment's: its prefill slice's wake, `for_mode`)
+    assert cost_model_step_times(dataclasses.replace(d, hardware=hw)).host_costs == costs.for_mode(
+        "disaggregated") != costs
     assert cost_model_step_times(d).host_costs == HostCosts() == d.hardware.host_costs
     # a profile file carries them as a `host_costs:` mapping; a negative one is refused
     from workloads.config import ConfigError, HardwareProfile

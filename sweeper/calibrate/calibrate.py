@@ -125,6 +125,7 @@ def calibrate(plan: tasks.Plan = tasks.FULL, quick: bool = False, out: Path | No
         costs = serving(profile)
         profile = dataclasses.replace(profile, **costs.get("fields", {}))
         notes["serving_host_costs"] = costs.get("detail", {})
+        notes["serving_spread"] = costs.get("spread", {})    # a plan's band draws from it
     notes["elapsed_s"] = round(time.perf_counter() - start, 1)
     profile = dataclasses.replace(profile, calibration=notes)
     points_path = write(profile, path, outcome, micro)

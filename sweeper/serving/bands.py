@@ -14,7 +14,11 @@ ends (prefill by the prefill ratio, decode by the decode ratio): queueing amplif
 step-time error, and the band says by how much. It does so on minimum_points(coverage) other
 arrival streams (sweeper/serving/plan.py band_streams): a served stream is one draw of its
 arrivals, and a short one's p99 varies. A profile without residuals (a preset) is
-"uncalibrated": no band is invented.
+"uncalibrated": no band is invented. On a profile `sweeper calibrate` wrote, the band's
+simulations also scale each call by a factor drawn from the calibration's spread of the
+serving loop's call durations, for the deployment's mode (`serving_spread`): a step-time
+residual is a median's error, while a served p99 rests on the calls other processes
+interrupted, and the serving model prices every call alike.
 
 A phase with some residuals but fewer than its band needs, when the two phases together have
 enough, takes both phases' residuals (status "calibrated (both phases)"): the presets fitted to
@@ -81,6 +85,14 @@ def profile_bands(hw: HardwareProfile, coverage: float = DEFAULT_COVERAGE) -> di
             band.status = "calibrated (both phases)"
         out[phase] = band
     return out
+
+
+def serving_spread(hw: HardwareProfile, mode: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(prefill, decode step) duration factors a band's simulations draw from: the quantiles
+    `sweeper calibrate` measured on its probe deployment of `mode` (the profile's
+    calibration notes, sweeper/calibrate/serving.py); ((), ()) where there are none."""
+    spread = ((hw.calibration or {}).get("serving_spread") or {}).get(mode) or {}
+    return tuple(spread.get("prefill") or ()), tuple(spread.get("decode") or ())
 
 
 def calibration_text(hw: HardwareProfile) -> str | None:

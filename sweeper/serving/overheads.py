@@ -70,10 +70,13 @@ it (one pooled mean over a ~1 s loop once read 3.45 ms for a step whose median w
 
 Beside those, `prefill_wake_s`: how much longer a prefill call on an IDLE loop
 takes to its first token than the engine's prefill (server.py `measure_host_costs` serves
-one-token requests 0.1 s apart through the worker's own loop; the closed loop never idles,
+short requests 0.1 s apart through the worker's own loop; the closed loop never idles,
 a stream's prefill worker does between arrivals), `prefill_wake_short_s`, the same 0.01 s
 apart (the wake grows with the loop's idle time, each recorded as `prefill_wake_idle_s`,
-`prefill_wake_short_idle_s`; HostCosts `wake_after`), and `prefill_wake_weight_bytes`, the
+`prefill_wake_short_idle_s`; HostCosts `wake_after`); on an aggregated loop the requests
+decode a few steps, and what those take beyond the model's steps is `decode_after_wake_s`
+(`decode_after_wake_short_s` after the short idle; hostcosts `decode_after_wake`); and
+`prefill_wake_weight_bytes`, the
 prefill slice's weights it was measured with (`measure`; the serving model moves the wake
 to other weights on a calibrated host, workloads/serving/model.py `host_costs_for`).
 

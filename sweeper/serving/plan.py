@@ -666,6 +666,8 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict, streams: list[lis
                      f"{tpot_name}_band_s": None}
         return
     base = search.step_times(plan.config, plan.deployment)
+    # and draws each call's factor from the calibration's spread, where it has one (bands.py)
+    prefill_spread, step_spread = bands_mod.serving_spread(search.q.hardware, plan.deployment.mode)
     ends = []
     for fp, fd in ((pre.low, dec.low), (pre.high, dec.high)):
         affine = base.decode_affine
@@ -677,9 +679,11 @@ def _with_band(search: _Search, plan: Plan, ratio_bands: dict, streams: list[lis
             prefill_interval_s=None if gap is None else (lambda b, n, o, f=fp: gap(b, n, o) * f),
             decode_step_s=lambda b, c, f=fd: base.decode_step_s(b, c) * f,
             decode_affine=None if affine is None else
-            (lambda b, lo, hi, f=fd: tuple(f * x for x in affine(b, lo, hi))))
-        ends += [search._plan(plan.deployment, simulate(plan.deployment, stream, scaled, slo=p),
-                              plan.config) for stream in streams]
+            (lambda b, lo, hi, f=fd: tuple(f * x for x in affine(b, lo, hi))),
+            prefill_spread=prefill_spread, step_spread=step_spread)
+        ends += [search._plan(plan.deployment, simulate(
+            plan.deployment, stream, dataclasses.replace(scaled, spread_seed=k), slo=p),
+            plan.config) for k, stream in enumerate(streams)]
 
     def interval(key: str) -> list[float]:   # the plan's own prediction lies inside
         values = [plan.summary[key], *(e.summary[key] for e in ends)]

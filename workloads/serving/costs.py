@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 
 DISAGGREGATED = {"disaggregated": True}    # a cost only a disaggregated deployment pays
+SLICE_WAKE = ("_s", "_idle_s", "_short_s", "_short_idle_s")   # prefill_wake* <-> slice_wake*
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,12 @@ class HostCosts:
     # grows with the idle time between them (`wake_after`)
     prefill_wake_short_s: float = 0.0
     prefill_wake_short_idle_s: float = 0.0
+    # aggregated: an idle loop's decode steps right after its prefill, beyond the model's
+    # steps, after the loop idled `prefill_wake_idle_s` (the short one after
+    # `prefill_wake_short_idle_s`; 0: not measured): the first steps after an idle are slower
+    # too (`decode_wake_after`)
+    decode_after_wake_s: float = 0.0
+    decode_after_wake_short_s: float = 0.0
     # the weight bytes of the prefill slice `prefill_wake_s` was measured on (0: not
     # recorded): on a calibrated host the serving model moves the wake by the DRAM time of
     # the difference to another deployment's (workloads/serving/model.py `host_costs_for`)
@@ -56,6 +63,14 @@ class HostCosts:
     handover_latency_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
     # disaggregated: an idle decode loop's first step, beyond the model's step
     decode_wake_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
+    # disaggregated: the prefill wake and its idles as measured on a prefill slice's own loop
+    # (0: not measured; `prefill_wake_s` and the rest serve both). A profile measured on both
+    # kinds of loop (`sweeper calibrate`) keeps each loop's (`for_mode`): the two loops wait
+    # for work in different code, and their wakes were measured apart by up to 40%
+    slice_wake_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
+    slice_wake_idle_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
+    slice_wake_short_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
+    slice_wake_short_idle_s: float = dataclasses.field(default=0.0, metadata=DISAGGREGATED)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -71,21 +86,41 @@ class HostCosts:
         """The costs of a KV handover between slices (0 for an aggregated deployment)."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("disaggregated"))
 
+    def for_mode(self, mode: str) -> "HostCosts":
+        """The costs a deployment of `mode` pays: a disaggregated one's prefill wake is its
+        prefill slice's loop's (`slice_wake_*`) where that was measured."""
+        if mode != "disaggregated" or self.slice_wake_s <= 0:
+            return self
+        return dataclasses.replace(self, **{f"prefill_wake{name}": getattr(self, f"slice_wake{name}")
+                                            for name in SLICE_WAKE})
+
     def wake_after(self, idle_s: float) -> float:
         """The wake of a prefill call after the loop idled `idle_s` seconds: between the two
         measured idles, straight in log(idle) from the short wake to the long one; the
         short wake below the short idle, the long one above the long idle (the wake stops
         growing there: docs/serving-model.md "A prefill on an idle loop"). One measured idle: that
         wake at any idle."""
+        return self._after_idle(idle_s, self.prefill_wake_short_s, self.prefill_wake_s)
+
+    def decode_wake_after(self, idle_s: float) -> float:
+        """What an aggregated loop's decode steps right after a prefill on a loop idle
+        `idle_s` seconds take beyond the model's steps: `decode_after_wake_s` (short, long),
+        between the two idles as `wake_after`."""
+        return self._after_idle(idle_s, self.decode_after_wake_short_s, self.decode_after_wake_s)
+
+    def _after_idle(self, idle_s: float, short_value: float, long_value: float) -> float:
+        """A cost measured after the two idles (`prefill_wake_short_idle_s`,
+        `prefill_wake_idle_s`) at `idle_s`: straight in log(idle) between them, flat
+        beyond; the long idle's at any idle where only one was measured."""
         short, long_ = self.prefill_wake_short_idle_s, self.prefill_wake_idle_s
         if not (0.0 < short < long_):
-            return self.prefill_wake_s
+            return long_value
         if idle_s <= short:
-            return self.prefill_wake_short_s
+            return short_value
         if idle_s >= long_:
-            return self.prefill_wake_s
+            return long_value
         share = math.log(idle_s / short) / math.log(long_ / short)
-        return self.prefill_wake_short_s + share * (self.prefill_wake_s - self.prefill_wake_short_s)
+        return short_value + share * (long_value - short_value)
 
     @classmethod
     def from_measured(cls, costs: Mapping[str, Any]) -> "HostCosts":

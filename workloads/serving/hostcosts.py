@@ -17,16 +17,20 @@ means are paired medians of block means: sweeper/serving/overheads.py's docstrin
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from workloads.serving.costs import SLICE_WAKE
 from workloads.serving.profile import Request
 
 ROUNDS = 2      # rounds of the closed loop, repeated until a block has run MIN_BLOCK_S
 BLOCKS = 5      # blocks; the median of the blocks' means
 MIN_BLOCK_S = 0.25
-WAKE_REQUESTS = 12   # one-token requests on an idle loop (`prefill_wake_s`)
+WAKE_REQUESTS = 12   # requests on an idle loop (`prefill_wake_s`)
+# their tokens on an aggregated loop: the first, then this many decode steps after it
+# (`decode_after_wake_s`: the first steps after an idle are slower too); one on a prefill slice
+WAKE_DECODE_STEPS = 3
 # An aggregated server's prefill calls, paired one by one with the engine's (per block): a
 # saturated loop of a multi-prompt prefill makes ~1 timed call per block (docs/serving.md
 # "Serving host costs", "A prefill's host work, paired call by call")
@@ -105,15 +109,16 @@ def measure_loop(srv, input_len: int, output_len: int, rounds: int = ROUNDS,
     (`wait(sent)` after each block): the submission and the work it leaves on this core
     are in the loop's prefill, as a stream's prefill pays them.
 
-    Idle loop (a server with a prefill phase): `wake_requests` one-token requests
+    Idle loop (a server with a prefill phase): `wake_requests` short requests
     `idle_gap_s` apart (the loop idle between them) served by the server's own serving
     loop (`serve_aggregated` or `serve_prefill_slice`, sleeps and wake-ups included): the
     median of their TTFTs `prefill_after_idle_s`, and `prefill_wake_s` = that minus the
     engine's prefill (what a call on an idle loop adds before its first token: a
     stream's prefill worker is idle between arrivals, the closed loop above never is),
     after the loop idled `prefill_wake_idle_s` (median); then as many leaving the loop
-    about `IDLE_SHORT_GAP_S` idle: `prefill_wake_short_s` after `prefill_wake_short_idle_s`
-    (`idle_prefill_wake`)."""
+    about `IDLE_SHORT_GAP_S` idle: `prefill_wake_short_s` after `prefill_wake_short_idle_s`;
+    on an aggregated loop, each set's decoding after the first token too (`combine`:
+    `decode_after_wake_s`; `idle_prefill_wake`)."""
     loop = _ClosedLoop(srv, input_len, output_len, rounds, send, prefill_pairs)
     began = time.perf_counter()
     loop.engine_calls()          # between the blocks: a drift in the host's load
@@ -383,39 +388,50 @@ class _ClosedLoop:
 
 
 def idle_prefill_wake(srv, input_len: int, wake_requests: int, idle_gap_s: float,
-                      engine_prefill: float, short_gap_s: float = IDLE_SHORT_GAP_S
-                      ) -> dict[str, float]:
-    """A prefill on an idle loop: `wake_requests` one-token requests `idle_gap_s` apart
-    through the server's own serving loop; the median of their TTFTs and what it adds to
-    the engine's prefill (`measure_loop`'s docstring), with the median time the loop idled
-    before each (its previous request done to the arrival). Then as many spaced
-    `short_gap_s` plus that TTFT (`prefill_wake_short_s`, after
-    `prefill_wake_short_idle_s`): the wake grows with the idle time (HostCosts `wake_after`;
-    benchmarks/idle_wake.py); none where that spacing is half `idle_gap_s` or more."""
-    ttft, idles = _idle_requests(srv, input_len, wake_requests, idle_gap_s)
+                      engine_prefill: float, short_gap_s: float = IDLE_SHORT_GAP_S,
+                      decode_steps: int | None = None) -> dict[str, Any]:
+    """A prefill on an idle loop: `wake_requests` requests `idle_gap_s` apart through the
+    server's own serving loop; the median of their TTFTs and what it adds to the engine's
+    prefill (`measure_loop`'s docstring), with the median time the loop idled before each
+    (its previous request done to the arrival). Then as many spaced `short_gap_s` plus
+    that TTFT and decoding (`prefill_wake_short_s`, after `prefill_wake_short_idle_s`): the
+    wake grows with the idle time (HostCosts `wake_after`; benchmarks/idle_wake.py); none
+    where that spacing is half `idle_gap_s` or more. On an aggregated loop each request
+    decodes `decode_steps` steps after its first token (default `WAKE_DECODE_STEPS`; none on
+    a prefill slice): each set's seconds from the first token to the last
+    (`wake_decoding_s`, `wake_short_decoding_s`) give `decode_after_wake_s` in `combine`,
+    where the loop's step is known."""
+    steps = 0 if srv.spec.decode is None else (
+        WAKE_DECODE_STEPS if decode_steps is None else decode_steps)
+    ttft, idles, decoding = _idle_requests(srv, input_len, wake_requests, idle_gap_s, steps)
     after_idle = float(np.median(ttft))
     out = {"prefill_after_idle_s": after_idle, "idle_gap_s": idle_gap_s,
            "prefill_wake_s": max(after_idle - engine_prefill, 0.0),
            "prefill_wake_idle_s": float(np.median(idles))}
+    if steps:
+        out.update(wake_decode_steps=steps, wake_decoding_s=decoding)
     # the short set spaced to idle about `short_gap_s` whatever the call's length (a call
     # longer than the spacing would queue the next, not wake it; the long set's TTFT is the
     # longer, with its longer wake); none near the long one
-    spacing = short_gap_s + after_idle
+    spacing = short_gap_s + after_idle + (float(np.median(decoding)) if steps else 0.0)
     if 0.0 < short_gap_s and spacing < idle_gap_s / 2:
-        ttft, idles = _idle_requests(srv, input_len, wake_requests, spacing)
+        ttft, idles, decoding = _idle_requests(srv, input_len, wake_requests, spacing, steps)
         out.update(prefill_wake_short_s=max(float(np.median(ttft)) - engine_prefill, 0.0),
                    prefill_wake_short_idle_s=float(np.median(idles)))
+        if steps:
+            out["wake_short_decoding_s"] = decoding
     return out
 
 
-def _idle_requests(srv, input_len: int, requests: int, gap_s: float
-                   ) -> tuple[list[float], list[float]]:
-    """`requests` one-token requests `gap_s` apart (after one not counted) through the
-    server's serving loop: their TTFTs and how long the loop idled before each."""
+def _idle_requests(srv, input_len: int, requests: int, gap_s: float, steps: int = 0
+                   ) -> tuple[list[float], list[float], list[float]]:
+    """`requests` requests of 1 + `steps` tokens `gap_s` apart (after one not counted)
+    through the server's serving loop: their TTFTs, how long the loop idled before each,
+    and each one's seconds from its first token to its last."""
     from workloads.serving.slots import serve_aggregated, serve_prefill_slice   # lazy: JAX
 
     model = srv.model.unpadded
-    reqs = [Request((k + 1) * gap_s, input_len, 1) for k in range(requests + 1)]
+    reqs = [Request((k + 1) * gap_s, input_len, 1 + steps) for k in range(requests + 1)]
     start_at = time.time() + gap_s
     prompt = lambda i: prompt_for(model, 9000 + i, input_len, 7)   # noqa: E731
     if srv.spec.decode is not None:
@@ -427,7 +443,8 @@ def _idle_requests(srv, input_len: int, requests: int, gap_s: float
     ttft = [s["first_token_s"] - r.arrival_s for s, r in zip(served, reqs)][1:]
     done = [s.get("finish_s", s["first_token_s"]) for s in served]
     idles = [max(r.arrival_s - end, 0.0) for r, end in zip(reqs[1:], done[:-1])]
-    return ttft, idles
+    decoding = [end - s["first_token_s"] for s, end in zip(served, done)][1:]
+    return ttft, idles, decoding
 
 
 def paired_prefill_calls(srv, input_len: int, pairs: int, offset: int = 0
@@ -718,6 +735,10 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
                                "prefill_wake_short_idle_s")},
                            # of a prefill call's host work, the part before its first tokens
                            "prefill_first_overhead_s": first_token_overhead(prefill)}
+    if prefill is decode:
+        out.update(decode_after_wake(prefill, out))
+    else:       # a prefill slice's loop: its wake is the slice's own (HostCosts `for_mode`)
+        out.update({f"slice_wake{name}": out[f"prefill_wake{name}"] for name in SLICE_WAKE})
     detail: dict[str, Any] = ({"aggregated": prefill} if prefill is decode
                               else {"prefill": prefill, "decode": decode})
     if handover is not None:
@@ -744,6 +765,29 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
             out["handover_overhead_s"] = max(stepping["handover_overhead_s"],
                                              stepping["insert_s"], cpu, 0.0)
     out["detail"] = detail
+    return out
+
+
+def decode_after_wake(loop: dict, costs: Mapping[str, float]) -> dict[str, float]:
+    """An aggregated loop's `decode_after_wake_s` (and `_short_s`) from its idle requests
+    (`idle_prefill_wake`): the median of each request's seconds from its first token to
+    its last beyond what the serving model charges there (the prefill's host work after
+    its first tokens, `prefill_overhead_per_prompt_s` - `prefill_first_overhead_s`, and
+    `wake_decode_steps` steps of the engine's step and `step_overhead_s`), at least 0.
+    Measured on this host (docs/serving-model.md "A prefill on an idle loop"): in a 1-slot
+    stream at a third of its capacity, the first step after ~0.1 s idle took 0.6 ms more
+    than a busy loop's, the second 0.2 ms, the rest as many; none after a 1-10 ms idle.
+    {} without the requests' decoding (a prefill slice; an older measurement)."""
+    steps = loop.get("wake_decode_steps", 0)
+    if not steps or "wake_decoding_s" not in loop:
+        return {}
+    after = max(costs["prefill_overhead_per_prompt_s"] - costs["prefill_first_overhead_s"], 0.0)
+    charged = after + steps * (engine_step_priced_s(loop) + costs["step_overhead_s"])
+    out = {}
+    for name, key in (("decode_after_wake_s", "wake_decoding_s"),
+                      ("decode_after_wake_short_s", "wake_short_decoding_s")):
+        if loop.get(key):
+            out[name] = max(float(np.median(loop[key])) - charged, 0.0)
     return out
 
 

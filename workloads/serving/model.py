@@ -37,7 +37,10 @@ The engine it models (docs/serving.md "The serving model"), the same `sweeper se
   comes after; a prefill call on an idle loop (nothing to do until its arrival) takes
   the wake more than the engine's call before its first token instead (the larger of
   the two; measured, 0 by default): `prefill_wake_s`, or where a short idle's wake was
-  measured too, the wake after as long as the loop idled (HostCosts `wake_after`);
+  measured too, the wake after as long as the loop idled (HostCosts `wake_after`); and
+  (aggregated, unchunked) the decode steps right after that call take
+  `decode_wake_after(idle)` longer (measured, 0 by default: the first steps after an idle
+  are slower too);
 - optionally (`StepTimes.prefill_spread`, `step_spread`), each call's duration scaled by a
   factor of mean 1 drawn from a measured spread (seeded): the tails of interrupted calls;
 - chunked prefill (aggregated, `prefill.chunk` > 0; Sarathi-Serve, vLLM): no whole-prompt
@@ -445,7 +448,8 @@ def prefill_weight_bytes(deployment: Deployment) -> float:
 
 
 def host_costs_for(deployment: Deployment) -> HostCosts:
-    """The profile's serving host costs for this deployment. On a calibrated host whose
+    """The profile's serving host costs for this deployment (a disaggregated one's prefill
+    wake its slice loop's where measured, HostCosts `for_mode`). On a calibrated host whose
     `prefill_wake_s` records the weights it was measured with, the wake moves by the DRAM
     time of the difference: after an idle gap a call finds the weights a warm one kept in
     the worker's cache gone, and streams them again (up to the cache; the host model's
@@ -456,7 +460,7 @@ def host_costs_for(deployment: Deployment) -> HostCosts:
     from workloads import hostmodel
 
     hw, part = deployment.hardware, deployment.prefill
-    costs = hw.host_costs
+    costs = hw.host_costs.for_mode(deployment.mode)     # a prefill slice's own wake
     if not (hw.host_model and costs.prefill_wake_weight_bytes > 0 and costs.prefill_wake_s > 0):
         return costs
     host = hostmodel.HostModel.from_dict(hw.host_model)
@@ -759,6 +763,7 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
     t, prefill_busy, decode_busy = 0.0, 0.0, 0.0
     prefilled_since_step = False
     idle = math.inf                    # seconds the loop had nothing to do (since the start)
+    decode_wake = 0.0                  # what the next decode steps pay after an idle prefill
     while pending or waiting or slots.active:
         while pending and reqs[pending[0]].arrival_s <= t:
             waiting.append(pending.popleft())
@@ -769,6 +774,8 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
             call, duration = _priced_prefill(times, d.prefill.batch, reqs, take, idle,
                                              prefill_factor())
+            # after an idle loop's call its rows' first steps are slower too (none to step: none)
+            decode_wake = times.host_costs.decode_wake_after(idle) if idle else 0.0
             idle = 0.0
             first[take] = t + call       # the first tokens, before their rows go into slots
             t += duration
@@ -778,6 +785,7 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
                     finish[i] = first[i]
                 else:
                     slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
+            decode_wake = decode_wake if slots.active else 0.0
             prefilled_since_step = True
             continue
         # decode until a slot frees, or (with slots free) until the next prompt may be inserted
@@ -787,6 +795,9 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
             until = reqs[pending[0]].arrival_s
         else:
             until = math.inf
+        t += decode_wake                 # the first steps after an idle loop's prefill
+        decode_busy += decode_wake
+        decode_wake = 0.0
         t, _, duration, finished = _decode_run(slots, times, d.decode.batch, t, until, step_factor)
         decode_busy += duration
         finish[finished] = t
