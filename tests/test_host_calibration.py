@@ -372,6 +372,19 @@ def test_calibrate_says_its_mesh_factors_in_its_summary():
     assert summary(result)["device_factors"]["decode"][4] == 1.11
     fit.model = hostmodel.HostModel(_costs(), 0.5)
     assert "mesh factors" not in format_summary(result)
+    # the serving loop's probes: what a plan charges beyond the calls, and the band's spread
+    assert "serving loop" not in text                      # skipped (--no-serving)
+    from workloads.serving.costs import HostCosts
+
+    costs = HostCosts(step_overhead_s=0.0004, prefill_wake_s=0.003, prefill_wake_idle_s=0.09,
+                      slice_wake_s=0.0025, decode_after_wake_s=0.0018)
+    spread = {"aggregated": {"prefill": [1.0], "decode": [0.9, 1.0, 1.27]}}
+    result.profile = dataclasses.replace(HOST, host_costs=costs,
+                                         calibration={**notes, "serving_spread": spread})
+    assert ("serving loop (probe deployments): +0.40 ms per decode step; a prefill on a loop "
+            "idle 90.00 ms +3.00 ms (a prefill slice's: +2.50 ms), the decode steps after it "
+            "+1.80 ms; decode steps' spread: 99.5th percentile x1.27 the mean") in format_summary(result)
+    assert summary(result)["host_costs"]["decode_after_wake_s"] == 0.0018
 
 
 def test_study_fit_separates_what_only_a_mesh_of_devices_adds():

@@ -46,6 +46,28 @@ def calibrate(args) -> int:
     return 0
 
 
+def serving_line(profile) -> str | None:
+    """What the serving loop's probes measured (the costs a plan charges beyond the engine's
+    calls, and the spread its band draws from); None where they were skipped."""
+    from sweeper.serving.bands import serving_spread
+    from workloads.serving.costs import HostCosts
+
+    c = profile.host_costs
+    if c == HostCosts():
+        return None
+    ms = lambda s: f"{s * 1e3:.2f} ms"        # noqa: E731
+    text = (f"  serving loop (probe deployments): +{ms(c.step_overhead_s)} per decode step; a "
+            f"prefill on a loop idle {ms(c.prefill_wake_idle_s)} +{ms(c.prefill_wake_s)}")
+    if c.slice_wake_s:
+        text += f" (a prefill slice's: +{ms(c.slice_wake_s)})"
+    if c.decode_after_wake_s:
+        text += f", the decode steps after it +{ms(c.decode_after_wake_s)}"
+    _, steps = serving_spread(profile, "aggregated")
+    if steps:
+        text += f"; decode steps' spread: 99.5th percentile x{max(steps):.2f} the mean"
+    return text
+
+
 def summary(result) -> dict:
     cal = result.profile.calibration
     return {"profile": str(result.path), "points": str(result.points_path),
@@ -54,6 +76,7 @@ def summary(result) -> dict:
                              "median_ape": statistics.median(map(abs, e)) if e else None,
                              "n": len(e)} for ph, e in result.fit.heldout.items()},
             "costs": result.fit.model.costs, "device_factors": result.fit.model.device_factors,
+            "host_costs": result.profile.host_costs.to_dict(),
             "microbench_prior": result.micro.prior(),
             "failed": [{"task": f["task"], "error": f.get("error")} for f in result.failed]}
 
@@ -76,6 +99,9 @@ def format_summary(result) -> str:
         lines.append("  mesh factors (each mesh's probes against the shared costs): " + "; ".join(
             f"{phase} " + ", ".join(f"x{f:.2f} on {n} devices" for n, f in table.items())
             for phase, table in factors.items()))
+    serving = serving_line(result.profile)
+    if serving:
+        lines.append(serving)
     if result.failed:
         lines.append(f"  {len(result.failed)} measurement(s) failed (kept in the points file), "
                      f"first: {result.failed[0].get('error', '')[:100]}")
