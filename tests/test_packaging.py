@@ -240,8 +240,14 @@ def test_wheel_in_a_fresh_venv_runs_quickstart_from_another_directory(tmp_path):
     html = (tmp_path / "report" / "report.html").read_text()
     assert study in html and "<html" in html.lower()
 
-    from mlflow import MlflowClient    # the run's record: the installed version, no revision
-    tags = MlflowClient(result["tracking_uri"]).get_run(result["parent_run_id"]).data.tags
+    # the run's record: the installed version, no revision. Read with the fresh venv's own
+    # MLflow: the store's schema is that version's, which may be newer than this process's
+    read = subprocess.run([str(python), "-c", "import json, sys; from mlflow import MlflowClient; "
+                           "print(json.dumps(MlflowClient(sys.argv[1]).get_run(sys.argv[2])"
+                           ".data.tags))", result["tracking_uri"], result["parent_run_id"]],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert read.returncode == 0, read.stderr[-3000:]
+    tags = json.loads(read.stdout.strip().splitlines()[-1])
     assert tags["sweeper_version"] == PYPROJECT["project"]["version"]
     assert tags["git_revision"] == "unknown"
 
