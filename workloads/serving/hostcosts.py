@@ -698,6 +698,12 @@ def engine_step_priced_s(decode: dict) -> float:
     return decode.get("engine_step_pipelined_s", decode["engine_step_s"])
 
 
+def model_step_s(decode: dict, costs: Mapping[str, float]) -> float:
+    """A decode step as the serving model charges it: the engine's step that
+    `step_overhead_s` is charged on top of (`engine_step_priced_s`), plus that overhead."""
+    return engine_step_priced_s(decode) + costs["step_overhead_s"]
+
+
 def first_token_overhead(prefill: dict) -> float:
     """Of a prefill call's host work, the seconds before its first tokens (per call): the
     closed loop's calls to their first tokens minus the engine's prefill program, paired
@@ -747,7 +753,7 @@ def combine(prefill: dict, decode: dict, handover: tuple[float, dict] | None = N
         # the handover as the stream's loops pay it replaces the closed loop's decode CPU
         # per handover (kept in detail["handover"]): measured on the loop it is charged to
         idle = idle_handover_costs(idle_handovers,
-                                   engine_step_priced_s(decode) + out["step_overhead_s"])
+                                   model_step_s(decode, out))
         if idle["requests"]:
             # the idle loop's insert median stays in the detail, not charged: an idle
             # loop's insert is longer than a stepping one's (docs/serving.md "What a
@@ -782,7 +788,7 @@ def decode_after_wake(loop: dict, costs: Mapping[str, float]) -> dict[str, float
     if not steps or "wake_decoding_s" not in loop:
         return {}
     after = max(costs["prefill_overhead_per_prompt_s"] - costs["prefill_first_overhead_s"], 0.0)
-    charged = after + steps * (engine_step_priced_s(loop) + costs["step_overhead_s"])
+    charged = after + steps * model_step_s(loop, costs)
     out = {}
     for name, key in (("decode_after_wake_s", "wake_decoding_s"),
                       ("decode_after_wake_short_s", "wake_short_decoding_s")):

@@ -774,9 +774,6 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
             take = [waiting.popleft() for _ in range(min(len(waiting), d.prefill.batch, slots.free))]
             call, duration = _priced_prefill(times, d.prefill.batch, reqs, take, idle,
                                              prefill_factor())
-            # after an idle loop's call its rows' first steps are slower too (none to step: none)
-            decode_wake = times.host_costs.decode_wake_after(idle) if idle else 0.0
-            idle = 0.0
             first[take] = t + call       # the first tokens, before their rows go into slots
             t += duration
             prefill_busy += duration
@@ -785,7 +782,9 @@ def _aggregated_replica(d: Deployment, reqs: list[Request], ids: list[int], time
                     finish[i] = first[i]
                 else:
                     slots.insert(i, reqs[i].output_len - 1, reqs[i].input_len + 1)
-            decode_wake = decode_wake if slots.active else 0.0
+            # after an idle loop's call its rows' first steps are slower too
+            decode_wake = times.host_costs.decode_wake_after(idle) if idle and slots.active else 0.0
+            idle = 0.0
             prefilled_since_step = True
             continue
         # decode until a slot frees, or (with slots free) until the next prompt may be inserted
