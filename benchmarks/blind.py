@@ -45,7 +45,9 @@ there). Then for each model:
     fractions of the capacity the plan's deployment is predicted to have on the cores the
     served workers get. The warm-up model and the replay are diagnostics; the replay (the
     stream's own call durations fed back) is a consistency check and stays out of the
-    headline.
+    headline. Before each mode's serves, `sweeper calibrate --check` measures how far the
+    host has drifted since the calibration (a few of its probe trials again); the serve's
+    prediction scaled by that drift is a diagnostic that names the host's share of a miss.
 
 Also the quickstart's closing analysis in the same SWEEPER_HOME (issue 35 item 4: every
 hold-out scheme within 2x its noise floor; `--no-quickstart` skips it). Every target of
@@ -759,9 +761,42 @@ def served_capacity(plan_path: Path) -> dict:
     return {"plan_rps": whole, "served_rps": served, "worker_share": share, "workers": workers}
 
 
-def case_of(plan: dict, served: dict, load: float, capacity: dict, rate: float) -> dict:
+def host_check(home: Path) -> dict:
+    """`sweeper calibrate --check`: the host's drift since the calibration, measured right
+    before a mode's serves (its ratios now / then per phase; sweeper/calibrate/check.py)."""
+    run = run_cli(home, ["calibrate", "--check", "--json"], timeout_s=600)
+    data = last_json(run["stdout"]) if run["returncode"] == 0 else None
+    if not data or not data.get("ratio"):
+        return {"skipped": f"exit {run['returncode']}: {run['stderr_tail'][-300:]}",
+                "wall_s": run["wall_s"]}
+    return {**{k: data.get(k) for k in ("ratio", "hours_since_calibration", "measured", "failed",
+                                         "points", "load_average_1min")}, "wall_s": run["wall_s"]}
+
+
+def drift_of(check: Mapping | None) -> dict[str, float] | None:
+    """{phase: median now / then} of a host check, None where it did not run."""
+    ratio = (check or {}).get("ratio") or {}
+    if not all(ph in ratio for ph in PHASES):
+        return None
+    return {ph: float(ratio[ph]["median"]) for ph in PHASES}
+
+
+def with_drift(predicted: Mapping | None, drift: Mapping[str, float] | None) -> dict | None:
+    """The serve's prediction scaled by the host's measured drift (a diagnostic: it names
+    the host's share of an error, it is not a prediction): TTFT by the prefill ratio, TPOT
+    by the decode ratio (a TTFT's queueing behind decode steps is priced at prefill's)."""
+    if not predicted or not drift:
+        return None
+    return {m: None if predicted.get(m) is None else
+            predicted[m] * drift["prefill" if m.startswith("ttft") else "decode"]
+            for m in SERVE_METRICS}
+
+
+def case_of(plan: dict, served: dict, load: float, capacity: dict, rate: float,
+            drift: Mapping[str, float] | None = None) -> dict:
     """One served case: errors of the serve's prediction (headline), of the plan's, of the
-    warm-up model and the replay (diagnostic, consistency check), and the band check."""
+    warm-up model, the replay (diagnostic, consistency check) and the prediction scaled by
+    the host's drift since the calibration (`drift`, diagnostic), and the band check."""
     best = (plan.get("json") or {}).get("best") or {}
     measured = served.get("measured") or {}
     bands = best.get("bands_s") or {}
@@ -781,6 +816,8 @@ def case_of(plan: dict, served: dict, load: float, capacity: dict, rate: float) 
             "completed": measured.get("completed"),
             "error": errors(served.get("predicted")), "error_plan": errors(best),
             "error_warmup": errors(served.get("calibrated")), "error_replay": errors(served.get("replayed")),
+            "host_drift": drift,
+            "error_host": errors(with_drift(served.get("predicted"), drift)) if drift else None,
             "inside_band": inside}
 
 
@@ -803,6 +840,8 @@ def serve_model(home: Path, model, seed: int, index: int, requests: int) -> dict
             continue
         capacity = served_capacity(work / f"{mode}-probe.json")
         entry["capacity"] = capacity
+        entry["host_check"] = host_check(home)       # right before this mode's serves
+        drift = drift_of(entry["host_check"])
         for load in LOADS:
             rate = load * capacity["served_rps"]
             path = work / f"{mode}-{load:g}.json"
@@ -819,7 +858,7 @@ def serve_model(home: Path, model, seed: int, index: int, requests: int) -> dict
                 entry["cases"].append({"load": load, "rate_rps": rate, "skipped": f"serve failed "
                                        f"(exit {run['returncode']}): {run['stderr_tail'][-300:]}"})
                 continue
-            case = case_of(plan, served, load, served_capacity(path), rate)
+            case = case_of(plan, served, load, served_capacity(path), rate, drift)
             case.update(plan_json=plan["json"], serve={k: served.get(k) for k in ("warmup", "requests")},
                         wall_s=run["wall_s"])
             entry["cases"].append(case)
@@ -982,6 +1021,10 @@ def label_summary(entries: list[dict], diagnosis: dict | None) -> dict:
                "plan_counts": serving_counts(cases, "error_plan"),
                "warmup_counts": serving_counts(cases, "error_warmup"),
                "replay_counts": serving_counts(cases, "error_replay"),   # consistency check
+               "host_counts": serving_counts(cases, "error_host"),       # diagnostic
+               "host_checks": [drift_of(mode.get("host_check")) or {} for m in models
+                               for mode in ((m.get("serving") or {}).get("modes") or {}).values()
+                               if mode.get("host_check")],
                "coverage": band_coverage(cases)}
     serving["responsible"], serving["band_responsible"] = serving_responsible(cases)
     return {"seeds": [e["seed"] for e in entries], "models": len(models),
@@ -1017,31 +1060,44 @@ def _with_terms(fit_points: list[dict], points: list[dict]) -> list[dict]:
 
 
 def serving_responsible(cases: list[dict]) -> tuple[str | None, str | None]:
-    """What the served misses are made of, measured: the step-time model (the warm-up model,
-    on the workers' own step times, is within target where the prediction is not), the
-    serving model (neither is), or the plan's pricing (the plan's prediction is further off
-    than the serve's, which scales the profile to the workers' cores)."""
-    step = model = 0
+    """What the served misses are made of, measured: the host (the prediction scaled by the
+    host's drift since the calibration, `sweeper calibrate --check` right before the serves,
+    is within target), the step-time model (the warm-up model, on the workers' own step
+    times, is), or the serving model (neither is); and of the band's misses, those inside
+    the band once it is scaled by the same drift."""
+    step = model = host = 0
     for c in cases:
         for m in SERVE_METRICS:
             e, w = c["error"].get(m), c["error_warmup"].get(m)
+            h = (c.get("error_host") or {}).get(m)
             target = TARGETS["p50" if "p50" in m else "p99"]
             if e is None or abs(e) <= target:
                 continue
-            if w is not None and abs(w) <= target:
+            if h is not None and abs(h) <= target:
+                host += 1
+            elif w is not None and abs(w) <= target:
                 step += 1
             else:
                 model += 1
     why = None
-    if step or model:
-        why = (f"{step} misses where the warm-up model (measured step times) is within target: "
-               f"the step-time prediction; {model} where it is not: the serving model or the host")
+    if step or model or host:
+        why = (f"{host} misses within target once the prediction is scaled by the host's drift "
+               f"since the calibration (`sweeper calibrate --check` before the serves): the host; "
+               f"{step} where the warm-up model (measured step times) is: the step-time "
+               f"prediction; {model} where neither is: the serving model")
     outside = [(c, m) for c in cases for m in SERVE_METRICS if c["inside_band"].get(m) is False]
     band = None
     if outside:
         low = sum(c["measured"][m] < c["bands_s"][m[:-2]][0] for c, m in outside)
         band = (f"{len(outside)} outside: {low} below the band, {len(outside) - low} above; median "
                 f"plan error {_pct(float(np.median([abs(c['error_plan'][m] or 0) for c, m in outside])))}")
+        drifted = [(c, m) for c, m in outside if c.get("host_drift")]
+        if drifted:
+            ratio = lambda c, m: c["host_drift"]["prefill" if m.startswith("ttft") else "decode"]  # noqa: E731
+            inside = sum(c["bands_s"][m[:-2]][0] * ratio(c, m) <= c["measured"][m]
+                         <= c["bands_s"][m[:-2]][1] * ratio(c, m) for c, m in drifted)
+            band += (f"; {inside} of {len(drifted)} inside the band scaled by the host's drift "
+                     f"since the calibration (measured)")
     return why, band
 
 

@@ -194,7 +194,20 @@ def test_case_errors_and_band_coverage():
     cov = blind.band_coverage([case])
     assert (cov["n"], cov["inside"], cov["coverage"]) == (4, 3, 0.75)
     why, band = blind.serving_responsible([case])
-    assert "1 misses where the warm-up model" in why and "1 below the band, 0 above" in band
+    assert "0 misses within target once" in why and "1 where the warm-up model" in why
+    assert "1 below the band, 0 above" in band
+    # the host drifted since the calibration (`sweeper calibrate --check`): measured TTFT p99
+    # 0.030 s against 0.050 s predicted is within target once prefill runs x0.7 of then
+    drift = {"prefill": 0.7, "decode": 1.1}
+    drifted = blind.case_of(plan, _served(measured, predicted), 0.35, {}, 3.5, drift)
+    assert drifted["error_host"]["ttft_p99_s"] == pytest.approx(0.050 * 0.7 / 0.030 - 1)
+    assert drifted["error_host"]["tpot_p50_s"] == pytest.approx(0.1)
+    assert drifted["error"] == case["error"]              # the headline is not scaled
+    why, band = blind.serving_responsible([drifted])
+    assert "1 misses within target once" in why and "0 where the warm-up model" in why
+    assert "1 of 1 inside the band scaled by the host's drift" in band
+    assert blind.drift_of({"ratio": {"prefill": {"median": 0.7}, "decode": {"median": 1.1}}}) == drift
+    assert blind.drift_of({"skipped": "exit 2"}) is None
     # an uncalibrated plan states no band: nothing to cover
     plan["json"]["best"].pop("bands_s")
     assert blind.band_coverage([blind.case_of(plan, _served(measured, predicted), 0.35, {}, 3.5)])["n"] == 0

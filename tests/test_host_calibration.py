@@ -649,3 +649,48 @@ def test_quick_calibration_runs_for_real_and_host_uses_it(tmp_path):
                           env=env, timeout=120)
     assert said.returncode == 0, said.stderr
     assert "hardware: host, calibrated" in said.stderr
+    # `--check`: some of its probe trials measured again, now / then per phase, nothing written
+    before = path.read_text()
+    checked = subprocess.run([sys.executable, "-m", "sweeper.cli", "calibrate", "--check",
+                              "--json"], capture_output=True, text=True, cwd=ROOT, env=env,
+                             timeout=600)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    result = json.loads(checked.stdout)
+    probes_then = {(r["devices"], json.dumps(r["task"], sort_keys=True)): r
+                   for r in points["records"] if r["task"]["kind"] == "trial" and r.get("ok")}
+    assert result["measured"] == len(result["points"]) >= 4 and result["failed"] == 0
+    assert {p["devices"] for p in result["points"]} == {1, 2}
+    for p in result["points"]:
+        assert p["prefill_ratio"] == pytest.approx(p["prefill_now_s"] / p["prefill_then_s"])
+        assert any(r["prefill_s"] == p["prefill_then_s"] and r["devices"] == p["devices"]
+                   for r in probes_then.values())
+    for phase in ("prefill", "decode"):
+        r = result["ratio"][phase]
+        assert r["low"] <= r["median"] <= r["high"] and r["n"] == result["measured"]
+        # the same host minutes later: a drift of the order of its noise, not a factor
+        assert 0.5 < r["median"] < 2.0
+    assert path.read_text() == before
+
+
+def test_check_picks_each_chip_counts_probes_evenly_and_bounds_the_median():
+    from sweeper.calibrate.check import median_interval, pick
+
+    records = [{"devices": n, "task": {"kind": "trial", "i": i}, "prefill_s": (i + 1) * 1e-3,
+                "decode_step_s": 1e-3} for n in (1, 2) for i in range(10)]
+    chosen = pick(records, 3)
+    assert [(r["devices"], r["task"]["i"]) for r in chosen] == [(1, 1), (1, 5), (1, 8),
+                                                               (2, 1), (2, 5), (2, 8)]
+    assert len(pick(records[:2], 3)) == 2
+    # the sign test's 95% interval: with 9 points the 2nd and 8th order statistics
+    # (P(Binomial(9, 1/2) <= 1) = 0.0195 <= 0.025); with 5, every point
+    assert median_interval([1.0, 1.1, 0.9, 1.2, 0.8, 1.05, 0.95, 1.3, 0.7]) == (
+        pytest.approx(1.0), pytest.approx(0.8), pytest.approx(1.2))
+    assert median_interval([1.0, 1.1, 1.2, 1.3, 1.4]) == (1.2, 1.0, 1.4)
+
+
+def test_check_of_an_uncalibrated_host_says_so_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "sweeper.cli", "calibrate", "--check"],
+                         capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "SWEEPER_HOME": str(tmp_path)}, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "sweeper calibrate" in out.stderr

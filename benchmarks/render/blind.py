@@ -117,9 +117,23 @@ def serving_lines(summary: dict) -> list[str]:
                 f"{cov['inside']}/{cov['n']} = {report.pct(cov['coverage'])} (target "
                 f"{report.pct(cov['target'], 0)}).",
                 f"  Diagnostics: warm-up model (the workers' own step times) {counts(sv['warmup_counts'])}. "
-                f"Consistency check, not a prediction: replay of each stream's own call durations "
-                f"{counts(sv['replay_counts'])}."]
+                + (f"The serve's prediction scaled by the host's drift since the calibration "
+                   f"(`sweeper calibrate --check` before each mode's serves: {drift_text(s)}) "
+                   f"{counts(sv['host_counts'])}. " if (sv.get('host_counts') or {}).get('p50', {}).get('cases') else "")
+                + "Consistency check, not a prediction: replay of each stream's own call durations "
+                + f"{counts(sv['replay_counts'])}."]
     return out
+
+
+def drift_text(label_summary: dict) -> str:
+    """The host checks' drift ratios, per phase: their range over the checks."""
+    checks = label_summary["serving"].get("host_checks") or []
+    parts = []
+    for ph in ("prefill", "decode"):
+        v = [c[ph] for c in checks if c.get(ph) is not None]
+        if v:
+            parts.append(f"{ph} x{min(v):.2f}" + (f"-x{max(v):.2f}" if max(v) > min(v) else ""))
+    return f"{len(checks)} checks, " + ", ".join(parts) if parts else "no check ran"
 
 
 def cases_table(r: dict) -> list[str]:

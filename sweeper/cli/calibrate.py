@@ -22,6 +22,10 @@ def add_parser(sub) -> None:
                    "$SWEEPER_HOME/calibration/host.yaml, the one `host` resolves to)")
     p.add_argument("--no-serving", action="store_true",
                    help="skip the serving loop's host costs (sweeper serve's per-step costs)")
+    p.add_argument("--check", action="store_true",
+                   help="measure again a few of the calibration's probe trials (about a "
+                   "minute) and say how far this host now runs from it; writes nothing "
+                   "(the profile: --out's, else this host's)")
     options.add_json(p)
     p.set_defaults(handler=calibrate)
 
@@ -30,6 +34,8 @@ def calibrate(args) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix not in (".yaml", ".yml"):
         raise ConfigError("--out", str(out), "a path ending in .yaml or .yml")
+    if args.check:
+        return check(args, out)
     from sweeper.calibrate import tasks
     from sweeper.calibrate.calibrate import calibrate as run   # JAX-free: workers import it
 
@@ -43,6 +49,15 @@ def calibrate(args) -> int:
         print(json.dumps(jsonable(summary(result)), indent=2))
     else:
         print(format_summary(result))
+    return 0
+
+
+def check(args, path: Path | None) -> int:
+    from sweeper.calibrate.check import check as run, format_check
+
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    result = run(path, progress=progress)
+    print(json.dumps(jsonable(result), indent=2) if args.json else format_check(result))
     return 0
 
 
