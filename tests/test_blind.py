@@ -221,7 +221,8 @@ def test_last_json_reads_the_object_after_other_output():
 # ----------------------------------------------------------------------------- verdicts, Markdown
 
 
-def _result(profile_mape: float, fit_mape: float, coverage_inside: int, rerun: float | None = None) -> dict:
+def _result(profile_mape: float, fit_mape: float, coverage_inside: int, rerun: float | None = None,
+            drift: dict | None = None) -> dict:
     point = lambda model, trial, phase, measured, predicted: {  # noqa: E731
         "model": model, "trial": trial, "phase": phase, "chips": 1, "measured_s": measured,
         "predicted_s": predicted, "ci_rel": 0.02, "config": "1 chips b4", "terms_s": {"launch": 0.001}}
@@ -241,6 +242,10 @@ def _result(profile_mape: float, fit_mape: float, coverage_inside: int, rerun: f
              "counts": {"COMPLETE": 4}, "fit": {"points": fit_points},
              "replicates": {"pairs": [{"phase": "prefill", "chips": 1, "first_s": 1.0, "again_s": 1.02}]},
              "serving": {"modes": {"aggregated": {"cases": [case]}}}}
+    if drift is not None:     # `sweeper calibrate --check` before the mode's serves
+        mode = model["serving"]["modes"]["aggregated"]
+        mode["host_check"] = {"ratio": {ph: {"median": r} for ph, r in drift.items()}}
+        case.update(host_drift=drift, error_host={k: 0.11 for k in blind.SERVE_METRICS})
     if rerun is not None:     # the later measurement `rerun` x the first, ten minutes on
         model["rerun"] = {"after_s": 600.0, "pairs": [
             {"phase": ph, "chips": 1, "first_s": 1.0, "again_s": 1.0 + rerun} for ph in ("prefill", "decode")]}
@@ -291,6 +296,18 @@ def test_run_to_run_drift_is_scored_and_named_first_where_it_is_half_the_error()
     assert ("Run-to-run drift (each model's sweep run again at the end, a median 10 min after its "
             "first" in render.markdown(drifting))
     assert "Run-to-run drift" not in render.markdown(none)
+
+
+def test_the_host_drift_diagnostic_is_counted_and_rendered_beside_the_headline():
+    drifted = _result(0.05, 0.02, 4, drift={"prefill": 0.9, "decode": 1.05})
+    serving = drifted["summary"]["blind"]["serving"]
+    assert serving["host_checks"] == [{"prefill": 0.9, "decode": 1.05}]
+    assert serving["host_counts"]["p50"]["cases"] == 2
+    assert serving["counts"] == _result(0.05, 0.02, 4)["summary"]["blind"]["serving"]["counts"]
+    text = render.markdown(drifted)
+    assert "scaled by the host's drift since the calibration" in text
+    assert "1 checks, prefill x0.90, decode x1.05" in text
+    assert "host's drift" not in render.markdown(_result(0.05, 0.02, 4))
 
 
 def test_markdown_renders_both_labels_and_the_doc_block_is_registered(tmp_path):
