@@ -271,16 +271,18 @@ def test_host_model_decode_steps_follow_the_cache_kink_at_short_contexts():
 def test_a_calibrated_hosts_idle_wake_moves_with_the_weights_up_to_the_cache():
     """workloads/serving/model.py `host_costs_for`: on a calibrated host a prefill after an
     idle gap streams from DRAM the weights a warm call found in cache, so the wake measured
-    on one deployment moves by the host model's DRAM time of the weight difference, up to
-    the worker's cache; a profile that does not record the weights it measured the wake
+    on one deployment moves by the host model's DRAM time of the weight difference (the
+    decode phase's cost per element: nothing hides it), up to the worker's cache; a profile that does not record the weights it measured the wake
     with, or is not a calibrated host's, keeps its wake."""
     from workloads import hostmodel
     from workloads.serving.model import host_costs_for, prefill_weight_bytes
 
-    dram = 4e-10                                   # s per bf16 element from DRAM
+    dram = 4e-10                                   # s per bf16 element from DRAM, unhidden
     costs = {"launch": 2e-5, "layer_device": 3e-5, "matmul_flops": 6e-12, "dram_weights": dram}
     cache = 40e6                                   # the worker's (share 0.5 of 80 MB)
-    host = hostmodel.HostModel({"prefill": costs, "decode": costs}, 0.5, 2 * cache)
+    # a prefill's own DRAM cost is what its matmuls do not hide: not the cold call's
+    host = hostmodel.HostModel({"prefill": {**costs, "dram_weights": dram / 8}, "decode": costs},
+                               0.5, 2 * cache)
     small, wide = load_model("tiny"), load_model("small")
 
     def deployment(model, wake_bytes, host_model=host.to_dict()):

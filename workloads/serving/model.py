@@ -452,11 +452,15 @@ def host_costs_for(deployment: Deployment) -> HostCosts:
     wake its slice loop's where measured, HostCosts `for_mode`). On a calibrated host whose
     `prefill_wake_s` records the weights it was measured with, the wake moves by the DRAM
     time of the difference: after an idle gap a call finds the weights a warm one kept in
-    the worker's cache gone, and streams them again (up to the cache; the host model's
-    `dram_weights` cost per element). Measured on this host, 0.1 s idle gaps, one run each:
-    a 2.4M-parameter probe's wake 2.9 ms, a 12M one's 5.3 ms, a 16M one's 6.3 ms
-    (docs/serving-model.md "Serving host costs"). The short idle's wake moves by its share
-    of the long one's, and stays at most the long one's."""
+    the worker's cache gone, and streams them again (up to the cache). At the DECODE
+    phase's `dram_weights` cost per element: what a call pays per weight streamed when no
+    work hides it (a memory-bound step's), not a prefill's (a warm prefill streams only
+    what outgrew the cache, behind its matmuls). Measured on this host, 0.1 s idle gaps, one
+    run each: a 2.4M-parameter probe's wake 2.9 ms, a 12M one's 5.3 ms, a 16M one's 6.3 ms
+    (docs/serving-model.md "Serving host costs"); the prefill phase's cost moved the probe's
+    wake by 0.6 ms where served streams of two drawn models past the cache paid 3.7 and 5 ms
+    more (development: spent blind seeds). The short idle's wake moves by its share of the
+    long one's, and stays at most the long one's."""
     from workloads import hostmodel
 
     hw, part = deployment.hardware, deployment.prefill
@@ -469,7 +473,7 @@ def host_costs_for(deployment: Deployment) -> HostCosts:
     cold = min(prefill_weight_bytes(deployment), cache) - min(costs.prefill_wake_weight_bytes, cache)
     counts = {term: 0.0 for term in hostmodel.TERMS}
     counts["dram_weights"] = cold / costmodel.BF16            # bf16 elements, as host_counts
-    cold_s = sum(host.term_seconds(counts, "prefill", share, part.chips).values())
+    cold_s = sum(host.term_seconds(counts, "decode", share, part.chips).values())
     wake = max(costs.prefill_wake_s + cold_s, 0.0)
     # the short idle's wake moves by the same share of the cold weights as its wake is of
     # the long one's (benchmarks/idle_wake.py: it grew with the weights too)
