@@ -664,9 +664,14 @@ def test_quick_calibration_runs_for_real_and_host_uses_it(tmp_path):
         assert p["prefill_ratio"] == pytest.approx(p["prefill_now_s"] / p["prefill_then_s"])
         assert any(r["prefill_s"] == p["prefill_then_s"] and r["devices"] == p["devices"]
                    for r in probes_then.values())
-    for phase in ("prefill", "decode"):
+    # the read sweep's largest weights: a decode row streaming them from DRAM
+    sweep = sorted(r["task"]["bytes"] for r in points["records"] if r["task"]["kind"] == "cache")
+    assert [p["bytes"] for p in sorted(result["streaming"], key=lambda p: p["bytes"])] == sweep[-3:]
+    assert result["ratio"]["streaming"]["n"] == 3
+    for phase in ("prefill", "decode", "streaming"):
         r = result["ratio"][phase]
-        assert r["low"] <= r["median"] <= r["high"] and r["n"] == result["measured"]
+        assert r["low"] <= r["median"] <= r["high"]
+        assert r["n"] == (result["measured"] if phase != "streaming" else 3)
         # the same host minutes later: a drift of the order of its noise, not a factor
         assert 0.5 < r["median"] < 2.0
     assert path.read_text() == before

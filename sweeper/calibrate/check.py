@@ -3,12 +3,14 @@
 
 A calibrated profile prices calls at the speed the host had while `sweeper calibrate` ran.
 An emulated mesh shares the host with everything else, and a virtual machine with its
-neighbours: the same trial measured hours apart on one host differed by more than the
-profile's held-out error. The check re-measures some of the calibration's own probe trials
-(the same configurations, in the same pinned processes: runner.py) and compares each with
-what the calibration measured: measured now / measured then, per phase. Their median is the
-host's drift; its 95% interval is the order statistics a sign test gives (distribution
-free), so "drifted" says the interval excludes 1, not that a threshold was crossed.
+neighbours. The check re-measures some of the calibration's own probe trials (the same
+configurations, in the same pinned processes: runner.py) and compares each with what the
+calibration measured: measured now / measured then, per phase; and the read sweep's
+largest weights (`streaming`): the probe models mostly fit the cache, and a memory-bound
+model's decode step moves with the DRAM's bandwidth, which a neighbour can take. Per phase
+the median ratio is the host's drift; its 95% interval is the order statistics a sign test
+gives (distribution free; with five points or fewer, their range), so "drifted" says the
+interval excludes 1, not that a threshold was crossed.
 
 A prediction is not changed by it: the check says how far the calibration's host is from
 this one now (a plan made now would be off by about that), and the blind benchmark records
@@ -32,6 +34,9 @@ from workloads.config import ConfigError
 
 PER_CHIPS = 3          # probe trials re-measured per chip count (about 10 s each on 2 cores)
 PHASES = (("prefill", "prefill_s"), ("decode", "decode_step_s"))
+# ... and the read sweep's largest weights (a decode row streaming them from DRAM): the probe
+# models mostly fit the cache, so their trials do not see a host whose DRAM got slower
+STREAMING = 3
 
 
 def probe_records(points_path: Path) -> list[dict]:
@@ -55,6 +60,15 @@ def pick(records: list[dict], per_chips: int = PER_CHIPS) -> list[dict]:
         k = min(per_chips, len(these))
         chosen += [these[int((i + 0.5) * len(these) / k)] for i in range(k)]   # each k-th's middle
     return chosen
+
+
+def streaming_records(points_path: Path, n: int = STREAMING) -> list[dict]:
+    """The one-device read sweep's `n` largest weights (`cache` tasks: a decode row's matmul
+    streaming them), measured by the calibration."""
+    records = json.loads(points_path.read_text())["records"]
+    sweep = [r for r in records if r.get("ok") and r.get("devices") == 1
+             and r.get("task", {}).get("kind") == "cache" and (r.get("seconds") or 0) > 0]
+    return sorted(sweep, key=lambda r: r["task"]["bytes"])[-n:]
 
 
 def median_interval(ratios: list[float], level: float = 0.95) -> tuple[float, float, float]:
@@ -83,9 +97,10 @@ def check(path: Path | None = None, per_chips: int = PER_CHIPS,
     if not chosen:
         raise ConfigError("points", str(path.with_suffix(".points.json")),
                           "the points of a calibration whose probe trials ran (none did)")
+    streaming = streaming_records(path.with_suffix(".points.json"))
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     by_devices: dict[int, list[dict]] = {}
-    for rec in chosen:
+    for rec in chosen + streaming:
         by_devices.setdefault(rec["devices"], []).append(rec)
     batches = [runner.Batch(n, [r["task"] for r in recs], cost_s=len(recs) * (1 + n),
                             label=f"check {n} chip(s)") for n, recs in by_devices.items()]
@@ -94,16 +109,23 @@ def check(path: Path | None = None, per_chips: int = PER_CHIPS,
     def on_record(rec: dict) -> None:
         done[0] += 1
         if progress:
-            progress(f"[check {done[0]}/{len(chosen)}] {rec['devices']} device(s): probe "
-                     f"{rec['task'].get('model', '')}" + ("" if rec.get("ok") else " FAILED")
+            task = rec["task"]
+            what = (f"probe {task.get('model', '')}" if task["kind"] == "trial"
+                    else f"read sweep {task.get('bytes', 0) / 2**20:.0f} MiB")
+            progress(f"[check {done[0]}/{len(chosen) + len(streaming)}] {rec['devices']} "
+                     f"device(s): {what}" + ("" if rec.get("ok") else " FAILED")
                      + f" | {time.perf_counter() - start:.0f} s")
 
     outcome = runner.run(batches, slots or runner.slots_of_this_host(), on_record)
-    then = {(r["devices"], json.dumps(r["task"], sort_keys=True)): r for r in chosen}
-    points = []
+    then = {(r["devices"], json.dumps(r["task"], sort_keys=True)): r for r in chosen + streaming}
+    points, swept = [], []
     for rec in outcome.records:
         old = then.get((rec["devices"], json.dumps(rec["task"], sort_keys=True)))
         if old is None:
+            continue
+        if rec["task"]["kind"] == "cache":
+            swept.append({"bytes": rec["task"]["bytes"], "then_s": old["seconds"],
+                          "now_s": rec["seconds"], "ratio": rec["seconds"] / old["seconds"]})
             continue
         points.append({"devices": rec["devices"], "model": rec["task"].get("model", ""),
                        **{f"{ph}_then_s": old[key] for ph, key in PHASES},
@@ -116,6 +138,10 @@ def check(path: Path | None = None, per_chips: int = PER_CHIPS,
             med, low, high = median_interval(values)
             ratio[phase] = {"median": med, "low": low, "high": high, "n": len(values),
                             "drifted": not (low <= 1.0 <= high)}
+    if swept:
+        med, low, high = median_interval([p["ratio"] for p in swept])
+        ratio["streaming"] = {"median": med, "low": low, "high": high, "n": len(swept),
+                              "drifted": not (low <= 1.0 <= high)}
     cal = profile.calibration or {}
     try:
         then_at = time.mktime(time.strptime(cal.get("calibrated_at", ""), "%Y-%m-%d %H:%M"))
@@ -125,7 +151,7 @@ def check(path: Path | None = None, per_chips: int = PER_CHIPS,
     return {"profile": str(path), "calibrated_at": cal.get("calibrated_at"),
             "hours_since_calibration": hours, "checked_at": time.strftime("%Y-%m-%d %H:%M"),
             "trials": len(chosen), "measured": len(points), "failed": len(outcome.failed),
-            "ratio": ratio, "points": points, "elapsed_s": time.perf_counter() - start,
+            "ratio": ratio, "points": points, "streaming": swept, "elapsed_s": time.perf_counter() - start,
             "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "calibration_load_average_1min": cal.get("load_average_1min")}
 
@@ -141,8 +167,10 @@ def format_check(result: dict) -> str:
     drifted = []
     for phase, r in result["ratio"].items():
         verdict = ("slower" if r["median"] > 1 else "faster") if r["drifted"] else "no drift shown"
-        lines.append(f"  {phase:<8} now / then x{r['median']:.2f} (95% interval x{r['low']:.2f}"
-                     f"-x{r['high']:.2f}, {r['n']} trials): {verdict}")
+        what = "trials" if phase != "streaming" else "read sweeps: weights from DRAM"
+        interval = "95% interval" if r["n"] > 5 else "range"     # the sign test's, or all
+        lines.append(f"  {phase:<9} now / then x{r['median']:.2f} ({interval} x{r['low']:.2f}"
+                     f"-x{r['high']:.2f}, {r['n']} {what}): {verdict}")
         if r["drifted"]:
             drifted.append(f"{phase} {abs(r['median'] - 1):.0%} {verdict}")
     if result["failed"]:
