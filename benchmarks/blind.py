@@ -1064,8 +1064,9 @@ def serving_responsible(cases: list[dict]) -> tuple[str | None, str | None]:
     """What the served misses are made of, measured: the host (the prediction scaled by the
     host's drift since the calibration, `sweeper calibrate --check` right before the serves,
     is within target), the step-time model (the warm-up model, on the workers' own step
-    times, is), or the serving model (neither is); and of the band's misses, those inside
-    the band once it is scaled by the same drift."""
+    times, is), or the serving model or a host slower than the check saw (neither is: the
+    workers' own warm-up steps can be slow too); and of the band's misses, those inside the
+    band once it is scaled by the same drift."""
     step = model = host = 0
     for c in cases:
         for m in SERVE_METRICS:
@@ -1085,7 +1086,8 @@ def serving_responsible(cases: list[dict]) -> tuple[str | None, str | None]:
         why = (f"{host} misses within target once the prediction is scaled by the host's drift "
                f"since the calibration (`sweeper calibrate --check` before the serves): the host; "
                f"{step} where the warm-up model (measured step times) is: the step-time "
-               f"prediction; {model} where neither is: the serving model")
+               f"prediction; {model} where neither is: the serving model, or the host beyond "
+               f"what the check measures")
     outside = [(c, m) for c in cases for m in SERVE_METRICS if c["inside_band"].get(m) is False]
     band = None
     if outside:
