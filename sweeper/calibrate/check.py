@@ -39,13 +39,17 @@ PHASES = (("prefill", "prefill_s"), ("decode", "decode_step_s"))
 STREAMING = 3
 
 
-def probe_records(points_path: Path) -> list[dict]:
-    """The calibration's measured probe trials (its `.points.json`)."""
+def load_records(points_path: Path) -> list[dict]:
+    """Every measurement the calibration recorded (its `.points.json`)."""
     try:
-        records = json.loads(points_path.read_text())["records"]
+        return json.loads(points_path.read_text())["records"]
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError("points", str(points_path), "the readable .points.json `sweeper "
                           "calibrate` writes beside its profile") from None
+
+
+def probe_records(records: list[dict]) -> list[dict]:
+    """The measured probe trials."""
     return [r for r in records if r.get("ok") and r.get("task", {}).get("kind") == "trial"
             and all(isinstance(r.get(key), (int, float)) and r[key] > 0 for _, key in PHASES)]
 
@@ -62,10 +66,9 @@ def pick(records: list[dict], per_chips: int = PER_CHIPS) -> list[dict]:
     return chosen
 
 
-def streaming_records(points_path: Path, n: int = STREAMING) -> list[dict]:
+def streaming_records(records: list[dict], n: int = STREAMING) -> list[dict]:
     """The one-device read sweep's `n` largest weights (`cache` tasks: a decode row's matmul
     streaming them), measured by the calibration."""
-    records = json.loads(points_path.read_text())["records"]
     sweep = [r for r in records if r.get("ok") and r.get("devices") == 1
              and r.get("task", {}).get("kind") == "cache" and (r.get("seconds") or 0) > 0]
     return sorted(sweep, key=lambda r: r["task"]["bytes"])[-n:]
@@ -83,6 +86,13 @@ def median_interval(ratios: list[float], level: float = 0.95) -> tuple[float, fl
     return med, float(xs[k - 1]), float(xs[n - k])
 
 
+def drift(ratios: list[float]) -> dict:
+    """The median now / then of some re-measurements, its interval and whether it excludes 1."""
+    med, low, high = median_interval(ratios)
+    return {"median": med, "low": low, "high": high, "n": len(ratios),
+            "drifted": not (low <= 1.0 <= high)}
+
+
 def check(path: Path | None = None, per_chips: int = PER_CHIPS,
           progress: Callable[[str], None] | None = None,
           slots: list[list[int]] | None = None) -> dict:
@@ -93,11 +103,12 @@ def check(path: Path | None = None, per_chips: int = PER_CHIPS,
     if profile is None:
         raise ConfigError("--check", str(path), "a profile `sweeper calibrate` wrote on this "
                           "host (none here: run `sweeper calibrate` first)")
-    chosen = pick(probe_records(path.with_suffix(".points.json")), per_chips)
+    records = load_records(path.with_suffix(".points.json"))
+    chosen = pick(probe_records(records), per_chips)
     if not chosen:
         raise ConfigError("points", str(path.with_suffix(".points.json")),
                           "the points of a calibration whose probe trials ran (none did)")
-    streaming = streaming_records(path.with_suffix(".points.json"))
+    streaming = streaming_records(records)
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     by_devices: dict[int, list[dict]] = {}
     for rec in chosen + streaming:
@@ -131,17 +142,10 @@ def check(path: Path | None = None, per_chips: int = PER_CHIPS,
                        **{f"{ph}_then_s": old[key] for ph, key in PHASES},
                        **{f"{ph}_now_s": rec[key] for ph, key in PHASES},
                        **{f"{ph}_ratio": rec[key] / old[key] for ph, key in PHASES}})
-    ratio = {}
-    for phase, _ in PHASES:
-        values = [p[f"{phase}_ratio"] for p in points]
-        if values:
-            med, low, high = median_interval(values)
-            ratio[phase] = {"median": med, "low": low, "high": high, "n": len(values),
-                            "drifted": not (low <= 1.0 <= high)}
+    ratio = {phase: drift([p[f"{phase}_ratio"] for p in points]) for phase, _ in PHASES
+             if points}
     if swept:
-        med, low, high = median_interval([p["ratio"] for p in swept])
-        ratio["streaming"] = {"median": med, "low": low, "high": high, "n": len(swept),
-                              "drifted": not (low <= 1.0 <= high)}
+        ratio["streaming"] = drift([p["ratio"] for p in swept])
     cal = profile.calibration or {}
     try:
         then_at = time.mktime(time.strptime(cal.get("calibrated_at", ""), "%Y-%m-%d %H:%M"))
